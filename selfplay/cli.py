@@ -1,0 +1,77 @@
+"""The `selfplay` command line.
+
+    selfplay train [CONFIG] [key=value ...]          self-play on CONFIG (default configs/tiny.yaml)
+    selfplay warmstart [CONFIG] [key=value ...]      behaviour cloning of both agents only
+    selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|all] [--json OUT]
+    selfplay tasks generate|sample ...               procedural tasks into / out of a corpus
+    selfplay export RUN_DIR --out FILE.jsonl|FILE.parquet
+    selfplay import FILE --out RUN_DIR
+    selfplay bench sandbox|tasks|ppo ...             benchmarks that print measured ratios
+    selfplay sandbox build-image                     build the Docker sandbox image (offline capable)
+
+Each sub-command lives in its own module under `selfplay/commands/`, exposing `configure(parser)` and
+`run(args) -> int`. Modules import heavy dependencies (torch, transformers) inside `run`, so that
+`selfplay bench sandbox` or `selfplay --help` start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from selfplay.errors import UserError
+
+# name -> (module, one-line help). Order is the order `selfplay --help` shows.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("selfplay.commands.train", "run self-play (resumes when run.dir holds a checkpoint)"),
+    "warmstart": ("selfplay.commands.warmstart", "behaviour-clone the agents on procedural tasks"),
+    "eval": ("selfplay.commands.eval", "evaluate a run or checkpoint on held-out suites / HumanEval"),
+    "tasks": ("selfplay.commands.tasks", "generate or inspect procedural tasks"),
+    "export": ("selfplay.commands.export", "export a run's task corpus as a dataset"),
+    "import": ("selfplay.commands.import_", "import (and re-validate) a task dataset into a corpus"),
+    "bench": ("selfplay.commands.bench", "benchmarks (sandbox, tasks, ppo)"),
+    "sandbox": ("selfplay.commands.sandbox", "sandbox utilities (build-image)"),
+}
+
+
+def _load(module_name: str):
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module_name:
+            return None  # command not built yet
+        raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="selfplay", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in COMMANDS.items():
+        module = _load(module_name)
+        if module is None:
+            continue
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(p)
+        p.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "_module", None) is None:
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.run(args) or 0)
+    except UserError as exc:
+        print(f"selfplay {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"selfplay {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One module per `selfplay` sub-command (see selfplay/cli.py)."""
