@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from selfplay.errors import UserError
+from selfplay.mixer import MixerConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -56,6 +57,7 @@ class Config:
     run: RunConfig = field(default_factory=RunConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
+    mixer: MixerConfig = field(default_factory=MixerConfig)  # adaptive difficulty mixer (selfplay/mixer.py)
 
 
 def _schema():
