@@ -53,11 +53,68 @@ class TasksConfig:
 
 
 @dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"  # "tiny" = build (or reuse) the tiny default; else a HF hub name or a local folder
+    local_files_only: bool = False  # never contact the hub (set on offline machines; a missing model fails fast)
+    dtype: str = "float32"  # parameter dtype when loading: float32 | bfloat16 | float16
+    trust_remote_code: bool = False  # allow model code shipped with a hub checkpoint
+    tiny_dir: str = ""  # where the tiny model + tokenizer are saved / reused; "" = RUN_DIR/models/tiny
+    arch: str = "gpt2"  # tiny default architecture: gpt2 | llama
+    n_layer: int = 4  # tiny: transformer blocks
+    n_embd: int = 128  # tiny: hidden width
+    n_head: int = 4  # tiny: attention heads (n_embd must divide by it)
+    max_positions: int = 1024  # tiny: longest prompt + answer in tokens
+    tokenizer: str = "bpe"  # tiny tokenizer model: bpe (byte-level, never <unk>) | word (word-level, <unk> for unseen)
+    vocab_size: int = 2000  # tiny tokenizer: target vocabulary size, special tokens included
+    value_model: str = "head"  # critic: "head" = linear value head on the policy's last hidden state; "separate" = own copy of the backbone
+    gradient_checkpointing: bool = False  # trade compute for memory on large models
+
+
+@dataclass
+class PPOConfig:
+    lr: float = 5e-5  # AdamW learning rate (policy and value head)
+    weight_decay: float = 0.0  # AdamW weight decay
+    epochs: int = 4  # passes over each rollout batch
+    mini_batch_size: int = 8  # sequences per optimiser step
+    micro_batch_size: int = 8  # sequences per forward/backward (gradient accumulation = mini / micro)
+    clip: float = 0.2  # policy ratio clip epsilon
+    value_clip: float = 0.2  # value clip around the rollout-time values
+    vf_coef: float = 0.5  # weight of the value loss in the total loss
+    gamma: float = 1.0  # discount between tokens (1 within a response; the article suggests 0.99 across turns)
+    lam: float = 0.95  # GAE lambda
+    kl_coef: float = 0.05  # beta: per-token KL penalty in the reward (initial value when adaptive)
+    kl_estimator: str = "k1"  # per-token KL estimator in the reward: k1 | k2 | k3
+    adaptive_kl: bool = False  # adapt beta to keep the per-sequence KL near kl_target (Ziegler et al.)
+    kl_target: float = 6.0  # adaptive KL: target KL per sequence (nats)
+    kl_horizon: float = 10000.0  # adaptive KL: horizon in samples
+    entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...
+    entropy_coef_end: float = 0.001  # ... decayed linearly to this value ...
+    entropy_decay_updates: int = 1000  # ... over this many PPO updates (trainer.step calls)
+    whiten_advantages: bool = True  # normalise advantages over the batch (mean 0, std 1)
+    max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
+    temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature
+    top_k: int = 0  # sampling: keep the k most likely tokens (0 = off)
+    top_p: float = 1.0  # sampling: nucleus probability mass (1 = off)
+    max_new_tokens: int = 256  # longest answer sampled per turn
+
+
+@dataclass
+class DistributedConfig:
+    deepspeed: bool = False  # wrap trainable models with deepspeed.initialize (else plain torch + AdamW)
+    zero_config: str = "zero2.json"  # DeepSpeed JSON: a file name in configs/deepspeed/ or a path
+    backend: str = ""  # torch.distributed backend: "" = nccl with CUDA, gloo otherwise
+    timeout_min: int = 30  # collective timeout before a hung rank fails
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     tasks: TasksConfig = field(default_factory=TasksConfig)
     mixer: MixerConfig = field(default_factory=MixerConfig)  # adaptive difficulty mixer (selfplay/mixer.py)
+    model: ModelConfig = field(default_factory=ModelConfig)  # model factory (selfplay/models.py)
+    ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO trainer (selfplay/ppo.py, selfplay/rl.py)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torch.distributed / DeepSpeed (selfplay/distributed.py)
 
 
 def _schema():
