@@ -1,0 +1,143 @@
+"""Checkpoints: `RUN_DIR/checkpoints/step_N/` plus a `latest` marker, written so that a kill at any moment
+leaves either the previous complete checkpoint or the new one — never a half one that resume would trust.
+
+The order of a save (DESIGN.md §4):
+1. everything is written into `step_N.partial/` (models via `save_pretrained` or DeepSpeed, optimiser, mixer,
+   RNG states, counters in `state.json`), each file flushed to disk;
+2. `step_N.partial/` is renamed to `step_N/` (atomic on one filesystem);
+3. `latest` is rewritten through a temporary file and `os.replace` (atomic), naming `step_N`;
+4. only then are checkpoints beyond `keep_last` removed (never the one `latest` names).
+
+On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders from a killed save are removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+STATE_FILE = "state.json"
+LATEST = "latest"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a flushed temporary file and `os.replace`: readers see the old or the new text, whole."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=1, sort_keys=True))
+
+
+class CheckpointManager:
+    def __init__(self, run_dir: str | Path, keep_last: int = 3):
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.root = Path(run_dir) / "checkpoints"
+        self.keep_last = keep_last
+
+    # ---- reading ------------------------------------------------------------------------------------------
+    def latest_checkpoint(self) -> Path | None:
+        marker = self.root / LATEST
+        if not marker.exists():
+            return None
+        name = marker.read_text().strip()
+        path = self.root / name
+        if not (path / STATE_FILE).exists():
+            raise RuntimeError(f"{marker} names {name}, which is missing or incomplete; "
+                               f"remove the marker to start over or restore the folder")
+        return path
+
+    def load_state(self, path: Path) -> dict:
+        return json.loads((path / STATE_FILE).read_text())
+
+    def steps(self) -> list[int]:
+        if not self.root.exists():
+            return []
+        out = []
+        for p in self.root.iterdir():
+            if p.is_dir() and p.name.startswith("step_") and p.name[5:].isdigit():
+                out.append(int(p.name[5:]))
+        return sorted(out)
+
+    # ---- writing ------------------------------------------------------------------------------------------
+    def clean_partial(self) -> None:
+        if self.root.exists():
+            for p in self.root.glob("*.partial"):
+                shutil.rmtree(p, ignore_errors=True)
+
+    def save(self, step: int, state: dict, write_files: Callable[[Path], None] | None = None) -> Path:
+        """Write checkpoint `step`: `write_files(folder)` writes models/optimisers, `state` goes to state.json."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        final = self.root / f"step_{step}"
+        partial = self.root / f"step_{step}.partial"
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir()
+        if write_files is not None:
+            write_files(partial)
+        write_json_atomic(partial / STATE_FILE, {"step": step, **state})
+        for f in partial.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+        if final.exists():  # re-saving the same step (e.g. a resumed run's final save): replace it
+            shutil.rmtree(final)
+        os.rename(partial, final)
+        _fsync_dir(self.root)
+        write_text_atomic(self.root / LATEST, final.name + "\n")
+        self._prune(keep=final.name)
+        return final
+
+    def _prune(self, keep: str) -> None:
+        steps = self.steps()
+        for s in steps[: max(0, len(steps) - self.keep_last)]:
+            if f"step_{s}" != keep:
+                shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)
+
+
+# ---- RNG states ---------------------------------------------------------------------------------------------
+def rng_state() -> dict:
+    """Python, NumPy and torch (CPU and, if present, CUDA) RNG states, JSON-serialisable."""
+    import torch
+
+    py = random.getstate()
+    np_state = np.random.get_state()
+    out = {
+        "python": [py[0], list(py[1]), py[2]],
+        "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = [s.tolist() for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def set_rng_state(state: dict) -> None:
+    import torch
+
+    py = state["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    n = state["numpy"]
+    np.random.set_state((n[0], np.array(n[1], dtype=np.uint32), n[2], n[3], n[4]))
+    torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
