@@ -1,0 +1,135 @@
+"""Procedural task families: a skill library of parameterised components composed into pipelines.
+
+A task's `params` (plain JSON) say everything needed to rebuild it:
+    {"family": "list_int", "input": "list:int", "steps": [{"kind": "filter", ...}, ...],
+     "level": 3, "sizes": [0, 10], "edge_cases": true, "noise": [], "seed": 1234}
+`sample_pipeline` draws the steps (each step's output type feeds the next), `render_reference` writes the
+reference solution in one simple, consistent style, and `render_signature` its signature.
+
+Levels (the seed article's curriculum):
+    1  one step, fixed small input size, no edge cases
+    2  one step, variable sizes, edge cases (empty, single, sorted, reversed, duplicates, negatives, unicode)
+    3  pipelines of 2-3 steps, edge cases
+    4  pipelines of 3..max steps, vague text: the task is defined mostly by its (more numerous) examples
+"""
+
+from __future__ import annotations
+
+import random
+
+from generator.families.steps import (KINDS, PARAM_NAMES, SOURCE_CODE, applicable_kinds, output_type,
+                                      render_step, sample_step)
+from generator.families.values import ANNOTATIONS, input_annotation, input_etype
+
+# family name -> input kind (see generator.families.values)
+FAMILIES = {
+    "list_int": "list:int",
+    "list_float": "list:float",
+    "list_str": "list:str",
+    "list_record": "list:rec",
+    "list_tuple": "list:tup",
+    "string": "text",
+    "record_pipeline": "csv",
+}
+# How often each family is drawn (list transforms dominate, like the seed article's examples).
+FAMILY_WEIGHTS = {"list_int": 4, "list_float": 2, "list_str": 3, "list_record": 2, "list_tuple": 2,
+                  "string": 2, "record_pipeline": 2}
+LEVELS = (1, 2, 3, 4)
+
+
+class PipelineError(ValueError):
+    """No pipeline satisfies the requested constraints."""
+
+
+def level_depths(level: int, max_depth: int) -> tuple[int, int]:
+    """Range of pipeline depth (steps after the source) for a curriculum level."""
+    return {1: (1, 1), 2: (1, 1), 3: (2, min(3, max_depth)), 4: (min(3, max_depth), max_depth)}[level]
+
+
+def kinds_of(steps: list[dict]) -> list[str]:
+    return [s["kind"] for s in steps]
+
+
+def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(), require_pair=None,
+                    tries: int = 200) -> list[dict]:
+    """Steps of a `depth`-step pipeline on input `kind`.
+
+    forbid_pairs: unordered pairs of step kinds that must not both appear; require_pair: one that must.
+    """
+    forbid = [frozenset(p) for p in forbid_pairs]
+    for _ in range(tries):
+        forced: dict[int, str] = {}
+        if require_pair is not None:
+            if depth < 2:
+                raise PipelineError("a required pair of steps needs depth >= 2")
+            i, j = sorted(rng.sample(range(depth), 2))
+            a, b = rng.sample(list(require_pair), 2)
+            forced = {i: a, j: b}
+        steps = _try_pipeline(rng, kind, depth, forced)
+        if steps is None:
+            continue
+        present = set(kinds_of(steps))
+        if any(p <= present for p in forbid):
+            continue
+        return steps
+    raise PipelineError(f"no {depth}-step pipeline for {kind} with pairs forbid={forbid_pairs} "
+                        f"require={require_pair}")
+
+
+def _try_pipeline(rng: random.Random, kind: str, depth: int, forced: dict[int, str]) -> list[dict] | None:
+    etype = input_etype(kind)
+    steps: list[dict] = []
+    for i in range(depth):
+        last = i == depth - 1
+        options = [k for k in applicable_kinds(etype) if (k != "sink" or last)]
+        if steps:  # no immediate repeats and no no-op orderings
+            prev = steps[-1]["kind"]
+            options = [k for k in options if k != prev and not (prev == "sort" and k == "reverse")]
+        if i in forced:
+            if forced[i] not in options:
+                return None
+            chosen = forced[i]
+        else:
+            weights = [0.5 if k == "sink" else 2.0 if k in ("filter", "map", "sort") else 1.0 for k in options]
+            chosen = rng.choices(options, weights)[0]
+        step = sample_step(rng, chosen, etype)
+        steps.append(step)
+        etype, scalar = output_type(step, etype)
+        if scalar and not last:
+            return None
+    return steps
+
+
+def final_type(kind: str, steps: list[dict]) -> tuple[str, bool]:
+    etype, scalar = input_etype(kind), False
+    for step in steps:
+        etype, scalar = output_type(step, etype)
+    return etype, scalar
+
+
+def render_reference(params: dict) -> str:
+    """The reference solution: `def solve(<arg>):` with one block per step, in one consistent style."""
+    kind, steps = params["input"], params["steps"]
+    arg = PARAM_NAMES.get(kind, "xs")
+    body = list(SOURCE_CODE.get(kind, []))
+    etype = input_etype(kind)
+    for i, step in enumerate(steps):
+        lines = render_step(step, etype)
+        if step["kind"] == "sink":
+            lines = ["return " + lines[0][len("xs = "):]]
+        body += lines
+        etype, _ = output_type(step, etype)
+    if not steps or steps[-1]["kind"] != "sink":
+        body.append("return xs")
+    return f"def solve({arg}):\n" + "".join(f"    {line}\n" for line in body)
+
+
+def render_signature(params: dict) -> str:
+    kind = params["input"]
+    etype, scalar = final_type(kind, params["steps"])
+    out = ANNOTATIONS[etype] if scalar else f"list[{ANNOTATIONS[etype]}]"
+    return f"def solve({PARAM_NAMES.get(kind, 'xs')}: {input_annotation(kind)}) -> {out}"
+
+
+__all__ = ["FAMILIES", "FAMILY_WEIGHTS", "KINDS", "LEVELS", "PipelineError", "final_type", "kinds_of",
+           "level_depths", "render_reference", "render_signature", "sample_pipeline"]
