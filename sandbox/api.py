@@ -1,0 +1,344 @@
+"""The public sandbox API: open_sandbox(), results, and output comparison (see sandbox/__init__.py)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from sandbox.errors import SandboxConfigError
+from sandbox.limits import Limits, check_timeout
+
+STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
+TEST_STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "not_run", "unserializable")
+BACKENDS = ("process", "docker")
+MAX_WORKERS = 256               # more fork servers than this is a typo, not a plan
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class ExecResult:
+    status: str                     # one of STATUSES
+    stdout: str = ""                # captured, capped at output_limit bytes (stdout+stderr together)
+    stderr: str = ""
+    duration_s: float = 0.0         # wall-clock seconds the run took in the worker
+    cached: bool = False            # True when this came from the result cache
+    meta: dict = field(default_factory=dict)  # backend, network_isolated, user_isolated, exit_code, signal, ...
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ExecResult":
+        return cls(status=d["status"], stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
+                   duration_s=float(d.get("duration_s", 0.0)), cached=bool(d.get("cached", False)),
+                   meta=dict(d.get("meta") or {}))
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    __test__ = False                # not a pytest class
+    status: str                     # one of TEST_STATUSES
+    output: Any = None              # the normalised JSON value the entry point returned (None if it did not)
+    error: str | None = None        # short "ExcType: message"
+    passed: bool | None = None      # compared with the expected output in the parent; None without expected
+    duration_s: float = 0.0         # as measured in the child (informational)
+    calls: list[str] | None = None  # solution functions that ran during this test (record_calls=True)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TestOutcome":
+        return cls(status=d["status"], output=d.get("output"), error=d.get("error"), passed=d.get("passed"),
+                   duration_s=float(d.get("duration_s", 0.0)), calls=d.get("calls"))
+
+
+@dataclass(frozen=True)
+class TestReport:
+    __test__ = False
+    status: str                     # "ok" when the module loaded and every test ran to an answer
+    tests: list[TestOutcome] = field(default_factory=list)
+    stdout: str = ""
+    stderr: str = ""
+    duration_s: float = 0.0
+    cached: bool = False
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def passed(self) -> int:
+        return sum(1 for t in self.tests if t.passed)
+
+    @property
+    def total(self) -> int:
+        return len(self.tests)
+
+    @property
+    def all_passed(self) -> bool:
+        """Every test compared equal (False when there are no tests or no expected outputs)."""
+        return bool(self.tests) and all(t.passed for t in self.tests)
+
+    @property
+    def outputs(self) -> list:
+        return [t.output for t in self.tests]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(passed=self.passed, total=self.total, all_passed=self.all_passed)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TestReport":
+        return cls(status=d["status"], tests=[TestOutcome.from_dict(t) for t in d.get("tests", [])],
+                   stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
+                   duration_s=float(d.get("duration_s", 0.0)), cached=bool(d.get("cached", False)),
+                   meta=dict(d.get("meta") or {}))
+
+
+# -------------------------------------------------------------------------------------- comparison
+def normalize(value: Any) -> Any:
+    """A value as it looks after a JSON round trip (tuples -> lists, int keys -> str). SandboxConfigError if
+    it is not JSON-serialisable."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise SandboxConfigError(f"value is not JSON-serialisable ({exc}); use lists, dicts, str, numbers, "
+                                 f"bool and None") from None
+
+
+def outputs_equal(a: Any, b: Any) -> bool:
+    """Compare two normalised JSON values: floats with math.isclose(rel_tol=1e-6, abs_tol=1e-9), NaN == NaN,
+    bool only equals bool, everything else exactly."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
+        a, b = float(a), float(b)
+        if math.isnan(a) or math.isnan(b):
+            return math.isnan(a) and math.isnan(b)
+        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(outputs_equal(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+# ------------------------------------------------------------------------------------------ sandbox
+def _optional(module: str, name: str):
+    """A class from a sibling module written by another part of the project, or None while it is absent."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            return None
+        raise
+
+
+def _check_source(source, what: str = "program") -> str:
+    if not isinstance(source, str):
+        raise SandboxConfigError(f"the {what} must be a str of Python source, got {type(source).__name__}")
+    return source
+
+
+class Sandbox:
+    """Runs programs and gradings over a pool of workers. Use as a context manager (or call close())."""
+
+    def __init__(self, pool, backend: str, limits: Limits, cache: bool = True, cache_path: str | None = None,
+                 trace_path: str | None = None):
+        self._pool = pool
+        self.backend = backend
+        self.limits = limits
+        self._cache = None
+        if cache:
+            result_cache = _optional("sandbox.cache", "ResultCache")
+            self._cache = result_cache(path=cache_path) if result_cache else None
+        self._trace = None
+        if trace_path is not None:
+            trace_log = _optional("sandbox.trace", "TraceLog")
+            if trace_log is None:
+                raise SandboxConfigError("trace_path needs sandbox/trace.py, which this installation lacks")
+            self._trace = trace_log(trace_path)
+        self._lock = threading.Lock()
+        self.counters = {"runs": 0, "cache_hits": 0, "exec_s": 0.0}  # for sandbox/* logging
+
+    # -- plumbing
+    def _limits(self, timeout_s=None, memory_mb=None) -> Limits:
+        if timeout_s is None and memory_mb is None:
+            return self.limits
+        return Limits(timeout_s=self.limits.timeout_s if timeout_s is None else timeout_s,
+                      memory_mb=self.limits.memory_mb if memory_mb is None else memory_mb,
+                      output_limit=self.limits.output_limit)
+
+    def _count(self, n_runs: int, n_hits: int, seconds: float) -> None:
+        with self._lock:
+            self.counters["runs"] += n_runs
+            self.counters["cache_hits"] += n_hits
+            self.counters["exec_s"] += seconds
+
+    def _cached_execute(self, kind: str, jobs: list[tuple[str, dict | None, dict, dict]], use_cache: bool):
+        """jobs: (source, payload, limits, request). Returns raw response dicts, with "cached" set."""
+        out: list[dict | None] = [None] * len(jobs)
+        keys: list[str | None] = [None] * len(jobs)
+        todo = []
+        for i, (source, payload, limits, req) in enumerate(jobs):
+            if self._cache is not None and use_cache:
+                keys[i] = self._cache.key(kind, source, payload, limits)
+                hit = self._cache.get(keys[i])
+                if hit is not None:
+                    out[i] = {**hit, "cached": True}
+                    continue
+            todo.append(i)
+        t0 = time.perf_counter()
+        responses = self._pool.execute([jobs[i][3] for i in todo]) if todo else []
+        for i, resp in zip(todo, responses):
+            resp["cached"] = False
+            out[i] = resp
+            if self._cache is not None and resp["status"] != "sandbox_error" \
+                    and not resp.get("meta", {}).get("worker_restarted"):
+                key = keys[i] or self._cache.key(kind, jobs[i][0], jobs[i][1], jobs[i][2])
+                self._cache.put(key, {k: v for k, v in resp.items() if k != "cached"})
+        self._count(len(jobs), len(jobs) - len(todo), time.perf_counter() - t0)
+        if self._trace is not None:
+            for (source, _, _, _), resp in zip(jobs, out):
+                self._trace.record(kind, source, resp)
+        return out
+
+    # -- programs
+    def run(self, source: str, *, timeout_s: float | None = None, memory_mb: int | None = None,
+            use_cache: bool = True) -> ExecResult:
+        """Run a self-contained Python program as __main__."""
+        return self.run_many([source], timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
+
+    def run_many(self, sources: Sequence[str], *, timeout_s: float | None = None, memory_mb: int | None = None,
+                 use_cache: bool = True) -> list[ExecResult]:
+        """Run programs in parallel over the workers; results in input order."""
+        if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
+            raise SandboxConfigError("run_many takes a list of program sources; use run() for one program")
+        limits = self._limits(timeout_s, memory_mb)
+        ld = limits.as_dict()
+        jobs = [(_check_source(s), None, ld, {"op": "run", "source": s, **ld}) for s in sources]
+        return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, use_cache)]
+
+    # -- gradings
+    def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls):
+        _check_source(solution, "solution")
+        if not isinstance(entry_point, str) or not entry_point.replace(".", "").replace("_", "a").isalnum():
+            raise SandboxConfigError(f"entry_point={entry_point!r}: pass the name of a function in the solution")
+        if not isinstance(inputs, (list, tuple)) or not all(isinstance(x, (list, tuple)) for x in inputs):
+            raise SandboxConfigError("inputs must be a list of tests, each a list of positional arguments")
+        inputs = normalize(list(inputs))
+        test_timeout = self.limits.timeout_s if timeout_s is None else check_timeout(timeout_s)
+        ld = self.limits.as_dict()
+        payload = {"entry_point": entry_point, "inputs": inputs, "stop_on_failure": bool(stop_on_failure),
+                   "record_calls": bool(record_calls)}
+        limits = {**ld, "test_timeout_s": test_timeout}
+        req = {"op": "tests", "source": solution, "entry_point": entry_point, "inputs": inputs,
+               "test_timeout_s": test_timeout, "stop_on_error": bool(stop_on_failure),
+               "record_calls": bool(record_calls), **ld}
+        return solution, payload, limits, req
+
+    @staticmethod
+    def _grade(resp: dict, expected, stop_on_failure: bool) -> TestReport:
+        """Compare the child's outputs with expected, here in the parent; nothing the child sent is trusted
+        beyond being a JSON value."""
+        raw = resp.get("tests") or []
+        tests = []
+        failed = False
+        for i, t in enumerate(raw):
+            status = t.get("status") if t.get("status") in TEST_STATUSES else "error"
+            output = t.get("output") if status == "ok" else None
+            passed = None
+            if expected is not None:
+                passed = status == "ok" and outputs_equal(output, expected[i])
+            if failed and stop_on_failure:
+                status, output, passed = "not_run", None, (None if expected is None else False)
+            tests.append(TestOutcome(status=status, output=output, error=t.get("error"), passed=passed,
+                                     duration_s=float(t.get("duration_s") or 0.0), calls=t.get("calls")))
+            failed = failed or status != "ok" or passed is False
+        return TestReport(status=resp["status"], tests=tests, stdout=resp.get("stdout", ""),
+                          stderr=resp.get("stderr", ""), duration_s=float(resp.get("duration_s", 0.0)),
+                          cached=bool(resp.get("cached")), meta=dict(resp.get("meta") or {}))
+
+    def run_tests(self, solution: str, entry_point: str, inputs: Sequence[Sequence], expected=None, *,
+                  timeout_s: float | None = None, stop_on_failure: bool = False, record_calls: bool = False,
+                  use_cache: bool = True) -> TestReport:
+        """Call solution's entry_point(*input) for each input in a child; compare with expected here."""
+        return self.run_tests_many([dict(solution=solution, entry_point=entry_point, inputs=inputs,
+                                         expected=expected, timeout_s=timeout_s, stop_on_failure=stop_on_failure,
+                                         record_calls=record_calls, use_cache=use_cache)])[0]
+
+    def run_tests_many(self, jobs: Sequence[dict]) -> list[TestReport]:
+        """Many run_tests calls (dicts of its arguments) in parallel over the workers; reports in order."""
+        allowed = {"solution", "entry_point", "inputs", "expected", "timeout_s", "stop_on_failure",
+                   "record_calls", "use_cache"}
+        prepared, use_cache = [], True
+        for job in jobs:
+            if not isinstance(job, dict) or not {"solution", "entry_point", "inputs"} <= job.keys() \
+                    or job.keys() - allowed:
+                raise SandboxConfigError(f"each job is a dict with solution, entry_point, inputs and optionally "
+                                         f"{sorted(allowed - {'solution', 'entry_point', 'inputs'})}")
+            expected = job.get("expected")
+            if expected is not None:
+                expected = normalize(list(expected))
+                if len(expected) != len(job["inputs"]):
+                    raise SandboxConfigError(f"{len(expected)} expected outputs for {len(job['inputs'])} inputs")
+            prepared.append((self._tests_job(job["solution"], job["entry_point"], job["inputs"],
+                                             job.get("timeout_s"), job.get("stop_on_failure", False),
+                                             job.get("record_calls", False)), expected,
+                             bool(job.get("stop_on_failure", False))))
+            use_cache = use_cache and job.get("use_cache", True)
+        responses = self._cached_execute("tests", [p[0] for p in prepared], use_cache)
+        return [self._grade(resp, expected, stop) for resp, (_, expected, stop) in zip(responses, prepared)]
+
+    # -- lifetime
+    def stats(self) -> dict:
+        """Counters since opening: runs, cache_hits, exec_s (seconds spent waiting on workers)."""
+        with self._lock:
+            return dict(self.counters)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def __enter__(self) -> "Sandbox":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s: float = 5.0,
+                 memory_mb: int = 512, cache: bool = True, *, output_limit: int = 1_000_000,
+                 cache_path: str | None = None, trace_path: str | None = None, **options) -> Sandbox:
+    """Start a sandbox (see the package docstring). Raises SandboxConfigError / SandboxUnavailable."""
+    if backend not in BACKENDS:
+        raise SandboxConfigError(f"unknown sandbox backend {backend!r}; use one of {', '.join(BACKENDS)}")
+    if workers is None:
+        workers = max(1, os.cpu_count() or 1)
+    if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
+        raise SandboxConfigError(f"workers={workers!r}: pass an integer between 1 and {MAX_WORKERS} (or None "
+                                 f"for one per CPU)")
+    limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, output_limit=output_limit)
+    if backend == "docker":
+        open_docker = _optional("sandbox.docker_backend", "open_docker_backend")
+        if open_docker is None:
+            raise SandboxConfigError("backend='docker' needs sandbox/docker_backend.py, which this installation "
+                                     "lacks; use backend='process'")
+        pool = open_docker(workers=workers, limits=limits, **options)
+    else:
+        from sandbox.pool import LocalLauncher, Pool
+
+        if options:
+            raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}")
+        pool = Pool([LocalLauncher(i) for i in range(workers)])
+    return Sandbox(pool, backend, limits, cache=cache, cache_path=cache_path, trace_path=trace_path)

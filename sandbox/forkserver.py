@@ -1,0 +1,866 @@
+"""A fork server that runs untrusted Python programs, one forked child per request.
+
+Stdlib only and free of imports from the `sandbox` package, so the Docker backend can copy this one file into
+a container and start it there the same way it is started on the host:
+
+    python3 forkserver.py --socket /path/to/worker.sock [--uid N] [--no-netns] [--no-private-tmp]
+
+Why a fork server: a fresh `python` costs 30-200 ms; forking a small warm process that already imported what
+programs commonly use costs about a millisecond. The server is deliberately small (never a fork of a trainer
+that imported torch: forking a big process costs ~20 ms).
+
+Protocol (transport-independent: every byte of a result travels inside frames, no descriptor passing, so the
+same protocol works over a unix socket in a folder bind-mounted into a container)
+---------------------------------------------------------------------------------------------------------
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON (an object). The client
+sends one request frame and reads one response frame; requests on one connection are served in order. The
+server serves one connection at a time and accepts the next when it closes.
+
+    {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "network_isolated": bool,
+                         "user_isolated": bool, "private_tmp": bool, "python": "3.11.7"}
+    {"op": "ping"}   -> {"ok": true}
+    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...]}  (leftovers; tests use it)
+    {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
+                     -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
+    {"op": "tests", "source": str, "entry_point": str, "inputs": [[arg, ...], ...],
+     "timeout_s": float (module load), "test_timeout_s": float (each test), "stop_on_error": bool,
+     "record_calls": bool, "memory_mb": int, "output_limit": int}
+                     -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...},
+                         "tests": [{"status", "output", "error", "duration_s", "calls"}, ...]}
+    {"op": "shutdown"} -> {"ok": true}, then the server exits.
+A malformed request gets {"status": "sandbox_error", "stderr": reason}.
+
+Isolation of each child (see sandbox/__init__.py for the whole model)
+---------------------------------------------------------------------
+- own session and process group (setsid); at the end the group gets SIGKILL, and since the server is a child
+  subreaper, descendants that left the group are re-parented to it and killed too;
+- rlimits: RLIMIT_AS (memory_mb), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0;
+- when the server runs as root: the child switches to an unprivileged uid of its own (--uid), so RLIMIT_NPROC
+  counts only this worker's processes, the child cannot signal the server, read other processes' environment
+  or write host files; if the Python installation is not readable by other users (e.g. under /root), the
+  child keeps CAP_DAC_READ_SEARCH only (it may read, never write, host files) with no_new_privs set;
+- a private temporary working directory (cwd, HOME, TMPDIR), removed after the request; as root the server
+  also mounts private tmpfs over /tmp, /var/tmp and /dev/shm in its own mount namespace (size-capped, wiped
+  after every request, invisible to the host);
+- no network: the server enters a new network namespace once at start (as root, or through an unprivileged
+  user namespace); where neither is allowed, results say "network_isolated": false;
+- scrubbed environment (PATH, HOME, TMPDIR, LANG only); stdin is /dev/null; stdout/stderr are captured up to
+  output_limit bytes together (more ends the program with status "output_limit");
+- every descriptor except stdio (and, for tests, the result pipe) is closed before the program runs, so the
+  program cannot reach the client connection.
+
+Grading ("tests"): the child imports the solution as module `solution`, calls entry_point(*input) per test and
+writes one frame per test to a result pipe: {"t": "test", "i": i, "status", "output", "error", "duration_s",
+"calls"}, preceded by {"t": "loaded"} (or {"t": "load_error", "error"}) and followed by {"t": "done"}. The server
+accepts only well-formed frames, for exactly the next expected test, in order; anything else is a protocol
+violation that fails every test of that child. Expected outputs never reach the server or the child: the
+client compares. A test that kills its child (timeout, crash, os._exit) is recorded and the server forks a new
+child that resumes at the next test (unless stop_on_error).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import errno
+import gc
+import io
+import json
+import math
+import os
+import resource
+import select
+import shutil
+import signal
+import socket
+import stat
+import struct
+import sys
+import tempfile
+import time
+import traceback
+
+PROTOCOL = 1
+MAX_FRAME = 256 * 1024 * 1024           # largest request/response frame accepted (bytes)
+EXIT_ERROR = 1                          # harness exit code: the program raised
+EXIT_MEMORY = 113                       # harness exit code: the program raised MemoryError
+EXIT_HARNESS = 114                      # harness exit code: our own code failed before the program ran
+ACCEPT_TIMEOUT_S = 120                  # a server nobody connects to exits after this
+RESULT_FD = 3                           # the result pipe's descriptor in a grading child
+PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
+    "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
+    "functools hashlib heapq io itertools json math numbers operator random re statistics string "
+    "textwrap traceback types typing unicodedata"
+).split()
+DEFAULT_NPROC = 64                      # processes+threads a child may have (per worker uid when root)
+DEFAULT_FSIZE_MB = 64                   # largest file a child may write
+DEFAULT_NOFILE = 64                     # open descriptors per child process
+DEFAULT_TMPFS_MB = 512                  # size of each private tmpfs (root only)
+STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
+TEST_STATUSES = ("ok", "error", "memory", "unserializable", "output_limit")  # what a child may claim
+
+_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 16384, 1 << 18, 2, 4
+PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER = 38, 8, 36
+CAP_DAC_READ_SEARCH = 2
+
+
+# ----------------------------------------------------------------------------------------------- framing
+def send_frame(sock: socket.socket, obj: dict) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+    sock.sendall(struct.pack(">I", len(data)) + data)
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError("connection closed")
+        got += k
+    return bytes(buf)
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    (n,) = struct.unpack(">I", recv_exact(sock, 4))
+    if n > MAX_FRAME:
+        raise ValueError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+    obj = json.loads(recv_exact(sock, n))
+    if not isinstance(obj, dict):
+        raise ValueError("frame is not a JSON object")
+    return obj
+
+
+# ------------------------------------------------------------------------------------- server set-up
+def _unshare(flags: int) -> bool:
+    return _libc.unshare(flags) == 0
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def isolate_network() -> bool:
+    """Enter a new network namespace (only loopback, down). True when it worked."""
+    if os.geteuid() == 0 and _unshare(CLONE_NEWNET):
+        return True
+    uid, gid = os.geteuid(), os.getegid()
+    if not _unshare(CLONE_NEWUSER | CLONE_NEWNET):
+        return False
+    try:  # map ourselves to root inside the new user namespace so we keep working as before
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+    except OSError:
+        pass
+    return True
+
+
+def private_tmp(size_mb: int) -> bool:
+    """Give this server private tmpfs mounts over /tmp, /var/tmp, /dev/shm (root only). True when it worked."""
+    if os.geteuid() != 0 or not _unshare(CLONE_NEWNS):
+        return False
+    if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
+        return False
+    ok = False
+    for path in ("/tmp", "/var/tmp", "/dev/shm"):
+        if os.path.isdir(path):
+            opts = f"size={size_mb}m,mode=1777".encode()
+            ok |= _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0
+    return ok
+
+
+def _world_traversable(path: str) -> bool:
+    """True when a user other than the owner may read everything on the way to `path`."""
+    path = os.path.realpath(path)
+    parts = path.split(os.sep)
+    for i in range(2, len(parts) + 1):
+        p = os.sep.join(parts[:i]) or os.sep
+        try:
+            mode = os.stat(p).st_mode
+        except OSError:
+            return False
+        if not mode & stat.S_IXOTH or not mode & stat.S_IROTH:
+            return False
+    return True
+
+
+def _count_user_processes(uid: int) -> int:
+    n = 0
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.stat(f"/proc/{name}").st_uid == uid:
+                    n += 1
+            except OSError:
+                pass
+    return n
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _keep_only_read_cap() -> None:
+    header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
+    data = (_CapData * 2)()
+    bit = 1 << CAP_DAC_READ_SEARCH
+    data[0].effective = data[0].permitted = bit
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")
+
+
+# ---------------------------------------------------------------------------------------- the child
+def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res_w: int | None) -> None:
+    """Runs in the forked child before the program: isolation and limits. Never returns on failure."""
+    os.setsid()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
+        signal.signal(sig, signal.SIG_DFL)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out_w, 1)
+    os.dup2(err_w, 2)
+    keep = 2
+    if res_w is not None:
+        os.dup2(res_w, RESULT_FD)
+        keep = RESULT_FD
+    os.closerange(keep + 1, 1 << 20)  # the client connection, the listening socket, pipes, pidfds
+    os.chdir(workdir)
+    budget = float(req["_cpu_budget_s"])
+    memory = int(req["memory_mb"]) * 1024 * 1024
+    limits = [
+        (resource.RLIMIT_AS, memory),
+        (resource.RLIMIT_CPU, int(math.ceil(budget)) + 1),
+        (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
+        (resource.RLIMIT_NOFILE, cfg["nofile"]),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NPROC, cfg["nproc"]),
+    ]
+    for which, value in limits:
+        resource.setrlimit(which, (value, value))
+    if cfg["uid"] is not None:
+        if cfg["read_cap"]:
+            _libc.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0)
+        os.setgroups([])
+        os.setgid(cfg["uid"])
+        os.setuid(cfg["uid"])
+        if cfg["read_cap"]:
+            _keep_only_read_cap()
+    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    os.environ.clear()
+    os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=workdir, TMPDIR=workdir, LANG="C.UTF-8")
+    tempfile.tempdir = None
+    if "random" in sys.modules:
+        sys.modules["random"].seed()  # a fresh process would seed itself from os.urandom
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
+                                  line_buffering=True)
+    sys.argv = ["<program>"]
+    sys.setrecursionlimit(1000)
+
+
+def _flush_and_exit(code: int) -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    os._exit(code)
+
+
+def _wait_threads() -> None:
+    """Join non-daemon threads as interpreter shutdown would (bounded by the wall-clock timeout)."""
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:
+            threading._shutdown()
+        except BaseException:
+            pass
+
+
+def _report_exception(exc: BaseException) -> int:
+    if isinstance(exc, MemoryError):
+        try:
+            os.write(2, b"MemoryError\n")
+        except OSError:
+            pass
+        return EXIT_MEMORY
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None or code == 0:
+            return 0
+        if not isinstance(code, int):
+            try:
+                print(code, file=sys.stderr)
+            except BaseException:
+                pass
+            return EXIT_ERROR
+        return EXIT_ERROR if code in (EXIT_MEMORY, EXIT_HARNESS) else code & 0xFF
+    try:
+        traceback.print_exception(type(exc), exc, exc.__traceback__)
+    except BaseException:
+        pass
+    return EXIT_ERROR
+
+
+def child_run(source: str) -> None:
+    """Execute a program as __main__ and exit with its verdict code."""
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__dict__["__builtins__"] = __builtins__
+    sys.modules["__main__"] = main
+    try:
+        code = compile(source, "<program>", "exec")
+        exec(code, main.__dict__)
+        _wait_threads()
+        rc = 0
+    except BaseException as exc:  # noqa: BLE001 - the program's exception is the verdict
+        rc = _report_exception(exc)
+    _flush_and_exit(rc)
+
+
+def _short_error(exc: BaseException) -> str:
+    try:
+        text = f"{type(exc).__name__}: {exc}"
+    except BaseException:
+        text = type(exc).__name__
+    return text[:500]
+
+
+def child_tests(req: dict, start: int) -> None:
+    """Import the solution, run tests start.., write one frame per test to RESULT_FD, exit."""
+    import types
+
+    dumps, pack, write, clock = json.dumps, struct.pack, os.write, time.perf_counter
+    limit = int(req["output_limit"])
+
+    def emit(obj: dict) -> None:
+        data = dumps(obj, separators=(",", ":")).encode()
+        data = pack(">I", len(data)) + data
+        view = memoryview(data)
+        while view:
+            view = view[write(RESULT_FD, view):]
+
+    module = types.ModuleType("solution")
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["solution"] = module
+    try:
+        exec(compile(req["source"], "<solution>", "exec"), module.__dict__)
+        fn = module
+        for part in req["entry_point"].split("."):
+            fn = getattr(fn, part)
+        if not callable(fn):
+            raise TypeError(f"entry point {req['entry_point']!r} is not callable")
+    except BaseException as exc:  # noqa: BLE001
+        rc = _report_exception(exc)
+        try:
+            emit({"t": "load_error", "error": _short_error(exc)})
+        except BaseException:
+            pass
+        _flush_and_exit(rc or EXIT_ERROR)
+    emit({"t": "loaded"})
+    record = bool(req.get("record_calls"))
+    calls: set = set()
+
+    def profiler(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename == "<solution>":
+            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name).split(".<locals>")[0]
+            if not name.startswith("<"):
+                calls.add(name)
+
+    inputs = req["inputs"]
+    for i in range(start, len(inputs)):
+        calls.clear()
+        status, output, error = "ok", None, None
+        t0 = clock()
+        try:
+            if record:
+                sys.setprofile(profiler)
+            try:
+                output = fn(*inputs[i])
+            finally:
+                if record:
+                    sys.setprofile(None)
+        except MemoryError:
+            status, error = "memory", "MemoryError"
+        except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the test too
+            status, error = "error", _short_error(exc)
+        duration = clock() - t0
+        frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
+                 "duration_s": duration, "calls": sorted(calls) if record else None}
+        if status == "ok":
+            try:
+                text = dumps(output)
+                if len(text) > limit:
+                    frame.update(status="output_limit", error=f"output of {len(text)} bytes exceeds {limit}")
+                else:
+                    frame["output"] = json.loads(text)
+            except BaseException as exc:  # noqa: BLE001
+                frame.update(status="unserializable", error=_short_error(exc))
+        emit(frame)
+        output = None
+        if frame["status"] != "ok" and req.get("stop_on_error"):
+            break
+    emit({"t": "done"})
+    _flush_and_exit(0)
+
+
+# ------------------------------------------------------------------------------------- the server
+class ProtocolViolation(Exception):
+    """The child wrote something on the result pipe that the harness would never write."""
+
+
+class Server:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.network_isolated = False if args.no_netns else isolate_network()
+        self.private_tmp = False if args.no_private_tmp else private_tmp(args.tmpfs_mb)
+        base = None if self.private_tmp else args.work_dir
+        self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
+        os.chmod(self.work_base, 0o711)
+        uid = args.uid if (args.uid is not None and os.geteuid() == 0) else None
+        prefix_paths = [sys.prefix, os.path.dirname(os.__file__)]
+        read_cap = uid is not None and not all(_world_traversable(p) for p in prefix_paths)
+        nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
+        self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
+                    "nofile": args.nofile}
+        self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
+                     "private_tmp": self.private_tmp, "server_pid": os.getpid()}
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        self.children_file = f"/proc/self/task/{os.getpid()}/children"
+
+    # -- leftovers
+    def _children(self) -> list[int]:
+        try:
+            with open(self.children_file) as f:
+                return [int(p) for p in f.read().split()]
+        except OSError:
+            return []
+
+    def _sweep(self) -> None:
+        """SIGKILL every descendant that was re-parented to us (we are a child subreaper) and reap it."""
+        for _ in range(10000):
+            kids = self._children()
+            if not kids:
+                return
+            for pid in kids:
+                for kill in (os.killpg, os.kill):
+                    try:
+                        kill(pid, signal.SIGKILL)
+                    except OSError:
+                        pass
+            for pid in kids:
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+
+    def _clean_tmp(self, workdir: str) -> None:
+        shutil.rmtree(workdir, ignore_errors=True)
+        if os.path.exists(workdir):  # the program made a directory unreadable: restore permissions and retry
+            for root, dirs, _ in os.walk(workdir):
+                for d in dirs:
+                    os.chmod(os.path.join(root, d), 0o700)
+            shutil.rmtree(workdir, ignore_errors=True)
+        if self.private_tmp:
+            for base in ("/tmp", "/var/tmp", "/dev/shm"):
+                try:
+                    entries = os.listdir(base)
+                except OSError:
+                    continue
+                for name in entries:
+                    path = os.path.join(base, name)
+                    if path == self.work_base:
+                        continue
+                    if os.path.isdir(path) and not os.path.islink(path):
+                        shutil.rmtree(path, ignore_errors=True)
+                    else:
+                        try:
+                            os.unlink(path)
+                        except OSError:
+                            pass
+
+    # -- one child
+    def _spawn(self, req: dict, workdir: str, start: int | None):
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        res_r, res_w = os.pipe() if start is not None else (None, None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:  # child: never returns into server code
+            try:
+                _child_setup(self.cfg, req, workdir, out_w, err_w, res_w)
+            except BaseException:  # noqa: BLE001
+                try:
+                    traceback.print_exc()
+                finally:
+                    os._exit(EXIT_HARNESS)
+            try:
+                if start is None:
+                    child_run(req["source"])
+                else:
+                    child_tests(req, start)
+            finally:
+                os._exit(EXIT_ERROR)
+        for fd in (out_w, err_w, res_w):
+            if fd is not None:
+                os.close(fd)
+        return pid, out_r, err_r, res_r
+
+    def _collect(self, req: dict, pid: int, out_r: int, err_r: int, res_r: int | None, out: dict,
+                 tests: list | None, start: int) -> dict:
+        """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened."""
+        pidfd = os.pidfd_open(pid)
+        poller = select.poll()
+        names = {out_r: "stdout", err_r: "stderr", pidfd: "exit"}
+        if res_r is not None:
+            names[res_r] = "result"
+        for fd in names:
+            poller.register(fd, select.POLLIN)
+        now = time.monotonic()
+        load_deadline = now + float(req["timeout_s"])
+        test_timeout = float(req.get("test_timeout_s") or req["timeout_s"])
+        deadline = load_deadline
+        limit = int(req["output_limit"])
+        res_buf = bytearray()
+        state = {"reason": None, "next": start, "loaded": res_r is None, "done": False, "load_error": None,
+                 "violation": None}
+        open_fds = set(names)
+        exited = False
+        while not exited and state["reason"] is None:
+            wait = deadline - time.monotonic()
+            if wait <= 0:
+                state["reason"] = "timeout"
+                break
+            for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
+                name = names[fd]
+                if name == "exit":
+                    exited = True
+                    continue
+                data = os.read(fd, 1 << 16)
+                if not data:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                    continue
+                if name == "result":
+                    res_buf += data
+                    try:
+                        if self._frames(res_buf, state, tests, len(req["inputs"])):
+                            deadline = time.monotonic() + test_timeout
+                    except ProtocolViolation as exc:
+                        state["violation"] = str(exc)
+                        state["reason"] = "protocol"
+                        break
+                else:
+                    out[name] += data
+                    if len(out["stdout"]) + len(out["stderr"]) > limit:
+                        state["reason"] = "output_limit"
+                        break
+        # Kill the group while the child (alive or zombie) still pins its pid, reap it, then every escapee.
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        _, wstatus = os.waitpid(pid, 0)
+        self._sweep()
+        os.close(pidfd)
+        for fd in list(open_fds - {pidfd}):  # writers are all dead: drain to EOF
+            while True:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    break
+                if not data:
+                    break
+                if fd == res_r:
+                    if state["reason"] is None:
+                        res_buf += data
+                        try:
+                            self._frames(res_buf, state, tests, len(req["inputs"]))
+                        except ProtocolViolation as exc:
+                            state["violation"] = str(exc)
+                            state["reason"] = "protocol"
+                elif len(out["stdout"]) + len(out["stderr"]) <= limit:
+                    out[names[fd]] += data
+                    if len(out["stdout"]) + len(out["stderr"]) > limit and state["reason"] is None:
+                        state["reason"] = "output_limit"
+        for fd in (out_r, err_r, res_r):
+            if fd is not None:
+                os.close(fd)
+        if res_buf and state["reason"] is None:
+            state["violation"] = "trailing bytes on the result pipe"
+            state["reason"] = "protocol"
+        state["wstatus"] = wstatus
+        return state
+
+    def _frames(self, buf: bytearray, state: dict, tests: list, n: int) -> bool:
+        """Decode complete frames from buf (strictly). Returns True when a test or load frame arrived."""
+        progressed = False
+        while len(buf) >= 4:
+            (size,) = struct.unpack(">I", buf[:4])
+            if size > MAX_FRAME:
+                raise ProtocolViolation("oversized result frame")
+            if len(buf) < 4 + size:
+                break
+            raw = bytes(buf[4:4 + size])
+            del buf[:4 + size]
+            try:
+                frame = json.loads(raw)
+            except ValueError:
+                raise ProtocolViolation("result frame is not JSON") from None
+            if not isinstance(frame, dict) or state["done"]:
+                raise ProtocolViolation("unexpected result frame")
+            kind = frame.get("t")
+            if kind == "loaded" and not state["loaded"]:
+                state["loaded"] = True
+                progressed = True
+            elif kind == "load_error" and not state["loaded"] and state["load_error"] is None:
+                state["load_error"] = str(frame.get("error"))[:500]
+            elif kind == "test" and state["loaded"]:
+                i = frame.get("i")
+                status = frame.get("status")
+                if type(i) is not int or i != state["next"] or i >= n or status not in TEST_STATUSES:
+                    raise ProtocolViolation("result frame for a test that was not asked for")
+                if set(frame) != {"t", "i", "status", "output", "error", "duration_s", "calls"}:
+                    raise ProtocolViolation("result frame with unexpected fields")
+                error, duration, calls = frame["error"], frame["duration_s"], frame["calls"]
+                if not (error is None or isinstance(error, str)) or type(duration) not in (int, float):
+                    raise ProtocolViolation("result frame with wrong field types")
+                if calls is not None and not (isinstance(calls, list) and all(isinstance(c, str) for c in calls)):
+                    raise ProtocolViolation("result frame with wrong calls")
+                if status != "ok" and frame["output"] is not None:
+                    raise ProtocolViolation("output on a failed test")
+                tests[i] = {"status": status, "output": frame["output"], "error": error,
+                            "duration_s": float(duration), "calls": calls}
+                state["next"] = i + 1
+                progressed = True
+            elif kind == "done" and state["loaded"] and state["next"] == n:
+                state["done"] = True
+            elif kind == "done" and state["loaded"]:
+                state["done"] = True  # stop_on_error ended early; checked by the caller
+            else:
+                raise ProtocolViolation("result frame out of order")
+        return progressed
+
+    @staticmethod
+    def _exit_status(state: dict, out: dict) -> str:
+        """Map how a child ended to an ExecResult status."""
+        reason, wstatus = state["reason"], state["wstatus"]
+        if reason == "timeout":
+            return "timeout"
+        if reason == "output_limit":
+            return "output_limit"
+        if reason == "protocol":
+            return "error"
+        if os.WIFSIGNALED(wstatus):
+            sig = os.WTERMSIG(wstatus)
+            if sig == signal.SIGXCPU:
+                return "timeout"
+            if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and b"MemoryError" in out["stderr"][-4096:]:
+                return "memory"
+            return "killed"
+        code = os.WEXITSTATUS(wstatus)
+        if code == 0:
+            return "ok"
+        if code == EXIT_MEMORY:
+            return "memory"
+        if code == EXIT_HARNESS:
+            return "sandbox_error"
+        return "error"
+
+    @staticmethod
+    def _text(data: bytearray, cap: int) -> str:
+        return bytes(data[:cap]).decode("utf-8", errors="replace")
+
+    def _finish(self, t0: float, out: dict, status: str, req: dict, extra: dict | None = None) -> dict:
+        cap = int(req["output_limit"])
+        meta = dict(self.meta)
+        if extra:
+            meta.update(extra)
+        return {"status": status, "stdout": self._text(out["stdout"], cap),
+                "stderr": self._text(out["stderr"], max(0, cap - min(len(out["stdout"]), cap))),
+                "duration_s": time.monotonic() - t0, "meta": meta}
+
+    def handle_run(self, req: dict) -> dict:
+        t0 = time.monotonic()
+        req["_cpu_budget_s"] = float(req["timeout_s"])
+        workdir = self._workdir()
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        try:
+            pid, out_r, err_r, _ = self._spawn(req, workdir, None)
+            state = self._collect(req, pid, out_r, err_r, None, out, None, 0)
+        finally:
+            self._clean_tmp(workdir)
+        if os.WIFEXITED(state["wstatus"]) and os.WEXITSTATUS(state["wstatus"]) not in (0, EXIT_MEMORY,
+                                                                                        EXIT_HARNESS):
+            extra = {"exit_code": os.WEXITSTATUS(state["wstatus"])}
+        elif os.WIFSIGNALED(state["wstatus"]) and state["reason"] is None:
+            extra = {"signal": os.WTERMSIG(state["wstatus"])}
+        else:
+            extra = None
+        return self._finish(t0, out, self._exit_status(state, out), req, extra)
+
+    def handle_tests(self, req: dict) -> dict:
+        t0 = time.monotonic()
+        n = len(req["inputs"])
+        req["_cpu_budget_s"] = float(req["timeout_s"]) + n * float(req.get("test_timeout_s") or req["timeout_s"])
+        tests: list = [None] * n
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        workdir = self._workdir()
+        overall, extra, start = "ok", {}, 0
+        try:
+            while start < n or start == 0:
+                pid, out_r, err_r, res_r = self._spawn(req, workdir, start)
+                state = self._collect(req, pid, out_r, err_r, res_r, out, tests, start)
+                status = self._exit_status(state, out)
+                if state["violation"]:
+                    for i in range(start, n):
+                        tests[i] = {"status": "error", "output": None, "calls": None, "duration_s": 0.0,
+                                    "error": f"ProtocolError: {state['violation']}"}
+                    overall, extra["protocol_violation"] = "error", state["violation"]
+                    break
+                if not state["loaded"]:  # the module did not load: nothing ran
+                    overall = status if status != "ok" else "error"
+                    extra["load_error"] = state["load_error"] or f"module did not load ({status})"
+                    break
+                i = state["next"]
+                if i >= n or (state["done"] and status == "ok"):
+                    break  # all ran, or stop_on_error stopped the child after a failing test
+                # the child ended abnormally inside test i
+                tstatus = status if status not in ("ok", "sandbox_error") else "error"
+                error = {"timeout": "timeout", "memory": "MemoryError", "output_limit": "output limit exceeded",
+                         "killed": "killed by a signal"}.get(tstatus, "the program exited during the test")
+                tests[i] = {"status": tstatus, "output": None, "error": error, "duration_s": 0.0, "calls": None}
+                if tstatus != "error" and overall == "ok":
+                    overall = tstatus
+                if tstatus == "output_limit" or req.get("stop_on_error"):
+                    break
+                start = i + 1
+        finally:
+            self._clean_tmp(workdir)
+        for i in range(n):
+            if tests[i] is None:
+                tests[i] = {"status": "not_run", "output": None, "error": None, "duration_s": 0.0, "calls": None}
+        result = self._finish(t0, out, overall, req, extra)
+        result["tests"] = tests
+        return result
+
+    def _workdir(self) -> str:
+        workdir = tempfile.mkdtemp(prefix="run-", dir=self.work_base)
+        if self.cfg["uid"] is not None:
+            os.chown(workdir, self.cfg["uid"], self.cfg["uid"])
+        return workdir
+
+    # -- requests
+    def handle(self, req: dict) -> dict:
+        op = req.get("op")
+        if op == "hello":
+            return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0],
+                    **self.meta}
+        if op == "ping":
+            return {"ok": True}
+        if op == "stats":
+            return {"ok": True, "workdirs": len(os.listdir(self.work_base)), "children": self._children()}
+        if op in ("run", "tests"):
+            error = _validate(req)
+            if error:
+                return {"status": "sandbox_error", "stdout": "", "stderr": error, "duration_s": 0.0,
+                        "meta": dict(self.meta)}
+            return self.handle_run(req) if op == "run" else self.handle_tests(req)
+        return {"status": "sandbox_error", "stdout": "", "stderr": f"unknown op {op!r}", "duration_s": 0.0,
+                "meta": dict(self.meta)}
+
+    def serve(self, listener: socket.socket) -> None:
+        """Serve the one client connection; exit when it closes (so a dead client leaves no server behind)."""
+        listener.settimeout(ACCEPT_TIMEOUT_S)
+        try:
+            conn, _ = listener.accept()
+        except socket.timeout:
+            return
+        listener.close()
+        conn.settimeout(None)
+        with conn:
+            while True:
+                try:
+                    req = recv_frame(conn)
+                except (EOFError, ConnectionError):
+                    break
+                except ValueError as exc:
+                    send_frame(conn, {"status": "sandbox_error", "stderr": f"bad request: {exc}"})
+                    break
+                if req.get("op") == "shutdown":
+                    send_frame(conn, {"ok": True})
+                    return
+                try:
+                    resp = self.handle(req)
+                except Exception:  # noqa: BLE001 - our fault: report it, keep serving
+                    resp = {"status": "sandbox_error", "stdout": "", "stderr": traceback.format_exc()[-4000:],
+                            "duration_s": 0.0, "meta": dict(self.meta)}
+                try:
+                    send_frame(conn, resp)
+                except OSError:
+                    break
+
+
+def _validate(req: dict) -> str | None:
+    if not isinstance(req.get("source"), str):
+        return "source must be a string"
+    for key in ("timeout_s", "memory_mb", "output_limit"):
+        if not isinstance(req.get(key), (int, float)) or req[key] <= 0:
+            return f"{key} must be a positive number"
+    if req.get("op") == "tests":
+        if not isinstance(req.get("entry_point"), str) or not isinstance(req.get("inputs"), list):
+            return "tests need entry_point (str) and inputs (list)"
+        if not all(isinstance(x, list) for x in req["inputs"]):
+            return "each test input must be a list of positional arguments"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="sandbox fork server (see the module docstring)")
+    parser.add_argument("--socket", required=True, help="unix socket path to listen on")
+    parser.add_argument("--uid", type=int, default=None, help="unprivileged uid for children (root only)")
+    parser.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="RLIMIT_NPROC for children")
+    parser.add_argument("--fsize-mb", type=int, default=DEFAULT_FSIZE_MB, help="RLIMIT_FSIZE for children")
+    parser.add_argument("--nofile", type=int, default=DEFAULT_NOFILE, help="RLIMIT_NOFILE for children")
+    parser.add_argument("--tmpfs-mb", type=int, default=DEFAULT_TMPFS_MB, help="size of private tmpfs mounts")
+    parser.add_argument("--work-dir", default=None, help="where work dirs go without a private tmpfs")
+    parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
+    parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
+    args = parser.parse_args(argv)
+    for name in PRELOAD:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    # Bind before entering a private mount namespace, so the socket lives in the filesystem the client sees.
+    if os.path.exists(args.socket):
+        os.unlink(args.socket)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    tmp_path = args.socket + ".tmp"
+    if os.path.exists(tmp_path):
+        os.unlink(tmp_path)
+    listener.bind(tmp_path)
+    os.chmod(tmp_path, 0o666)
+    listener.listen(1)
+    os.rename(tmp_path, args.socket)  # appears when it accepts connections (they wait in the backlog)
+    server = Server(args)
+    gc.collect()
+    gc.freeze()  # keep the preloaded heap out of the collector, so children do not copy it on write
+    server.serve(listener)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
