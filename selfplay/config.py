@@ -49,7 +49,13 @@ class TasksConfig:
     max_level: int = 4  # highest curriculum level procedural families generate (1..4)
     n_visible: int = 3  # visible examples shown to the solver
     n_hidden: int = 8  # hidden tests used for grading
-    heldout_splits: list[str] = field(default_factory=list)  # held-out split names (see generator.splits)
+    heldout_splits: list[str] = field(default_factory=lambda: [  # held-out split names (see generator.splits)
+        "heldout_types", "heldout_compositions", "deeper", "noisy"])
+    heldout_types: list[str] = field(default_factory=lambda: ["float", "tuple"])  # input element types never trained on
+    heldout_pairs: list[str] = field(default_factory=lambda: [  # step kinds never together in one training task
+        "dedup+sort", "filter+group", "map+top_k"])
+    train_max_depth: int = 4  # most pipeline steps in a training task; the "deeper" split uses 1-2 more
+    n_visible_vague: int = 5  # visible examples for level-4 tasks (defined mostly by their examples)
 
 
 @dataclass
