@@ -1,0 +1,380 @@
+"""Token-level PPO with a value head, shared by the solver and the generator (DESIGN.md §5).
+
+`PPOTrainer.step(queries, responses, scores)` takes a batch of rollouts (prompt token ids, response token ids, one
+scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.py uses:
+
+1. rollout quantities, no gradients: log-probs and values under the current ("old") policy, log-probs under the
+   frozen reference;
+2. per-token rewards: -beta * KL(policy || reference) on every response token, the scalar reward on the last one;
+3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch;
+4. `epochs` passes of shuffled minibatches (gradient accumulation over micro-batches): clipped policy loss +
+   vf_coef * clipped value loss - entropy_coef * entropy, gradients clipped to `max_grad_norm`;
+5. KL coefficient (adaptive) and entropy coefficient (linear schedule) updated; metrics returned under plain names.
+
+The model is an `ActorCritic` with a torch optimiser, or a DeepSpeed engine wrapping one (then the engine does the
+optimiser step, gradient accumulation and clipping from its JSON config). `generate(...)` samples batched answers
+with their log-probs. `python -m selfplay.ppo --bench` measures throughput on the tiny model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from selfplay import rl
+
+# ---------------------------------------------------------------------------- batching
+
+
+def pad_rollouts(
+    queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
+    response_masks: Sequence[Sequence[int]] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Concatenate query + response per row, right-pad. Returns input_ids, attention_mask [B, L] and action_mask
+    [B, L-1]: action_mask[b, i] = 1 when token i+1 is a response token the policy chose (the log-prob of token
+    i+1 comes from the logits at position i). `response_masks` can exclude response tokens the policy did not
+    produce (observations inserted between the turns of an episode)."""
+    if len(queries) != len(responses):
+        raise ValueError(f"{len(queries)} queries but {len(responses)} responses")
+    lengths = [len(q) + len(r) for q, r in zip(queries, responses)]
+    batch, width = len(queries), max(lengths)
+    input_ids = torch.full((batch, width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((batch, width), dtype=torch.long)
+    action_mask = torch.zeros((batch, width - 1), dtype=torch.float32)
+    for b, (q, r) in enumerate(zip(queries, responses)):
+        if len(q) == 0 or len(r) == 0:
+            raise ValueError(f"rollout {b}: empty query or response (every response needs at least one token)")
+        input_ids[b, : lengths[b]] = torch.tensor(list(q) + list(r), dtype=torch.long)
+        attention_mask[b, : lengths[b]] = 1
+        rmask = torch.ones(len(r)) if response_masks is None else torch.as_tensor(response_masks[b], dtype=torch.float32)
+        action_mask[b, len(q) - 1 : lengths[b] - 1] = rmask
+    return input_ids, attention_mask, action_mask
+
+
+def _last_index(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last set position in each row of a [B, T] mask."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    return torch.where(mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
+
+
+def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:
+    return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+# ---------------------------------------------------------------------------- the trainer
+
+
+@dataclass
+class _Rollout:
+    """Everything fixed during the update (computed once, without gradients)."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    old_logp: torch.Tensor
+    old_values: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+
+def _unwrap(model):
+    """The module inside a DeepSpeed engine (or the model itself)."""
+    return getattr(model, "module", model)
+
+
+def is_deepspeed_engine(model) -> bool:
+    return hasattr(model, "backward") and hasattr(model, "module") and hasattr(model, "optimizer")
+
+
+class PPOTrainer:
+    """One PPO update per `step` call. `cfg` is a `ppo:` config section (selfplay.config.PPOConfig)."""
+
+    def __init__(self, model, ref_model, cfg, optimizer: torch.optim.Optimizer | None = None, *,
+                 pad_token_id: int = 0, seed: int = 0):
+        self.model, self.ref_model, self.cfg = model, ref_model, cfg
+        self.engine = model if is_deepspeed_engine(model) else None
+        if self.engine is None and optimizer is None:
+            optimizer = torch.optim.AdamW(
+                [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, weight_decay=cfg.weight_decay
+            )
+        self.optimizer = optimizer if self.engine is None else self.engine.optimizer
+        self.pad_token_id = pad_token_id
+        if cfg.mini_batch_size % cfg.micro_batch_size:
+            raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
+                             f"ppo.micro_batch_size ({cfg.micro_batch_size})")
+        self.kl_ctl = (rl.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
+                       else rl.FixedKLController(cfg.kl_coef))
+        self.updates = 0  # step() calls so far (drives the entropy schedule)
+        self.generator = torch.Generator().manual_seed(seed)  # minibatch shuffling
+
+    @property
+    def device(self) -> torch.device:
+        return next(_unwrap(self.model).parameters()).device
+
+    @property
+    def entropy_coef(self) -> float:
+        c = self.cfg
+        return rl.linear_schedule(c.entropy_coef_start, c.entropy_coef_end, self.updates, c.entropy_decay_updates)
+
+    # -- forward passes
+
+    def _policy_forward(self, input_ids, attention_mask):
+        """Shifted log-probs of the taken tokens, values and per-position logits: [B, L-1] each."""
+        logits, values = self.model(input_ids, attention_mask)
+        logits = logits[:, :-1].float() / self.cfg.temperature
+        return rl.logprobs_from_logits(logits, input_ids[:, 1:]), values[:, :-1].float(), logits
+
+    @torch.no_grad()
+    def _ref_logprobs(self, input_ids, attention_mask):
+        logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+        return rl.logprobs_from_logits(logits[:, :-1].float() / self.cfg.temperature, input_ids[:, 1:])
+
+    # -- stage 1-3: rollout quantities, rewards, advantages
+
+    @torch.no_grad()
+    def _prepare(self, queries, responses, scores, response_masks) -> tuple[_Rollout, dict]:
+        cfg, device = self.cfg, self.device
+        input_ids, attention_mask, action_mask = (
+            t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
+        )
+        scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
+        old_logp, old_values, ref_logp = [], [], []
+        for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
+            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx])
+            old_logp.append(logp)
+            old_values.append(values)
+            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx]))
+        old_logp, old_values, ref_logp = torch.cat(old_logp), torch.cat(old_values), torch.cat(ref_logp)
+
+        # per-token reward: KL penalty everywhere, the scalar reward on the last response token
+        kl = rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask
+        rewards = -self.kl_ctl.value * kl
+        rows = torch.arange(len(queries), device=device)
+        rewards[rows, _last_index(action_mask)] += scores
+
+        advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
+        raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
+        if cfg.whiten_advantages:
+            advantages = rl.masked_whiten(advantages, action_mask)
+        kl_seq = kl.sum(1).mean().item()
+        stats = {
+            "score_mean": scores.mean().item(),
+            "score_std": scores.std().item() if len(scores) > 1 else 0.0,
+            "reward_total_mean": rewards.sum(1).mean().item(),
+            "kl": rl.masked_mean(kl, action_mask).item(),  # per token, with the configured estimator
+            "kl_seq": kl_seq,  # summed over the response, averaged over the batch
+            "kl_coef": self.kl_ctl.value,
+            "values_mean": rl.masked_mean(old_values, action_mask).item(),
+            "returns_mean": rl.masked_mean(returns, action_mask).item(),
+            "advantages_mean": raw_adv_mean,
+            "explained_var": rl.explained_variance(old_values, returns, action_mask).item(),
+            "response_len": action_mask.sum(1).mean().item(),
+            "tokens": int(action_mask.sum().item()),
+        }
+        return _Rollout(input_ids, attention_mask, action_mask, old_logp, old_values, advantages, returns), stats
+
+    # -- stage 4: minibatch updates
+
+    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float) -> tuple[torch.Tensor, dict]:
+        cfg, mask = self.cfg, r.action_mask[idx]
+        logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx])
+        old_logp = r.old_logp[idx]
+        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip)
+        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip)
+        entropy = rl.masked_mean(rl.entropy_from_logits(logits), mask)
+        loss = policy_loss + cfg.vf_coef * value_loss - entropy_coef * entropy
+        with torch.no_grad():
+            value_clipped = (values - r.old_values[idx]).abs() > cfg.value_clip
+            stats = {
+                "loss": loss.item(),
+                "policy_loss": policy_loss.item(),
+                "value_loss": value_loss.item(),
+                "entropy": entropy.item(),
+                "clipfrac": rl.clip_fraction(logp, old_logp, mask, cfg.clip).item(),
+                "value_clipfrac": rl.masked_mean(value_clipped.float(), mask).item(),
+                "approx_kl": rl.approx_kl(logp, old_logp, mask).item(),
+            }
+        return loss, stats
+
+    def _optimise(self, r: _Rollout, entropy_coef: float) -> dict:
+        cfg, batch = self.cfg, r.input_ids.shape[0]
+        sums: dict[str, float] = {}
+        n_micro, grad_norms = 0, []
+        self.model.train(False)  # no dropout: ratios must be exactly 1 before the first optimiser step
+        for _ in range(cfg.epochs):
+            perm = torch.randperm(batch, generator=self.generator).to(self.device)
+            for mini in _chunks(perm, cfg.mini_batch_size):
+                for micro in _chunks(mini, cfg.micro_batch_size):
+                    loss, stats = self._loss(r, micro, entropy_coef)
+                    if self.engine is not None:
+                        self.engine.backward(loss)  # the engine scales by its gradient_accumulation_steps
+                        self.engine.step()  # steps (with its gradient clipping) at accumulation boundaries
+                    else:
+                        (loss * len(micro) / len(mini)).backward()
+                    for k, v in stats.items():
+                        sums[k] = sums.get(k, 0.0) + v
+                    n_micro += 1
+                if self.engine is None:
+                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                    grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item())
+                    self.optimizer.step()
+                    self.optimizer.zero_grad(set_to_none=True)
+                else:
+                    norm = self.engine.get_global_grad_norm()
+                    if norm is not None:
+                        grad_norms.append(float(norm))
+        out = {k: v / max(n_micro, 1) for k, v in sums.items()}
+        out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        return out
+
+    # -- the public step
+
+    def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+             scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None) -> dict:
+        """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats)."""
+        t0 = time.perf_counter()
+        rollout, stats = self._prepare(queries, responses, scores, response_masks)
+        entropy_coef = self.entropy_coef
+        stats.update(self._optimise(rollout, entropy_coef))
+        # stage 5: coefficients for the next update
+        self.kl_ctl.update(stats["kl_seq"], len(queries))
+        self.updates += 1
+        stats["entropy_coef"] = entropy_coef
+        stats["lr"] = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else float("nan")
+        stats["update_s"] = time.perf_counter() - t0
+        return stats
+
+    def state_dict(self) -> dict:
+        """Trainer counters for checkpoints (model and optimiser states are saved by their owners)."""
+        return {"updates": self.updates, "kl_ctl": self.kl_ctl.state_dict(), "rng": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.updates = int(state["updates"])
+        self.kl_ctl.load_state_dict(state["kl_ctl"])
+        self.generator.set_state(state["rng"])
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+@dataclass
+class Sample:
+    """One sampled answer: its token ids (up to and including eos), their log-probs, whether eos ended it."""
+
+    tokens: list[int]
+    logprobs: list[float]
+    finished: bool
+
+
+def policy_of(model):
+    """The causal LM inside an ActorCritic / DeepSpeed engine (or the model itself)."""
+    inner = _unwrap(model)
+    return getattr(inner, "policy", inner)
+
+
+@torch.no_grad()
+def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_token_id: int | Sequence[int],
+             max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
+             do_sample: bool = True, synced_gpus: bool = False) -> list[Sample]:
+    """Batched sampling (left-padded prompts, HF `generate` with a KV cache).
+
+    Log-probs are log softmax(logits / temperature) of the chosen tokens (before top-k/top-p filtering), the
+    quantity the PPO trainer recomputes. Use synced_gpus=True under ZeRO-3 with several ranks.
+    """
+    policy = policy_of(model)
+    device = next(policy.parameters()).device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for b, p in enumerate(prompts):
+        input_ids[b, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
+        attention_mask[b, width - len(p):] = 1
+    eos_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
+    was_training = policy.training
+    policy.eval()
+    out = policy.generate(
+        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
+        do_sample=do_sample, temperature=temperature if do_sample else None, top_k=top_k if do_sample else None,
+        top_p=top_p if do_sample else None, pad_token_id=pad_token_id, eos_token_id=sorted(eos_ids),
+        return_dict_in_generate=True, output_logits=True, synced_gpus=synced_gpus,
+    )
+    policy.train(was_training)
+    new_tokens = out.sequences[:, width:].cpu()
+    logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # [B, new, V]
+    logprobs = rl.logprobs_from_logits(logits, new_tokens)
+    samples = []
+    for b in range(len(prompts)):
+        tokens, lps, finished = [], [], False
+        for tok, lp in zip(new_tokens[b].tolist(), logprobs[b].tolist()):
+            tokens.append(tok)
+            lps.append(lp)
+            if tok in eos_ids:
+                finished = True
+                break
+        samples.append(Sample(tokens, lps, finished))
+    return samples
+
+
+# ---------------------------------------------------------------------------- benchmark
+
+
+def bench(batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats: int = 3, seed: int = 0) -> dict:
+    """Throughput of generation and of one PPO update on the tiny default shape (4 layers, 128 wide, vocab 2000).
+
+    Prints medians; returns them. Response length is fixed (eos suppressed) so every repeat does the same work.
+    """
+    import statistics
+
+    from selfplay.config import PPOConfig
+    from selfplay.models import ActorCritic, frozen_copy
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    vocab = 2000
+    policy = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_layer=4, n_embd=128, n_head=4, n_positions=512,
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model, ref = ActorCritic(policy), frozen_copy(policy)
+    cfg = PPOConfig(mini_batch_size=batch // 2, micro_batch_size=batch // 2)
+    trainer = PPOTrainer(model, ref, cfg, pad_token_id=0, seed=seed)
+    prompts = torch.randint(1, vocab, (batch, prompt_len)).tolist()
+    gen_s, upd_s = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        samples = generate(model, prompts, pad_token_id=0, eos_token_id=vocab + 1, max_new_tokens=response_len)
+        gen_s.append(time.perf_counter() - t0)
+        responses = [s.tokens for s in samples]
+        scores = [float(s.tokens[0] % 2) for s in samples]
+        t0 = time.perf_counter()
+        trainer.step(prompts, responses, scores)
+        upd_s.append(time.perf_counter() - t0)
+    tokens = batch * response_len
+    result = {
+        "batch": batch, "prompt_len": prompt_len, "response_len": response_len, "epochs": cfg.epochs,
+        "threads": torch.get_num_threads(),
+        "generate_s_median": statistics.median(gen_s), "update_s_median": statistics.median(upd_s),
+        "generate_tokens_per_s": tokens / statistics.median(gen_s),
+        "update_tokens_per_s": tokens / statistics.median(upd_s),
+        "ppo_step_tokens_per_s": tokens / (statistics.median(gen_s) + statistics.median(upd_s)),
+    }
+    for k, v in result.items():
+        print(f"{k:>24}: {v:.3f}" if isinstance(v, float) else f"{k:>24}: {v}")
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="PPO utilities")
+    parser.add_argument("--bench", action="store_true", help="measure generation and PPO update throughput")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--response-len", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    if not args.bench:
+        parser.print_help()
+        raise SystemExit(2)
+    bench(args.batch, args.prompt_len, args.response_len, args.repeats)
