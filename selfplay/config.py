@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from selfplay.errors import UserError
 from selfplay.mixer import MixerConfig
+from solver.rewards import RewardConfig
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO_ROOT / "configs"
@@ -113,6 +114,40 @@ class DistributedConfig:
 
 
 @dataclass
+class WarmstartConfig:
+    tasks: int = 6000  # procedural training tasks generated for behaviour cloning (levels 1..max_level)
+    solver_steps: int = 1500  # SFT optimiser steps for the solver (on reference solutions)
+    generator_steps: int = 600  # SFT optimiser steps for the generator (on tasks written as proposals)
+    batch_size: int = 32  # sequences per SFT step
+    lr: float = 2e-3  # peak SFT learning rate (linear warm-up, cosine decay to 10 %)
+    max_len: int = 768  # longest SFT sequence in tokens (prompts are cut from the left)
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200  # total self-play iterations; raising it continues a finished run
+    mode: str = "selfplay"  # selfplay (generator + mixer) | curriculum (fixed procedural level schedule) | warmstart (no RL)
+    solver_tasks: int = 16  # tasks in each solver batch (the mixer splits them over sources)
+    samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
+    proposals: int = 8  # generator proposals per iteration
+    references: int = 2  # K reference tasks shown in each generator prompt
+    train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
+    generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
+    curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
+    checkpoint_every: int = 20  # iterations between checkpoints (and at the end, and on a stop request)
+    eval_every: int = 50  # iterations between held-out evaluations (0 = only before and after)
+    log_samples_every: int = 10  # iterations between text samples in TensorBoard
+
+
+@dataclass
+class EvalConfig:
+    tasks_per_split: int = 40  # held-out tasks per split (generated deterministically from run.seed)
+    samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
+    temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
+    humaneval_limit: int = 0  # HumanEval problems in `--suite humaneval` (0 = all 164)
+
+
+@dataclass
 class Config:
     run: RunConfig = field(default_factory=RunConfig)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -121,6 +156,10 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)  # model factory (selfplay/models.py)
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO trainer (selfplay/ppo.py, selfplay/rl.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torch.distributed / DeepSpeed (selfplay/distributed.py)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # solver hybrid reward weights (solver/rewards.py)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)  # behaviour cloning of both agents
+    train: TrainConfig = field(default_factory=TrainConfig)  # the self-play loop (selfplay/loop.py)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (selfplay/evaluate.py)
 
 
 def _schema():
