@@ -23,13 +23,13 @@ never from the model. `parse_proposal` never raises on model output: it returns 
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import random
 import re
 from dataclasses import dataclass
 from typing import Sequence
 
+from generator.fingerprint import ast_hash, task_id
 from generator.schema import SchemaError, Task, check_json_value
 
 INSTRUCTIONS = {
@@ -56,8 +56,8 @@ class Proposal:
     inputs: list[list]  # positional arguments of each test, JSON values
 
     def fingerprint(self) -> str:
-        """Near-duplicate key: hash of the normalised AST of the code (names of locals kept, layout dropped)."""
-        return hashlib.sha256(ast.dump(ast.parse(self.code)).encode()).hexdigest()[:16]
+        """Near-duplicate key: hash of the normalised AST (names, comments and layout dropped)."""
+        return ast_hash(self.code) or ""
 
 
 @dataclass(frozen=True)
@@ -171,10 +171,9 @@ def proposal_to_task(proposal: Proposal, parents: Sequence[Task], step: int, n_v
     """A task record for the proposal, outputs not yet computed (validity computes them in the sandbox).
     The first `n_visible` inputs are the examples the solver sees; the rest are hidden tests."""
     tests = [{"input": i} for i in proposal.inputs]
-    payload = json.dumps([proposal.fingerprint(), proposal.inputs], sort_keys=True)
     families = sorted({p.family for p in parents})
     return Task(
-        id="g-" + hashlib.sha256(payload.encode()).hexdigest()[:16],
+        id=task_id(proposal.code, proposal.entry_point, proposal.inputs),
         family="generator/" + "+".join(families) if families else "generator",
         source="generator",
         split="train",
