@@ -98,7 +98,8 @@ def materialise(params: dict, split: str, *, created_step: int = 0) -> Task:
     reference = render_reference(params)
     description = describe(params, rng, vague=params["vague"], noise=params["noise"])
     sizes = tuple(params["sizes"])
-    visible = make_inputs(rng, params["input"], params["n_visible"], size_range=sizes, edge_cases=False)
+    visible_sizes = (max(sizes[0], 2), max(sizes[1], 2))  # examples that show something
+    visible = make_inputs(rng, params["input"], params["n_visible"], size_range=visible_sizes, edge_cases=False)
     hidden = make_inputs(rng, params["input"], params["n_hidden"], size_range=sizes, edge_cases=params["edge_cases"])
     return Task(id=task_id(reference, "solve", visible + hidden), family=params["family"], source="procedural",
                 split=split, level=params["level"], description=description, entry_point="solve",
