@@ -8,8 +8,8 @@ sandbox (when they were missing), its `checks` (name -> passed) and its fingerpr
 one run of the trivial-solution battery against the hidden tests.
 
 Checks, in order (a failed static check skips the sandbox ones, which are then recorded as failed "not run"):
-    parses, safe, signature, description          static
-    runs, json_values, outputs_match, deterministic, diverse, trivial_fail, novel   with the sandbox
+    parses, safe, signature, description, json_values (inputs)          static
+    json_values (outputs), runs, outputs_match, deterministic, diverse, trivial_fail, novel   with the sandbox
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from generator.families.values import probe_inputs
 from generator.fingerprint import ast_hash, behaviour_hash, canonical_json, task_id
 from generator.schema import SchemaError, Task, check_json_value
 
-CHECKS = ("parses", "safe", "signature", "description", "runs", "json_values", "outputs_match", "deterministic",
+CHECKS = ("parses", "safe", "signature", "description", "json_values", "runs", "outputs_match", "deterministic",
           "diverse", "trivial_fail", "novel")
 STATIC_CHECKS = CHECKS[:4]
 
@@ -44,6 +44,7 @@ ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__repr__", "__s
                              "__hash__", "__iter__", "__next__", "__getitem__", "__contains__"})
 MIN_HIDDEN, MIN_VISIBLE = 3, 1
 _ERROR = {"__trivial_error__": True}  # what a trivial program "returns" when it raises
+NOT_RUN = "not run"  # reason prefix of checks skipped after an earlier failure
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,15 @@ class ValidationReport:
 
     @property
     def failed(self) -> list[str]:
-        return [name for name, r in self.results.items() if not r.passed]
+        """Failed checks, the ones that ran first (checks skipped after a failure come last)."""
+        ran = [n for n, r in self.results.items() if not r.passed and not r.reason.startswith(NOT_RUN)]
+        return ran + [n for n, r in self.results.items() if not r.passed and n not in ran]
 
     @property
     def reason(self) -> str:
         """'check: reason' of the first failed check, or ''."""
-        for name, r in self.results.items():
-            if not r.passed:
-                return f"{name}: {r.reason}"
-        return ""
+        failed = self.failed
+        return f"{failed[0]}: {self.results[failed[0]].reason}" if failed else ""
 
     @property
     def rejection(self) -> str:
@@ -421,6 +422,9 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
         res["safe"] = check_safe(task) if res["parses"].passed else fail("reference does not parse")
         res["signature"] = check_signature(task)
         res["description"] = check_description(task)
+        inputs_json = check_json_values(task, None)  # inputs must be JSON before they can be sent to run
+        if not inputs_json.passed:
+            res["json_values"] = inputs_json
         results.append(res)
         work.append(dataclasses.replace(task, visible_tests=[dict(t) for t in task.visible_tests],
                                         hidden_tests=[dict(t) for t in task.hidden_tests], checks={}))
@@ -483,8 +487,8 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
                 res["novel"] = check_novel(task, batch)
             if res["novel"].passed:
                 batch.add(task)
-        first_failure = next((f"{n}: {r.reason}" for n, r in res.items() if not r.passed), "")
-        full = {name: res.get(name, fail(f"not run ({first_failure})")) for name in CHECKS}
+        first_failure = next((f"{n}: {r.reason}" for n in CHECKS for r in [res.get(n)] if r and not r.passed), "")
+        full = {name: res.get(name, fail(f"{NOT_RUN} ({first_failure})")) for name in CHECKS}
         task.checks = {name: r.passed for name, r in full.items()}
         out.append(ValidationReport(task, full))
     return out
