@@ -20,7 +20,7 @@ The fingerprint (all hashes are sha256 of `ast.dump`, so formatting and comments
   property/functools.cache/lru_cache/total_ordering/dataclass, a default that is not a constant, a base class, a
   non-constant class attribute, ...), or whose annotations name something not bound above it.
 - *Module hash*: the ordered list of import-time statements, each with its AST and the binder (up to that point)
-  of every name in its static reference closure. So any edit of imports, constants, globals or decorators changes
+  of every name in its static reference closure, plus the decorators of every top-level definition. So any edit of imports, constants, globals or decorators changes
   it, and so does any edit of a function that module-level code calls at import.
 - *Static reference closure* of a set of names: the names themselves plus every `ast.Name` id and `ast.Attribute`
   attr inside the definitions of those names, transitively (over-approximates: `obj.helper` counts as `helper`).
@@ -495,7 +495,11 @@ def analyse(source: str) -> ModuleDigest | None:
     for i in ordered:
         names = sorted(digest.closure(_refs(entry_parts[i])) & top_names)
         entries.append((_dump(entry_parts[i]), type(body[i]).__name__, [(n, binder(n, i)) for n in names]))
-    return dataclasses.replace(digest, module_hash=_sha(entries), binders={n: binder(n, None) for n in top_names},
+    # every top-level decorator (also the pure ones, which are not import-time statements): an edit of one re-runs
+    # everything, as decorators often carry state (caches) or register the function somewhere
+    decorators = sorted((s.name, _dump(s.decorator_list)) for s in body if isinstance(s, _DEFS) and s.decorator_list)
+    return dataclasses.replace(digest, module_hash=_sha(entries, decorators),
+                               binders={n: binder(n, None) for n in top_names},
                                unsound=_unsound_reason(tree, top_names))
 
 
