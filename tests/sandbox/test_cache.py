@@ -166,3 +166,33 @@ def test_key_is_layout_invariant(lines, blank_lines):
     plain = "\n".join(lines)
     spaced = ("\n" * blank_lines + "# header\n").join(lines)
     assert cache_key("run", plain) == cache_key("run", spaced)
+
+
+# ----------------------------------------------------------------------------- through the public sandbox API
+def test_sandbox_results_say_whether_they_were_cached_and_the_file_is_shared(tmp_path):
+    import sandbox
+
+    path = str(tmp_path / "shared.sqlite")
+    with sandbox.open_sandbox("process", workers=1, cache_path=path) as sb:
+        first, again = sb.run(PROG), sb.run(SAME_AST)
+        killed = sb.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+        killed_again = sb.run("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert (first.cached, again.cached, again.stdout) == (False, True, "2\n")
+    assert killed.status == "killed" and not killed_again.cached
+    with sandbox.open_sandbox("process", workers=1, cache_path=path) as sb:  # a new process pool, same file
+        later = sb.run(PROG)
+        report = sb.run_tests(PROG, "f", [[1], [2]], [2, 0])
+        report_again = sb.run_tests(PROG, "f", [[1], [2]], [2, 3])  # expected values are not part of the key
+    assert later.cached and later.stdout == "2\n"
+    assert not report.cached and report_again.cached and [t.passed for t in report_again.tests] == [True, True]
+
+
+def test_measure_hit_cost_reports_a_hit(capsys):
+    import sandbox
+
+    from sandbox.cache import measure_hit_cost
+
+    with sandbox.open_sandbox("process", workers=1) as sb:
+        out = measure_hit_cost(sb, PROG, n=3)
+    assert out["lookup_hit"] and out["api_hit_cached"] and out["status"] == "ok"
+    assert "cache hit cost" in capsys.readouterr().out

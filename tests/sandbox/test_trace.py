@@ -107,3 +107,17 @@ def test_any_output_round_trips_as_one_line(tmp_path_factory, out, err, status):
     TraceLog(path, max_output=100).record("run", out, {"status": status, "stdout": out, "stderr": err})
     (rec,) = read_trace(path)
     assert rec["status"] == status and rec["stdout"] == (out if len(out) <= 100 else "...[capped]" + out[-100:])
+
+
+def test_sandbox_trace_path_logs_every_execution(tmp_path):
+    import sandbox
+
+    path = str(tmp_path / "trace.jsonl")
+    with sandbox.open_sandbox("process", workers=1, trace_path=path) as sb:
+        sb.run("print(1)")
+        sb.run("print(1)")
+        sb.run("1/0")
+        sb.run_tests("def f(x):\n    return [][x]", "f", [[0], [1]])
+    s = summarize(path)
+    assert s["records"] == 4 and s["cached"] == 1 and s["by_kind"] == {"run": 3, "tests": 1}
+    assert dict(s["top_error_types"]) == {"ZeroDivisionError": 1, "IndexError": 2}
