@@ -124,13 +124,8 @@ def _writer(path, worker, n):
 def test_several_processes_share_one_file(tmp_path):
     path = str(tmp_path / "shared.sqlite")
     ResultCache(path).close()
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_writer, args=(path, w, 40)) for w in range(3)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0]
+    with multiprocessing.get_context("fork").Pool(3) as pool:  # raises here if a writer failed
+        pool.starmap(_writer, [(path, w, 40) for w in range(3)])
     cache = ResultCache(path)
     for w in range(3):
         for i in range(40):

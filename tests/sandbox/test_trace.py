@@ -75,13 +75,8 @@ def _append(path, worker, n):
 
 def test_concurrent_appends_keep_lines_whole(tmp_path):
     path = str(tmp_path / "shared.jsonl")
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_append, args=(path, w, 200)) for w in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert [p.exitcode for p in procs] == [0, 0, 0, 0]
+    with multiprocessing.get_context("fork").Pool(4) as pool:  # raises here if a writer failed
+        pool.starmap(_append, [(path, w, 200) for w in range(4)])
     with open(path) as f:
         lines = f.read().splitlines()
     assert len(lines) == 800
