@@ -164,19 +164,20 @@ def debootstrap_rootfs(cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFA
 
 
 def _run_logged(cmd: list[str], log: Log, prefix: str) -> None:
-    """Run `cmd`, logging each change of stage (debootstrap prints one line per package otherwise)."""
+    """Run `cmd`, logging the first line of each stage (debootstrap prints one line per package and stage)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    stage, tail = None, []
+    seen, tail, count = set(), [], 0
     for line in proc.stdout:
         line = line.rstrip()
+        count += 1
         tail = (tail + [line])[-5:]
         words = line.split()
-        key = " ".join(words[:2]) if words[:1] == ["I:"] else None
-        if key and key != stage:
-            stage = key
-            log(prefix + line)
+        if words[:1] == ["I:"] and len(words) > 1 and words[1] not in seen:
+            seen.add(words[1])
+            log(f"{prefix}{line}{' ...' if len(words) > 2 else ''}")
     if proc.wait() != 0:
         raise ImageBuildError(f"{cmd[0]} failed (exit {proc.returncode}): {' | '.join(tail[-2:])}")
+    log(f"{prefix}done ({count} lines of output)")
 
 
 def _import_rootfs(client, tarball: Path, name: str, recipe: str, log: Log) -> None:
