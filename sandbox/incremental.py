@@ -102,7 +102,7 @@ PURE_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "cache",
 PURE_BUILTINS = frozenset({"len", "sorted", "sum", "min", "max", "any", "all", "list", "tuple", "set", "frozenset",
                            "dict", "enumerate", "zip", "reversed", "str", "repr", "bool", "hash", "abs", "int",
                            "float", "range", "isinstance", "print", "bin", "hex", "ord", "chr", "round", "divmod",
-                           "pow", "format", "iter", "map", "filter", "type", "id", "bytes", "complex"})
+                           "pow", "format", "iter", "map", "filter", "type", "bytes", "complex"})
 READ_METHODS = frozenset({"get", "keys", "values", "items", "index", "count", "copy", "startswith", "endswith",
                           "find", "rfind", "join", "split", "strip", "lower", "upper", "format", "issubset",
                           "issuperset", "union", "intersection", "difference", "symmetric_difference",
@@ -318,7 +318,7 @@ def _unsound_reason(tree: ast.Module, top_names: set[str]) -> str | None:
         elif isinstance(node, ast.Global):
             return f"global statement ({', '.join(node.names)})"
         elif isinstance(node, ast.Name) and node.id in DYNAMIC_NAMES:
-            return f"dynamic code ({node.id})"
+            return f"dynamic code or I/O ({node.id})"
         elif isinstance(node, ast.Attribute) and node.attr in DYNAMIC_ATTRS:
             return f"introspection (.{node.attr})"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
@@ -334,10 +334,8 @@ def _unsound_reason(tree: ast.Module, top_names: set[str]) -> str | None:
         elif isinstance(node, ast.ClassDef):
             for inner in node.body:
                 value = inner.value if isinstance(inner, (ast.Assign, ast.AnnAssign, ast.AugAssign)) else None
-                if value is not None and not _is_constant(value) and any(
-                        isinstance(n, (ast.List, ast.Dict, ast.Set, ast.ListComp, ast.DictComp, ast.SetComp,
-                                       ast.Call)) for n in ast.walk(value)):
-                    return f"mutable class attribute in {node.name}"
+                if value is not None and not _is_constant(value):  # shared by every instance, in every test
+                    return f"mutable or computed class attribute in {node.name}"
     return _mutable_state_reason(tree)
 
 
@@ -366,14 +364,14 @@ def _mutable_state_reason(tree: ast.Module) -> str | None:
     for fn in ast.walk(tree):
         if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
-        local = _local_names(fn)
+        nodes = _scope_nodes(fn)
+        local = _local_names(fn, nodes)
         owners = set()
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.args.args and \
                 any(_decorator_name(d) == "classmethod" for d in fn.decorator_list):
             owners.add(fn.args.args[0].arg)  # cls.x = ... changes the class for every later test
-        body = fn.body if isinstance(fn.body, list) else [fn.body]
-        parents = {child: parent for b in body for parent in ast.walk(b) for child in ast.iter_child_nodes(parent)}
-        for node in (n for b in body for n in ast.walk(b)):
+        parents = {child: parent for parent in nodes for child in ast.iter_child_nodes(parent)}
+        for node in nodes:
             if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 root = _root_name(node)
                 chain = ast.dump(node)
@@ -406,17 +404,39 @@ def _shallow_constants(tree: ast.Module) -> dict[str, bool]:
     return out
 
 
-def _local_names(fn) -> set[str]:
-    """Parameters and names assigned inside a function (they shadow module names)."""
+def _scope_nodes(fn) -> list[ast.AST]:
+    """The nodes that run in a function's own scope: its body, without the bodies of nested functions, lambdas
+    and classes (each is checked as a scope of its own), but with their decorators, defaults and bases."""
+    out: list[ast.AST] = []
+    stack: list[ast.AST] = list(fn.body) if isinstance(fn.body, list) else [fn.body]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            stack.extend(node.args.defaults + [d for d in node.args.kw_defaults if d is not None])
+            stack.extend(getattr(node, "decorator_list", []))
+        elif isinstance(node, ast.ClassDef):
+            stack.extend(node.decorator_list + node.bases + [k.value for k in node.keywords])
+        else:
+            stack.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _local_names(fn, nodes: list[ast.AST]) -> set[str]:
+    """Names local to a function: parameters and names it binds in its own scope (they shadow module names).
+    Comprehension variables are left out on purpose: treating them as module names only adds false alarms."""
     a = fn.args
     out = {arg.arg for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg] if arg is not None}
-    body = fn.body if isinstance(fn.body, list) else [fn.body]
-    for stmt in body:
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-                out.add(node.id)
-            elif isinstance(node, _DEFS):
-                out.add(node.name)
+    in_targets = {id(n) for c in nodes if isinstance(c, ast.comprehension) for n in ast.walk(c.target)}
+    for node in nodes:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in in_targets:
+            out.add(node.id)
+        elif isinstance(node, _DEFS):
+            out.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            out.update((al.asname or al.name).split(".")[0] for al in node.names)
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            out.add(node.name)
     return out
 
 

@@ -179,6 +179,8 @@ def test_unparseable_source_has_no_digest():
     ("class A:\n    n = 0\n    @classmethod\n    def f(cls):\n        cls.n += 1", "stores"),
     ("def f(x):\n    f.calls = x\n    return x", "stores"),
     ("class A:\n    pass\ndef f(x):\n    type(x).y = 1", "stores"),
+    ("DATA = [1]\ndef f(x):\n    def g():\n        DATA = 0\n        return DATA\n    DATA[0] = x\n    return g()",
+     "stores"),  # a nested function's local does not hide the module name
 ])
 def test_unsound_constructs_are_detected(code, reason):
     assert reason in (analyse(code).unsound or "")
@@ -193,6 +195,7 @@ def test_unsound_constructs_are_detected(code, reason):
     "from collections import Counter\ndef f(xs):\n    c = Counter(xs)\n    c.update(xs)\n    return c.most_common(1)",
     "def f(x, key=len):\n    return key(x)",
     "def f(o):\n    return getattr(o, 'real', 0)",
+    "DIRS = [1]\ndef f(x):\n    DIRS = []\n    DIRS.append(x)\n    return DIRS",  # a local shadows the module name
 ])
 def test_ordinary_solutions_are_sound(code):
     assert analyse(code).unsound is None
