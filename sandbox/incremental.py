@@ -20,11 +20,12 @@ The fingerprint (all hashes are sha256 of `ast.dump`, so formatting and comments
   property/functools.cache/lru_cache/total_ordering/dataclass, a default that is not a constant, a base class, a
   non-constant class attribute, ...), or whose annotations name something not bound above it.
 - *Module hash*: the ordered list of import-time statements, each with its AST and the binder (up to that point)
-  of every name in its static reference closure, plus the decorators of every top-level definition. So any edit of imports, constants, globals or decorators changes
-  it, and so does any edit of a function that module-level code calls at import.
+  of every name in its static reference closure, plus the decorators of every top-level definition. So any edit
+  of imports, constants, globals or decorators changes it, and so does any edit of a function that module-level
+  code calls at import.
 - *Static reference closure* of a set of names: the names themselves plus every `ast.Name` id and `ast.Attribute`
   attr inside the definitions of those names, transitively (over-approximates: `obj.helper` counts as `helper`).
-- *Test fingerprint*: the module hash, the test's input, and the final binder of every name in the closure of
+- *Test fingerprint*: the module hash and the final binder of every name in the closure of
   {root of the entry point} ∪ {top-level owners of the functions the test called} (a method `A.f` is owned by
   class `A`), with one refinement that makes reuse worth having: a *plain* function (bound only by undecorated
   `def`s) that the definitions in the closure only ever *call directly* (`helper(...)`, never pass, compare or
@@ -34,10 +35,11 @@ The fingerprint (all hashes are sha256 of `ast.dump`, so formatting and comments
   that is never iterated, which only the signature decides. Without this, the entry point's closure would hold
   every helper and any edit would re-run every test.
 
-A test's previous outcome is reused when its fingerprint is unchanged, the entry point and limits are the same,
-and that outcome was a clean per-test answer ("ok", "error" or "unserializable" with a call record); its `passed`
-is recomputed here against the new expected output (the expected output never enters the child, so a changed
-expected value does not need a run). Only the remaining tests go to the sandbox, in one call.
+Outcomes are remembered per test input. A test's previous outcome is reused when its fingerprint is unchanged,
+the entry point is the same (the runner's sandbox and timeout never change), and that outcome was a clean
+per-test answer ("ok", "error" or "unserializable" with a call record); its `passed` is recomputed here against
+the new expected output (the expected output never enters the child, so a changed expected value needs no run).
+Only the remaining tests go to the sandbox, in one call.
 
 When reuse is sound (and what happens otherwise)
 ------------------------------------------------
@@ -60,10 +62,10 @@ function could mutate or alias (anything other than indexing it, iterating it, t
 passing it to a pure builtin such as len/sorted/sum/min/max, or calling a non-mutating method such as get/
 items/count), a store into an attribute or item of a module-level name, and every construct of point 3 make the
 whole solution fall back to running every test (`meta["incremental"]["fallback"]` says why). What the static check
-cannot see — e.g. `__del__` methods, a callee that mutates an argument that turns out to be module state reached
-through a deeply immutable-looking value, or introspection through a library — is excluded by the assumptions
-above; the property test in tests/sandbox/test_incremental.py compares incremental and fresh verdicts on random
-edits.
+cannot see — e.g. `__del__` methods, a library object that keeps state between calls, a `functools.lru_cache`
+whose cached values callers mutate (a cache of a deterministic function otherwise changes only timing) — is
+excluded by the assumptions above. tests/sandbox/test_incremental.py checks, as a property over random edits,
+that incremental verdicts equal a fresh run's.
 """
 
 from __future__ import annotations

@@ -189,7 +189,8 @@ def test_unsound_constructs_are_detected(code, reason):
 @pytest.mark.parametrize("code", [
     "import math\nMOD = 10 ** 9 + 7\ndef f(x):\n    return math.sqrt(x) % MOD",
     "DIRS = [(0, 1), (1, 0)]\ndef f(x):\n    return [x + d[0] for d in DIRS] + [len(DIRS), DIRS[0][1]]",
-    "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef f(n):\n    return n if n < 2 else f(n - 1) + f(n - 2)",
+    "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef f(n):\n"
+    "    return n if n < 2 else f(n - 1) + f(n - 2)",
     "class P:\n    def __init__(self, v):\n        self.v = v\n        self.seen = []\n    def add(self, x):\n"
     "        self.seen.append(x)\n        return self\ndef f(x):\n    return P(x).add(1).seen",
     "from collections import Counter\ndef f(xs):\n    c = Counter(xs)\n    c.update(xs)\n    return c.most_common(1)",
@@ -304,8 +305,10 @@ PARTS = {
               "def small(x):\n    yield x"],
     "big": ["def big(x):\n    return x // 2", "def big(x):\n    return Acc(3).add(x)",
             "def big(x):\n    raise ValueError('no')"],
-    "acc": ["class Acc:\n    def __init__(self, k):\n        self.k = k\n    def add(self, x):\n        return x + self.k",
-            "class Acc:\n    def __init__(self, k):\n        self.k = k * 2\n    def add(self, x):\n        return x - self.k"],
+    "acc": ["class Acc:\n    def __init__(self, k):\n        self.k = k\n"
+            "    def add(self, x):\n        return x + self.k",
+            "class Acc:\n    def __init__(self, k):\n        self.k = k * 2\n"
+            "    def add(self, x):\n        return x - self.k"],
     "solve": ["def solve(x):\n    n = norm(x)\n    return small(n) if n < LIMIT else big(n)",
               "def solve(x):\n    return small(x) if x < 0 else big(norm(x)) + math.floor(0.5)"],
 }
