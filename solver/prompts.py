@@ -1,0 +1,57 @@
+"""What the solver sees: the task prompt, observations between turns, and the form of its answer.
+
+The prompt is the task's description, its signature and its visible examples (input -> output, produced by the
+reference in the sandbox), so a task is defined by its examples even when its text is vague. It is sent as one user
+message through the tokenizer's chat template (selfplay/agent.py), so the tiny model and a pretrained instruct model
+see the same content. The expected answer is the function in a ```python fence (solver/parse.py reads it).
+"""
+
+from __future__ import annotations
+
+import json
+
+from generator.schema import Task
+
+MAX_EXAMPLE_CHARS = 300  # longer example values are cut in the prompt (the solver still sees their start)
+
+MULTI_TURN_HELP = ("Answer with one action per turn: 'ACTION: write' followed by code, 'ACTION: run' to run the "
+                   "examples, 'ACTION: check' for a static check, or 'ACTION: submit'.")
+
+
+def _short(value) -> str:
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= MAX_EXAMPLE_CHARS else text[: MAX_EXAMPLE_CHARS - 3] + "..."
+
+
+def examples_text(task: Task) -> str:
+    lines = []
+    for t in task.visible_tests:
+        args = ", ".join(_short(a) for a in t["input"])
+        lines.append(f"{task.entry_point}({args}) == {_short(t.get('output'))}")
+    return "\n".join(lines)
+
+
+def task_prompt(task: Task, multi_turn: bool = False) -> str:
+    parts = [task.description.strip(), "", f"Signature: {task.signature}"]
+    if task.visible_tests:
+        parts += ["Examples:", examples_text(task)]
+    if multi_turn:
+        parts += ["", MULTI_TURN_HELP]
+    else:
+        parts += ["", "Write the function in Python."]
+    return "\n".join(parts)
+
+
+def answer_text(code: str) -> str:
+    """The answer the solver is taught to give: the code in a python fence."""
+    return f"```python\n{code.rstrip()}\n```"
+
+
+def feedback_text(observation: str) -> str:
+    """An observation between turns (test results, static check, ...)."""
+    return f"Result:\n{observation.strip()}"
+
+
+def humaneval_prompt(prompt: str) -> str:
+    """A HumanEval problem (signature + docstring) as a solver prompt."""
+    return f"Complete this function.\n\n```python\n{prompt.rstrip()}\n```\n\nWrite the function in Python."
