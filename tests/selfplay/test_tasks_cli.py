@@ -67,3 +67,17 @@ def test_generate_sample_export_import(tmp_path):
     assert f"rejected {len(rows)}" in twice.stdout and "novel" in twice.stdout
     check = selfplay("tasks", "sample", tmp_path / "copy", "--source", "import", "--n", "1")
     assert check.returncode == 0 and "source=import" in check.stdout
+
+
+def test_bench_tasks_reports_rate_and_rejections(tmp_path, capsys):
+    import argparse
+
+    from selfplay.bench_tasks import configure_tasks, run_bench_tasks
+    parser = argparse.ArgumentParser()
+    configure_tasks(parser)
+    out = tmp_path / "bench.json"
+    assert run_bench_tasks(parser.parse_args(["--n", "20", "--repeats", "1", "--json", str(out)])) == 0
+    text = capsys.readouterr().out
+    assert "valid tasks/s (median of 1" in text and "rejection reasons" in text
+    figures = json.loads(out.read_text())
+    assert figures["median_valid_tasks_per_s"] > 0 and 0 < figures["acceptance"][0] <= 1
