@@ -75,8 +75,11 @@ import builtins
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
+
+from sandbox.api import TestReport, normalize, outputs_equal
+from sandbox.errors import SandboxConfigError
 
 # Imports that make a solution's results nondeterministic (clock, randomness, OS, threads) or let it inspect and
 # rewrite itself; any of them anywhere in the solution turns incremental reuse off.
@@ -558,11 +561,11 @@ class IncrementalRunner:
     def run_tests(self, solution: str, entry_point: str, inputs: Sequence[Sequence], expected=None):
         """Like `sb.run_tests(..., record_calls=True)`, reusing unchanged tests; returns a TestReport whose
         meta["incremental"] = {"rerun", "reused", "reused_tests" (indices), "fallback" (reason or None)}."""
-        from sandbox.api import normalize, outputs_equal  # the public API, imported late: sandbox/api imports us
-
         inputs = normalize(list(inputs))
         if expected is not None:
             expected = normalize(list(expected))
+            if len(expected) != len(inputs):
+                raise SandboxConfigError(f"{len(expected)} expected outputs for {len(inputs)} inputs")
         keys = [json.dumps(x, sort_keys=True, separators=(",", ":")) for x in inputs]
         digest = analyse(solution)
         fallback = None
@@ -603,7 +606,6 @@ class IncrementalRunner:
         self.totals["reused"] += len(reused)
         info = {"rerun": len(todo), "reused": len(reused), "reused_tests": sorted(reused), "fallback": fallback}
         if fresh is None:  # everything reused: a report with no output of its own
-            from sandbox.api import TestReport
             return TestReport(status="ok", tests=outcomes, meta={"incremental": info})
         return dataclasses.replace(fresh, tests=outcomes, meta={**fresh.meta, "incremental": info})
 

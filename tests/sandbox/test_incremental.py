@@ -274,6 +274,14 @@ def test_a_signature_fix_reruns_every_test_that_could_call_it(sb):
     assert info(fixed)["rerun"] == 5 and fixed.all_passed
 
 
+def test_bad_calls_raise_config_errors(sb):
+    runner = IncrementalRunner(sb)
+    with pytest.raises(sandbox.SandboxConfigError, match="2 expected outputs for 5 inputs"):
+        runner.run_tests(BASE, "solve", INPUTS, [1, 2])
+    with pytest.raises(sandbox.SandboxConfigError, match="JSON"):
+        runner.run_tests(BASE, "solve", [[object()]])
+
+
 def test_unsound_solutions_rerun_everything(sb):
     code = "CALLS = []\ndef solve(x):\n    CALLS.append(x)\n    return len(CALLS)\n"
     runner = IncrementalRunner(sb)
