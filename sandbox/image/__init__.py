@@ -198,7 +198,8 @@ def _build_from_dockerfile(client, name: str, recipe: str, log: Log) -> None:
         for chunk in client.api.build(path=str(DOCKERFILE_DIR), tag=name, rm=True, decode=True, pull=True,
                                       labels={RECIPE_LABEL: recipe}):
             if "error" in chunk:
-                raise ImageBuildError(f"docker build failed: {_last_line(chunk['error'])}")
+                raise ImageBuildError(f"docker build failed: {_last_line(chunk['error'])} "
+                                      f"(no registry? use --method debootstrap)")
             text = chunk.get("stream", "").strip()
             if text.startswith("Step "):
                 log("  " + text)

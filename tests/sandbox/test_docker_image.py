@@ -52,3 +52,19 @@ def test_offline_build_from_cached_rootfs_gives_a_working_image(tmp_path):
     finally:
         if name != DEFAULT_IMAGE:
             client.images.remove(name, force=True)
+
+
+@pytest.mark.docker
+def test_dockerfile_build_works_or_says_to_use_debootstrap():
+    """Where a registry answers the Dockerfile builds a working image; offline the error names the way out."""
+    name = "selfplay-sandbox-test:dockerfile"
+    client = connect()
+    try:
+        summary = build_image(name, "dockerfile", force=True, log=lambda line: None)
+    except ImageBuildError as exc:
+        assert "\n" not in str(exc) and "--method debootstrap" in str(exc)
+    else:
+        assert summary["python"].startswith("3.11") and image_recipe(client, name) == recipe_hash("dockerfile")
+    finally:
+        if image_recipe(client, name) is not None:
+            client.images.remove(name, force=True)
