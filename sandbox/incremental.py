@@ -39,13 +39,14 @@ Outcomes are remembered per test input. A test's previous outcome is reused when
 the entry point is the same (the runner's sandbox and timeout never change), and that outcome was a clean
 per-test answer ("ok", "error" or "unserializable" with a call record); its `passed` is recomputed here against
 the new expected output (the expected output never enters the child, so a changed expected value needs no run).
-Only the remaining tests go to the sandbox, in one call.
+Only the remaining tests go to the sandbox, in one call; the report's stdout/stderr are that call's.
 
 When reuse is sound (and what happens otherwise)
 ------------------------------------------------
 Reuse returns exactly what a fresh run would, provided that, for the solution before and after the edit,
 1. the solution's functions are deterministic given their inputs and the module (no clocks, randomness, I/O,
-   environment, threads, or results that depend on being near the time limit);
+   environment, threads, results that depend on being near the time limit, or on object addresses: id(), the
+   iteration order of a set of objects hashed by identity — a partial run leaves a different heap);
 2. no test depends on mutable state shared across tests: the sandbox imports the module once and runs the tests
    in order in one process, so a module-level dict/list that functions mutate, a mutable default argument, a
    class attribute list, or attributes stored on functions would let an earlier (re-run) test change a later
@@ -93,7 +94,7 @@ UNSOUND_MODULES = frozenset({
 })
 DYNAMIC_NAMES = frozenset({"eval", "exec", "compile", "globals", "locals", "vars", "__import__", "breakpoint",
                            "setattr", "delattr", "open", "input", "__builtins__", "__dict__", "__loader__",
-                           "__spec__"})
+                           "__spec__", "id"})  # id(): object addresses differ between a full and a partial run
 DYNAMIC_ATTRS = frozenset({"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__defaults__",
                            "__kwdefaults__", "__subclasses__", "f_globals", "f_locals", "f_back", "f_code",
                            "gi_frame", "cr_frame", "tb_frame", "setprofile", "settrace", "_getframe", "modules",
