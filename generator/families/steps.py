@@ -43,7 +43,8 @@ def sample_step(rng: random.Random, kind: str, etype: str) -> dict:
         return {"kind": kind, **_pick(rng, MAPS, etype)}
     if kind == "sort":
         key = _pick(rng, KEYS, etype)
-        return {"kind": kind, "key": key["expr"], "args": key["args"], "desc": rng.random() < 0.4}
+        return {"kind": kind, "key": key["expr"], "args": key["args"], "desc": rng.random() < 0.4,
+                "in_place": rng.random() < 0.15}
     if kind in ("reverse", "dedup"):
         return {"kind": kind}
     if kind == "take":
@@ -86,6 +87,8 @@ def render_step(step: dict, etype: str) -> list[str]:
     if kind == "sort":
         key = find(KEYS, etype, step["key"]).fill(step["args"])
         rev = ", reverse=True" if step["desc"] else ""
+        if step.get("in_place"):
+            return [f"xs.sort(key=lambda x: {key}{rev})"]
         return [f"xs = sorted(xs, key=lambda x: {key}{rev})"]
     if kind == "reverse":
         return ["xs = xs[::-1]"]
@@ -136,6 +139,10 @@ def step_phrases(step: dict, etype: str) -> list[str]:
         out = []
         for p in key.phrases:
             p = p.format(**step["args"])
+            if step.get("in_place"):
+                out += [f"sort the list in place by {p} ({order}, stable)",
+                        f"reorder the list in place (no copy) by {p}, {big} first, keeping ties in order"]
+                continue
             out += [f"sort the {noun} by {p} in {order} order, keeping ties in their original order",
                     f"order the {noun} by {p}, {big} first (a stable sort)",
                     f"stable-sort the {noun} by {p} ({order})"]
