@@ -74,6 +74,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -144,23 +145,31 @@ def _refs(nodes) -> set[str]:
     return out
 
 
-def _split_refs(stmt: ast.stmt) -> tuple[set[str], set[str]]:
-    """(names used other than as a direct call target, names used as `name(...)`) in a definition."""
-    called = {id(n.func) for n in ast.walk(stmt) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+def _split_refs(stmt: ast.stmt) -> tuple[set[str], set[str], bool]:
+    """(names used other than as a direct call target, names used only as `name(...)`, whether a yield occurs)
+    in a definition, in one walk."""
+    called: set[int] = set()
+    names: list[ast.Name] = []
     used: set[str] = set()
-    calls: set[str] = set()
+    generator = False
     for node in ast.walk(stmt):
         if isinstance(node, ast.Name):
-            (calls if id(node) in called else used).add(node.id)
+            names.append(node)
         elif isinstance(node, ast.Attribute):
             used.add(node.attr)
-    return used, calls - used
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            called.add(id(node.func))
+        elif isinstance(node, (ast.Yield, ast.YieldFrom)):
+            generator = True
+    calls = {n.id for n in names if id(n) in called}
+    used.update(n.id for n in names if id(n) not in called)
+    return used, calls - used, generator
 
 
-def _signature_hash(fn: ast.FunctionDef) -> str:
+def _signature_hash(fn: ast.FunctionDef, generator: bool) -> str:
     """What a call site can observe of a plain function without running its body: its parameters (names,
-    defaults) and whether calling it returns a generator instead of running it."""
-    generator = any(isinstance(n, (ast.Yield, ast.YieldFrom)) for n in ast.walk(fn))  # over-approximated
+    defaults) and whether calling it returns a generator instead of running it (a yield anywhere in it counts,
+    an over-approximation that only costs re-runs)."""
     return _sha(ast.dump(fn.args), generator)
 
 
@@ -345,6 +354,15 @@ def _unsound_reason(tree: ast.Module, top_names: set[str]) -> str | None:
     return _mutable_state_reason(tree)
 
 
+def _touches_class(node: ast.AST) -> bool:
+    """A store chain that goes through `x.__class__` (it changes a class for every later test)."""
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
+        if isinstance(node, ast.Attribute) and node.attr == "__class__":
+            return True
+        node = node.value
+    return False
+
+
 def _root_name(node: ast.AST) -> str | None:
     while isinstance(node, (ast.Attribute, ast.Subscript, ast.Starred)):
         node = node.value
@@ -376,15 +394,16 @@ def _mutable_state_reason(tree: ast.Module) -> str | None:
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.args.args and \
                 any(_decorator_name(d) == "classmethod" for d in fn.decorator_list):
             owners.add(fn.args.args[0].arg)  # cls.x = ... changes the class for every later test
-        parents = {child: parent for parent in nodes for child in ast.iter_child_nodes(parent)}
+        parents: dict = {}  # built on first need: most functions never read module containers
         for node in nodes:
             if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 root = _root_name(node)
-                chain = ast.dump(node)
-                if root is None or root in owners or "'__class__'" in chain or \
+                if root is None or root in owners or _touches_class(node) or \
                         (root in module_names and root not in local):
                     return f"a function stores into module-level state ({root or 'an expression'})"
             elif isinstance(node, ast.Name) and node.id in data and not data[node.id] and node.id not in local:
+                if node.id in shallow and not parents:
+                    parents = {child: parent for parent in nodes for child in ast.iter_child_nodes(parent)}
                 if node.id not in shallow or not _read_only_use(node, parents):
                     return f"a function uses mutable module-level {node.id}"
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
@@ -465,8 +484,10 @@ def _read_only_use(node: ast.Name, parents: dict) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=512)
 def analyse(source: str) -> ModuleDigest | None:
-    """The digest of a solution, or None when it does not parse (then nothing can be reused)."""
+    """The digest of a solution, or None when it does not parse (then nothing can be reused).
+    Memoised: the k episodes of a task often write the same code, and a digest is never mutated."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
@@ -477,9 +498,10 @@ def analyse(source: str) -> ModuleDigest | None:
     top_names: set[str] = set().union(*bound) if bound else set()
     refs: dict[str, set[str]] = {}
     calls: dict[str, set[str]] = {}
-    for s in body:
+    generator: dict[int, bool] = {}
+    for i, s in enumerate(body):
         if isinstance(s, _DEFS):
-            used, called = _split_refs(s)
+            used, called, generator[i] = _split_refs(s)
             refs.setdefault(s.name, set()).update(used)
             calls.setdefault(s.name, set()).update(called)
     for name in calls:  # same name defined twice: a callee of one that the other uses otherwise counts as used
@@ -488,7 +510,8 @@ def analyse(source: str) -> ModuleDigest | None:
     plain = {n for n in top_names
              if all(isinstance(body[i], ast.FunctionDef) and not body[i].decorator_list
                     for i in range(len(body)) if n in bound[i])}
-    light_binders = {n: tuple(_signature_hash(body[i]) for i in range(len(body)) if n in bound[i]) for n in plain}
+    light_binders = {n: tuple(_signature_hash(body[i], generator[i]) for i in range(len(body)) if n in bound[i])
+                     for n in plain}
     digest = ModuleDigest(module_hash="", binders={}, light_binders=light_binders,
                           refs={k: frozenset(v) for k, v in refs.items()},
                           calls={k: frozenset(v) for k, v in calls.items()})
