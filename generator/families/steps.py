@@ -118,20 +118,12 @@ def step_phrases(step: dict, etype: str) -> list[str]:
     """Alternative imperative clauses describing the step (lower-case start, no final period)."""
     noun, one = NOUNS[etype]
     kind = step["kind"]
-    if kind == "filter":
-        rel = find(PREDICATES, etype, step["expr"])
-        out = []
-        for p in rel.phrases:
-            p = p.format(**step["args"])
-            out += [f"keep only the {noun} {p}", f"select the {noun} {p}", f"discard every {one} except those {p}"]
-        return out
-    if kind == "map":
-        m = find(MAPS, etype, step["expr"])
-        out = []
-        for p in m.phrases:
-            p = p.format(**step["args"])
-            out += [f"replace each {one} with {p}", f"map every {one} to {p}", f"turn each {one} into {p}"]
-        return out
+    if kind in ("filter", "map"):
+        templates = (["keep only the {noun} {p}", "select the {noun} {p}", "discard every {one} except those {p}"]
+                     if kind == "filter" else
+                     ["replace each {one} with {p}", "map every {one} to {p}", "turn each {one} into {p}"])
+        expr = find(PREDICATES if kind == "filter" else MAPS, etype, step["expr"])
+        return [t.format(noun=noun, one=one, p=p.format(**step["args"])) for p in expr.phrases for t in templates]
     if kind == "sort":
         key = find(KEYS, etype, step["key"])
         order = "descending" if step["desc"] else "ascending"

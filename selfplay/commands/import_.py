@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from selfplay.commands.tasks import one_line_errors, open_sandbox_from
+from selfplay.commands.tasks import one_line_errors, open_for_writing, open_sandbox_from
 from selfplay.errors import UserError
 
 
@@ -30,7 +30,6 @@ def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from selfplay.config import load_config
-    from selfplay.corpus import Corpus, CorpusError
     from selfplay.export import ExportError, file_format, import_rows
 
     path = Path(args.file)
@@ -41,13 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if not path.is_file():
         raise UserError(f"{path}: no such file")
     cfg = load_config(args.config, args.overrides)
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a run folder")
-    try:
-        corpus = Corpus(out)
-    except CorpusError as exc:
-        raise UserError(str(exc)) from exc
+    corpus = open_for_writing(args.out)
     print(f"importing {path} into {corpus.path} (re-validating every row)", flush=True)
     bar = tqdm(unit="row", dynamic_ncols=True)
     with corpus, open_sandbox_from(cfg) as sb:

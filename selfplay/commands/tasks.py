@@ -103,20 +103,13 @@ def generate(args: argparse.Namespace) -> int:
     from generator.build import BuildConfig, BuildStats, generate_tasks
     from generator.splits import SplitError
     from selfplay.config import load_config
-    from selfplay.corpus import Corpus, CorpusError
 
     cfg = load_config(args.config, args.overrides)
     try:
         build_cfg = BuildConfig.from_config(cfg.tasks)
     except SplitError as exc:
         raise UserError(f"config tasks: {exc}") from exc
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} is a file; give a run folder")
-    try:
-        corpus = Corpus(out)
-    except CorpusError as exc:
-        raise UserError(str(exc)) from exc
+    corpus = open_for_writing(args.out)
     print(f"generating {args.n} {args.split} tasks (level {args.level or 'mix'}, seed {args.seed}) into "
           f"{corpus.path}", flush=True)
     stats = BuildStats()
@@ -181,6 +174,18 @@ def open_existing(run_dir: str):
         raise UserError(f"{run_dir} holds no corpus.sqlite (create one with `selfplay tasks generate --out ...`)")
     try:
         return Corpus(path, create=False)
+    except CorpusError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def open_for_writing(run_dir: str):
+    """The corpus of a run folder, created if needed (generate, import)."""
+    from selfplay.corpus import Corpus, CorpusError
+    out = Path(run_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; give a run folder")
+    try:
+        return Corpus(out)
     except CorpusError as exc:
         raise UserError(str(exc)) from exc
 
