@@ -114,6 +114,11 @@ def render_step(step: dict, etype: str) -> list[str]:
     raise ValueError(f"unknown step kind {kind!r}")
 
 
+def _expand(templates: list[str], phrases: tuple[str, ...], args: dict, **names) -> list[str]:
+    """Every template with every phrasing of the component (its own {placeholders} filled from args)."""
+    return [t.format(p=p.format(**args), **names) for p in phrases for t in templates]
+
+
 def step_phrases(step: dict, etype: str) -> list[str]:
     """Alternative imperative clauses describing the step (lower-case start, no final period)."""
     noun, one = NOUNS[etype]
@@ -123,22 +128,16 @@ def step_phrases(step: dict, etype: str) -> list[str]:
                      if kind == "filter" else
                      ["replace each {one} with {p}", "map every {one} to {p}", "turn each {one} into {p}"])
         expr = find(PREDICATES if kind == "filter" else MAPS, etype, step["expr"])
-        return [t.format(noun=noun, one=one, p=p.format(**step["args"])) for p in expr.phrases for t in templates]
+        return _expand(templates, expr.phrases, step["args"], noun=noun, one=one)
     if kind == "sort":
-        key = find(KEYS, etype, step["key"])
-        order = "descending" if step["desc"] else "ascending"
-        big = "largest" if step["desc"] else "smallest"
-        out = []
-        for p in key.phrases:
-            p = p.format(**step["args"])
-            if step.get("in_place"):
-                out += [f"sort the list in place by {p} ({order}, stable)",
-                        f"reorder the list in place (no copy) by {p}, {big} first, keeping ties in order"]
-                continue
-            out += [f"sort the {noun} by {p} in {order} order, keeping ties in their original order",
-                    f"order the {noun} by {p}, {big} first (a stable sort)",
-                    f"stable-sort the {noun} by {p} ({order})"]
-        return out
+        order, big = ("descending", "largest") if step["desc"] else ("ascending", "smallest")
+        templates = (["sort the list in place by {p} ({order}, stable)",
+                      "reorder the list in place (no copy) by {p}, {big} first, keeping ties in order"]
+                     if step.get("in_place") else
+                     ["sort the {noun} by {p} in {order} order, keeping ties in their original order",
+                      "order the {noun} by {p}, {big} first (a stable sort)", "stable-sort the {noun} by {p} ({order})"])
+        return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order,
+                       big=big)
     if kind == "reverse":
         return [f"reverse the order of the {noun}", f"put the {noun} in reverse order", "reverse the list"]
     if kind == "dedup":
@@ -150,15 +149,11 @@ def step_phrases(step: dict, etype: str) -> list[str]:
         return [f"keep only the {end} {k} {noun}", f"take the {end} {k} {noun} (fewer if the list is shorter)",
                 f"cut the list down to its {end} {k} {noun}"]
     if kind == "top_k":
-        key = find(KEYS, etype, step["key"])
-        big = "largest" if step["largest"] else "smallest"
-        order = "descending" if step["largest"] else "ascending"
-        out = []
-        for p in key.phrases:
-            p = p.format(**step["args"])
-            out += [f"keep the {step['k']} {noun} with the {big} {p}, in {order} order of {p}",
-                    f"take the top {step['k']} {noun} by {p} ({big} first; ties keep their order)"]
-        return out
+        order, big = ("descending", "largest") if step["largest"] else ("ascending", "smallest")
+        templates = ["keep the {k} {noun} with the {big} {p}, in {order} order of {p}",
+                     "take the top {k} {noun} by {p} ({big} first; ties keep their order)"]
+        return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order,
+                       big=big, k=step["k"])
     if kind == "window":
         w, agg = step["w"], {"sum": "sum", "max": "maximum", "min": "minimum"}[step["agg"]]
         return [f"replace the list with the {agg} of every window of {w} consecutive {noun}",
