@@ -85,15 +85,18 @@ class CheckpointManager:
             for p in self.root.glob("*.partial"):
                 shutil.rmtree(p, ignore_errors=True)
 
-    def save(self, step: int, state: dict, write_files: Callable[[Path], None] | None = None) -> Path:
-        """Write checkpoint `step`: `write_files(folder)` writes models/optimisers, `state` goes to state.json."""
+    def begin(self, step: int) -> Path:
+        """Create (empty) `step_N.partial/` for the files of checkpoint `step` and return it."""
         self.root.mkdir(parents=True, exist_ok=True)
-        final = self.root / f"step_{step}"
         partial = self.root / f"step_{step}.partial"
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir()
-        if write_files is not None:
-            write_files(partial)
+        return partial
+
+    def commit(self, step: int, state: dict) -> Path:
+        """Write state.json into the partial folder, flush everything, rename it, then point `latest` at it."""
+        final = self.root / f"step_{step}"
+        partial = self.root / f"step_{step}.partial"
         write_json_atomic(partial / STATE_FILE, {"step": step, **state})
         for f in partial.rglob("*"):
             if f.is_file():
@@ -106,6 +109,14 @@ class CheckpointManager:
         write_text_atomic(self.root / LATEST, final.name + "\n")
         self._prune(keep=final.name)
         return final
+
+    def save(self, step: int, state: dict, write_files: Callable[[Path], None] | None = None) -> Path:
+        """Write checkpoint `step` in one process: `write_files(folder)` writes models/optimisers, `state` goes
+        to state.json. (Several ranks: `begin` on rank 0, every rank writes, barrier, `commit` on rank 0.)"""
+        partial = self.begin(step)
+        if write_files is not None:
+            write_files(partial)
+        return self.commit(step, state)
 
     def _prune(self, keep: str) -> None:
         steps = self.steps()

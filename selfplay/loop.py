@@ -1,0 +1,559 @@
+"""The self-play loop: a generator and a solver co-evolve, kept out of collapse by the difficulty mixer.
+
+    selfplay train                                   # configs/tiny.yaml on a CPU, from nothing
+    selfplay train configs/smoke.yaml run.dir=/tmp/s # the 2-3 minute version the tests use
+    torchrun --nproc_per_node 2 -m selfplay train configs/smoke.yaml distributed.deepspeed=true
+
+One iteration (all sizes in the `train:` config section):
+
+1. generator proposals   rank 0 picks K reference tasks per proposal near the solver's frontier; each rank samples
+                         its share of the P proposals, parses and validates them in the sandbox;
+2. solver batch          rank 0's mixer splits `solver_tasks` over fresh generator tasks, procedural tasks (at its
+                         current level) and replayed corpus tasks; every valid proposal is attempted, those beyond
+                         the generator share only to measure their solve rate;
+3. rollouts              k episodes per task, sampled in batches, graded in the sandbox in parallel;
+4. rewards               solver: the hybrid reward (correctness by default); generator: learnability 1 - p of its
+                         valid tasks, fixed penalties for invalid/unparsable ones, a repetition penalty;
+5. PPO updates           solver, then generator (same PPO core, `ppo/solver/...`, `ppo/generator/...`);
+6. corpus and mixer      new tasks and measured difficulties are queued for the corpus (written with the next
+                         checkpoint, so a resumed run replays exactly); the mixer observes solve rate, validity,
+                         diversity and KL and adapts;
+7. logs                  TensorBoard scalars under the DESIGN.md §4 tags, sample proposals and solutions as text.
+
+Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on the seed
+article's fixed level schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL at all: the
+warm-started solver is only evaluated) — the two baselines of the research claim.
+
+Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last): both agents, optimiser and trainer states,
+the mixer, RNG states, counters and the queued corpus writes' high-water mark. Starting again on a run folder that
+holds a checkpoint resumes from it; `train.steps` is the total, so raising it continues a finished run. A stop
+request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does on preemption)
+finishes the current iteration, writes a checkpoint and exits 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import sandbox
+from generator.rewards import ProposalOutcome, generator_rewards
+from generator.schema import Task
+from selfplay import distributed as D
+from selfplay.agent import LMAgent, load_agent_parts
+from selfplay.checkpoint import CheckpointManager, rng_state, set_rng_state
+from selfplay.config import to_dict
+from selfplay.corpus import Corpus
+from selfplay.errors import UserError
+from selfplay.evaluate import evaluate_heldout, heldout_tasks
+from selfplay.mixer import IterationStats, Mixer
+from selfplay.rollout import generator_rollouts, solve_rates, solver_rollouts
+from selfplay.tb import TBLogger
+
+MODES = ("selfplay", "curriculum", "warmstart")
+
+
+def quiet_transformers() -> None:
+    """Keep the run's output readable: no per-file progress bars or padding advice from transformers."""
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
+def _progress(**kwargs):
+    from tqdm import tqdm
+
+    return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.update(flatten(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+class SelfPlay:
+    def __init__(self, cfg, *, log=None):
+        quiet_transformers()
+        self.cfg = cfg
+        self._validate(cfg)
+        self.info = D.init_distributed(cfg.distributed.backend, cfg.distributed.timeout_min)
+        self.rank, self.world = self.info.rank, self.info.world_size
+        self.main = self.info.is_main
+        self.log = log or (lambda msg: print(f"[selfplay] {msg}", flush=True) if self.main else None)
+        self.run_dir = Path(cfg.run.dir)
+        self._check_shared_storage()
+        self.ckpt = CheckpointManager(self.run_dir, cfg.run.keep_last)
+        self.tb = TBLogger(self.run_dir, enabled=self.main)
+        self.mixer = Mixer(cfg.mixer, seed=cfg.run.seed)
+        self.rng = random.Random(cfg.run.seed)
+        self.step = 0
+        self.pending_tasks: list[Task] = []  # corpus writes queued until the next checkpoint
+        self.pending_difficulty: list[tuple[str, float, int, int]] = []
+        self.history: list[dict] = []  # per-iteration summary (also in TensorBoard)
+        self.evals: dict[str, dict] = {}  # step -> held-out results
+        self.stop_requested = False
+        self.t_start = time.perf_counter()
+        self.solver: LMAgent | None = None
+        self.generator: LMAgent | None = None
+        workers = cfg.sandbox.workers or max(1, (os.cpu_count() or 1) // max(1, self._local_world()))
+        self.sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
+                                       memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
+                                       **({"cache_path": cfg.sandbox.cache_path} if cfg.sandbox.cache_path else {}),
+                                       **({"trace_path": cfg.sandbox.trace_path} if cfg.sandbox.trace_path else {}),
+                                       **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
+        self.corpus = Corpus(self.run_dir)
+
+    # ---- set-up -----------------------------------------------------------------------------------------
+    @staticmethod
+    def _validate(cfg) -> None:
+        t = cfg.train
+        if t.mode not in MODES:
+            raise UserError(f"train.mode must be one of {', '.join(MODES)}, got {t.mode!r}")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        for key, value in (("train.solver_tasks", t.solver_tasks), ("train.proposals", t.proposals)):
+            if value < 1 or value % world:
+                raise UserError(f"{key} ({value}) must be a positive multiple of the number of ranks ({world})")
+        if t.samples_per_task < 1:
+            raise UserError("train.samples_per_task must be >= 1")
+
+    @staticmethod
+    def _local_world() -> int:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+    def _check_shared_storage(self) -> None:
+        """Every rank must see the run folder rank 0 writes to (checkpoints and the corpus live there)."""
+        probe = self.run_dir / f".rank_probe_{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
+        if self.main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            probe.write_text(str(os.getpid()))
+        D.barrier()
+        ok = probe.exists()
+        oks = D.gather_objects((self.rank, ok, os.uname().nodename))
+        bad = [f"rank {r} on {host}" for r, good, host in oks if not good]
+        D.barrier()
+        if self.main:
+            probe.unlink(missing_ok=True)
+        if bad:
+            raise UserError(f"run.dir {self.run_dir} is not visible from {', '.join(bad)}: put it on storage "
+                            f"every node shares")
+
+    def _install_signal_handlers(self) -> None:
+        def request_stop(signum, _frame):
+            self.stop_requested = True
+            self.log(f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration")
+
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            try:
+                signal.signal(sig, request_stop)
+            except ValueError:  # not the main thread (e.g. inside a test runner thread)
+                pass
+
+    def _stop_now(self) -> bool:
+        stop_file = os.environ.get("SELFPLAY_STOP_FILE")
+        local = self.stop_requested or bool(stop_file and Path(stop_file).exists())
+        return bool(D.broadcast_object(local if self.main else None)) or local
+
+    def setup(self) -> None:
+        latest = self.ckpt.latest_checkpoint()
+        if latest is None:
+            if self.main:
+                self.ckpt.clean_partial()
+                self._warm_start()
+            self._wait_for_checkpoint()
+            latest = self.ckpt.latest_checkpoint()
+        self._load(latest)
+
+    def _wait_for_checkpoint(self) -> None:
+        """Other ranks wait (polling the file system, not a collective) while rank 0 warm-starts."""
+        if self.main:
+            D.barrier()
+            return
+        while self.ckpt.latest_checkpoint() is None:
+            time.sleep(2.0)
+        D.barrier()
+
+    def _warm_start(self) -> None:
+        from selfplay.warmstart import warm_start
+
+        self.log(f"no checkpoint in {self.run_dir}: warm start ({self.cfg.warmstart.tasks} tasks)")
+        solver, generator, report = warm_start(self.cfg, self.run_dir, self.sb, self.corpus, log=self.log,
+                                               progress=_progress)
+        self.solver, self.generator = solver, generator
+        self.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
+        self.warm_report = report
+        heldout = self._evaluate(0)
+        self.tb.hparams(flatten(to_dict(self.cfg)))
+        self._save(0, extra={"warmstart": report, "eval_before": heldout})
+
+    def _load(self, folder: Path) -> None:
+        state = self.ckpt.load_state(folder)
+        wrap = None
+        if self.cfg.distributed.deepspeed or self.world > 1:
+            wrap = lambda m: D.wrap_model(m, self.cfg.ppo, self.cfg.distributed, self.info)  # noqa: E731
+        agents = []
+        for name in ("solver", "generator"):
+            model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype)
+            agent = LMAgent(name, model, reference, tokenizer, self.cfg.ppo, wrap=wrap, seed=self.cfg.run.seed)
+            if self.cfg.train.mode == "selfplay" and name == "generator":
+                for g in agent.trainer.optimizer.param_groups if agent.trainer.optimizer else []:
+                    g["lr"] = self.cfg.ppo.lr * self.cfg.train.generator_lr_scale
+            agent.load_training_state(folder / name)
+            agents.append(agent)
+        self.solver, self.generator = agents
+        self.step = int(state["step"])
+        if "mixer" in state:
+            self.mixer.load_state_dict(state["mixer"])
+        if "rng" in state:
+            rngs = state["rng"]
+            set_rng_state(rngs[str(self.rank)] if str(self.rank) in rngs else rngs["0"])
+            self.rng.setstate(_tuple_state(state["loop_rng"]))
+        self.history = state.get("history", [])
+        self.evals = state.get("evals", {})
+        self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
+        if self.step > 0 or "eval_before" in state:
+            self.evals.setdefault("0", state.get("eval_before", {}))
+        self.log(f"loaded {folder} (step {self.step}; {len(self.corpus)} tasks in the corpus)")
+
+    # ---- checkpoints --------------------------------------------------------------------------------------
+    def _save(self, step: int, extra: dict | None = None) -> None:
+        partial = self.ckpt.begin(step) if self.main else None
+        D.barrier()
+        partial = self.ckpt.root / f"step_{step}.partial"
+        for agent in (self.solver, self.generator):
+            agent.save(partial / agent.name, write_hf=self.main)
+        rngs = D.gather_objects(rng_state())
+        D.barrier()
+        if self.main:
+            self._flush_corpus()
+            state = {
+                "mixer": self.mixer.state_dict(),
+                "rng": {str(r): s for r, s in enumerate(rngs)},
+                "loop_rng": self.rng.getstate(),
+                "history": self.history,
+                "evals": self.evals,
+                "elapsed_s": time.perf_counter() - self.t_start,
+                "corpus_size": len(self.corpus),
+                "world_size": self.world,
+                "config": to_dict(self.cfg),
+                **(extra or {}),
+            }
+            self.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))
+            self.log(f"checkpoint step_{step} ({len(self.corpus)} tasks in the corpus)")
+        D.barrier()
+
+    def _flush_corpus(self) -> None:
+        if self.pending_tasks:
+            self.corpus.insert_many(self.pending_tasks)
+        for task_id, rate, n, step in self.pending_difficulty:
+            if self.corpus.get(task_id) is not None:
+                self.corpus.update_difficulty(task_id, rate, n_samples=n, step=step)
+        self.pending_tasks, self.pending_difficulty = [], []
+
+    # ---- one iteration ------------------------------------------------------------------------------------
+    def _references(self, n: int) -> list[list[Task]]:
+        """K reference tasks for each of n proposals, chosen by the mixer near the solver's frontier."""
+        k = self.cfg.train.references
+        pool = self.corpus.query(split="train", order="random", seed=self.step, limit=512)
+        if not pool:
+            raise RuntimeError("the corpus holds no training task to show the generator")
+        groups = []
+        for _ in range(n):
+            ids = self.mixer.choose_replay([t.id for t in pool], [t.difficulty for t in pool], k)
+            by_id = {t.id: t for t in pool}
+            groups.append([by_id[i] for i in ids])
+        return groups
+
+    def _procedural(self, levels: list[int]) -> list[Task]:
+        from generator.build import BuildConfig, generate_tasks
+
+        out = []
+        for level, count in sorted(Counter(levels).items()):
+            out += generate_tasks(count, level=level, split="train", seed=self.cfg.run.seed * 100_003 + self.step,
+                                  sb=self.sb, cfg=BuildConfig.from_config(self.cfg.tasks))
+        return out
+
+    def _curriculum_level(self) -> int:
+        return min(4, 1 + (self.step - 1) // max(1, self.cfg.train.curriculum_steps_per_level))
+
+    def _plan(self, valid_generator: list[Task]) -> dict:
+        """Rank 0: the solver batch of this iteration (tasks for PPO, extra generator tasks to measure)."""
+        t = self.cfg.train
+        if t.mode == "curriculum":
+            batch = self._procedural([self._curriculum_level()] * t.solver_tasks)
+            return {"batch": batch, "extra": [], "counts": {"procedural": len(batch)}}
+        replay_pool = self.corpus.query(split="train", order="random", seed=self.step + 7, limit=1024)
+        plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
+                                                          "replay": len(replay_pool)})
+        gen = list(valid_generator)
+        self.rng.shuffle(gen)
+        chosen_gen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
+        replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool], [x.difficulty for x in replay_pool],
+                                                  plan.counts["replay"]))
+        replay = [x for x in replay_pool if x.id in replay_ids]
+        procedural = self._procedural(plan.levels)
+        batch = chosen_gen + procedural + replay
+        while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
+            batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
+        counts = {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)}
+        return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts}
+
+    def iteration(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        step = self.step
+        metrics: dict[str, float] = {}
+        timing = Counter()
+        sb0 = self.sb.stats()
+
+        # 1. generator proposals ----------------------------------------------------------------------------
+        proposals, outcomes_all = [], []
+        if t.mode == "selfplay":
+            t0 = time.perf_counter()
+            groups = D.broadcast_object(self._references(t.proposals) if self.main else None)
+            mine = groups[self.rank:: self.world]
+            proposals = generator_rollouts(
+                self.generator, mine, self.sb, step=step, rng=random.Random(f"{cfg.run.seed}:{step}:{self.rank}"),
+                corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
+                max_prompt_tokens=cfg.warmstart.max_len)
+            timing["generator_s"] += time.perf_counter() - t0
+        shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
+                                    p.task is not None, (p.task.fingerprints or {}).get("ast") if p.task else None)
+                                   for p in proposals])
+        flat = [x for rank_list in shared for x in rank_list]
+        valid_generator = [Task.from_dict(d) for d, *_ in flat if d is not None]
+
+        # 2. solver batch -------------------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        plan = D.broadcast_object(self._plan(valid_generator) if self.main else None)
+        timing["plan_s"] += time.perf_counter() - t0
+        batch, extra = plan["batch"], plan["extra"]
+        per_rank = len(batch) // self.world
+        my_batch = batch[self.rank * per_rank: (self.rank + 1) * per_rank]
+        my_extra = extra[self.rank:: self.world]
+
+        # 3. rollouts --------------------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        rollouts = solver_rollouts(self.solver, my_batch + my_extra, t.samples_per_task, self.sb,
+                                   max_turns=t.max_turns, reward_cfg=cfg.reward,
+                                   max_prompt_tokens=cfg.warmstart.max_len)
+        timing["rollout_s"] += time.perf_counter() - t0
+        train_rollouts = rollouts[: len(my_batch) * t.samples_per_task]
+        rates_all = {}
+        for part in D.gather_objects(solve_rates(rollouts)):
+            rates_all.update(part)
+
+        # 4. rewards -------------------------------------------------------------------------------------------
+        outcomes = [ProposalOutcome(parsed=ok_parse, valid=d is not None,
+                                    solve_rate=rates_all.get(d["id"]) if d is not None else None, cluster=cluster)
+                    for d, _, ok_parse, cluster in flat]
+        g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight) if outcomes else []
+        offsets = np.cumsum([0] + [len(x) for x in shared])
+        g_rewards = g_rewards_all[offsets[self.rank]: offsets[self.rank + 1]]
+
+        # 5. PPO updates -----------------------------------------------------------------------------------
+        t0 = time.perf_counter()
+        lr_scale = self.mixer.lr_scale
+        if t.mode != "warmstart":
+            stats = self.solver.update([r for r in train_rollouts], [r.reward for r in train_rollouts],
+                                       lr_scale=lr_scale, masks=[r.mask for r in train_rollouts])
+            metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
+        if t.mode == "selfplay" and t.train_generator and proposals:
+            stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale)
+            metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
+        timing["update_s"] += time.perf_counter() - t0
+
+        # 6. corpus and mixer --------------------------------------------------------------------------------
+        batch_rates = [r.result.solved for r in train_rollouts]
+        solve_rate = D.all_reduce_mean(sum(batch_rates) / max(1, len(batch_rates)))
+        n_props = len(flat)
+        validity = sum(o.valid for o in outcomes) / n_props if n_props else None
+        clusters = [o.cluster for o in outcomes if o.valid]
+        diversity = len(set(clusters)) / n_props if n_props else None
+        if self.main:
+            for task in valid_generator:
+                rate = rates_all.get(task.id)
+                self.pending_tasks.append(task)
+                if rate is not None:
+                    self.pending_difficulty.append((task.id, rate, t.samples_per_task, step))
+            for task in batch:
+                if task.source == "procedural" and task.id in rates_all:
+                    self.pending_tasks.append(task)
+                if task.id in rates_all and task.source != "generator":
+                    self.pending_difficulty.append((task.id, rates_all[task.id], t.samples_per_task, step))
+            if t.mode == "selfplay":
+                self.mixer.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
+                                                  kl=metrics.get("ppo/solver/kl")))
+        self.mixer = D.broadcast_object(self.mixer if self.main else None) if self.world > 1 else self.mixer
+
+        # 7. logs ----------------------------------------------------------------------------------------------
+        rewards = [r.reward for r in train_rollouts]
+        metrics["solver/pass_rate"] = solve_rate
+        metrics["solver/reward_mean"] = D.all_reduce_mean(statistics.mean(rewards) if rewards else 0.0)
+        for name in train_rollouts[0].result.terms if train_rollouts else []:
+            metrics[f"solver/reward/{name}"] = D.all_reduce_mean(
+                statistics.mean(r.result.terms[name] for r in train_rollouts))
+        if t.mode == "selfplay":
+            metrics["generator/reward_mean"] = statistics.mean(g_rewards_all) if g_rewards_all else 0.0
+            metrics["generator/validity_rate"] = validity if validity is not None else 0.0
+            metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
+            measured = [o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]
+            metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
+            metrics["generator/diversity"] = diversity if diversity is not None else 0.0
+            metrics["generator/valid_tasks"] = len(valid_generator)
+            rejections = Counter(r for _, r, _, _ in flat if r)
+            for reason, count in rejections.items():
+                metrics[f"generator/rejected/{reason}"] = count
+        metrics.update(self.mixer.metrics())
+        if t.mode == "curriculum":
+            metrics["mixer/level"] = self._curriculum_level()
+        for source, count in plan["counts"].items():
+            metrics[f"solver/batch/{source}"] = count
+        sb1 = self.sb.stats()
+        runs, hits = sb1["runs"] - sb0["runs"], sb1["cache_hits"] - sb0["cache_hits"]
+        sandbox_s = sb1["exec_s"] - sb0["exec_s"]
+        for k, v in timing.items():
+            metrics[f"time/{k}"] = v
+        metrics["time/sandbox_s"] = sandbox_s
+        metrics["sandbox/execs_per_s"] = (runs - hits) / sandbox_s if sandbox_s > 0 else 0.0
+        metrics["sandbox/cache_hit_rate"] = hits / runs if runs else 0.0
+        if self.main:
+            self.tb.scalars(metrics, step)
+            if t.log_samples_every and step % t.log_samples_every == 0:
+                self._log_samples(step, proposals, train_rollouts)
+        return metrics
+
+    def _log_samples(self, step: int, proposals, rollouts) -> None:
+        for p in proposals[:2]:
+            status = "valid" if p.valid else f"rejected: {p.rejection}"
+            self.tb.text("samples/generator", f"**{status}**\n\n```\n{p.answer.text}\n```", step)
+        for r in rollouts[:2]:
+            head = f"**{r.task.family} L{r.task.level}** passed {r.result.hidden_passed}/{r.result.hidden_total}"
+            self.tb.text("samples/solver", f"{head}\n\n{r.task.description}\n\n```python\n{r.result.code}\n```", step)
+
+    # ---- evaluation ---------------------------------------------------------------------------------------
+    def _evaluate(self, step: int) -> dict:
+        if not self.main:
+            return {}
+        t0 = time.perf_counter()
+        tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
+        results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
+                                   max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward)
+        for split, res in results.items():
+            if split == "by_family":
+                continue
+            self.tb.scalars({f"eval/{split}/{k}": v for k, v in res.items() if isinstance(v, (int, float))}, step)
+        self.evals[str(step)] = results
+        line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s != "by_family")
+        self.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")
+        return results
+
+    # ---- the run --------------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        self._install_signal_handlers()
+        self.setup()
+        t = self.cfg.train
+        if self.step >= t.steps:
+            self.log(f"run already at step {self.step} of {t.steps}: nothing to do (raise train.steps to continue)")
+            return self.summary()
+        bar = _progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
+        stopped = False
+        while self.step < t.steps:
+            self.step += 1
+            metrics = self.iteration()
+            self.history.append({"step": self.step, "solve_rate": metrics["solver/pass_rate"],
+                                 "validity": metrics.get("generator/validity_rate"),
+                                 "level": metrics.get("mixer/level")})
+            if bar:
+                bar.update(1)
+                bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
+                                validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}")
+            last = self.step >= t.steps
+            if t.eval_every and self.step % t.eval_every == 0 and not last:
+                self._evaluate(self.step)
+            stopped = self._stop_now()
+            if last:
+                self._evaluate(self.step)
+            if stopped or last or self.step % t.checkpoint_every == 0:
+                self._save(self.step)
+            if stopped:
+                self.log(f"stop requested: checkpoint step_{self.step} written, exiting")
+                break
+        if bar:
+            bar.close()
+        summary = self.summary()
+        if self.main and not stopped:
+            self._print_summary(summary)
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+        summary["stopped"] = stopped
+        return summary
+
+    def summary(self) -> dict:
+        steps = sorted(self.evals, key=int)
+        before = self.evals.get(steps[0], {}) if steps else {}
+        after = self.evals.get(steps[-1], {}) if steps else {}
+        validity = [h["validity"] for h in self.history if h.get("validity") is not None]
+        return {
+            "run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "steps": self.step,
+            "seconds": time.perf_counter() - self.t_start,
+            "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s != "by_family"},
+            "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s != "by_family"},
+            "corpus_by_source": self.corpus.counts("source"),
+            "validity_rate": statistics.mean(validity) if validity else None,
+        }
+
+    def _print_summary(self, s: dict) -> None:
+        lines = [f"run {s['run_dir']} ({s['mode']}): {s['steps']} iterations in {s['seconds'] / 60:.1f} min"]
+        for split in s["heldout_after"]:
+            b, a = s["heldout_before"].get(split), s["heldout_after"][split]
+            lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}")
+        lines.append(f"  corpus by source: {s['corpus_by_source']}")
+        if s["validity_rate"] is not None:
+            lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")
+        print("\n".join(lines), flush=True)
+
+    def close(self) -> None:
+        self.tb.close()
+        self.sb.close()
+        self.corpus.close()
+
+
+def _fmt(x) -> str:
+    return "  n/a" if x is None else f"{x:.3f}"
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _tuple_state(state):
+    return (state[0], tuple(state[1]), state[2])
+
+
+def train(cfg, log=None) -> dict:
+    loop = SelfPlay(cfg, log=log)
+    try:
+        return loop.run()
+    finally:
+        loop.close()

@@ -1,0 +1,123 @@
+"""Rollouts: the solver's episodes on a batch of tasks, and the generator's proposals, as PPO-ready token data.
+
+Solver: every task gets k episodes. All episodes of a turn are sampled in one batch; the answers are applied to
+their episodes in parallel threads (the sandbox pool is thread-safe and each episode waits on its own runs).
+Between turns the observation is appended to the response as tokens the policy did not choose (mask 0), so one
+PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token.
+
+Generator: P prompts, each with K reference tasks and an instruction; answers parsed into proposals; the valid
+ones become tasks (outputs from the reference in the sandbox, every validity check run).
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from generator.agent import (ProposalError, build_prompt, choose_instruction, parse_proposal, proposal_to_task)
+from generator.schema import Task
+from generator.validity import validate_many
+from sandbox.incremental import IncrementalRunner
+from selfplay.agent import Answer, LMAgent
+from solver.episode import CodeEpisode, EpisodeResult
+from solver.prompts import task_prompt
+from solver.rewards import RewardConfig
+
+
+@dataclass
+class SolverRollout:
+    task: Task
+    prompt: list[int]
+    tokens: list[int]  # all answer turns and the observations between them
+    mask: list[int]  # 1 where the policy chose the token
+    text: str  # the answer text of every turn, joined
+    result: EpisodeResult
+
+    @property
+    def reward(self) -> float:
+        return self.result.reward
+
+
+def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_turns: int = 1,
+                    reward_cfg: RewardConfig | None = None, greedy: bool = False, threads: int = 8,
+                    max_prompt_tokens: int | None = None) -> list[SolverRollout]:
+    """k episodes per task (task-major order: task 0's k episodes first)."""
+    episodes, prompts = [], []
+    for task in tasks:
+        prompt = agent.chat_ids(task_prompt(task), max_prompt_tokens)
+        for _ in range(k):
+            runner = IncrementalRunner(sb) if max_turns > 1 else None
+            episodes.append(CodeEpisode(task, sb, max_turns=max_turns, reward_cfg=reward_cfg, runner=runner))
+            prompts.append(prompt)
+    tokens = [[] for _ in episodes]
+    masks = [[] for _ in episodes]
+    texts = [[] for _ in episodes]
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for _ in range(max_turns):
+            active = [i for i, ep in enumerate(episodes) if not ep.done]
+            if not active:
+                break
+            answers = agent.sample([prompts[i] + tokens[i] for i in active], greedy=greedy)
+            observations = list(pool.map(lambda pair: episodes[pair[0]].act(pair[1].text), zip(active, answers)))
+            for i, answer, obs in zip(active, answers, observations):
+                tokens[i] += answer.tokens
+                masks[i] += [1] * len(answer.tokens)
+                texts[i].append(answer.text)
+                if obs is not None:
+                    obs_ids = agent.observation_ids(obs)
+                    tokens[i] += obs_ids
+                    masks[i] += [0] * len(obs_ids)
+    return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result)
+            for i, ep in enumerate(episodes)]
+
+
+def solve_rates(rollouts: Sequence[SolverRollout]) -> dict[str, float]:
+    """Task id -> share of its episodes that passed every hidden test."""
+    counts: dict[str, list[int]] = {}
+    for r in rollouts:
+        c = counts.setdefault(r.task.id, [0, 0])
+        c[0] += r.result.solved
+        c[1] += 1
+    return {tid: s / n for tid, (s, n) in counts.items()}
+
+
+@dataclass
+class ProposalRollout:
+    prompt: list[int]
+    answer: Answer
+    references: list[Task]
+    instruction: str
+    task: Task | None = None  # the proposal as a task (None when unparsable)
+    parse_error: str | None = None
+    valid: bool = False
+    rejection: str | None = None  # first failed validity check (or the parse error)
+    reasons: dict = field(default_factory=dict)
+
+
+def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
+                       corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
+                       max_prompt_tokens: int | None = None) -> list[ProposalRollout]:
+    """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch."""
+    instructions = [choose_instruction(rng, len(refs)) for refs in references]
+    prompts = [agent.chat_ids(build_prompt(refs, instr), max_prompt_tokens)
+               for refs, instr in zip(references, instructions)]
+    answers = agent.sample(prompts)
+    rollouts = []
+    for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
+        ro = ProposalRollout(prompt, answer, list(refs), instr)
+        parsed = parse_proposal(answer.text)
+        if isinstance(parsed, ProposalError):
+            ro.parse_error = ro.rejection = parsed.reason
+        else:
+            ro.task = proposal_to_task(parsed, refs, step, n_visible=n_visible, generator_checkpoint=checkpoint)
+        rollouts.append(ro)
+    parsed = [ro for ro in rollouts if ro.task is not None]
+    for ro, report in zip(parsed, validate_many([ro.task for ro in parsed], sb, corpus_index)):
+        ro.task = report.task
+        ro.valid = report.ok
+        if not report.ok:
+            ro.rejection = report.rejection
+            ro.reasons = {"reason": report.reason}
+    return rollouts
