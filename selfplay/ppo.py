@@ -335,6 +335,7 @@ def bench(batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats
     torch.manual_seed(seed)
     vocab = 2000
     policy = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_layer=4, n_embd=128, n_head=4, n_positions=512,
+                                        bos_token_id=1, eos_token_id=1, pad_token_id=0,
                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
     model, ref = ActorCritic(policy), frozen_copy(policy)
     cfg = PPOConfig(mini_batch_size=batch // 2, micro_batch_size=batch // 2)

@@ -17,6 +17,7 @@ PROMPT = [1, 2, 5]
 def tiny_policy(seed=0):
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_layer=2, n_embd=32, n_head=2, n_positions=32,
+                                      bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
                                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
 
 
