@@ -193,7 +193,7 @@ class Sandbox:
         todo = []
         for i, (source, payload, limits, req) in enumerate(jobs):
             if self._cache is not None and use_cache:
-                keys[i] = self._cache.key(kind, source, payload, limits)
+                keys[i] = self._cache.key(kind, source, payload, {**limits, "backend": self.backend})
                 hit = self._cache.get(keys[i])
                 if hit is not None:
                     out[i] = {**hit, "cached": True}
@@ -206,7 +206,7 @@ class Sandbox:
             out[i] = resp
             if self._cache is not None and resp["status"] != "sandbox_error" \
                     and not resp.get("meta", {}).get("worker_restarted"):
-                key = keys[i] or self._cache.key(kind, jobs[i][0], jobs[i][1], jobs[i][2])
+                key = keys[i] or self._cache.key(kind, jobs[i][0], jobs[i][1], {**jobs[i][2], "backend": self.backend})
                 self._cache.put(key, {k: v for k, v in resp.items() if k != "cached"})
         self._count(len(jobs), len(jobs) - len(todo), time.perf_counter() - t0)
         if self._trace is not None:
@@ -302,6 +302,10 @@ class Sandbox:
         return [self._grade(resp, expected, stop) for resp, (_, expected, stop) in zip(responses, prepared)]
 
     # -- lifetime
+    def health(self) -> list[dict]:
+        """Per worker: alive, restarts, leftovers of the last program (work dirs, child processes), info."""
+        return self._pool.health()
+
     def stats(self) -> dict:
         """Counters since opening: runs, cache_hits, exec_s (seconds spent waiting on workers)."""
         with self._lock:
@@ -309,6 +313,9 @@ class Sandbox:
 
     def close(self) -> None:
         self._pool.close()
+        for part in (self._cache, self._trace):
+            if part is not None and hasattr(part, "close"):
+                part.close()
 
     def __enter__(self) -> "Sandbox":
         return self
@@ -338,7 +345,9 @@ def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s
     else:
         from sandbox.pool import LocalLauncher, Pool
 
+        isolate_user = options.pop("isolate_user", True)
         if options:
-            raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}")
-        pool = Pool([LocalLauncher(i) for i in range(workers)])
+            raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}; "
+                                     f"it takes isolate_user=")
+        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user)) for i in range(workers)])
     return Sandbox(pool, backend, limits, cache=cache, cache_path=cache_path, trace_path=trace_path)

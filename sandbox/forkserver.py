@@ -92,6 +92,7 @@ PRELOAD = (                             # modules programs commonly import; impo
     "functools hashlib heapq io itertools json math numbers operator random re statistics string "
     "textwrap traceback types typing unicodedata"
 ).split()
+UID_AUTO_BASE = 0x70000000              # --uid auto: this + server pid, unique among live servers, unused
 DEFAULT_NPROC = 64                      # processes+threads a child may have (per worker uid when root)
 DEFAULT_FSIZE_MB = 64                   # largest file a child may write
 DEFAULT_NOFILE = 64                     # open descriptors per child process
@@ -102,7 +103,7 @@ TEST_STATUSES = ("ok", "error", "memory", "unserializable", "output_limit")  # w
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 16384, 1 << 18, 2, 4
-PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER = 38, 8, 36
+PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 CAP_DAC_READ_SEARCH = 2
 
 
@@ -208,21 +209,35 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def _keep_only_read_cap() -> None:
+def _read_cap_args() -> tuple:
+    """capset() arguments that keep CAP_DAC_READ_SEARCH only (built once in the server, used in children)."""
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (_CapData * 2)()
-    bit = 1 << CAP_DAC_READ_SEARCH
-    data[0].effective = data[0].permitted = bit
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
+    return ctypes.byref(header), data, header
+
+
+def scrub_environment() -> None:
+    """Leave only what Python needs in this (server) process's environment; children inherit it."""
+    keep = {k: os.environ[k] for k in ("PATH", "LANG", "PYTHONHASHSEED") if k in os.environ}
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **keep})
+
+
+def install_stdio() -> None:
+    """Standard streams on descriptors 0-2 that children reuse (they dup their pipes onto 0-2)."""
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
+                                                   errors="backslashreplace", line_buffering=True)
 
 
 # ---------------------------------------------------------------------------------------- the child
 def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res_w: int | None) -> None:
     """Runs in the forked child before the program: isolation and limits. Never returns on failure."""
     os.setsid()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGCHLD, signal.SIGALRM):
-        signal.signal(sig, signal.SIG_DFL)
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if the program kills the server, it dies too
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_w, 1)
@@ -252,17 +267,14 @@ def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res
         os.setgid(cfg["uid"])
         os.setuid(cfg["uid"])
         if cfg["read_cap"]:
-            _keep_only_read_cap()
+            if _libc.capset(cfg["cap_args"][0], cfg["cap_args"][1]) != 0:
+                raise OSError(ctypes.get_errno(), "capset failed")
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    os.environ.clear()
-    os.environ.update(PATH="/usr/local/bin:/usr/bin:/bin", HOME=workdir, TMPDIR=workdir, LANG="C.UTF-8")
+    os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the rest was scrubbed in the server
     tempfile.tempdir = None
     if "random" in sys.modules:
         sys.modules["random"].seed()  # a fresh process would seed itself from os.urandom
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace",
-                                  line_buffering=True)
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__  # see install_stdio()
     sys.argv = ["<program>"]
     sys.setrecursionlimit(1000)
 
@@ -304,8 +316,11 @@ def _report_exception(exc: BaseException) -> int:
                 pass
             return EXIT_ERROR
         return EXIT_ERROR if code in (EXIT_MEMORY, EXIT_HARNESS) else code & 0xFF
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # hide the harness's own frames
+        tb = tb.tb_next
     try:
-        traceback.print_exception(type(exc), exc, exc.__traceback__)
+        traceback.print_exception(type(exc), exc, tb)
     except BaseException:
         pass
     return EXIT_ERROR
@@ -427,16 +442,19 @@ class Server:
         base = None if self.private_tmp else args.work_dir
         self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
         os.chmod(self.work_base, 0o711)
-        uid = args.uid if (args.uid is not None and os.geteuid() == 0) else None
+        uid = None
+        if args.uid is not None and os.geteuid() == 0:
+            uid = UID_AUTO_BASE + os.getpid() if args.uid == "auto" else int(args.uid)
         prefix_paths = [sys.prefix, os.path.dirname(os.__file__)]
         read_cap = uid is not None and not all(_world_traversable(p) for p in prefix_paths)
         nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
-                    "nofile": args.nofile}
+                    "nofile": args.nofile, "cap_args": _read_cap_args()}
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
                      "private_tmp": self.private_tmp, "server_pid": os.getpid()}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"
+        self._spare: str | None = None  # an empty work dir left by the previous program, reused
 
     # -- leftovers
     def _children(self) -> list[int]:
@@ -465,29 +483,47 @@ class Server:
                     pass
 
     def _clean_tmp(self, workdir: str) -> None:
+        """Empty the work dir (kept for the next program when the program left it as it found it)."""
+        try:
+            st = os.lstat(workdir)
+            if stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(workdir) and \
+                    st.st_uid == (self.cfg["uid"] if self.cfg["uid"] is not None else os.geteuid()):
+                self._spare = workdir
+                workdir = None
+        except OSError:
+            pass
+        if workdir is not None:
+            self._rmtree(workdir)
+        if self.private_tmp:
+            self._wipe_shared_tmp()
+
+    @staticmethod
+    def _rmtree(workdir: str) -> None:
         shutil.rmtree(workdir, ignore_errors=True)
         if os.path.exists(workdir):  # the program made a directory unreadable: restore permissions and retry
             for root, dirs, _ in os.walk(workdir):
                 for d in dirs:
                     os.chmod(os.path.join(root, d), 0o700)
             shutil.rmtree(workdir, ignore_errors=True)
-        if self.private_tmp:
-            for base in ("/tmp", "/var/tmp", "/dev/shm"):
-                try:
-                    entries = os.listdir(base)
-                except OSError:
+
+    def _wipe_shared_tmp(self) -> None:
+        """Remove what the program left in the private /tmp, /var/tmp, /dev/shm (our tmpfs mounts)."""
+        for base in ("/tmp", "/var/tmp", "/dev/shm"):
+            try:
+                entries = os.listdir(base)
+            except OSError:
+                continue
+            for name in entries:
+                path = os.path.join(base, name)
+                if path == self.work_base:
                     continue
-                for name in entries:
-                    path = os.path.join(base, name)
-                    if path == self.work_base:
-                        continue
-                    if os.path.isdir(path) and not os.path.islink(path):
-                        shutil.rmtree(path, ignore_errors=True)
-                    else:
-                        try:
-                            os.unlink(path)
-                        except OSError:
-                            pass
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    try:
+                        os.unlink(path)
+                    except OSError:
+                        pass
 
     # -- one child
     def _spawn(self, req: dict, workdir: str, start: int | None):
@@ -757,6 +793,9 @@ class Server:
         return result
 
     def _workdir(self) -> str:
+        if self._spare is not None:
+            workdir, self._spare = self._spare, None
+            return workdir
         workdir = tempfile.mkdtemp(prefix="run-", dir=self.work_base)
         if self.cfg["uid"] is not None:
             os.chown(workdir, self.cfg["uid"], self.cfg["uid"])
@@ -767,11 +806,12 @@ class Server:
         op = req.get("op")
         if op == "hello":
             return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0],
-                    **self.meta}
+                    "child_uid": self.cfg["uid"] if self.cfg["uid"] is not None else os.geteuid(), **self.meta}
         if op == "ping":
             return {"ok": True}
         if op == "stats":
-            return {"ok": True, "workdirs": len(os.listdir(self.work_base)), "children": self._children()}
+            dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) != self._spare]
+            return {"ok": True, "workdirs": len(dirs), "children": self._children()}
         if op in ("run", "tests"):
             error = _validate(req)
             if error:
@@ -830,7 +870,8 @@ def _validate(req: dict) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="sandbox fork server (see the module docstring)")
     parser.add_argument("--socket", required=True, help="unix socket path to listen on")
-    parser.add_argument("--uid", type=int, default=None, help="unprivileged uid for children (root only)")
+    parser.add_argument("--uid", default=None,
+                        help="unprivileged uid for children (root only); 'auto' = UID_AUTO_BASE + server pid")
     parser.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="RLIMIT_NPROC for children")
     parser.add_argument("--fsize-mb", type=int, default=DEFAULT_FSIZE_MB, help="RLIMIT_FSIZE for children")
     parser.add_argument("--nofile", type=int, default=DEFAULT_NOFILE, help="RLIMIT_NOFILE for children")
@@ -855,6 +896,8 @@ def main(argv: list[str] | None = None) -> int:
     os.chmod(tmp_path, 0o666)
     listener.listen(1)
     os.rename(tmp_path, args.socket)  # appears when it accepts connections (they wait in the backlog)
+    scrub_environment()
+    install_stdio()
     server = Server(args)
     gc.collect()
     gc.freeze()  # keep the preloaded heap out of the collector, so children do not copy it on write

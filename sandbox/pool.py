@@ -30,8 +30,8 @@ from sandbox.errors import SandboxUnavailable
 
 FORKSERVER_PATH = os.path.abspath(forkserver.__file__)
 START_TIMEOUT_S = 30.0          # how long a worker may take to create its socket
+META_KEYS = ("network_isolated", "user_isolated", "private_tmp")  # from a worker's hello, into results
 GRACE_S = 10.0                  # beyond a request's own budget before a silent worker counts as hung
-UID_BASE = 61000                # first unprivileged uid given to workers' children (root only)
 
 
 class WorkerLauncher(Protocol):
@@ -62,10 +62,11 @@ def server_env() -> dict:
 class LocalLauncher:
     """A fork server as a host process (the "process" backend)."""
 
-    def __init__(self, index: int, *, python: str | None = None, extra_args: tuple = ()):
+    def __init__(self, index: int, *, python: str | None = None, isolate_user: bool = True,
+                 extra_args: tuple = ()):
         self.index = index
         self.python = python or sys.executable
-        self.extra_args = list(extra_args)
+        self.extra_args = (["--uid", "auto"] if isolate_user else []) + list(extra_args)
         self.meta = {"backend": "process"}
         self.proc: subprocess.Popen | None = None
         self.dir: str | None = None
@@ -75,8 +76,7 @@ class LocalLauncher:
         self.dir = tempfile.mkdtemp(prefix=f"sandbox-w{self.index}-")
         path = os.path.join(self.dir, "worker.sock")
         log = open(os.path.join(self.dir, "server.log"), "wb")
-        args = [self.python, "-I", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir,
-                "--uid", str(UID_BASE + self.index), *self.extra_args]
+        args = [self.python, "-I", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir, *self.extra_args]
         with log:
             self.proc = subprocess.Popen(args, env=server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                          start_new_session=True, close_fds=True, cwd=self.dir)
@@ -209,7 +209,7 @@ class Pool:
 
     def _broken(self, w: Worker, req: dict, exc: BaseException, hung: bool) -> dict:
         """The worker's connection broke or it hung: restart it and blame the program (or us, if hung)."""
-        meta = {**w.launcher.meta, **w.info, "worker_restarted": True}
+        meta = {**w.launcher.meta, **{k: w.info[k] for k in META_KEYS if k in w.info}, "worker_restarted": True}
         try:
             w.restart()
         except SandboxUnavailable as exc2:
@@ -295,6 +295,25 @@ class Pool:
                         free.append(w)
         finally:
             sel.close()
+
+    def health(self) -> list[dict]:
+        """Per worker: alive, restarts, and what the last program left behind (work dirs, child processes).
+        Waits until every worker is idle."""
+        workers = [self.idle.get() for _ in self.workers]
+        try:
+            out = []
+            for w in workers:
+                try:
+                    stats = w.request({"op": "stats"}, GRACE_S)
+                except (OSError, EOFError, ValueError):
+                    stats = {"ok": False}
+                out.append({"alive": w.launcher.alive() and bool(stats.get("ok")), "restarts": w.restarts,
+                            "workdirs": stats.get("workdirs"), "children": stats.get("children"),
+                            "info": dict(w.info)})
+            return out
+        finally:
+            for w in workers:
+                self.idle.put(w)
 
     def close(self) -> None:
         with self._lock:
