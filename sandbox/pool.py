@@ -26,7 +26,7 @@ import time
 from typing import Protocol
 
 from sandbox import forkserver
-from sandbox.errors import SandboxUnavailable
+from sandbox.errors import SandboxError, SandboxUnavailable
 
 FORKSERVER_PATH = os.path.abspath(forkserver.__file__)
 START_TIMEOUT_S = 30.0          # how long a worker may take to create its socket
@@ -221,7 +221,7 @@ class Pool:
     def execute(self, reqs: list[dict]) -> list[dict]:
         """Run requests over idle workers; responses in input order. Never raises for a program's doing."""
         if self._closed:
-            raise RuntimeError("the sandbox is closed")
+            raise SandboxError("the sandbox is closed; open a new one with sandbox.open_sandbox()")
         results: list[dict | None] = [None] * len(reqs)
         if not reqs:
             return []
