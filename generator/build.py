@@ -20,7 +20,7 @@ from generator.descriptions import NOISE_KINDS, describe
 from generator.families import (FAMILIES, FAMILY_WEIGHTS, PipelineError, level_depths, render_reference,
                                 render_signature, sample_pipeline)
 from generator.families.values import make_inputs
-from generator.fingerprint import task_id
+from generator.fingerprint import ast_hash, task_id
 from generator.schema import Task
 from generator.splits import SplitConfig, SplitError, check_split_name, constraints, split_of
 from generator.validity import MemoryIndex, validate_many
@@ -122,6 +122,21 @@ class _Chain:
         return None
 
 
+def _drop_repeats(tasks: list[Task], index, stats: BuildStats) -> list[Task]:
+    """Candidates whose program was already accepted (or drawn earlier in the batch) never reach the sandbox."""
+    seen, keep = set(), []
+    for task in tasks:
+        code = ast_hash(task.reference_solution)
+        dup = index.find_duplicate(task.id, code, None)
+        if dup is None and code not in seen:
+            seen.add(code)
+            keep.append(task)
+        else:
+            stats.rejections["novel"] += 1
+            stats.examples.setdefault("novel", f"novel: same program as task {dup or 'drawn earlier in the batch'}")
+    return keep
+
+
 def generate_tasks(n: int, level: int | None = None, split: str = "train", seed: int = 0, sb=None, *,
                    corpus_index=None, cfg: BuildConfig | None = None, batch_size: int = 64, stats=None,
                    on_batch=None, max_attempts: int | None = None) -> list[Task]:
@@ -151,6 +166,7 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
             size = min(batch_size, max(8, want + want // 2), max_attempts - stats.attempted)
             tasks = [materialise(sample_params(rng, rng.choice(levels), split, cfg), split) for _ in range(size)]
             stats.attempted += len(tasks)
+            tasks = _drop_repeats(tasks, index, stats)
             new = []
             for report in validate_many(tasks, sb, index):
                 if report.ok and len(out) < n:

@@ -428,6 +428,15 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
         results.append(res)
         work.append(dataclasses.replace(task, visible_tests=[dict(t) for t in task.visible_tests],
                                         hidden_tests=[dict(t) for t in task.hidden_tests], checks={}))
+        if all(r.passed for r in res.values()):
+            t = work[-1]
+            if not t.id:
+                t.id = task_id(t.reference_solution, t.entry_point, [test["input"] for test in t.tests])
+            t.fingerprints = {"ast": ast_hash(t.reference_solution), "behaviour": None}
+            if corpus_index is not None:  # a stored copy of the same program: no need to run anything
+                early = check_novel(t, corpus_index)
+                if not early.passed:
+                    res["novel"] = early
 
     # 1. outputs (+ probes) and a second fresh run, for every task that passed the static checks
     live = [i for i, res in enumerate(results) if all(r.passed for r in res.values())]
@@ -479,8 +488,6 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
             task.visible_tests = [{"input": t["input"], "output": o} for t, o in zip(task.visible_tests, outputs[i])]
             task.hidden_tests = [{"input": t["input"], "output": o}
                                  for t, o in zip(task.hidden_tests, outputs[i][nv:])]
-            if not task.id:
-                task.id = task_id(task.reference_solution, task.entry_point, [t["input"] for t in task.tests])
         if all(r.passed for r in res.values()) and "trivial_fail" in res:
             res["novel"] = check_novel(task, corpus_index)
             if res["novel"].passed:
