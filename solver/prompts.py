@@ -3,12 +3,15 @@
 The prompt is the task's description, its signature and its visible examples (input -> output, produced by the
 reference in the sandbox), so a task is defined by its examples even when its text is vague. It is sent as one user
 message through the tokenizer's chat template (selfplay/agent.py), so the tiny model and a pretrained instruct model
-see the same content. The expected answer is the function in a ```python fence (solver/parse.py reads it).
+see the same content; later turns add the solver's answer and the observation that came back (`conversation`).
+`render` turns messages into text with a tokenizer's chat template, or plain "### Role:" headers without one.
+The expected answer is the function in a ```python fence (solver/parse.py reads it).
 """
 
 from __future__ import annotations
 
 import json
+from typing import Sequence
 
 from generator.schema import Task
 
@@ -55,3 +58,27 @@ def feedback_text(observation: str) -> str:
 def humaneval_prompt(prompt: str) -> str:
     """A HumanEval problem (signature + docstring) as a solver prompt."""
     return f"Complete this function.\n\n```python\n{prompt.rstrip()}\n```\n\nWrite the function in Python."
+
+
+def conversation(task: Task, turns: Sequence[tuple[str, str]] = (), multi_turn: bool = False) -> list[dict]:
+    """Chat messages for a task: the task prompt, then per earlier turn the solver's answer and the observation."""
+    messages = [{"role": "user", "content": task_prompt(task, multi_turn=multi_turn)}]
+    for answer, observation in turns:
+        messages.append({"role": "assistant", "content": answer})
+        messages.append({"role": "user", "content": feedback_text(observation)})
+    return messages
+
+
+def render(messages: Sequence[dict], tokenizer=None, add_generation_prompt: bool = True) -> str:
+    """The text a model sees: the tokenizer's chat template when it has one, else plain headers
+    ("### User:\n...\n\n### Assistant:\n", an assistant message closed by the tokenizer's eos token)."""
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+    eos = getattr(tokenizer, "eos_token", None) or ""
+    parts = []
+    for m in messages:
+        closing = eos if m["role"] == "assistant" else ""
+        parts.append(f"### {m['role'].capitalize()}:\n{m['content']}{closing}\n\n")
+    if add_generation_prompt:
+        parts.append("### Assistant:\n")
+    return "".join(parts)

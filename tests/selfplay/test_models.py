@@ -120,3 +120,19 @@ def test_missing_model_says_how_to_point_at_a_local_copy(tmp_path):
         models.load_model_and_tokenizer(str(tmp_path / "nothing" / "here"))
     with pytest.raises(models.UserError, match="model.arch"):
         models.build_tiny_model(models.train_tokenizer(CODE, 300), arch="rnn")
+
+
+def test_solver_render_uses_the_tokenizer_template_and_matches_the_plain_one(bpe):
+    from solver.prompts import render
+
+    msgs = [{"role": "user", "content": "write f"}, {"role": "assistant", "content": "def f(): pass"},
+            {"role": "user", "content": "Result:\nok"}]
+    assert render(msgs, bpe) == bpe.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+    saved = bpe.chat_template
+    try:
+        bpe.chat_template = models.PLAIN_CHAT_TEMPLATE
+        with_template = bpe.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        bpe.chat_template = None
+        assert render(msgs, bpe) == with_template  # the Python fallback and the Jinja template agree
+    finally:
+        bpe.chat_template = saved

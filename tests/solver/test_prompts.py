@@ -24,3 +24,18 @@ def test_answer_round_trips_through_the_parser():
     code = make_task().reference_solution
     assert extract_code(answer_text(code)).code == code
     assert "def f" in humaneval_prompt("def f(x):\n    '''doc'''\n")
+
+
+def test_conversation_adds_answers_and_feedback_in_later_turns():
+    from solver.prompts import conversation, render
+
+    task = make_task()
+    msgs = conversation(task, turns=[("ACTION: run", "1/2 visible tests pass"), ("ACTION: check", "parses: yes")],
+                        multi_turn=True)
+    assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
+    assert msgs[0]["content"] == task_prompt(task, multi_turn=True)
+    assert msgs[2]["content"] == "Result:\n1/2 visible tests pass"
+    text = render(msgs)  # no tokenizer: plain headers, ending with the generation prompt
+    assert text.startswith("### User:\nSort the numbers.") and text.endswith("### Assistant:\n")
+    assert text.count("### Assistant:\n") == 3 and "Result:\nparses: yes" in text
+    assert not render(msgs[:1], add_generation_prompt=False).endswith("### Assistant:\n")
