@@ -494,6 +494,10 @@ class Server:
             pass
         if workdir is not None:
             self._rmtree(workdir)
+        for name in os.listdir(self.work_base):  # without a uid of its own the program could write here
+            path = os.path.join(self.work_base, name)
+            if path != self._spare:
+                self._rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
         if self.private_tmp:
             self._wipe_shared_tmp()
 

@@ -69,6 +69,6 @@ def assert_healthy(box: sandbox.Sandbox) -> None:
     while problems and time.monotonic() < deadline:  # a SIGKILLed process may take a moment to vanish
         time.sleep(0.05)
         problems = leftovers(box)
-    assert problems == []
+    assert not problems, problems
     results = box.run_many(["print('alive', 6 * 7)"] * len(box.health()))
     assert [(r.status, r.stdout) for r in results] == [("ok", "alive 42\n")] * len(results)
