@@ -112,14 +112,23 @@ class Corpus:
             raise CorpusError(f"cannot open corpus {self.path}: {exc}") from exc
 
     def _migrate(self) -> None:
-        self.db.executescript(_DDL)  # idempotent (IF NOT EXISTS)
-        with self._write():
+        """Create the tables once; an existing corpus is only read here (readers never take the write lock)."""
+        if self._version() is None:
+            self.db.executescript(_DDL)  # idempotent (IF NOT EXISTS)
+            with self._write():
+                if self._version() is None:
+                    self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(CORPUS_SCHEMA_VERSION),))
+        version = self._version()
+        if version > CORPUS_SCHEMA_VERSION:
+            raise CorpusError(f"{self.path} has corpus schema {version}, newer than this code "
+                              f"({CORPUS_SCHEMA_VERSION})")
+
+    def _version(self) -> int | None:
+        try:
             row = self.db.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone()
-            if row is None:
-                self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(CORPUS_SCHEMA_VERSION),))
-            elif int(row[0]) > CORPUS_SCHEMA_VERSION:
-                raise CorpusError(f"{self.path} has corpus schema {row[0]}, newer than this code "
-                                  f"({CORPUS_SCHEMA_VERSION})")
+        except sqlite3.OperationalError:  # no meta table yet
+            return None
+        return int(row[0]) if row else None
 
     # ---- transactions -------------------------------------------------------------------------------
     class _Tx:

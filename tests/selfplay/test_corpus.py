@@ -127,3 +127,10 @@ def test_kill_9_during_writes_loses_nothing_committed(tmp_path):
         ids = {t.id for t in c.query()}
         assert ids == {f"t{i:06d}" for i in range(n)}
         assert c.insert(make_task(n)).inserted  # and the store is writable again
+
+
+def test_newer_corpus_schema_is_refused(tmp_path):
+    with Corpus(tmp_path) as c:
+        c.db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
+    with pytest.raises(CorpusError, match="corpus schema 99, newer than this code"):
+        Corpus(tmp_path)
