@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import os
+import signal
+import threading
 
 import pytest
 
 import sandbox
-from sandbox_testlib import open_backend
+import sandbox.pool
+from sandbox_testlib import assert_healthy, open_backend
 
 
 def test_ok_error_and_output(sb):
@@ -148,3 +152,43 @@ def test_closed_sandbox_refuses_work():
     box.close()  # idempotent
     with pytest.raises(sandbox.SandboxError, match="closed"):
         box.run("print(1)")
+
+
+def test_concurrent_callers_share_the_pool(sb):
+    results: dict[int, list] = {}
+
+    def worker(k: int) -> None:
+        results[k] = [sb.run(f"print({k} * {j})").stdout for j in range(4)]
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert results == {k: [f"{k * j}\n" for j in range(4)] for k in range(4)}
+
+
+def test_a_hung_worker_is_replaced_and_reported_as_our_fault(monkeypatch):
+    monkeypatch.setattr(sandbox.pool, "GRACE_S", 0.5)
+    box = open_backend("process", workers=1)
+    try:
+        pid = box.health()[0]["info"]["pid"]
+        os.kill(pid, signal.SIGSTOP)  # the worker stops answering (a bug of ours, or the machine)
+        r = box.run("print(1)", timeout_s=0.2)
+        assert r.status == "sandbox_error" and r.meta["worker_restarted"]
+        assert box.run("print(2)").stdout == "2\n"
+        assert box.health()[0]["restarts"] == 1
+    finally:
+        box.close()
+
+
+def test_run_many_over_many_workers_survives_a_killed_worker():
+    box = open_backend("process", workers=3, isolate_user=False)
+    try:
+        sources = ["print('a')", "import os\nos.kill(os.getppid(), 9)", "print('c')", "print('d')"] * 2
+        results = box.run_many(sources)
+        assert [r.status for r in results] == ["ok", "killed", "ok", "ok"] * 2
+        assert [r.stdout for r in results if r.ok] == ["a\n", "c\n", "d\n"] * 2
+        assert_healthy(box)
+    finally:
+        box.close()
