@@ -19,7 +19,8 @@ Each container:
   replace the socket or drop files into the host folder. (Without root on the host it stays writable: noted in
   meta["socket_dir_locked"] = False.)
 
-Containers are recycled after `max_programs` programs, and at any sign of damage: a broken connection (the pool
+Containers are recycled after `max_programs` programs (the replacement is started in the background half-way,
+so the switch rarely waits), and at any sign of damage: a broken connection (the pool
 restarts the worker), an idle connection that became readable (the server died, e.g. `docker kill`), or a failed
 ping after a program that ended abnormally. Containers carry labels with the owning process id; closing the
 pool, exiting the interpreter, or opening a new pool after a crash removes them.
@@ -78,10 +79,13 @@ class DockerLauncher:
         self.programs = 0  # programs served by the current container (recycling)
         self.started = 0  # containers started so far (tests and stats)
         self._ready: tuple | None = None  # (container, dir, socket path) started ahead by prestart()
+        self._pending: threading.Thread | None = None  # a prestart running in the background
+        self._removals: list[threading.Thread] = []  # containers being removed in the background
 
     # -- the WorkerLauncher protocol
     def start(self) -> str:
         self.stop()
+        self._join_pending()
         if self._ready is None:
             self._ready = self._launch()
         self.container, self.dir, path = self._ready
@@ -101,24 +105,45 @@ class DockerLauncher:
         return self.container.status == "running"
 
     def stop(self) -> None:
-        """Remove the current container and its socket folder (a container started ahead is kept)."""
-        _remove(self.container)
-        if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        """Remove the current container and its socket folder, in the background (`docker rm -f` takes a few
+        hundred ms; discard() waits for it). A container started ahead is kept."""
+        if self.container is not None or self.dir is not None:
+            removal = threading.Thread(target=_remove, args=(self.container, self.dir), daemon=True)
+            removal.start()
+            self._removals = [t for t in self._removals if t.is_alive()] + [removal]
         self.container = self.dir = None
 
     def discard(self) -> None:
         """stop(), and also remove a container started ahead and never used."""
         self.stop()
+        self._join_pending()
         if self._ready is not None:
-            _remove(self._ready[0])
-            shutil.rmtree(self._ready[1], ignore_errors=True)
+            _remove(*self._ready[:2])
             self._ready = None
+        while self._removals:
+            self._removals.pop().join()
 
     def prestart(self) -> None:
-        """Start the container now (open_docker_backend starts all of them in parallel)."""
+        """Start the next container now (open_docker_backend starts all of them in parallel)."""
         if self._ready is None:
             self._ready = self._launch()
+
+    def prestart_in_background(self) -> None:
+        """Start the next container while the current one still serves (recycling then costs no wait)."""
+        if self._ready is None and self._pending is None:
+            self._pending = threading.Thread(target=self._prestart_quietly, daemon=True)
+            self._pending.start()
+
+    def _prestart_quietly(self) -> None:
+        try:
+            self.prestart()
+        except SandboxUnavailable:
+            pass  # start() will try again in the foreground and report the error
+
+    def _join_pending(self) -> None:
+        if self._pending is not None:
+            self._pending.join()
+            self._pending = None
 
     # -- starting one container
     def _launch(self) -> tuple:
@@ -151,8 +176,7 @@ class DockerLauncher:
         while not os.path.exists(path):
             if time.monotonic() > deadline or not _running(container):
                 logs = _logs(container)
-                _remove(container)
-                shutil.rmtree(folder, ignore_errors=True)
+                _remove(container, folder)
                 raise SandboxUnavailable(f"the fork server did not start in a container of {self.image!r} "
                                          f"({logs}); rebuild the image with `selfplay sandbox build-image --force`")
             time.sleep(0.005)
@@ -198,6 +222,8 @@ class DockerPool(Pool):
         w.launcher.programs += 1
         if self.max_programs and w.launcher.programs >= self.max_programs:
             self._recycle(w, "max_programs")
+        elif self.max_programs and w.launcher.programs >= self.max_programs // 2:
+            w.launcher.prestart_in_background()  # the replacement warms up during the second half
         elif resp.get("status") not in ("ok", "error") and not _ping(w):
             self._recycle(w, "failed_ping")
         return resp
@@ -293,13 +319,15 @@ def _running(container) -> bool:
         return False
 
 
-def _remove(container) -> None:
-    if container is None:
-        return
-    try:
-        container.remove(force=True)
-    except Exception:  # noqa: BLE001 - already gone
-        pass
+def _remove(container, folder: str | None = None) -> None:
+    """Remove a container (and the host folder it had mounted), whatever state they are in."""
+    if container is not None:
+        try:
+            container.remove(force=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _logs(container) -> str:
