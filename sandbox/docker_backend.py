@@ -19,11 +19,16 @@ Each container:
   replace the socket or drop files into the host folder. (Without root on the host it stays writable: noted in
   meta["socket_dir_locked"] = False.)
 
-Containers are recycled after `max_programs` programs (the replacement is started in the background half-way,
-so the switch rarely waits), and at any sign of damage: a broken connection (the pool
-restarts the worker), an idle connection that became readable (the server died, e.g. `docker kill`), or a failed
-ping after a program that ended abnormally. Containers carry labels with the owning process id; closing the
-pool, exiting the interpreter, or opening a new pool after a crash removes them.
+Containers are recycled after `max_programs` programs (the replacement starts in the background half-way, so
+the switch rarely waits), and at any sign of damage: a broken connection (the pool restarts the worker), an idle
+connection that became readable (the server died, e.g. `docker kill`), or a failed ping after a program that
+ended abnormally. Containers carry a label with the owning process id; closing the pool, exiting the
+interpreter, or opening a new pool after a crash removes them.
+
+Children run under the server's uid (meta["user_isolated"] = False): the container, not a uid switch, is the
+boundary here, and the server is protected by being pid 1 of the container (signals it does not handle are
+dropped) and non-dumpable. Needs a local engine on Linux: the socket folder and forkserver.py are host paths the
+engine bind-mounts (a remote DOCKER_HOST or a VM-based Docker Desktop cannot share a unix socket this way).
 
 Open through `sandbox.open_sandbox(backend="docker", image=..., ...)`; options are those of open_docker_backend.
 """
