@@ -44,8 +44,17 @@ def _load(module_name: str):
         raise
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """Bad arguments give one stderr line naming the problem and exit 2 (no usage block). Sub-command parsers
+    (and theirs) are made from this class too, since argparse builds subparsers with the parent's class."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="selfplay", description=__doc__.split("\n")[0])
+    parser = OneLineErrorParser(prog="selfplay", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, help_text) in COMMANDS.items():
         module = _load(module_name)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from selfplay.commands.tasks import add_filters, filters_of, one_line_errors, open_existing
+from selfplay.commands.tasks import add_filters, filters_of, open_existing
 from selfplay.errors import UserError
 
 
@@ -23,7 +23,6 @@ def _fraction(text: str) -> float:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
     parser.add_argument("run_dir", metavar="RUN_DIR", help="run folder holding corpus.sqlite")
     parser.add_argument("--out", required=True, help="output file: .jsonl or .parquet")
     add_filters(parser)

@@ -12,12 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from selfplay.commands.tasks import one_line_errors, open_for_writing, open_sandbox_from
+from selfplay.commands.tasks import open_for_writing, open_sandbox_from
 from selfplay.errors import UserError
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
     parser.add_argument("file", metavar="FILE", help="dataset file (.jsonl or .parquet) written by selfplay export")
     parser.add_argument("--out", required=True, help="run folder (corpus.sqlite is created or appended to)")
     parser.add_argument("--mark-import", action="store_true", help='set every imported task\'s source to "import"')

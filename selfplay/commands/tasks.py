@@ -20,17 +20,6 @@ SPLIT_NAMES = ("train", "heldout_types", "heldout_compositions", "deeper", "nois
 SOURCES = ("procedural", "generator", "import")
 
 
-def one_line_errors(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Make argparse report bad arguments as a single stderr line (no usage block), exit status 2."""
-
-    def error(message: str):
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-    parser.error = error
-    return parser
-
-
 def positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -55,9 +44,8 @@ def add_filters(p: argparse.ArgumentParser) -> None:
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    one_line_errors(parser)
     sub = parser.add_subparsers(dest="tasks_command", metavar="ACTION")
-    g = one_line_errors(sub.add_parser("generate", help="generate valid procedural tasks into RUN_DIR/corpus.sqlite"))
+    g = sub.add_parser("generate", help="generate valid procedural tasks into RUN_DIR/corpus.sqlite")
     g.add_argument("--n", type=positive_int, required=True, help="number of valid tasks to add")
     g.add_argument("--level", type=level_arg, help="curriculum level 1..4 (default: a mix of the split's levels)")
     g.add_argument("--split", choices=SPLIT_NAMES, default="train", help="train or a held-out split")
@@ -66,7 +54,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--config", help="config YAML for the tasks/sandbox sections (default configs/tiny.yaml)")
     g.add_argument("--batch-size", type=positive_int, default=64, help="tasks validated per sandbox batch")
     g.add_argument("overrides", nargs="*", help="config overrides key=value (e.g. sandbox.workers=2)")
-    s = one_line_errors(sub.add_parser("sample", help="print tasks from a corpus"))
+    s = sub.add_parser("sample", help="print tasks from a corpus")
     s.add_argument("run_dir", metavar="RUN_DIR", help="run folder holding corpus.sqlite")
     s.add_argument("--n", type=positive_int, default=3, help="how many tasks to print")
     s.add_argument("--seed", type=int, default=0, help="which pseudo-random sample")

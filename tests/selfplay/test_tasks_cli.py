@@ -27,6 +27,8 @@ def selfplay(*args, cwd=None):
     (["export", "{tmp}", "--out", "{tmp}/a.csv"], "unknown format '.csv'"),
     (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--max-difficulty", "2"], "2.0 is not in [0, 1]"),
     (["import", "{tmp}/none.jsonl", "--out", "{tmp}/r"], "no such file"),
+    (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--bogus"], "unrecognized arguments: --bogus"),
+    (["tasks", "shuffle"], "invalid choice: 'shuffle'"),
 ])
 def test_bad_arguments_get_one_line_errors(tmp_path, args, message):
     result = selfplay(*[a.format(tmp=tmp_path) for a in args])
