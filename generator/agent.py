@@ -73,7 +73,7 @@ def _example_lines(task: Task, n: int) -> list[str]:
     return out
 
 
-def format_proposal(task: Task, max_inputs: int = 8) -> str:
+def format_proposal(task: Task, max_inputs: int = 6) -> str:
     """A task written as the generator would propose it (the target text of the generator's warm start)."""
     inputs = [t["input"] for t in task.tests][:max_inputs]
     lines = [f"DESCRIPTION: {' '.join(task.description.split())}", f"SIGNATURE: {task.signature}", "CODE:",
@@ -83,14 +83,14 @@ def format_proposal(task: Task, max_inputs: int = 8) -> str:
     return "\n".join(lines) + "\n"
 
 
-def build_prompt(references: Sequence[Task], instruction: str, n_examples: int = 2) -> str:
+def build_prompt(references: Sequence[Task], instruction: str, n_examples: int = 1) -> str:
     """The generator's prompt: K reference tasks with code and examples, then the instruction."""
     if instruction not in INSTRUCTIONS:
         raise ValueError(f"unknown instruction {instruction!r}; one of {', '.join(INSTRUCTIONS)}")
     parts = ["You write programming tasks with a reference solution and test inputs.", ""]
     for i, task in enumerate(references, 1):
         parts.append(f"Reference task {i}:")
-        parts.append(format_proposal(task, max_inputs=3).rstrip("\n"))
+        parts.append(format_proposal(task, max_inputs=2).rstrip("\n"))
         parts += [f"# {line}" for line in _example_lines(task, n_examples)]
         parts.append("")
     parts.append(f"Instruction: {INSTRUCTIONS[instruction]}")

@@ -39,7 +39,7 @@ def make_task(name="solve", description="Sort the list.", code=None, inputs=None
 
 @settings(max_examples=60)
 @given(name=names, description=st.text(min_size=1, max_size=80).filter(lambda s: s.split()),
-       inputs=st.lists(st.lists(json_values, max_size=3), min_size=1, max_size=8),
+       inputs=st.lists(st.lists(json_values, max_size=3), min_size=1, max_size=6),
        constant=st.integers(-100, 100))
 def test_format_then_parse_round_trips(name, description, inputs, constant):
     code = f"def helper(x):\n    return x + {constant}\n\n\ndef {name}(xs):\n    # a comment\n    return xs\n"
