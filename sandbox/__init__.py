@@ -42,10 +42,12 @@ Isolation model of the process backend (details in sandbox/forkserver.py)
       size, open files, no core), a private working directory (also HOME and TMPDIR) removed afterwards, a
       scrubbed environment, stdin from /dev/null, capped stdout/stderr; after the program ends or times out the
       whole group gets SIGKILL and every escaped descendant (re-parented to the worker, a child subreaper) too;
-    - as root (the usual case in containers and CI): children run under a per-worker unprivileged uid
-      (61000 + worker index), so they cannot signal the worker, read other processes' environment, write
-      host files, or exceed the process limit together; each worker also has private tmpfs mounts over /tmp,
-      /var/tmp and /dev/shm, wiped after every program;
+    - as root (the usual case in containers and CI): children run under an unprivileged uid of their own
+      per worker, so they cannot signal the worker, read other processes' environment, read files that are
+      not world-readable (/etc/shadow, a home directory), write host files, or exceed the process limit
+      together; each worker also has private tmpfs mounts over /tmp, /var/tmp and /dev/shm, wiped after every
+      program, and hides closed directories that hold the Python installation (e.g. /root around a pyenv)
+      behind an empty tmpfs with only the installation mounted back;
     - no network: each worker enters a new network namespace at start (as root, or through an unprivileged
       user namespace). Fallback: where neither is allowed, programs run with the host network and every
       result says meta["network_isolated"] = False; use the docker backend there when that matters. Likewise

@@ -35,10 +35,13 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
 - own session and process group (setsid); at the end the group gets SIGKILL, and since the server is a child
   subreaper, descendants that left the group are re-parented to it and killed too;
 - rlimits: RLIMIT_AS (memory_mb), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0;
-- when the server runs as root: the child switches to an unprivileged uid of its own (--uid), so RLIMIT_NPROC
-  counts only this worker's processes, the child cannot signal the server, read other processes' environment
-  or write host files; if the Python installation is not readable by other users (e.g. under /root), the
-  child keeps CAP_DAC_READ_SEARCH only (it may read, never write, host files) with no_new_privs set;
+- when the server runs as root: the child switches to an unprivileged uid of its own (--uid auto), so
+  RLIMIT_NPROC counts only this worker's processes, and the child cannot signal the server, read other
+  processes' environment, or read/write files that are not world-readable/writable; if the Python
+  installation sits in a closed directory (a pyenv under /root), that directory is replaced, in the server's
+  mount namespace, by an empty tmpfs into which only the installation is bind-mounted back; only where that
+  fails does the child keep CAP_DAC_READ_SEARCH (meta "read_all_files": true: it may read, never write, any
+  file); no_new_privs is always set;
 - a private temporary working directory (cwd, HOME, TMPDIR), removed after the request; as root the server
   also mounts private tmpfs over /tmp, /var/tmp and /dev/shm in its own mount namespace (size-capped, wiped
   after every request, invisible to the host);
@@ -102,7 +105,7 @@ TEST_STATUSES = ("ok", "error", "memory", "unserializable", "output_limit")  # w
 
 _libc = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
-MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV = 16384, 1 << 18, 2, 4
+MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 CAP_DAC_READ_SEARCH = 2
 
@@ -174,19 +177,59 @@ def private_tmp(size_mb: int) -> bool:
     return ok
 
 
-def _world_traversable(path: str) -> bool:
-    """True when a user other than the owner may read everything on the way to `path`."""
-    path = os.path.realpath(path)
-    parts = path.split(os.sep)
+def _blocking_ancestor(path: str) -> str | None:
+    """The first directory on the way to `path` that other users may not enter or read (None: all open)."""
+    parts = os.path.realpath(path).split(os.sep)
     for i in range(2, len(parts) + 1):
-        p = os.sep.join(parts[:i]) or os.sep
+        p = os.sep.join(parts[:i])
         try:
             mode = os.stat(p).st_mode
         except OSError:
+            return None
+        if not (mode & stat.S_IXOTH and mode & stat.S_IROTH):
+            return p
+    return None
+
+
+def python_paths() -> list[str]:
+    """Directories a child needs to read to import modules (the installation, sys.path)."""
+    paths = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, *sys.path) if p}
+    paths = sorted(p for p in paths if os.path.isdir(p))
+    return [p for p in paths if not any(p.startswith(q + os.sep) for q in paths if q != p)]
+
+
+def expose_python(paths: list[str]) -> bool:
+    """Let an unprivileged child read the Python installation when it sits in a closed directory (e.g. a pyenv
+    under /root, mode 700): mount an empty tmpfs over the closed directory, hiding everything else in it, and
+    bind-mount the needed paths back in. Root only, inside our private mount namespace. True when nothing is
+    left blocked."""
+    blocked: dict[str, list[str]] = {}
+    for p in paths:
+        anc = _blocking_ancestor(p)
+        if anc is not None:
+            blocked.setdefault(anc, []).append(p)
+    if not blocked:
+        return True
+    stage = tempfile.mkdtemp(prefix="sandbox-stage-")
+    for k, (anc, needed) in enumerate(sorted(blocked.items())):
+        if any(anc.startswith(other + os.sep) for other in blocked):
+            return False  # nested closed directories: keep it simple and let the caller fall back
+        staged = []
+        for j, p in enumerate(needed):
+            tmp = os.path.join(stage, f"{k}-{j}")
+            os.mkdir(tmp)
+            if _libc.mount(p.encode(), tmp.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return False
+            staged.append((p, tmp))
+        if _libc.mount(b"tmpfs", anc.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") != 0:
             return False
-        if not mode & stat.S_IXOTH or not mode & stat.S_IROTH:
-            return False
-    return True
+        for p, tmp in staged:
+            os.makedirs(p, mode=0o755, exist_ok=True)
+            if _libc.mount(tmp.encode(), p.encode(), None, MS_BIND | MS_REC, None) != 0:
+                return False
+            _libc.umount2(tmp.encode(), MNT_DETACH)
+    shutil.rmtree(stage, ignore_errors=True)
+    return all(_blocking_ancestor(p) is None for p in paths)
 
 
 def _count_user_processes(uid: int) -> int:
@@ -452,12 +495,16 @@ class Server:
         uid = None
         if args.uid is not None and os.geteuid() == 0:
             uid = UID_AUTO_BASE + os.getpid() if args.uid == "auto" else int(args.uid)
-        prefix_paths = [sys.prefix, os.path.dirname(os.__file__)]
-        read_cap = uid is not None and not all(_world_traversable(p) for p in prefix_paths)
+        read_cap = False
+        if uid is not None:
+            needed = python_paths()
+            if any(_blocking_ancestor(p) for p in needed):
+                read_cap = not (self.private_tmp and expose_python(needed))
         nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
                     "nofile": args.nofile, "cap_args": _read_cap_args()}
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
+                     "read_all_files": read_cap,
                      "private_tmp": self.private_tmp, "server_pid": os.getpid()}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"

@@ -336,3 +336,26 @@ def test_forkserver_file_is_untouched(sb):
     r = sb.run(f"open({str(path)!r}, 'a').write('# owned')\n")
     assert r.status == "error", r
     assert hashlib.sha256(path.read_bytes()).hexdigest() == before
+
+
+def test_closed_host_files_are_unreadable(sb):
+    secret = "file-secret-" + secrets.token_hex(8)
+    host_dir = Path(tempfile.mkdtemp(dir=Path.home()))
+    victim = host_dir / "credentials"
+    victim.write_text(secret)
+    victim.chmod(0o600)
+    try:
+        r = run(sb, f"""
+            leaked = []
+            for path in [{str(victim)!r}, "/etc/shadow", "/root/.bash_history"]:
+                try:
+                    leaked.append(open(path).read()[:200])
+                except OSError:
+                    pass
+            print(leaked)
+        """)
+        assert r.status == "ok", r
+        assert secret not in r.stdout and r.stdout == "[]\n"
+    finally:
+        victim.unlink()
+        host_dir.rmdir()
