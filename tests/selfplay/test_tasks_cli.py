@@ -35,7 +35,7 @@ def test_bad_arguments_get_one_line_errors(tmp_path, args, message):
     assert result.returncode != 0
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("selfplay ") and message in lines[0]
+    assert lines[0].startswith("selfplay") and message in lines[0]
     assert not (tmp_path / "r").exists()  # nothing created on bad input
 
 
