@@ -51,6 +51,9 @@ class SplitConfig:
     @classmethod
     def from_config(cls, tasks_cfg) -> "SplitConfig":
         """From the `tasks:` section of selfplay's config (any object with these attributes)."""
+        for name in getattr(tasks_cfg, "heldout_splits", ()):
+            if name not in SPLITS[1:]:
+                raise SplitError(f"held-out split {name!r} is not one of {', '.join(SPLITS[1:])}")
         return cls(tuple(tasks_cfg.heldout_types), tuple(tasks_cfg.heldout_pairs), int(tasks_cfg.train_max_depth))
 
     @property

@@ -88,3 +88,12 @@ def test_bad_split_config_is_refused(kwargs, message):
 def test_unknown_split_is_refused():
     with pytest.raises(SplitError, match="unknown split 'test'"):
         sample_params(random.Random(0), 1, "test")
+
+
+def test_split_config_from_the_selfplay_config():
+    from selfplay.config import load_config
+    cfg = load_config(None, ["tasks.heldout_types=[str]", "tasks.train_max_depth=3"])
+    splits = SplitConfig.from_config(cfg.tasks)
+    assert splits.heldout_types == ("str",) and splits.train_max_depth == 3
+    with pytest.raises(SplitError, match="held-out split 'easy'"):
+        SplitConfig.from_config(load_config(None, ["tasks.heldout_splits=[easy]"]).tasks)
