@@ -197,7 +197,9 @@ class DockerPool(Pool):
 
     def __init__(self, launchers: list[DockerLauncher], max_programs: int):
         self.max_programs = max_programs
-        self.recycled = {"max_programs": 0, "dead_idle": 0, "failed_ping": 0}  # why containers were replaced
+        # why containers were replaced: program count, found dead while idle, no answer to a ping after an
+        # abnormal end, connection broken during a program (the pool's own restart)
+        self.recycled = {"max_programs": 0, "dead_idle": 0, "failed_ping": 0, "broken": 0}
         with ThreadPoolExecutor(max_workers=min(8, len(launchers))) as ex:  # start containers in parallel
             errors = [f.exception() for f in [ex.submit(launcher.prestart) for launcher in launchers]]
         try:
@@ -231,6 +233,12 @@ class DockerPool(Pool):
             w.launcher.prestart_in_background()  # the replacement warms up during the second half
         elif resp.get("status") not in ("ok", "error") and not _ping(w):
             self._recycle(w, "failed_ping")
+        return resp
+
+    def _broken(self, w: Worker, req: dict, exc: BaseException, hung: bool) -> dict:
+        self.recycled["broken"] += 1
+        resp = super()._broken(w, req, exc, hung)
+        resp["meta"].update(w.launcher.meta)  # container facts (network_isolated) over the server's hello
         return resp
 
     def _recycle(self, w: Worker, why: str) -> None:

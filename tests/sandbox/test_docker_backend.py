@@ -135,6 +135,19 @@ def test_recovers_after_container_killed_from_outside(client):
 
 
 @pytest.mark.docker
+def test_container_killed_during_a_program_gives_killed_and_a_new_container(client):
+    import threading
+
+    with sandbox.open_sandbox(backend="docker", workers=1, cache=False) as box:
+        victim = box.run(PROBE).meta["container"]
+        threading.Timer(0.5, client.containers.get(victim).kill).start()
+        r = box.run("import time\ntime.sleep(5)")
+        assert r.status == "killed" and r.meta["network_isolated"] is True and r.meta["container"] != victim
+        assert box._pool.recycled["broken"] == 1
+        assert box.run("print(3)").stdout == "3\n"
+
+
+@pytest.mark.docker
 def test_program_killing_its_server_gets_status_and_pool_recovers():
     with sandbox.open_sandbox(backend="docker", workers=1, cache=False) as box:
         r = box.run("import os, signal\nos.kill(1, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n"
