@@ -252,11 +252,11 @@ class _CapData(ctypes.Structure):
     _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
 
-def _read_cap_args() -> tuple:
-    """capset() arguments that keep CAP_DAC_READ_SEARCH only (built once in the server, used in children)."""
+def _cap_args(keep_read: bool) -> tuple:
+    """capset() arguments that keep CAP_DAC_READ_SEARCH only, or nothing (built once in the server)."""
     header = _CapHeader(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3
     data = (_CapData * 2)()
-    data[0].effective = data[0].permitted = 1 << CAP_DAC_READ_SEARCH
+    data[0].effective = data[0].permitted = (1 << CAP_DAC_READ_SEARCH) if keep_read else 0
     return ctypes.byref(header), data, header
 
 
@@ -309,9 +309,10 @@ def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res
         os.setgroups([])
         os.setgid(cfg["uid"])
         os.setuid(cfg["uid"])
-        if cfg["read_cap"]:
-            if _libc.capset(cfg["cap_args"][0], cfg["cap_args"][1]) != 0:
-                raise OSError(ctypes.get_errno(), "capset failed")
+        if cfg["read_cap"] and _libc.capset(cfg["cap_args"][0], cfg["cap_args"][1]) != 0:
+            raise OSError(ctypes.get_errno(), "capset failed")
+    elif os.geteuid() == 0 and _libc.capset(cfg["cap_args"][0], cfg["cap_args"][1]) != 0:  # root, no uid:
+        raise OSError(ctypes.get_errno(), "capset failed")  # at least no capabilities (no mount, setns, ...)
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the rest was scrubbed in the server
     tempfile.tempdir = None
@@ -502,7 +503,7 @@ class Server:
                 read_cap = not (self.private_tmp and expose_python(needed))
         nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
-                    "nofile": args.nofile, "cap_args": _read_cap_args()}
+                    "nofile": args.nofile, "cap_args": _cap_args(read_cap)}
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
                      "read_all_files": read_cap,
                      "private_tmp": self.private_tmp, "server_pid": os.getpid()}
