@@ -40,15 +40,15 @@ def test_memory_bomb(sb):
         blocks = []
         while True:
             blocks.append(bytearray(10 ** 7))
-    """)
+    """, timeout_s=10)  # ends at the memory limit long before; the margin is for a loaded machine
     assert r.status == "memory", r
     assert_healthy(sb)
 
 
 def test_memory_limit_is_per_call(sb):
     src = "x = bytearray(200 * 1024 * 1024); print(len(x))"
-    assert sb.run(src, memory_mb=128).status == "memory"
-    assert sb.run(src, memory_mb=512).status == "ok"
+    assert sb.run(src, memory_mb=128, timeout_s=10).status == "memory"
+    assert sb.run(src, memory_mb=512, timeout_s=10).status == "ok"
 
 
 def test_infinite_loop(sb):
