@@ -219,9 +219,14 @@ class DockerPool(Pool):
 
     def _acquire(self, n: int) -> list[Worker]:
         workers = super()._acquire(n)
-        for w in workers:
-            if _readable(w.sock):  # an idle server never writes: EOF (it died) or garbage; replace it
-                self._recycle(w, "dead_idle")
+        try:
+            for w in workers:
+                if _readable(w.sock):  # an idle server never writes: EOF (it died) or garbage; replace it
+                    self._recycle(w, "dead_idle")
+        except BaseException:
+            for w in workers:  # back to the pool, or the next call would wait for them forever
+                self.idle.put(w)
+            raise
         return workers
 
     def _stamp(self, w: Worker, resp: dict) -> dict:

@@ -148,6 +148,28 @@ def test_container_killed_during_a_program_gives_killed_and_a_new_container(clie
 
 
 @pytest.mark.docker
+def test_replacement_impossible_is_an_error_then_the_pool_recovers(client):
+    """The image vanishes and the container dies: a one-line SandboxUnavailable, no hang; image back, runs again."""
+    from sandbox.image import DEFAULT_IMAGE
+
+    tag = "selfplay-sandbox-test:vanishing"
+    client.images.get(DEFAULT_IMAGE).tag(tag)
+    try:
+        with sandbox.open_sandbox(backend="docker", image=tag, workers=1, cache=False) as box:
+            victim = box.run(PROBE).meta["container"]
+            client.images.remove(tag)  # untags only: the image stays for DEFAULT_IMAGE
+            client.containers.get(victim).kill()
+            with pytest.raises(sandbox.SandboxUnavailable) as info:
+                box.run(PROBE)
+            assert "\n" not in str(info.value) and "selfplay sandbox build-image" in str(info.value)
+            client.images.get(DEFAULT_IMAGE).tag(tag)
+            assert box.run("print(4)").stdout == "4\n"
+    finally:
+        if tag in {t for image in client.images.list() for t in image.tags}:
+            client.images.remove(tag)
+
+
+@pytest.mark.docker
 def test_program_killing_its_server_gets_status_and_pool_recovers():
     with sandbox.open_sandbox(backend="docker", workers=1, cache=False) as box:
         r = box.run("import os, signal\nos.kill(1, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n"
