@@ -210,6 +210,8 @@ class Pool:
     def _broken(self, w: Worker, req: dict, exc: BaseException, hung: bool) -> dict:
         """The worker's connection broke or it hung: restart it and blame the program (or us, if hung)."""
         meta = {**w.launcher.meta, **{k: w.info[k] for k in META_KEYS if k in w.info}, "worker_restarted": True}
+        if self._closed:  # closed under our feet: do not start servers nobody will stop
+            return _failure(req, "sandbox_error", "the sandbox was closed during the run", meta)
         try:
             w.restart()
         except SandboxUnavailable as exc2:

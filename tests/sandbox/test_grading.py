@@ -53,7 +53,7 @@ def test_per_test_timeout_and_resume(sb):
             while x == 1:
                 pass
             return x
-    """, [[0], [1], [2]], [0, 1, 2], timeout_s=0.3)
+    """, [[0], [1], [2]], [0, 1, 2], timeout_s=0.5)
     assert [t.status for t in rep.tests] == ["ok", "timeout", "ok"]
     assert [t.passed for t in rep.tests] == [True, False, True]
     assert rep.status == "timeout"

