@@ -330,10 +330,12 @@ def _ratios(s: dict, cache: dict | None) -> dict:
 
 def format_table(report: dict) -> str:
     """The human-readable summary `selfplay bench sandbox` prints."""
-    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "median ms", "ms/program", "total s")]
+    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "median ms", "ms/program", "total s",
+             "startup s")]
     for name, s in report["runners"].items():
         rows.append((name, str(s["workers"]), str(s["n"]), _pct(s["agree_canonical"]), _pct(s["agree_wrong"]),
-                     _num(s["median_ms"]), _num(s["per_program_ms"]), _num(s["total_s"])))
+                     _num(s["median_ms"]), _num(s["per_program_ms"]), _num(s["total_s"]),
+                     _num(s["startup_s"]) if s["startup_s"] else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
