@@ -306,13 +306,15 @@ def open_docker_backend(workers: int, limits: Limits, *, image: str = DEFAULT_IM
 
 
 def remove_stale_containers(client) -> int:
-    """Remove sandbox containers whose owning process is gone (left by a crash). Returns how many."""
+    """Remove sandbox containers whose owning process is gone (left by a crash), and their socket folders.
+    Returns how many."""
     removed = 0
     for container in client.containers.list(all=True, filters={"label": LABEL}):
         owner = int(container.labels.get(LABEL, "0") or 0)
         if owner == os.getpid() or _pid_alive(owner):
             continue  # ours, or another live process's
-        _remove(container)
+        folders = [m["Source"] for m in container.attrs.get("Mounts", []) if m.get("Destination") == SOCKET_DIR]
+        _remove(container, *[f for f in folders if os.path.basename(f).startswith("sandbox-docker-")][:1])
         removed += 1
     return removed
 

@@ -190,6 +190,24 @@ def test_no_container_left_after_close(client):
 
 
 @pytest.mark.docker
+def test_containers_of_a_crashed_process_are_removed_by_the_next_pool(client):
+    import subprocess
+    import sys
+
+    crash = "import os, sandbox\nsb = sandbox.open_sandbox(backend='docker', workers=1)\nsb.run('pass')\nos._exit(0)"
+    subprocess.run([sys.executable, "-c", crash], check=True, timeout=120)
+    orphans = client.containers.list(all=True, filters={"label": LABEL})
+    orphans = [c for c in orphans if c.labels[LABEL] != str(os.getpid())]
+    assert orphans  # os._exit skipped every clean-up
+    folders = [m["Source"] for c in orphans for m in c.attrs["Mounts"] if m["Destination"] == "/run/sandbox"]
+    assert folders and all(os.path.isdir(f) for f in folders)
+    with sandbox.open_sandbox(backend="docker", workers=1, cache=False):
+        left = {c.id for c in client.containers.list(all=True, filters={"label": LABEL})}
+        assert not left & {c.id for c in orphans}
+        assert not any(os.path.exists(f) for f in folders)
+
+
+@pytest.mark.docker
 def test_missing_image_is_a_one_line_error():
     with pytest.raises(sandbox.SandboxUnavailable) as info:
         sandbox.open_sandbox(backend="docker", image="selfplay-no-such-image:none")
