@@ -67,11 +67,10 @@ BOOT = ("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(%d, 0, 0, 0, 0); sys
 class DockerLauncher:
     """Starts one fork server in a fresh container (the pool's WorkerLauncher protocol)."""
 
-    def __init__(self, index: int, *, image: str, limits: Limits, cpus: float, container_memory_mb: int,
-                 pids_limit: int, tmpfs_mb: int):
+    def __init__(self, index: int, *, image: str, cpus: float, container_memory_mb: int, pids_limit: int,
+                 tmpfs_mb: int):
         self.index = index
         self.image = image
-        self.limits = limits
         self.cpus = cpus
         self.container_memory_mb = container_memory_mb
         self.pids_limit = pids_limit
@@ -82,7 +81,6 @@ class DockerLauncher:
         self.container = None
         self.dir: str | None = None
         self.programs = 0  # programs served by the current container (recycling)
-        self.started = 0  # containers started so far (tests and stats)
         self._ready: tuple | None = None  # (container, dir, socket path) started ahead by prestart()
         self._pending: threading.Thread | None = None  # a prestart running in the background
         self._removals: list[threading.Thread] = []  # containers being removed in the background
@@ -188,7 +186,6 @@ class DockerLauncher:
         if as_root:  # lock the folder: programs (same uid as the server) can no longer touch the socket
             os.chown(folder, 0, 0)
             os.chmod(folder, 0o755)
-        self.started += 1
         return container, folder, path
 
 
@@ -298,7 +295,7 @@ def open_docker_backend(workers: int, limits: Limits, *, image: str = DEFAULT_IM
         raise SandboxUnavailable(f"Docker image {image!r} not found: build it with "
                                  f"`selfplay sandbox build-image{hint}`")
     remove_stale_containers(client)
-    launchers = [DockerLauncher(i, image=image, limits=limits, cpus=float(cpus), container_memory_mb=memory,
+    launchers = [DockerLauncher(i, image=image, cpus=float(cpus), container_memory_mb=memory,
                                 pids_limit=pids_limit, tmpfs_mb=tmpfs_mb) for i in range(workers)]
     pool = DockerPool(launchers, max_programs)
     _OPEN_POOLS.add(pool)
