@@ -19,7 +19,8 @@ single connection and exits when it closes, so a client that dies leaves no serv
     {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "network_isolated": bool,
                          "user_isolated": bool, "private_tmp": bool, "python": "3.11.7"}
     {"op": "ping"}   -> {"ok": true}
-    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...]}  (leftovers; tests use it)
+    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null}
+                        (leftovers of past programs, and the pre-forked child waiting for the next job)
     {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
     {"op": "tests", "source": str, "entry_point": str, "inputs": [[arg, ...], ...],
@@ -90,6 +91,7 @@ EXIT_MEMORY = 113                       # harness exit code: the program raised 
 EXIT_HARNESS = 114                      # harness exit code: our own code failed before the program ran
 ACCEPT_TIMEOUT_S = 120                  # a server nobody connects to exits after this
 RESULT_FD = 3                           # the result pipe's descriptor in a grading child
+JOB_FD = 4                              # where a (pre-forked) child reads its job
 PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
     "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
     "functools hashlib heapq io itertools json math numbers operator random re statistics string "
@@ -127,11 +129,15 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-def recv_frame(sock: socket.socket) -> dict:
+def recv_frame_bytes(sock: socket.socket) -> bytes:
     (n,) = struct.unpack(">I", recv_exact(sock, 4))
     if n > MAX_FRAME:
         raise ValueError(f"frame of {n} bytes exceeds {MAX_FRAME}")
-    obj = json.loads(recv_exact(sock, n))
+    return recv_exact(sock, n)
+
+
+def recv_frame(sock: socket.socket) -> dict:
+    obj = json.loads(recv_frame_bytes(sock))
     if not isinstance(obj, dict):
         raise ValueError("frame is not a JSON object")
     return obj
@@ -277,25 +283,27 @@ def install_stdio() -> None:
 
 
 # ---------------------------------------------------------------------------------------- the child
-def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res_w: int | None) -> None:
-    """Runs in the forked child before the program: isolation and limits. Never returns on failure."""
+def cpu_budget_s(req: dict) -> float:
+    """Seconds of CPU a request may use in total (module load plus every test)."""
+    total = float(req["timeout_s"])
+    if req.get("op") == "tests":
+        total += len(req["inputs"]) * float(req.get("test_timeout_s") or req["timeout_s"])
+    return total
+
+
+def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, job_r: int) -> None:
+    """Runs in the forked child before it knows its job: isolation and fixed limits."""
     os.setsid()
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if the program kills the server, it dies too
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
-    keep = 2
-    if res_w is not None:
-        os.dup2(res_w, RESULT_FD)
-        keep = RESULT_FD
-    os.closerange(keep + 1, 1 << 20)  # the client connection, the listening socket, pipes, pidfds
+    os.dup2(res_w, RESULT_FD)
+    os.dup2(job_r, JOB_FD)
+    os.closerange(JOB_FD + 1, 1 << 20)  # the client connection, the listening socket, other pipes, pidfds
     os.chdir(workdir)
-    budget = float(req["_cpu_budget_s"])
-    memory = int(req["memory_mb"]) * 1024 * 1024
-    limits = [
-        (resource.RLIMIT_AS, memory),
-        (resource.RLIMIT_CPU, int(math.ceil(budget)) + 1),
+    limits = [  # address space and CPU come with the job
         (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
         (resource.RLIMIT_NOFILE, cfg["nofile"]),
         (resource.RLIMIT_CORE, 0),
@@ -321,6 +329,36 @@ def _child_setup(cfg: dict, req: dict, workdir: str, out_w: int, err_w: int, res
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__  # see install_stdio()
     sys.argv = ["<program>"]
     sys.setrecursionlimit(1000)
+
+
+def _read_fd(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        data = os.read(fd, min(n, 1 << 20))
+        if not data:
+            raise EOFError
+        chunks.append(data)
+        n -= len(data)
+    return b"".join(chunks)
+
+
+def child_job() -> None:
+    """Wait for the job on JOB_FD (start index + request JSON), apply its limits, run it. Never returns."""
+    try:
+        start, size = struct.unpack(">iI", _read_fd(JOB_FD, 8))
+        req = json.loads(_read_fd(JOB_FD, size))
+    except EOFError:  # the server went away without a job for us
+        os._exit(0)
+    os.close(JOB_FD)
+    memory = int(req["memory_mb"]) * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    cpu = int(math.ceil(cpu_budget_s(req))) + 1
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+    if req["op"] == "run":
+        os.close(RESULT_FD)
+        child_run(req["source"])
+    else:
+        child_tests(req, start)
 
 
 def _flush_and_exit(code: int) -> None:
@@ -481,6 +519,15 @@ def child_tests(req: dict, start: int) -> None:
 
 
 # ------------------------------------------------------------------------------------- the server
+class _Child:
+    """A forked child and the server's ends of its pipes."""
+
+    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w")
+
+    def __init__(self, pid: int, workdir: str, out_r: int, err_r: int, res_r: int, job_w: int):
+        self.pid, self.workdir, self.out_r, self.err_r, self.res_r, self.job_w = pid, workdir, out_r, err_r, res_r, job_w
+
+
 class ProtocolViolation(Exception):
     """The child wrote something on the result pipe that the harness would never write."""
 
@@ -510,6 +557,8 @@ class Server:
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"
         self._spare: str | None = None  # an empty work dir left by the previous program, reused
+        self._ready: _Child | None = None  # the pre-forked child waiting for the next job
+        self.preforking = not args.no_prefork
 
     # -- leftovers
     def _children(self) -> list[int]:
@@ -551,7 +600,7 @@ class Server:
             self._rmtree(workdir)
         for name in os.listdir(self.work_base):  # without a uid of its own the program could write here
             path = os.path.join(self.work_base, name)
-            if path != self._spare:
+            if path != self._spare and not (self._ready and path == self._ready.workdir):
                 self._rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
         if self.private_tmp:
             self._wipe_shared_tmp()
@@ -585,36 +634,60 @@ class Server:
                         pass
 
     # -- one child
-    def _spawn(self, req: dict, workdir: str, start: int | None):
+    def _fork_child(self, workdir: str) -> "_Child":
+        """Fork a child that sets itself up and then waits for its job (see child_job)."""
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        res_r, res_w = os.pipe() if start is not None else (None, None)
+        res_r, res_w = os.pipe()
+        job_r, job_w = os.pipe()
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:  # child: never returns into server code
             try:
-                _child_setup(self.cfg, req, workdir, out_w, err_w, res_w)
+                _child_setup(self.cfg, workdir, out_w, err_w, res_w, job_r)
             except BaseException:  # noqa: BLE001
                 try:
                     traceback.print_exc()
                 finally:
                     os._exit(EXIT_HARNESS)
             try:
-                if start is None:
-                    child_run(req["source"])
-                else:
-                    child_tests(req, start)
+                child_job()
             finally:
                 os._exit(EXIT_ERROR)
-        for fd in (out_w, err_w, res_w):
-            if fd is not None:
-                os.close(fd)
-        return pid, out_r, err_r, res_r
+        for fd in (out_w, err_w, res_w, job_r):
+            os.close(fd)
+        return _Child(pid, workdir, out_r, err_r, res_r, job_w)
 
-    def _collect(self, req: dict, pid: int, out_r: int, err_r: int, res_r: int | None, out: dict,
-                 tests: list | None, start: int) -> dict:
+    def prefork(self) -> None:
+        """Fork the next child ahead of time, while the client is busy: its fork and set-up cost no latency."""
+        if self._ready is None and self.preforking:
+            try:
+                self._ready = self._fork_child(self._workdir())
+            except OSError:
+                self._ready = None
+
+    def _start(self, raw: bytes, start: int, workdir: str | None) -> "_Child":
+        """Hand a job to the pre-forked child (or a new one in `workdir`)."""
+        child = None
+        if workdir is None and self._ready is not None:
+            child, self._ready = self._ready, None
+        if child is None:
+            child = self._fork_child(workdir or self._workdir())
+        data = struct.pack(">iI", start, len(raw)) + raw
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(child.job_w, view):]
+        except OSError:
+            pass  # the child died during set-up: _collect sees how
+        os.close(child.job_w)
+        return child
+
+    def _collect(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
         """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened."""
+        pid, out_r, err_r = child.pid, child.out_r, child.err_r
+        res_r = child.res_r if tests is not None else None
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
         names = {out_r: "stdout", err_r: "stderr", pidfd: "exit"}
@@ -694,9 +767,8 @@ class Server:
                     out[names[fd]] += data
                     if len(out["stdout"]) + len(out["stderr"]) > limit and state["reason"] is None:
                         state["reason"] = "output_limit"
-        for fd in (out_r, err_r, res_r):
-            if fd is not None:
-                os.close(fd)
+        for fd in (out_r, err_r, child.res_r):
+            os.close(fd)
         if res_buf and state["reason"] is None:
             state["violation"] = "trailing bytes on the result pipe"
             state["reason"] = "protocol"
@@ -791,16 +863,14 @@ class Server:
                 "stderr": self._text(out["stderr"], max(0, cap - min(len(out["stdout"]), cap))),
                 "duration_s": time.monotonic() - t0, "meta": meta}
 
-    def handle_run(self, req: dict) -> dict:
+    def handle_run(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
-        req["_cpu_budget_s"] = float(req["timeout_s"])
-        workdir = self._workdir()
         out = {"stdout": bytearray(), "stderr": bytearray()}
+        child = self._start(raw, -1, None)
         try:
-            pid, out_r, err_r, _ = self._spawn(req, workdir, None)
-            state = self._collect(req, pid, out_r, err_r, None, out, None, 0)
+            state = self._collect(req, child, out, None, 0)
         finally:
-            self._clean_tmp(workdir)
+            self._clean_tmp(child.workdir)
         if os.WIFEXITED(state["wstatus"]) and os.WEXITSTATUS(state["wstatus"]) not in (0, EXIT_MEMORY,
                                                                                         EXIT_HARNESS):
             extra = {"exit_code": os.WEXITSTATUS(state["wstatus"])}
@@ -810,18 +880,17 @@ class Server:
             extra = None
         return self._finish(t0, out, self._exit_status(state, out), req, extra)
 
-    def handle_tests(self, req: dict) -> dict:
+    def handle_tests(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
         n = len(req["inputs"])
-        req["_cpu_budget_s"] = float(req["timeout_s"]) + n * float(req.get("test_timeout_s") or req["timeout_s"])
         tests: list = [None] * n
         out = {"stdout": bytearray(), "stderr": bytearray()}
-        workdir = self._workdir()
-        overall, extra, start = "ok", {}, 0
+        overall, extra, start, workdir = "ok", {}, 0, None
         try:
             while start < n or start == 0:
-                pid, out_r, err_r, res_r = self._spawn(req, workdir, start)
-                state = self._collect(req, pid, out_r, err_r, res_r, out, tests, start)
+                child = self._start(raw, start, workdir)
+                workdir = child.workdir  # tests that resume in a new child share the work dir
+                state = self._collect(req, child, out, tests, start)
                 status = self._exit_status(state, out)
                 if state["violation"]:
                     for i in range(start, n):
@@ -847,7 +916,8 @@ class Server:
                     break
                 start = i + 1
         finally:
-            self._clean_tmp(workdir)
+            if workdir is not None:
+                self._clean_tmp(workdir)
         for i in range(n):
             if tests[i] is None:
                 tests[i] = {"status": "not_run", "output": None, "error": None, "duration_s": 0.0, "calls": None}
@@ -867,7 +937,7 @@ class Server:
         return workdir
 
     # -- requests
-    def handle(self, req: dict) -> dict:
+    def handle(self, req: dict, raw: bytes | None = None) -> dict:
         op = req.get("op")
         if op == "hello":
             return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0],
@@ -875,14 +945,18 @@ class Server:
         if op == "ping":
             return {"ok": True}
         if op == "stats":
-            dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) != self._spare]
-            return {"ok": True, "workdirs": len(dirs), "children": self._children()}
+            ours = {self._spare, self._ready and self._ready.workdir}
+            dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) not in ours]
+            kids = [pid for pid in self._children() if not (self._ready and pid == self._ready.pid)]
+            return {"ok": True, "workdirs": len(dirs), "children": kids,
+                    "ready": self._ready.pid if self._ready else None}
         if op in ("run", "tests"):
             error = _validate(req)
             if error:
                 return {"status": "sandbox_error", "stdout": "", "stderr": error, "duration_s": 0.0,
                         "meta": dict(self.meta)}
-            return self.handle_run(req) if op == "run" else self.handle_tests(req)
+            raw = raw if raw is not None else json.dumps(req).encode()
+            return self.handle_run(req, raw) if op == "run" else self.handle_tests(req, raw)
         return {"status": "sandbox_error", "stdout": "", "stderr": f"unknown op {op!r}", "duration_s": 0.0,
                 "meta": dict(self.meta)}
 
@@ -895,10 +969,14 @@ class Server:
             return
         listener.close()
         conn.settimeout(None)
+        self.prefork()
         with conn:
             while True:
                 try:
-                    req = recv_frame(conn)
+                    raw = recv_frame_bytes(conn)
+                    req = json.loads(raw)
+                    if not isinstance(req, dict):
+                        raise ValueError("frame is not a JSON object")
                 except (EOFError, ConnectionError):
                     break
                 except ValueError as exc:
@@ -908,7 +986,7 @@ class Server:
                     send_frame(conn, {"ok": True})
                     return
                 try:
-                    resp = self.handle(req)
+                    resp = self.handle(req, raw)
                 except Exception:  # noqa: BLE001 - our fault: report it, keep serving
                     resp = {"status": "sandbox_error", "stdout": "", "stderr": traceback.format_exc()[-4000:],
                             "duration_s": 0.0, "meta": dict(self.meta)}
@@ -916,6 +994,7 @@ class Server:
                     send_frame(conn, resp)
                 except OSError:
                     break
+                self.prefork()
 
 
 def _validate(req: dict) -> str | None:
@@ -942,6 +1021,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nofile", type=int, default=DEFAULT_NOFILE, help="RLIMIT_NOFILE for children")
     parser.add_argument("--tmpfs-mb", type=int, default=DEFAULT_TMPFS_MB, help="size of private tmpfs mounts")
     parser.add_argument("--work-dir", default=None, help="where work dirs go without a private tmpfs")
+    parser.add_argument("--no-prefork", action="store_true", help="fork each child only when its job comes")
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
     args = parser.parse_args(argv)

@@ -311,6 +311,7 @@ class Pool:
                     stats = {"ok": False}
                 out.append({"alive": w.launcher.alive() and bool(stats.get("ok")), "restarts": w.restarts,
                             "workdirs": stats.get("workdirs"), "children": stats.get("children"),
+                            "ready": stats.get("ready"),
                             "info": dict(w.info)})
             return out
         finally:

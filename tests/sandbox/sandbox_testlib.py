@@ -56,7 +56,8 @@ def leftovers(box: sandbox.Sandbox) -> list[str]:
             problems.append(f"worker {i} has child processes {h['children']}")
     if box.backend == "process":  # children run under per-worker uids no other process uses
         uids = {h["info"]["child_uid"] for h in health if h["info"].get("user_isolated")}
-        stray = _uid_processes(uids)
+        ready = {h["ready"] for h in health}  # the pre-forked child waiting for the next program
+        stray = [pid for pid in _uid_processes(uids) if pid not in ready]
         if stray:
             problems.append(f"processes left under sandbox uids: {stray}")
     return problems
