@@ -9,8 +9,6 @@ tests/selfplay/test_rl.py.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 # ---------------------------------------------------------------------------- masked statistics
@@ -209,7 +207,3 @@ def linear_schedule(start: float, end: float, step: int, total_steps: int) -> fl
     frac = min(max(step / total_steps, 0.0), 1.0)
     return float(start + (end - start) * frac)
 
-
-def is_finite(x: float) -> bool:
-    """True for a finite float (metrics may be NaN, e.g. explained variance of constant returns)."""
-    return not (math.isnan(x) or math.isinf(x))

@@ -14,6 +14,15 @@ VOCAB, PAD, EOS, A = 8, 0, 7, 3
 PROMPT = [1, 2, 5]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they spin (4x slower)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def tiny_policy(seed=0):
     torch.manual_seed(seed)
     return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_layer=2, n_embd=32, n_head=2, n_positions=32,
@@ -105,7 +114,6 @@ def test_generate_logprobs_match_the_trainer_scores():
         assert got == pytest.approx(s.logprobs, abs=1e-4)
 
 
-@pytest.mark.slow
 def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
     """Real tasks -> tiny model built from their text -> sampled answers parsed and graded in the sandbox -> PPO.
     The reference solutions join the batch as rewarded answers; their log-probability must rise."""
