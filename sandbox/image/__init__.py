@@ -117,7 +117,7 @@ def build_image(name: str = DEFAULT_IMAGE, method: str = "auto", *, mirror: str 
         log(f"image {name} is up to date (recipe {existing}); nothing to do (--force rebuilds)")
         return {"name": name, "method": existing.split("-")[0], "recipe": existing, "built": False}
     if method == "auto":
-        log(f"checking whether a registry is reachable (docker pull {BASE_IMAGE}) ...")
+        log(f"checking whether a registry is reachable (looking up {BASE_IMAGE}) ...")
         method = "dockerfile" if registry_reachable() else "debootstrap"
         log(f"-> {'registry reachable' if method == 'dockerfile' else 'no registry'}: building by {method}")
     recipe = recipe_hash(method)
