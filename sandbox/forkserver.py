@@ -3,11 +3,15 @@
 Stdlib only and free of imports from the `sandbox` package, so the Docker backend can copy this one file into
 a container and start it there the same way it is started on the host:
 
-    python3 forkserver.py --socket /path/to/worker.sock [--uid N] [--no-netns] [--no-private-tmp]
+    python3 forkserver.py --socket /path/to/worker.sock [--uid N|auto] [--no-netns] [--no-private-tmp]
+                          [--no-prefork] [--work-dir DIR] [--nproc N] [--fsize-mb N] [--nofile N]
 
 Why a fork server: a fresh `python` costs 30-200 ms; forking a small warm process that already imported what
-programs commonly use costs about a millisecond. The server is deliberately small (never a fork of a trainer
-that imported torch: forking a big process costs ~20 ms).
+programs commonly use costs a few milliseconds at most. The server is deliberately small (never a fork of a
+trainer that imported torch: forking a big process costs ~20 ms). It pre-forks: right after answering, it forks
+the next child, which isolates itself and waits on a job pipe, so fork and set-up happen while the client is
+busy, not on the latency path; the job (start index + the request's raw JSON) then goes down that pipe and the
+child applies the request's address-space and CPU limits before running anything.
 
 Protocol (transport-independent: every byte of a result travels inside frames, no descriptor passing, so the
 same protocol works over a unix socket in a folder bind-mounted into a container)
@@ -16,8 +20,9 @@ A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON 
 sends one request frame and reads one response frame; requests are served in order. The server serves a
 single connection and exits when it closes, so a client that dies leaves no server behind.
 
-    {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "network_isolated": bool,
-                         "user_isolated": bool, "private_tmp": bool, "python": "3.11.7"}
+    {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "python": "3.11.7", "child_uid": int,
+                         "network_isolated": bool, "user_isolated": bool, "read_all_files": bool,
+                         "private_tmp": bool, "server_pid": int}
     {"op": "ping"}   -> {"ok": true}
     {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null}
                         (leftovers of past programs, and the pre-forked child waiting for the next job)
@@ -48,10 +53,11 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   after every request, invisible to the host);
 - no network: the server enters a new network namespace once at start (as root, or through an unprivileged
   user namespace); where neither is allowed, results say "network_isolated": false;
-- scrubbed environment (PATH, HOME, TMPDIR, LANG only); stdin is /dev/null; stdout/stderr are captured up to
+- scrubbed environment (PATH, LANG, PYTHONHASHSEED, and HOME=TMPDIR=the work dir); stdin is /dev/null; stdout/stderr are captured up to
   output_limit bytes together (more ends the program with status "output_limit");
 - every descriptor except stdio (and, for tests, the result pipe) is closed before the program runs, so the
-  program cannot reach the client connection.
+  program cannot reach the client connection;
+- it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability.
 
 Grading ("tests"): the child imports the solution as module `solution`, calls entry_point(*input) per test and
 writes one frame per test to a result pipe: {"t": "test", "i": i, "status", "output", "error", "duration_s",
@@ -66,7 +72,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import errno
 import gc
 import io
 import json
