@@ -126,7 +126,9 @@ def test_recovers_after_container_killed_from_outside(client):
         first = box.run_many([PROBE] * 4)
         names = {r.meta["container"] for r in first}
         for name in names:
-            client.containers.get(name).kill()
+            container = client.containers.get(name)
+            container.kill()
+            container.wait(timeout=30)  # dead before the next call, so no program is running when it dies
         after = box.run_many([PROBE] * 4)
         assert [r.status for r in after] == ["ok"] * 4
         assert not names & {r.meta["container"] for r in after}
@@ -159,6 +161,7 @@ def test_replacement_impossible_is_an_error_then_the_pool_recovers(client):
             victim = box.run(PROBE).meta["container"]
             client.images.remove(tag)  # untags only: the image stays for DEFAULT_IMAGE
             client.containers.get(victim).kill()
+            client.containers.get(victim).wait(timeout=30)
             with pytest.raises(sandbox.SandboxUnavailable) as info:
                 box.run(PROBE)
             assert "\n" not in str(info.value) and "selfplay sandbox build-image" in str(info.value)
