@@ -233,7 +233,7 @@ class Sandbox:
     # -- gradings
     def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls):
         _check_source(solution, "solution")
-        if not isinstance(entry_point, str) or not entry_point.replace(".", "").replace("_", "a").isalnum():
+        if not isinstance(entry_point, str) or not all(part.isidentifier() for part in entry_point.split(".")):
             raise SandboxConfigError(f"entry_point={entry_point!r}: pass the name of a function in the solution")
         if not isinstance(inputs, (list, tuple)) or not all(isinstance(x, (list, tuple)) for x in inputs):
             raise SandboxConfigError("inputs must be a list of tests, each a list of positional arguments")

@@ -375,3 +375,11 @@ def test_fallback_without_network_namespace_says_so():
         assert_healthy(box)
     finally:
         box.close()
+
+
+def test_sleeping_and_reading_stdin(sb):
+    r = sb.run("import time\ntime.sleep(100)\n", timeout_s=0.5)
+    assert r.status == "timeout"  # wall clock, not CPU time
+    r = sb.run("print(input())\n")
+    assert r.status == "error" and "EOFError" in r.stderr  # stdin is /dev/null
+    assert_healthy(sb)
