@@ -96,6 +96,8 @@ EXIT_MEMORY = 113                       # harness exit code: the program raised 
 EXIT_HARNESS = 114                      # harness exit code: our own code failed before the program ran
 ACCEPT_TIMEOUT_S = 120                  # a server nobody connects to exits after this
 RESULT_FD = 3                           # the result pipe's descriptor in a grading child
+FRAME_SLACK = 64 * 1024                 # result frame bytes allowed beyond output_limit (error text, calls)
+DRAIN_S = 1.0                           # how long to read what killed children left in their pipes
 JOB_FD = 4                              # where a (pre-forked) child reads its job
 PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
     "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
@@ -707,7 +709,7 @@ class Server:
         limit = int(req["output_limit"])
         res_buf = bytearray()
         state = {"reason": None, "next": start, "loaded": res_r is None, "done": False, "load_error": None,
-                 "violation": None}
+                 "violation": None, "max_frame": limit + FRAME_SLACK}  # an honest frame holds <= limit of output
         open_fds = set(names)
         exited = False
         while not exited and state["reason"] is None:
@@ -752,15 +754,18 @@ class Server:
         except ChildProcessError:
             pass
         os.close(pidfd)
-        for fd in list(open_fds - {pidfd}):  # writers are all dead: drain to EOF
-            while True:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except OSError:
-                    break
+        # Every writer is dead now: drain what is left in the pipes (bounded, in case a descriptor escaped).
+        if pidfd in open_fds:
+            poller.unregister(pidfd)
+            open_fds.discard(pidfd)
+        drain_deadline = time.monotonic() + DRAIN_S
+        while open_fds and time.monotonic() < drain_deadline:
+            for fd, _ in poller.poll(100):
+                data = os.read(fd, 1 << 16)
                 if not data:
-                    break
-                if fd == res_r:
+                    poller.unregister(fd)
+                    open_fds.discard(fd)
+                elif fd == res_r:
                     if state["reason"] is None:
                         res_buf += data
                         try:
@@ -785,7 +790,7 @@ class Server:
         progressed = False
         while len(buf) >= 4:
             (size,) = struct.unpack(">I", buf[:4])
-            if size > MAX_FRAME:
+            if size > state["max_frame"]:
                 raise ProtocolViolation("oversized result frame")
             if len(buf) < 4 + size:
                 break
