@@ -193,21 +193,30 @@ class ActorCritic(nn.Module):
         self.critic = copy.deepcopy(policy) if value_model == "separate" else None
         self.value_head = ValueHead(policy.config.hidden_size)
         self.value_head.to(next(policy.parameters()).dtype)
+        self._keeps_logits = accepts_logits_to_keep(policy)
 
     @property
     def config(self):
         return self.policy.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits [B, T, V] and values [B, T] (value at t = value of the state before token t+1)."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, T, V] and values [B, T] (value at t = value of the state before token t+1).
+
+        logits_to_keep=k > 0: only the last k positions (the answer; the prompt's logits are never needed and
+        dominate memory with a large vocabulary)."""
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic is None,
-                          use_cache=False)
+                          use_cache=False, **extra)
         if self.critic is None:
             hidden = out.hidden_states[-1]
         else:
             hidden = self.critic.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                             use_cache=False).last_hidden_state
-        return out.logits, self.value_head(hidden)
+        logits = out.logits
+        if logits_to_keep:
+            logits, hidden = logits[:, -logits_to_keep:], hidden[:, -logits_to_keep:]
+        return logits, self.value_head(hidden)
 
     def save_pretrained(self, out_dir: str | Path) -> None:
         """The policy in HF format at out_dir (loadable alone), value head (+ critic) beside it."""
@@ -231,6 +240,13 @@ class ActorCritic(nn.Module):
         if (path / "value_head.pt").exists():
             model.value_head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
         return model
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether a HF causal LM can compute logits for the last k positions only (`logits_to_keep`)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from selfplay import rl
+from selfplay.models import accepts_logits_to_keep
 
 # ---------------------------------------------------------------------------- batching
 
@@ -73,6 +74,7 @@ class _Rollout:
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
+    start: int  # first position (shifted axis) holding an action in any row: the per-token tensors begin there
     action_mask: torch.Tensor
     old_logp: torch.Tensor
     old_values: torch.Tensor
@@ -102,6 +104,7 @@ class PPOTrainer:
             )
         self.optimizer = optimizer if self.engine is None else self.engine.optimizer
         self.pad_token_id = pad_token_id
+        self._ref_keeps_logits = accepts_logits_to_keep(ref_model)
         if cfg.mini_batch_size % cfg.micro_batch_size:
             raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({cfg.micro_batch_size})")
@@ -121,16 +124,20 @@ class PPOTrainer:
 
     # -- forward passes
 
-    def _policy_forward(self, input_ids, attention_mask):
-        """Shifted log-probs of the taken tokens, values and per-position logits: [B, L-1] each."""
-        logits, values = self.model(input_ids, attention_mask)
+    def _policy_forward(self, input_ids, attention_mask, start: int = 0):
+        """Log-probs of the taken tokens, values and logits for shifted positions start..L-2: [B, L-1-start] each
+        (the logits at position i score token i+1; positions before `start` are prompt-only and skipped)."""
+        logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start)
         logits = logits[:, :-1].float() / self.cfg.temperature
-        return rl.logprobs_from_logits(logits, input_ids[:, 1:]), values[:, :-1].float(), logits
+        return rl.logprobs_from_logits(logits, input_ids[:, start + 1:]), values[:, :-1].float(), logits
 
     @torch.no_grad()
-    def _ref_logprobs(self, input_ids, attention_mask):
-        logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-        return rl.logprobs_from_logits(logits[:, :-1].float() / self.cfg.temperature, input_ids[:, 1:])
+    def _ref_logprobs(self, input_ids, attention_mask, start: int = 0):
+        keep = input_ids.shape[1] - start
+        extra = {"logits_to_keep": keep} if self._ref_keeps_logits else {}
+        logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
+        logits = logits[:, -keep:-1].float() / self.cfg.temperature
+        return rl.logprobs_from_logits(logits, input_ids[:, start + 1:])
 
     # -- stage 1-3: rollout quantities, rewards, advantages
 
@@ -140,13 +147,15 @@ class PPOTrainer:
         input_ids, attention_mask, action_mask = (
             t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
         )
+        start = int(action_mask.any(0).float().argmax())  # the shortest prompt's last token
+        action_mask = action_mask[:, start:]
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
         old_logp, old_values, ref_logp = [], [], []
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
-            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx])
+            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start)
             old_logp.append(logp)
             old_values.append(values)
-            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx]))
+            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx], start))
         old_logp, old_values, ref_logp = torch.cat(old_logp), torch.cat(old_values), torch.cat(ref_logp)
 
         # per-token reward: KL penalty everywhere, the scalar reward on the last response token
@@ -174,13 +183,14 @@ class PPOTrainer:
             "response_len": action_mask.sum(1).mean().item(),
             "tokens": int(action_mask.sum().item()),
         }
-        return _Rollout(input_ids, attention_mask, action_mask, old_logp, old_values, advantages, returns), stats
+        return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
+                        returns), stats
 
     # -- stage 4: minibatch updates
 
     def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float) -> tuple[torch.Tensor, dict]:
         cfg, mask = self.cfg, r.action_mask[idx]
-        logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx])
+        logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start)
         old_logp = r.old_logp[idx]
         policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip)
         value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip)

@@ -101,7 +101,7 @@ def test_adaptive_kl_and_state_round_trip():
 
 def test_generate_logprobs_match_the_trainer_scores():
     model = ActorCritic(tiny_policy(seed=3))
-    prompts = [[1, 2, 5], [4], [6, 6]]  # different lengths: left padding must not shift anything
+    prompts = [[1, 2, 5], [4, 4], [6, 6, 6, 6]]  # different lengths: left padding must not shift anything
     torch.manual_seed(0)
     samples = ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=6, temperature=0.7)
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(temperature=0.7), pad_token_id=PAD)
@@ -112,6 +112,12 @@ def test_generate_logprobs_match_the_trainer_scores():
         assert EOS not in s.tokens[:-1]
         got = logp[b][actions[b].bool()].tolist()
         assert got == pytest.approx(s.logprobs, abs=1e-4)
+    # scoring only the answer region (logits_to_keep) gives the same numbers as the full sequence
+    start = int(actions.any(0).float().argmax())
+    part, values, _ = trainer._policy_forward(ids, attn, start)
+    assert start > 0 and part.shape == (3, ids.shape[1] - 1 - start)
+    assert torch.allclose(part, logp[:, start:], atol=1e-5)
+    assert torch.allclose(trainer._ref_logprobs(ids, attn, start), logp[:, start:], atol=1e-5)  # ref == policy
 
 
 def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
