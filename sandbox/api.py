@@ -8,6 +8,7 @@ import math
 import os
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -157,6 +158,7 @@ class Sandbox:
     def __init__(self, pool, backend: str, limits: Limits, cache: bool = True, cache_path: str | None = None,
                  trace_path: str | None = None):
         self._pool = pool
+        self._finalizer = weakref.finalize(self, pool.close)  # workers stop even if close() is forgotten
         self.backend = backend
         self.limits = limits
         self._cache = None
@@ -312,7 +314,7 @@ class Sandbox:
             return dict(self.counters)
 
     def close(self) -> None:
-        self._pool.close()
+        self._finalizer()
         for part in (self._cache, self._trace):
             if part is not None and hasattr(part, "close"):
                 part.close()
