@@ -43,11 +43,22 @@ class LMAgent:
         self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
 
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence the model can take (prompt + answer), if its config says."""
+        config = policy_of(self.model).config
+        return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
     # ---- text <-> ids ---------------------------------------------------------------------------------
     def chat_ids(self, user: str, max_prompt_tokens: int | None = None) -> list[int]:
+        """The user message through the chat template, with the generation prompt. Prompts longer than
+        `max_prompt_tokens` (default: what leaves room for `max_new_tokens` in the model) lose their start."""
         ids = self.tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
                                                  tokenize=True, return_dict=False)
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        if self.max_positions is not None:
+            room = self.max_positions - self.cfg.max_new_tokens
+            max_prompt_tokens = room if max_prompt_tokens is None else min(max_prompt_tokens, room)
         if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
             ids = ids[-max_prompt_tokens:]  # keep the end: the instruction and the generation prompt
         return ids
@@ -72,8 +83,10 @@ class LMAgent:
         """One answer per prompt (repeat a prompt for k samples), batched."""
         out: list[Answer] = []
         max_new = max_new_tokens or self.cfg.max_new_tokens
-        limit = getattr(policy_of(self.model).config, "n_positions", None) or \
-            getattr(policy_of(self.model).config, "max_position_embeddings", None)
+        limit = self.max_positions
+        if limit is not None and any(len(p) >= limit for p in prompts):
+            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
+                             f"{limit} positions")
         for i in range(0, len(prompts), batch_size):
             chunk = [list(p) for p in prompts[i: i + batch_size]]
             room = max_new if limit is None else max(1, min(max_new, limit - max(len(p) for p in chunk)))

@@ -55,7 +55,12 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
     masks = [[] for _ in episodes]
     texts = [[] for _ in episodes]
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        limit = agent.max_positions
         for _ in range(max_turns):
+            if limit is not None:  # a context with no room for another answer ends the episode (submit)
+                full = [i for i, ep in enumerate(episodes)
+                        if not ep.done and len(prompts[i]) + len(tokens[i]) + 16 > limit]
+                list(pool.map(lambda i: episodes[i].act("ACTION: submit"), full))
             active = [i for i, ep in enumerate(episodes) if not ep.done]
             if not active:
                 break
@@ -69,6 +74,10 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
                     obs_ids = agent.observation_ids(obs)
                     tokens[i] += obs_ids
                     masks[i] += [0] * len(obs_ids)
+    for i in range(len(episodes)):  # an observation after the last answer carries no action: drop it
+        while masks[i] and masks[i][-1] == 0:
+            masks[i].pop()
+            tokens[i].pop()
     return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result)
             for i, ep in enumerate(episodes)]
 
