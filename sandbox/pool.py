@@ -63,10 +63,14 @@ class LocalLauncher:
     """A fork server as a host process (the "process" backend)."""
 
     def __init__(self, index: int, *, python: str | None = None, isolate_user: bool = True,
-                 extra_args: tuple = ()):
+                 run_as: int | None = None, extra_args: tuple = ()):
+        """python: the interpreter for the server (default: this one); isolate_user: give children a uid of
+        their own (root only); run_as: start the server itself under this uid (root only; e.g. to use the
+        unprivileged user-namespace path); extra_args: more forkserver.py options."""
         self.index = index
         self.python = python or sys.executable
-        self.extra_args = (["--uid", "auto"] if isolate_user else []) + list(extra_args)
+        self.run_as = run_as
+        self.extra_args = (["--uid", "auto"] if isolate_user and run_as is None else []) + list(extra_args)
         self.meta = {"backend": "process"}
         self.proc: subprocess.Popen | None = None
         self.dir: str | None = None
@@ -77,9 +81,13 @@ class LocalLauncher:
         path = os.path.join(self.dir, "worker.sock")
         log = open(os.path.join(self.dir, "server.log"), "wb")
         args = [self.python, "-I", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir, *self.extra_args]
+        who = {}
+        if self.run_as is not None:
+            os.chown(self.dir, self.run_as, self.run_as)
+            who = {"user": self.run_as, "group": self.run_as, "extra_groups": []}
         with log:
             self.proc = subprocess.Popen(args, env=server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, close_fds=True, cwd=self.dir)
+                                         start_new_session=True, close_fds=True, cwd=self.dir, **who)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not os.path.exists(path):
             if self.proc.poll() is not None or time.monotonic() > deadline:

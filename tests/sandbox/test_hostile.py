@@ -6,7 +6,9 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import shutil
 import socket
+import sys
 import tempfile
 import textwrap
 import threading
@@ -383,3 +385,39 @@ def test_sleeping_and_reading_stdin(sb):
     r = sb.run("print(input())\n")
     assert r.status == "error" and "EOFError" in r.stderr  # stdin is /dev/null
     assert_healthy(sb)
+
+
+NOBODY = 65534
+
+
+def _interpreter_for(uid: int) -> str:
+    """A Python that `uid` may run: this one if its installation is open to others, else the system one."""
+    from sandbox.forkserver import _blocking_ancestor
+
+    for candidate in (sys.executable, shutil.which("python3") or "", "/usr/bin/python3"):
+        if candidate and os.path.exists(candidate) and _blocking_ancestor(candidate) is None:
+            return candidate
+    pytest.fail("no Python interpreter readable by an unprivileged user; install Debian's python3")
+
+
+def test_unprivileged_server_uses_a_user_namespace():
+    # A server started without root (as on a laptop or a locked-down cluster) isolates the network through an
+    # unprivileged user namespace, and a program that kills it gets "killed" while the pool restarts it.
+    from sandbox.api import Sandbox
+    from sandbox.limits import Limits
+    from sandbox.pool import LocalLauncher, Pool
+
+    assert os.geteuid() == 0, "the test starts the server as an unprivileged user, which needs root"
+    launcher = LocalLauncher(0, python=_interpreter_for(NOBODY), run_as=NOBODY)
+    box = Sandbox(Pool([launcher]), "process", Limits(timeout_s=HOSTILE_TIMEOUT_S), cache=False)
+    try:
+        r = box.run("import os, socket\nprint(os.getuid())\nsocket.create_connection(('127.0.0.1', 22), 1)\n")
+        assert r.status == "error" and r.meta["network_isolated"] is True, r
+        assert "Network is unreachable" in r.stderr or "Connection refused" in r.stderr
+        r = box.run("import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(100)\n")
+        assert r.status == "ok"
+        r = box.run("import os, time\nos.kill(os.getppid(), 9)\ntime.sleep(100)\n")
+        assert r.status == "killed" and r.meta["worker_restarted"]
+        assert_healthy(box)
+    finally:
+        box.close()
