@@ -37,7 +37,7 @@ solution functions/methods that were called (sys.setprofile), for incremental re
 
 Isolation model of the process backend (details in sandbox/forkserver.py)
     - each worker is a small fork server (not a fork of the trainer) that preloads common modules; one forked
-      child per program: ~1-2 ms instead of a Python start-up;
+      child per program: a few ms of CPU instead of a 30-200 ms Python start-up;
     - the child gets its own session/process group, rlimits (address space, CPU seconds, processes, file
       size, open files, no core), a private working directory (also HOME and TMPDIR) removed afterwards, a
       scrubbed environment, stdin from /dev/null, capped stdout/stderr; after the program ends or times out the
@@ -49,11 +49,18 @@ Isolation model of the process backend (details in sandbox/forkserver.py)
       program, and hides closed directories that hold the Python installation (e.g. /root around a pyenv)
       behind an empty tmpfs with only the installation mounted back;
     - no network: each worker enters a new network namespace at start (as root, or through an unprivileged
-      user namespace). Fallback: where neither is allowed, programs run with the host network and every
-      result says meta["network_isolated"] = False; use the docker backend there when that matters. Likewise
-      meta["user_isolated"] = False means children run as the calling user (they could then read files and
-      processes of that user): a research convenience for laptops, not a security boundary.
-    - a program that kills its worker gets "killed" and the worker is restarted transparently.
+      user namespace, where it also gets private tmpfs mounts). Fallback: where neither is allowed, programs
+      run with the host network and every result says meta["network_isolated"] = False; use the docker
+      backend there when that matters.
+    - without root (meta["user_isolated"] = False) children run as the calling user: they could read that
+      user's files and processes, RLIMIT_NPROC counts all of that user's processes, and a program that kills
+      its worker can leave its own detached children running (until they exit). That mode is a research
+      convenience for laptops, not a security boundary; the root and docker setups are.
+    - a program that kills its worker gets "killed" and the worker is restarted transparently; a worker that
+      stops answering is replaced and the run reported as "sandbox_error".
+    - workers pre-fork: the next child is forked and isolated while the client is busy, so a run costs the
+      program's time plus a few hundred microseconds of hand-over and reaping on the latency path.
+sandbox.health() reports per worker what the last program left (work dirs, processes: both should be none).
 Set iteration order is the same in every worker (PYTHONHASHSEED=0), so runs are reproducible across workers.
 """
 
