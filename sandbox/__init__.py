@@ -58,8 +58,9 @@ Isolation model of the process backend (details in sandbox/forkserver.py)
       convenience for laptops, not a security boundary; the root and docker setups are.
     - a program that kills its worker gets "killed" and the worker is restarted transparently; a worker that
       stops answering is replaced and the run reported as "sandbox_error".
-    - workers pre-fork: the next child is forked and isolated while the client is busy, so a run costs the
-      program's time plus a few hundred microseconds of hand-over and reaping on the latency path.
+    - workers pre-fork: the next child is forked and isolated while the client is busy, so fork and set-up
+      are off the latency path of a run (not off the CPU bill: a trivial program costs ~4-5 ms of CPU here,
+      of which a bare fork+exit of the worker is ~2.7 ms on this VM).
 sandbox.health() reports per worker what the last program left (work dirs, processes: both should be none).
 Set iteration order is the same in every worker (PYTHONHASHSEED=0), so runs are reproducible across workers.
 """
