@@ -188,13 +188,13 @@ class Sandbox:
             self.counters["cache_hits"] += n_hits
             self.counters["exec_s"] += seconds
 
-    def _cached_execute(self, kind: str, jobs: list[tuple[str, dict | None, dict, dict]], use_cache: bool):
-        """jobs: (source, payload, limits, request). Returns raw response dicts, with "cached" set."""
+    def _cached_execute(self, kind: str, jobs: list[tuple[str, dict | None, dict, dict]], use_cache: list[bool]):
+        """jobs: (source, payload, limits, request); use_cache: per job. Returns raw responses, "cached" set."""
         out: list[dict | None] = [None] * len(jobs)
         keys: list[str | None] = [None] * len(jobs)
         todo = []
         for i, (source, payload, limits, req) in enumerate(jobs):
-            if self._cache is not None and use_cache:
+            if self._cache is not None and use_cache[i]:
                 keys[i] = self._cache.key(kind, source, payload, {**limits, "backend": self.backend})
                 hit = self._cache.get(keys[i])
                 if hit is not None:
@@ -230,7 +230,7 @@ class Sandbox:
         limits = self._limits(timeout_s, memory_mb)
         ld = limits.as_dict()
         jobs = [(_check_source(s), None, ld, {"op": "run", "source": s, **ld}) for s in sources]
-        return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, use_cache)]
+        return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, [use_cache] * len(jobs))]
 
     # -- gradings
     def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls):
@@ -284,7 +284,7 @@ class Sandbox:
         """Many run_tests calls (dicts of its arguments) in parallel over the workers; reports in order."""
         allowed = {"solution", "entry_point", "inputs", "expected", "timeout_s", "stop_on_failure",
                    "record_calls", "use_cache"}
-        prepared, use_cache = [], True
+        prepared, use_cache = [], []
         for job in jobs:
             if not isinstance(job, dict) or not {"solution", "entry_point", "inputs"} <= job.keys() \
                     or job.keys() - allowed:
@@ -299,7 +299,7 @@ class Sandbox:
                                              job.get("timeout_s"), job.get("stop_on_failure", False),
                                              job.get("record_calls", False)), expected,
                              bool(job.get("stop_on_failure", False))))
-            use_cache = use_cache and job.get("use_cache", True)
+            use_cache.append(bool(job.get("use_cache", True)))
         responses = self._cached_execute("tests", [p[0] for p in prepared], use_cache)
         return [self._grade(resp, expected, stop) for resp, (_, expected, stop) in zip(responses, prepared)]
 
