@@ -171,14 +171,22 @@ def wrap_model(model: torch.nn.Module, ppo_cfg, dist_cfg, info: DistInfo):
 
 def param_checksum(model: torch.nn.Module) -> dict:
     """sha256 over every parameter's bytes (name order) and the float sum: equal models give equal checksums.
+    Collective under ZeRO-3 (the partitioned parameters are gathered): call it on every rank."""
+    import contextlib
 
-    Under ZeRO-3 call it inside `deepspeed.zero.GatheredParameters` (parameters are partitioned)."""
+    named = sorted(getattr(model, "module", model).named_parameters())
+    gather = contextlib.nullcontext()
+    if named and hasattr(named[0][1], "ds_id"):  # ZeRO-3: each rank holds a shard; gather the full tensors
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for _, p in named])
     h, total = hashlib.sha256(), 0.0
-    for name, p in sorted(getattr(model, "module", model).named_parameters()):
-        data = p.detach().float().cpu().contiguous()
-        h.update(name.encode())
-        h.update(data.numpy().tobytes())
-        total += data.double().sum().item()
+    with gather:
+        for name, p in named:
+            data = p.detach().float().cpu().contiguous()
+            h.update(name.encode())
+            h.update(data.numpy().tobytes())
+            total += data.double().sum().item()
     return {"sha256": h.hexdigest(), "sum": total}
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+import torch.distributed as dist
 
 from selfplay import rl
 from selfplay.models import accepts_logits_to_keep
@@ -285,6 +286,11 @@ def policy_of(model):
     return getattr(inner, "policy", inner)
 
 
+def _zero3_partitioned(model) -> bool:
+    """Whether DeepSpeed ZeRO-3 partitions this model's parameters (they carry a `ds_id`)."""
+    return hasattr(next(model.parameters()), "ds_id")
+
+
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_token_id: int | Sequence[int],
              max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
@@ -292,10 +298,12 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
     """Batched sampling (left-padded prompts, HF `generate` with a KV cache).
 
     Log-probs are log softmax(logits / temperature) of the chosen tokens (before top-k/top-p filtering), the
-    quantity the PPO trainer recomputes. Use synced_gpus=True under ZeRO-3 with several ranks.
+    quantity the PPO trainer recomputes. Under ZeRO-3 with several ranks synced_gpus is switched on by itself.
     """
     policy = policy_of(model)
     device = next(policy.parameters()).device
+    # ZeRO-3 gathers parameters inside every forward: all ranks must keep stepping until every rank is done
+    synced_gpus = synced_gpus or (_zero3_partitioned(policy) and dist.is_initialized() and dist.get_world_size() > 1)
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
