@@ -105,6 +105,7 @@ class PPOTrainer:
             )
         self.optimizer = optimizer if self.engine is None else self.engine.optimizer
         self.pad_token_id = pad_token_id
+        self.ref_model.to(self.device)  # next to the policy (DeepSpeed / wrap_model moved only the policy)
         self._ref_keeps_logits = accepts_logits_to_keep(ref_model)
         if cfg.mini_batch_size % cfg.micro_batch_size:
             raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
