@@ -151,12 +151,14 @@ class Worker:
         return self.receive(timeout)
 
     def send(self, req: dict) -> None:
-        assert self.sock is not None
+        if self.sock is None:  # a restart failed earlier: the caller tries again
+            raise ConnectionError("sandbox worker is not running")
         self.sock.settimeout(GRACE_S)
         forkserver.send_frame(self.sock, req)
 
     def receive(self, timeout: float) -> dict:
-        assert self.sock is not None
+        if self.sock is None:
+            raise ConnectionError("sandbox worker is not running")
         self.sock.settimeout(timeout)
         return forkserver.recv_frame(self.sock)
 
@@ -172,10 +174,7 @@ class Worker:
 
 def budget_s(req: dict) -> float:
     """The longest a server may legitimately take for a request."""
-    total = float(req["timeout_s"])
-    if req.get("op") == "tests":
-        total += len(req["inputs"]) * float(req.get("test_timeout_s") or req["timeout_s"])
-    return total + GRACE_S
+    return forkserver.cpu_budget_s(req) + GRACE_S
 
 
 def _failure(req: dict, status: str, message: str, meta: dict) -> dict:
