@@ -245,7 +245,21 @@ class Pool:
                 self.idle.put(w)
         return results  # type: ignore[return-value]
 
+    def _down(self, w: Worker, req: dict) -> dict | None:
+        """A worker whose last restart failed gets another try before its next request; None when it runs."""
+        if w.sock is not None:
+            return None
+        try:
+            w.restart()
+            return None
+        except SandboxUnavailable as exc:
+            meta = {**w.launcher.meta, "worker_restarted": True}
+            return _failure(req, "sandbox_error", f"sandbox worker could not be restarted: {exc}", meta)
+
     def _one(self, w: Worker, req: dict) -> dict:
+        down = self._down(w, req)
+        if down is not None:
+            return down
         try:
             resp = w.request(req, budget_s(req))
         except socket.timeout as exc:
@@ -273,6 +287,11 @@ class Pool:
                 while pending and free:
                     w = free.pop()
                     i = pending.pop()
+                    down = self._down(w, reqs[i])
+                    if down is not None:
+                        results[i] = down
+                        free.append(w)
+                        continue
                     try:
                         w.send(reqs[i])
                     except (OSError, ValueError) as exc:

@@ -192,3 +192,33 @@ def test_run_many_over_many_workers_survives_a_killed_worker():
         assert_healthy(box)
     finally:
         box.close()
+
+
+class FlakyLauncher(sandbox.pool.LocalLauncher):
+    """A real local worker whose second start fails (fault injection for the restart path)."""
+
+    def __init__(self):
+        super().__init__(0, isolate_user=False)
+        self.starts = 0
+
+    def start(self) -> str:
+        self.starts += 1
+        if self.starts == 2:
+            raise sandbox.SandboxUnavailable("injected start failure")
+        return super().start()
+
+
+def test_a_failed_restart_is_our_fault_and_retried():
+    from sandbox.api import Sandbox
+    from sandbox.limits import Limits
+
+    launcher = FlakyLauncher()
+    box = Sandbox(sandbox.pool.Pool([launcher]), "process", Limits(timeout_s=2.0), cache=False)
+    try:
+        r = box.run("import os\nos.kill(os.getppid(), 9)\n")
+        assert r.status == "sandbox_error" and "injected start failure" in r.stderr
+        r = box.run("print('back')")  # the next request restarts the worker first
+        assert (r.status, r.stdout, launcher.starts) == ("ok", "back\n", 3)
+        assert_healthy(box)
+    finally:
+        box.close()
