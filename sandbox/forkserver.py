@@ -753,11 +753,11 @@ class Server:
             self._sweep()
         except ChildProcessError:
             pass
-        os.close(pidfd)
         # Every writer is dead now: drain what is left in the pipes (bounded, in case a descriptor escaped).
         if pidfd in open_fds:
             poller.unregister(pidfd)
             open_fds.discard(pidfd)
+        os.close(pidfd)
         drain_deadline = time.monotonic() + DRAIN_S
         while open_fds and time.monotonic() < drain_deadline:
             for fd, _ in poller.poll(100):
