@@ -119,6 +119,9 @@ class SelfPlay:
                                        **({"trace_path": cfg.sandbox.trace_path} if cfg.sandbox.trace_path else {}),
                                        **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
         self.corpus = Corpus(self.run_dir)
+        if self.world > 1:  # every rank says it is here (the only line ranks other than 0 print)
+            print(f"[selfplay] rank {self.rank} of {self.world} on {os.uname().nodename} ready "
+                  f"({workers} sandbox workers)", flush=True)
 
     # ---- set-up -----------------------------------------------------------------------------------------
     @staticmethod
@@ -200,7 +203,7 @@ class SelfPlay:
         self.warm_report = report
         heldout = self._evaluate(0)
         self.tb.hparams(flatten(to_dict(self.cfg)))
-        self._save(0, extra={"warmstart": report, "eval_before": heldout})
+        self._save(0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
 
     def _load(self, folder: Path) -> None:
         state = self.ckpt.load_state(folder)
@@ -232,14 +235,17 @@ class SelfPlay:
         self.log(f"loaded {folder} (step {self.step}; {len(self.corpus)} tasks in the corpus)")
 
     # ---- checkpoints --------------------------------------------------------------------------------------
-    def _save(self, step: int, extra: dict | None = None) -> None:
-        partial = self.ckpt.begin(step) if self.main else None
-        D.barrier()
+    def _save(self, step: int, extra: dict | None = None, collective: bool = True) -> None:
+        """Checkpoint `step`. collective=False: rank 0 alone (the warm start, while other ranks wait)."""
+        sync = D.barrier if collective else (lambda: None)
+        if self.main:
+            self.ckpt.begin(step)
+        sync()
         partial = self.ckpt.root / f"step_{step}.partial"
         for agent in (self.solver, self.generator):
             agent.save(partial / agent.name, write_hf=self.main)
-        rngs = D.gather_objects(rng_state())
-        D.barrier()
+        rngs = D.gather_objects(rng_state()) if collective else [rng_state()]
+        sync()
         if self.main:
             self._flush_corpus()
             state = {
@@ -256,7 +262,7 @@ class SelfPlay:
             }
             self.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))
             self.log(f"checkpoint step_{step} ({len(self.corpus)} tasks in the corpus)")
-        D.barrier()
+        sync()
 
     def _flush_corpus(self) -> None:
         if self.pending_tasks:

@@ -46,7 +46,7 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
     """k episodes per task (task-major order: task 0's k episodes first)."""
     episodes, prompts = [], []
     for task in tasks:
-        prompt = agent.chat_ids(task_prompt(task), max_prompt_tokens)
+        prompt = agent.chat_ids(task_prompt(task, multi_turn=max_turns > 1), max_prompt_tokens)
         for _ in range(k):
             runner = IncrementalRunner(sb) if max_turns > 1 else None
             episodes.append(CodeEpisode(task, sb, max_turns=max_turns, reward_cfg=reward_cfg, runner=runner))
