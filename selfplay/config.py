@@ -146,6 +146,7 @@ class EvalConfig:
     samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
     temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
     humaneval_limit: int = 0  # HumanEval problems in `--suite humaneval` (0 = all 164)
+    generator_snapshot: int = 64  # generated tasks frozen (on first `selfplay eval`) to re-measure every checkpoint on
 
 
 @dataclass

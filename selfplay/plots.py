@@ -23,8 +23,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 BAR_KEYS = ("pass@1_greedy", "pass@1")  # bars per split; pass@k is added when present
+LABELS = {"pass@1_greedy": "greedy pass@1", "pass@1": "sampled pass@1"}  # legend names of result keys
 
 
 def _no_data(ax, title: str, why: str) -> None:
@@ -49,7 +51,8 @@ def bars_by_group(ax, groups: dict[str, dict], title: str) -> None:
     width = 0.8 / len(keys)
     for j, key in enumerate(keys):
         xs = [i + (j - (len(keys) - 1) / 2) * width for i in range(len(groups))]
-        ax.bar(xs, [res.get(key) or 0.0 for res in groups.values()], width, label=key)
+        bars = ax.bar(xs, [res.get(key) or 0.0 for res in groups.values()], width, label=LABELS.get(key, key))
+        ax.bar_label(bars, fmt="%.2f", fontsize=6)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels([name.replace("_", "\n") for name in groups], fontsize=8)
     ax.set_ylim(0, 1.05)
@@ -69,6 +72,7 @@ def lines_over_steps(ax, series: dict[str, list], title: str, ylabel: str, mean:
     if mean is not None:
         ax.axhline(mean, linestyle="--", color="grey", linewidth=1, label=f"mean {mean:.2f}")
     ax.set_ylim(-0.02, 1.05)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -84,10 +88,12 @@ def solve_rate_hist(ax, solve_rates: dict | None) -> None:
     edges, counts = hist["edges"], hist["counts"]
     ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges, edges[1:])], align="edge", edgecolor="white")
     ax.set_xlim(0, 1)
-    ax.set_xlabel("solver solve rate p")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("solver solve rate p (share of samples that passed)")
     ax.set_ylabel("tasks")
-    learnable = solve_rates.get("learnable")
-    ax.set_title(title + (f" (learnable {learnable:.0%})" if learnable is not None else ""))
+    shares = [(name, solve_rates.get(key)) for name, key in (("p=0", "never_solved"), ("0<p<1", "learnable"),
+                                                                ("p=1", "always_solved"))]
+    ax.set_title(title + " (" + ", ".join(f"{n} {v:.0%}" for n, v in shares if v is not None) + ")")
 
 
 def diversity_over_steps(ax, diversity: dict | None) -> None:
@@ -99,11 +105,13 @@ def diversity_over_steps(ax, diversity: dict | None) -> None:
     steps = [p["step"] for p in timeline]
     ax.bar(steps, [p["tasks"] for p in timeline], color="lightsteelblue", label="tasks")
     ax.bar(steps, [p["new_programs"] for p in timeline], width=0.5, color="steelblue", label="new programs")
-    ax.set_xlabel("iteration")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("iteration (creation step)")
     ax.set_ylabel("count")
     ratio = diversity.get("distinct_ratio")
     ax.set_title(title + (f" (distinct {ratio:.0%})" if ratio is not None else ""))
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower right")
 
 
 def plot_eval(results: dict, path: str | Path) -> Path:

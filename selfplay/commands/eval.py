@@ -28,7 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
                         help="a run folder (its latest checkpoint) or a checkpoints/step_N folder")
     parser.add_argument("--suite", default="all", help=f"{' | '.join(SUITES)} | all (default all)")
-    parser.add_argument("--json", dest="json_out", metavar="OUT", help="results file (default RUN_DIR/eval/step_N.json)")
+    parser.add_argument("--json", dest="json_out", metavar="OUT",
+                        help="results file (default RUN_DIR/eval/step_N.json)")
     parser.add_argument("--plot", metavar="OUT.png", help="plot file (default: the JSON path with .png)")
     parser.add_argument("--samples", type=int, help="samples per task for pass@k (default: the run's eval.samples)")
     parser.add_argument("--limit", type=int, default=0,
@@ -92,14 +93,8 @@ def load_solver(folder: Path, cfg):
     model = ActorCritic.from_pretrained(folder, dtype=_dtype(cfg.model.dtype))
     if torch.cuda.is_available():
         model.to("cuda")
-    return LMAgent("solver", model, None, tokenizer, copy.deepcopy(cfg.ppo), seed=cfg.run.seed)
-
-
-def prompt_budget(agent, cfg) -> int:
-    """Longest prompt that leaves room for an answer inside the model's context."""
-    config = agent.module.config
-    positions = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 10**9
-    return max(16, min(cfg.warmstart.max_len, positions - cfg.ppo.max_new_tokens))
+    # the policy stands in for the KL reference, which only PPO updates read: no second copy of the weights
+    return LMAgent("solver", model, model.policy, tokenizer, copy.deepcopy(cfg.ppo), seed=cfg.run.seed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -162,10 +157,16 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                               memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
                               **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
     try:
-        t0 = time.perf_counter()
-        agent = load_solver(ckpt / "solver", cfg)
-        budget = prompt_budget(agent, cfg)
-        results["seconds"]["load"] = time.perf_counter() - t0
+        agents: list = []
+
+        def solver():  # loaded on first use (a generator-only evaluation without a snapshot needs no model)
+            if not agents:
+                t0 = time.perf_counter()
+                agents.append(load_solver(ckpt / "solver", cfg))
+                results["seconds"]["load"] = time.perf_counter() - t0
+            return agents[0]
+
+        budget = cfg.warmstart.max_len  # prompts as long as in training (the agent also keeps room to answer)
         if "heldout" in suites:
             t0 = time.perf_counter()
             tasks = E.heldout_tasks(run_dir, cfg, sb, corpus)
@@ -173,7 +174,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                 tasks = {split: ts[:limit] for split, ts in tasks.items()}
             print(f"held-out: {sum(map(len, tasks.values()))} tasks in {len(tasks)} splits, {samples} samples",
                   flush=True)
-            results["heldout"] = E.evaluate_heldout(agent, tasks, sb, samples=samples, max_turns=turns,
+            results["heldout"] = E.evaluate_heldout(solver(), tasks, sb, samples=samples, max_turns=turns,
                                                     reward_cfg=cfg.reward, temperature=temp,
                                                     max_prompt_tokens=budget)
             results["seconds"]["heldout"] = time.perf_counter() - t0
@@ -181,16 +182,17 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
             t0 = time.perf_counter()
             n = limit or cfg.eval.humaneval_limit
             print(f"HumanEval: {n or 'all'} problems, {samples} samples", flush=True)
-            results["humaneval"] = E.evaluate_humaneval(agent, sb, limit=n, samples=samples, temperature=temp,
+            results["humaneval"] = E.evaluate_humaneval(solver(), sb, limit=n, samples=samples, temperature=temp,
                                                         max_prompt_tokens=budget)
             results["seconds"]["humaneval"] = time.perf_counter() - t0
         if "generator" in suites:
             t0 = time.perf_counter()
-            snapshot = E.generator_snapshot(run_dir, corpus, cfg.eval.tasks_per_split, seed=cfg.run.seed)
+            snapshot = E.generator_snapshot(run_dir, corpus, cfg.eval.generator_snapshot, seed=cfg.run.seed)
             snapshot = snapshot[:limit] if limit else snapshot
             print(f"generator: {len(state.get('history', []))} iterations of history, snapshot of "
                   f"{len(snapshot)} generated tasks", flush=True)
-            results["generator"] = E.evaluate_generator(state, corpus, agent=agent, snapshot=snapshot, sb=sb,
+            results["generator"] = E.evaluate_generator(state, corpus, agent=solver() if snapshot else None,
+                                                        snapshot=snapshot, sb=sb,
                                                         samples=samples, max_turns=turns, reward_cfg=cfg.reward,
                                                         temperature=temp, max_prompt_tokens=budget)
             results["seconds"]["generator"] = time.perf_counter() - t0
@@ -207,7 +209,7 @@ def _fmt(value) -> str:
 
 def print_table(results: dict) -> None:
     k = results["options"]["samples"]
-    head = f"  {'':<26} {'tasks':>5}  {'greedy':>6} {'pass@1':>6} {f'pass@{k}':>6} {'tests':>6} {'quality':>7}"
+    head = f"  {'':<30} {'tasks':>5}  {'greedy':>6} {'pass@1':>6} {f'pass@{k}':>6} {'tests':>6} {'quality':>7}"
     rows = []
     for split, res in (results.get("heldout") or {}).items():
         if split != "by_family":
@@ -220,15 +222,16 @@ def print_table(results: dict) -> None:
     if rows:
         print(head)
         for name, r in rows:
-            print(f"  {name:<26} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
+            print(f"  {name:<30} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
                   f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}")
     gen = results.get("generator")
     if gen:
         v, s, d = gen["validity"], gen["solve_rates"], gen["diversity"]
-        print(f"  generator: validity mean {_fmt(v['mean'])} last {_fmt(v['last'])} over {len(v['by_step'])} "
-              f"iterations; {d['tasks']} tasks, {d['distinct_programs']} distinct programs, "
-              f"{len(d['families'])} families; solve rate mean {_fmt(s['mean'])}, learnable {_fmt(s['learnable'])} "
-              f"({s['measured']} measured)")
+        print(f"  generator: validity mean {_fmt(v['mean'])}, last {_fmt(v['last'])} over {len(v['by_step'])} "
+              f"iterations; {d['tasks']} generated tasks, {d['distinct_programs']} distinct programs, "
+              f"{len(d['families'])} families\n"
+              f"  generated tasks' solve rates ({s['measured']} measured): mean {_fmt(s['mean'])}, "
+              f"never {_fmt(s['never_solved'])}, learnable {_fmt(s['learnable'])}, always {_fmt(s['always_solved'])}")
 
 
 def scalars(results: dict) -> dict[str, float]:

@@ -1,0 +1,175 @@
+"""`selfplay eval` end to end on a warm-started smoke run (real tiny models, real sandbox, real corpus).
+
+The warm start runs once per session; each test evaluates a copy of that run folder (evaluation writes
+RUN_DIR/eval/, TensorBoard events and the frozen generator snapshot into it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from generator.schema import Task
+from selfplay.cli import main
+from selfplay.corpus import Corpus
+from selfplay.tb import read_scalars
+
+REPO = Path(__file__).resolve().parents[2]
+# the smoke world, shrunk further: evaluation needs a checkpoint in the real format, not a good solver
+SMOKE = ["configs/smoke.yaml", "warmstart.tasks=100", "warmstart.solver_steps=10", "warmstart.generator_steps=4",
+         "warmstart.batch_size=8", "eval.tasks_per_split=2"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def selfplay(*args, timeout=600):
+    # tiny models gain nothing from intra-op threads and spin on a busy 2-core machine (several times slower)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "-m", "selfplay", *map(str, args)], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+    if proc.returncode != 0:
+        raise AssertionError(f"selfplay {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    return proc
+
+
+@pytest.fixture(scope="session")
+def warm_run(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("eval_warm") / "run"
+    selfplay("warmstart", *SMOKE, f"run.dir={run}")
+    return run
+
+
+@pytest.fixture
+def run(warm_run, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(warm_run, dst)
+    return dst
+
+
+def is_rate(x) -> bool:
+    return isinstance(x, (int, float)) and 0.0 <= x <= 1.0
+
+
+def check_pass_metrics(res: dict, k: int) -> None:
+    assert is_rate(res["pass@1_greedy"]) and is_rate(res["pass@1"]) and is_rate(res[f"pass@{k}"])
+    assert res["pass@1"] <= res[f"pass@{k}"] + 1e-12  # more samples never lower the unbiased estimate
+    assert res["samples"] == k
+
+
+@pytest.mark.slow
+def test_heldout_json_table_plot_and_tensorboard(run):
+    proc = selfplay("eval", run, "--suite", "heldout", "--samples", "2")
+    out = run / "eval" / "step_0.json"
+    results = json.loads(out.read_text())
+    assert results["step"] == 0 and results["suites"] == ["heldout"] and results["options"]["samples"] == 2
+    heldout = results["heldout"]
+    expected = {}
+    for line in (run / "heldout.jsonl").read_text().splitlines():
+        task = Task.from_json(line)
+        split = task.params.get("eval_split", task.split)
+        expected.setdefault(split, []).append(task.family)
+    state = json.loads((run / "checkpoints" / "step_0" / "state.json").read_text())
+    assert set(expected) == set(state["eval_before"]) - {"by_family"} == set(heldout) - {"by_family"}
+    for split, families in expected.items():
+        res = heldout[split]
+        assert res["tasks"] == len(families)
+        check_pass_metrics(res, 2)
+        assert is_rate(res["tests_passed"]) and res["pass@1_greedy"] <= res["tests_passed"] + 1e-12
+        by_family = heldout["by_family"][split]
+        assert set(by_family) == set(families)
+        assert sum(f["tasks"] for f in by_family.values()) == len(families)
+        for f in by_family.values():
+            check_pass_metrics(f, 2)
+        assert f"held-out {split}" in proc.stdout  # a table row per split
+    assert results["heldout_over_time"]["test"] == [[0, state["eval_before"]["test"]["pass@1_greedy"]]]
+    assert (run / "eval" / "step_0.png").read_bytes()[:8] == PNG_MAGIC
+    scalars = read_scalars(run)
+    assert scalars["eval/heldout/test/pass@1_greedy"] == [(0, pytest.approx(heldout["test"]["pass@1_greedy"]))]
+
+
+@pytest.mark.slow
+def test_humaneval_on_a_checkpoint_folder(run, tmp_path):
+    out = tmp_path / "he" / "results.json"
+    selfplay("eval", run / "checkpoints" / "step_0", "--suite", "humaneval", "--limit", "5", "--samples", "2",
+             "--json", out)
+    he = json.loads(out.read_text())["humaneval"]
+    assert he["problems"] == 5
+    check_pass_metrics(he, 2)
+    assert set(he["greedy_solved"]) <= {f"HumanEval/{i}" for i in range(5)}
+    assert he["pass@1_greedy"] == len(he["greedy_solved"]) / 5
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG_MAGIC
+
+
+def add_generated_tasks(run: Path, n: int) -> list[Task]:
+    """Store n tasks as the loop stores valid generator proposals (source "generator", a creation step, a
+    measured difficulty for most): procedural training tasks re-labelled, so the solver's answers are real."""
+    with Corpus(run, create=False) as corpus:
+        base = corpus.query(split="train", limit=n)
+        tasks = [Task.from_dict(dict(t.to_dict(), id=t.id + "g", source="generator", family="generator/" + t.family,
+                                     created_step=1 + i // 3, difficulty=None,
+                                     fingerprints={"ast": f"prog{i % 4}"}))
+                 for i, t in enumerate(base)]
+        corpus.insert_many(tasks, dedup=False)
+        for i, t in enumerate(tasks[:-1]):  # the last one never measured
+            corpus.update_difficulty(t.id, solve_rate=(i % 3) / 2, n_samples=2, step=t.created_step)
+    return tasks
+
+
+@pytest.mark.slow
+def test_generator_suite(run):
+    tasks = add_generated_tasks(run, 6)
+    proc = selfplay("eval", run, "--suite", "generator", "--limit", "3", "--samples", "2")
+    gen = json.loads((run / "eval" / "step_0.json").read_text())["generator"]
+    assert gen["validity"] == {"by_step": [], "mean": None, "last": None}  # a warm start has no iterations yet
+    rates = gen["solve_rates"]
+    assert rates["measured"] == 5 == sum(rates["histogram"]["counts"])
+    assert rates["never_solved"] == pytest.approx(2 / 5) and rates["learnable"] == pytest.approx(2 / 5)
+    assert rates["always_solved"] == pytest.approx(1 / 5)
+    div = gen["diversity"]
+    assert div["tasks"] == 6 and div["distinct_programs"] == 4
+    assert [(p["step"], p["tasks"]) for p in div["by_step"]] == [(1, 3), (2, 3)]
+    assert sum(div["families"].values()) == 6 and all(f.startswith("generator/") for f in div["families"])
+    snap = gen["snapshot"]
+    assert snap["tasks"] == 3
+    check_pass_metrics(snap, 2)
+    frozen = [Task.from_json(line).id for line in (run / "generator_snapshot.jsonl").read_text().splitlines()]
+    assert sorted(frozen) == sorted(t.id for t in tasks)  # eval.generator_snapshot (64) > 6: all of them
+    assert "generated snapshot" in proc.stdout and "generator: validity" in proc.stdout
+
+
+# ---- bad input: one line on stderr, exit status 2 ------------------------------------------------------------
+def one_line_error(capsys, *argv) -> str:
+    assert main(["eval", *map(str, argv)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("selfplay eval: error: "), err
+    return err
+
+
+def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
+    assert "no such folder" in one_line_error(capsys, tmp_path / "missing")
+    assert "holds no checkpoint" in one_line_error(capsys, tmp_path)
+    assert "unknown suite 'everything'" in one_line_error(capsys, tmp_path, "--suite", "everything")
+    assert "--samples must be >= 1" in one_line_error(capsys, tmp_path, "--samples", "0")
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "latest").write_text("step_7\n")
+    assert "step_7, which is missing" in one_line_error(capsys, tmp_path)
+    step = tmp_path / "checkpoints" / "step_7"
+    step.mkdir()
+    (step / "state.json").write_text("{}")
+    assert "no solver/ folder" in one_line_error(capsys, step)
+    (step / "solver").mkdir()
+    assert "holds no run config" in one_line_error(capsys, step)
+    (step / "state.json").write_text("{not json")
+    assert "cannot read" in one_line_error(capsys, tmp_path)
+    (step / "state.json").write_text(json.dumps({"step": 7, "config": {"train": {"stepz": 3}}}))
+    assert "config does not fit" in one_line_error(capsys, step)
+    (step / "state.json").write_text(json.dumps({"step": 7, "config": {}}))
+    assert "name it *.png" in one_line_error(capsys, step, "--plot", tmp_path / "x.svg")
+    with pytest.raises(SystemExit) as exc:
+        main(["eval", str(step), "--limit", "many"])
+    assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
