@@ -44,6 +44,11 @@ class LMAgent:
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
 
     @property
+    def zero3(self) -> bool:
+        """ZeRO-3 partitions parameters: every rank must take part in each generation step."""
+        return is_deepspeed_engine(self.model) and self.model.zero_optimization_stage() == 3
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the model can take (prompt + answer), if its config says."""
         config = policy_of(self.model).config
@@ -93,7 +98,7 @@ class LMAgent:
             samples: list[Sample] = generate(
                 self.model, chunk, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
                 max_new_tokens=room, temperature=self.cfg.temperature, top_k=self.cfg.top_k, top_p=self.cfg.top_p,
-                do_sample=not greedy)
+                do_sample=not greedy, synced_gpus=self.zero3)
             for p, s in zip(chunk, samples):
                 out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished))
         return out

@@ -30,6 +30,7 @@ DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 class RunConfig:
     dir: str = "runs/tiny"  # run folder: checkpoints/, tb/, corpus.sqlite; resuming if it holds a checkpoint
     seed: int = 0  # global seed (python, numpy, torch, task generation)
+    torch_threads: int = 0  # torch intra-op threads per process (0 = torch's default); 1 helps when the sandbox shares cores
     keep_last: int = 3  # checkpoints kept (older step_N folders are removed after a new one is complete)
 
 

@@ -91,6 +91,8 @@ def flatten(d: dict, prefix: str = "") -> dict:
 class SelfPlay:
     def __init__(self, cfg, *, log=None):
         quiet_transformers()
+        if cfg.run.torch_threads > 0:
+            torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
         self._validate(cfg)
         self.info = D.init_distributed(cfg.distributed.backend, cfg.distributed.timeout_min)
@@ -213,6 +215,10 @@ class SelfPlay:
         agents = []
         for name in ("solver", "generator"):
             model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype)
+            if torch.cuda.is_available():  # one GPU per rank; DeepSpeed/DDP keep it there
+                device = torch.device("cuda", self.info.local_rank)
+                model.to(device)
+                reference.to(device)
             agent = LMAgent(name, model, reference, tokenizer, self.cfg.ppo, wrap=wrap, seed=self.cfg.run.seed)
             if self.cfg.train.mode == "selfplay" and name == "generator":
                 for g in agent.trainer.optimizer.param_groups if agent.trainer.optimizer else []:
@@ -359,6 +365,7 @@ class SelfPlay:
                                    max_turns=t.max_turns, reward_cfg=cfg.reward,
                                    max_prompt_tokens=cfg.warmstart.max_len)
         timing["rollout_s"] += time.perf_counter() - t0
+        gen_tokens = sum(sum(r.mask) for r in rollouts)
         train_rollouts = rollouts[: len(my_batch) * t.samples_per_task]
         rates_all = {}
         for part in D.gather_objects(solve_rates(rollouts)):
@@ -379,6 +386,7 @@ class SelfPlay:
             stats = self.solver.update([r for r in train_rollouts], [r.reward for r in train_rollouts],
                                        lr_scale=lr_scale, masks=[r.mask for r in train_rollouts])
             metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
+            timing["solver_update_s"] = time.perf_counter() - t0
         if t.mode == "selfplay" and t.train_generator and proposals:
             stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale)
             metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
@@ -430,6 +438,12 @@ class SelfPlay:
             metrics["mixer/level"] = self._curriculum_level()
         for source, count in plan["counts"].items():
             metrics[f"solver/batch/{source}"] = count
+        metrics["perf/solver_gen_tokens_per_s"] = gen_tokens / max(1e-9, timing["rollout_s"])
+        if timing["solver_update_s"] > 0:
+            update_tokens = sum(len(r.prompt) + len(r.tokens) for r in train_rollouts)
+            metrics["perf/solver_update_tokens_per_s"] = update_tokens / timing["solver_update_s"]
+        if torch.cuda.is_available():
+            metrics["perf/gpu_peak_mem_gb"] = torch.cuda.max_memory_allocated() / 2**30
         sb1 = self.sb.stats()
         runs, hits = sb1["runs"] - sb0["runs"], sb1["cache_hits"] - sb0["cache_hits"]
         sandbox_s = sb1["exec_s"] - sb0["exec_s"]

@@ -37,7 +37,9 @@ def parse_action(text: str) -> tuple[str, str | None]:
     m = _ACTION.search(text or "")
     action = m.group(1).lower() if m else None
     rest = text[m.end():] if m else (text or "")
-    code = extract_code(rest).code
+    parsed = extract_code(rest)
+    # code that does not parse is still the answer: the static check then flags (and penalises) the syntax error
+    code = parsed.code if parsed.code is not None else (parsed.candidate or None)
     if action not in ACTIONS:
         action = "write" if code else "submit"
     return action, code
