@@ -200,8 +200,15 @@ class CodeEpisode:
             passed, status = report.passed, report.status
             if report.status == "timeout":
                 self.flags.add("timeout")
+        sol_s = ref_s = None
+        if self.reward_cfg.efficiency and hidden and passed == len(hidden):
+            # runtime on the hidden tests against the reference's (cached after its first run); per-test times
+            # are measured inside the child, so process start-up does not count
+            ref = self.sb.run_tests(task.reference_solution, task.entry_point, [t["input"] for t in hidden])
+            sol_s = sum(t.duration_s for t in report.tests)
+            ref_s = sum(t.duration_s for t in ref.tests)
         inputs = RewardInputs(hidden_passed=passed, hidden_total=len(hidden), flags=set(self.flags),
-                              visible_passed_before=0, visible_passed_after=0, visible_total=0)
+                              solution_time_s=sol_s, reference_time_s=ref_s)
         terms = reward_terms(inputs)
         terms["progress"] = self._progress
         if self.reward_cfg.quality:

@@ -94,3 +94,12 @@ def test_parse_action():
     assert parse_action("ACTION: run") == ("run", None)
     assert parse_action(answer_text(REF)) == ("write", REF)
     assert parse_action("nothing useful") == ("submit", None)
+
+
+def test_efficiency_term_compares_runtimes_with_the_reference(sb, task):
+    slow = "def solve(xs):\n    for _ in range(200000):\n        pass\n    return sorted(xs)\n"
+    cfg = RewardConfig(correctness=1.0, efficiency=1.0)
+    fast_ep, slow_ep = CodeEpisode(task, sb, reward_cfg=cfg), CodeEpisode(task, sb, reward_cfg=cfg)
+    fast_ep.act(answer_text(REF))
+    slow_ep.act(answer_text(slow))
+    assert slow_ep.result.solved and slow_ep.result.terms["efficiency"] < 0.5 < fast_ep.result.terms["efficiency"]
