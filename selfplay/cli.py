@@ -2,7 +2,7 @@
 
     selfplay train [CONFIG] [key=value ...]          self-play on CONFIG (default configs/tiny.yaml)
     selfplay warmstart [CONFIG] [key=value ...]      behaviour cloning of both agents only
-    selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|all] [--json OUT]
+    selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT]
     selfplay tasks generate|sample ...               procedural tasks into / out of a corpus
     selfplay export RUN_DIR --out FILE.jsonl|FILE.parquet
     selfplay import FILE --out RUN_DIR
@@ -26,7 +26,7 @@ from selfplay.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("selfplay.commands.train", "run self-play (resumes when run.dir holds a checkpoint)"),
     "warmstart": ("selfplay.commands.warmstart", "behaviour-clone the agents on procedural tasks"),
-    "eval": ("selfplay.commands.eval", "evaluate a run or checkpoint on held-out suites / HumanEval"),
+    "eval": ("selfplay.commands.eval", "evaluate a checkpoint: held-out splits, HumanEval, the generator's side"),
     "tasks": ("selfplay.commands.tasks", "generate or inspect procedural tasks"),
     "export": ("selfplay.commands.export", "export a run's task corpus as a dataset"),
     "import": ("selfplay.commands.import_", "import (and re-validate) a task dataset into a corpus"),

@@ -41,12 +41,12 @@ def _pass_keys(rows: list[dict]) -> list[str]:
     return [k for k in BAR_KEYS if any(k in r for r in rows)] + extra
 
 
-def bars_by_group(ax, groups: dict[str, dict], title: str) -> None:
+def bars_by_group(ax, groups: dict[str, dict], title: str, why: str = "no results") -> None:
     """Grouped bars: one group per name (split, suite), one bar per pass@ metric present."""
     groups = {name: res for name, res in groups.items() if isinstance(res, dict) and res.get("tasks", 1)}
     keys = _pass_keys(list(groups.values()))
     if not groups or not keys:
-        _no_data(ax, title, "no results")
+        _no_data(ax, title, why)
         return
     width = 0.8 / len(keys)
     for j, key in enumerate(keys):
@@ -61,17 +61,21 @@ def bars_by_group(ax, groups: dict[str, dict], title: str) -> None:
     ax.legend(fontsize=7, loc="upper right")
 
 
-def lines_over_steps(ax, series: dict[str, list], title: str, ylabel: str, mean: float | None = None) -> None:
+def lines_over_steps(ax, series: dict[str, list], title: str, ylabel: str, mean: float | None = None,
+                     why: str = "no points yet") -> None:
     """One line per name from [[step, value], ...] points."""
     series = {name: pts for name, pts in series.items() if pts}
     if not series:
-        _no_data(ax, title, "no points yet")
+        _no_data(ax, title, why)
         return
     for name, pts in series.items():
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=name)
     if mean is not None:
         ax.axhline(mean, linestyle="--", color="grey", linewidth=1, label=f"mean {mean:.2f}")
     ax.set_ylim(-0.02, 1.05)
+    steps = [p[0] for pts in series.values() for p in pts]
+    if max(steps) - min(steps) < 2:  # one or two iterations: keep whole-number ticks around them
+        ax.set_xlim(min(steps) - 1, max(steps) + 1)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration")
     ax.set_ylabel(ylabel)
@@ -79,11 +83,11 @@ def lines_over_steps(ax, series: dict[str, list], title: str, ylabel: str, mean:
     ax.legend(fontsize=7)
 
 
-def solve_rate_hist(ax, solve_rates: dict | None) -> None:
+def solve_rate_hist(ax, solve_rates: dict | None, why: str = "no measured generator tasks") -> None:
     title = "solve rates of generated tasks"
     hist = (solve_rates or {}).get("histogram")
     if not hist or not sum(hist["counts"]):
-        _no_data(ax, title, "no measured generator tasks")
+        _no_data(ax, title, why)
         return
     edges, counts = hist["edges"], hist["counts"]
     ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges, edges[1:])], align="edge", edgecolor="white")
@@ -96,11 +100,11 @@ def solve_rate_hist(ax, solve_rates: dict | None) -> None:
     ax.set_title(title + " (" + ", ".join(f"{n} {v:.0%}" for n, v in shares if v is not None) + ")")
 
 
-def diversity_over_steps(ax, diversity: dict | None) -> None:
+def diversity_over_steps(ax, diversity: dict | None, why: str = "no generator tasks") -> None:
     title = "generated tasks by creation step"
     timeline = (diversity or {}).get("by_step") or []
     if not timeline:
-        _no_data(ax, title, "no generator tasks")
+        _no_data(ax, title, why)
         return
     steps = [p["step"] for p in timeline]
     ax.bar(steps, [p["tasks"] for p in timeline], color="lightsteelblue", label="tasks")
@@ -117,18 +121,22 @@ def diversity_over_steps(ax, diversity: dict | None) -> None:
 def plot_eval(results: dict, path: str | Path) -> Path:
     """Draw the evaluation `results` (the JSON of `selfplay eval`) into one PNG at `path`."""
     generator = results.get("generator") or {}
+    skipped = {suite: f"not evaluated (--suite {suite})" for suite in ("heldout", "humaneval", "generator")
+               if suite not in results}
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k != "by_family"}
-    bars_by_group(axes[0, 0], heldout, f"held-out pass@1, step {results.get('step', '?')}")
+    bars_by_group(axes[0, 0], heldout, f"held-out pass@1, step {results.get('step', '?')}",
+                  skipped.get("heldout", "no results"))
     lines_over_steps(axes[0, 1], results.get("heldout_over_time") or {}, "held-out greedy pass@1 over the run",
-                     "greedy pass@1")
-    validity = generator.get("validity") or {}
+                     "greedy pass@1", why="no evaluations in the run's history")
+    validity = results.get("validity_over_time") or generator.get("validity") or {}
     lines_over_steps(axes[0, 2], {"validity": validity.get("by_step") or []}, "generator validity rate",
-                     "valid proposals / proposals", validity.get("mean"))
-    solve_rate_hist(axes[1, 0], generator.get("solve_rates"))
-    diversity_over_steps(axes[1, 1], generator.get("diversity"))
+                     "valid proposals / proposals", validity.get("mean"), why="no iterations with proposals")
+    solve_rate_hist(axes[1, 0], generator.get("solve_rates"), skipped.get("generator", "no measured generator tasks"))
+    diversity_over_steps(axes[1, 1], generator.get("diversity"), skipped.get("generator", "no generator tasks"))
     others = {"generated\nsnapshot": generator.get("snapshot"), "HumanEval": results.get("humaneval")}
-    bars_by_group(axes[1, 2], {k: _as_group(v) for k, v in others.items() if v}, "generated snapshot, HumanEval")
+    bars_by_group(axes[1, 2], {k: _as_group(v) for k, v in others.items() if v}, "generated snapshot, HumanEval",
+                  _last_panel_note(skipped))
     fig.suptitle(f"{results.get('checkpoint', '')}", fontsize=10)
     fig.tight_layout()
     path = Path(path)
@@ -136,6 +144,12 @@ def plot_eval(results: dict, path: str | Path) -> Path:
     fig.savefig(path, dpi=90)
     plt.close(fig)
     return path
+
+
+def _last_panel_note(skipped: dict) -> str:
+    if "humaneval" in skipped and "generator" in skipped:
+        return "not evaluated (--suite humaneval, generator)"
+    return "no snapshot tasks" if "humaneval" in skipped else "no results"
 
 
 def _as_group(res: dict) -> dict:

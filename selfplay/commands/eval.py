@@ -89,6 +89,8 @@ def load_solver(folder: Path, cfg):
     from selfplay.agent import LMAgent
     from selfplay.models import ActorCritic, _dtype, ensure_chat_template
 
+    if cfg.run.torch_threads > 0:
+        torch.set_num_threads(cfg.run.torch_threads)
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
     model = ActorCritic.from_pretrained(folder, dtype=_dtype(cfg.model.dtype))
     if torch.cuda.is_available():
@@ -143,7 +145,8 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
     quiet_transformers()
     samples, limit, turns, temp = (options[k] for k in ("samples", "limit", "max_turns", "temperature"))
     results: dict = {"checkpoint": str(ckpt), "run_dir": str(run_dir), "suites": suites, "options": options,
-                     "heldout_over_time": E.evals_over_time(state.get("evals", {})), "seconds": {}}
+                     "heldout_over_time": E.evals_over_time(state.get("evals", {})),
+                     "validity_over_time": E.validity_over_time(state.get("history", [])), "seconds": {}}
     corpus = None
     if corpus_path(run_dir).exists():
         try:

@@ -87,6 +87,7 @@ def test_heldout_json_table_plot_and_tensorboard(run):
             check_pass_metrics(f, 2)
         assert f"held-out {split}" in proc.stdout  # a table row per split
     assert results["heldout_over_time"]["test"] == [[0, state["eval_before"]["test"]["pass@1_greedy"]]]
+    assert results["validity_over_time"] == {"by_step": [], "mean": None, "last": None}  # no iterations yet
     assert (run / "eval" / "step_0.png").read_bytes()[:8] == PNG_MAGIC
     scalars = read_scalars(run)
     assert scalars["eval/heldout/test/pass@1_greedy"] == [(0, pytest.approx(heldout["test"]["pass@1_greedy"]))]
