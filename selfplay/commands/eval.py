@@ -116,6 +116,9 @@ def run(args: argparse.Namespace) -> int:
     step = int(state.get("step", 0))
     json_out = Path(args.json_out) if args.json_out else run_dir / "eval" / f"step_{step}.json"
     plot_out = Path(args.plot) if args.plot else json_out.with_suffix(".png")
+    for path in (json_out, plot_out):
+        if path.is_dir():
+            raise UserError(f"{path} is a folder: name the file to write")
     if plot_out.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
     options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
