@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -20,31 +19,7 @@ import pytest
 
 from selfplay.tb import read_scalars
 
-SMOKE = ["configs/smoke.yaml", "warmstart.tasks=160", "warmstart.solver_steps=40", "warmstart.generator_steps=10",
-         "eval.tasks_per_split=2"]
-REPO = Path(__file__).resolve().parents[2]
-
-
-def selfplay(*args, timeout=900, check=True):
-    proc = subprocess.run([sys.executable, "-m", "selfplay", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        err = proc.stderr if len(proc.stderr) < 6000 else proc.stderr[:3000] + "\n...\n" + proc.stderr[-3000:]
-        raise AssertionError(f"selfplay {' '.join(args)} exited {proc.returncode}:\n{err}")
-    return proc
-
-
-@pytest.fixture(scope="session")
-def warm_run(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("warm") / "run"
-    selfplay("warmstart", *SMOKE, f"run.dir={run}")
-    return run
-
-
-def copy_run(warm_run: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "run"
-    shutil.copytree(warm_run, dst)
-    return dst
+from tests.conftest import REPO, SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 
 def corpus_ids(run: Path) -> list[str]:

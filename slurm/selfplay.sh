@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Self-play on a SLURM cluster: one srun task per node, each running torchrun with one process per GPU.
+#
+#   sbatch slurm/selfplay.sh                                   # configs/tiny.yaml, defaults below
+#   sbatch slurm/selfplay.sh configs/gpu_1.5b.yaml run.dir=/shared/runs/exp1 train.steps=2000
+#   sbatch --nodes=4 slurm/selfplay.sh configs/gpu_7b.yaml     # sbatch options override the #SBATCH lines
+#   NPROC_PER_NODE=2 sbatch --export=ALL slurm/selfplay.sh configs/smoke.yaml   # CPU-only nodes: 2 ranks (gloo)
+#
+# Preemption: SLURM sends USR1 to this script `--signal` seconds before the time limit. The trap writes a stop
+# file that rank 0 polls between iterations; all ranks finish the current iteration, write a checkpoint and exit,
+# and this script requeues the job, which resumes from that checkpoint (run.dir must be on shared storage).
+#
+# Edit these defaults for your cluster:
+#SBATCH --job-name=selfplay
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=1
+#SBATCH --cpus-per-task=2
+#SBATCH --time=24:00:00
+#SBATCH --output=slurm-%x-%j.out
+#SBATCH --signal=B:USR1@300
+#SBATCH --requeue
+#SBATCH --open-mode=append
+# GPUs per node: add e.g. "#SBATCH --gpus-per-node=8" on a GPU cluster (one rank per GPU).
+set -euo pipefail
+
+CONFIG=${1:-configs/tiny.yaml}
+[ $# -gt 0 ] && shift
+OVERRIDES=("$@")
+
+cd "${SLURM_SUBMIT_DIR:-$(pwd)}"
+if [ ! -f "$CONFIG" ]; then
+  echo "selfplay.sh: config file not found: $CONFIG (paths are relative to the submit directory $(pwd))" >&2
+  exit 2
+fi
+
+# ---- rendezvous: the first node of the allocation is the master ------------------------------------------
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
+MASTER_PORT=${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}
+export MASTER_ADDR MASTER_PORT
+
+# ---- processes per node: one per GPU, else NPROC_PER_NODE (CPU ranks) ---------------------------------------
+if [ -z "${NPROC_PER_NODE:-}" ]; then
+  if [ -n "${SLURM_GPUS_ON_NODE:-}" ] && [ "${SLURM_GPUS_ON_NODE}" -gt 0 ] 2>/dev/null; then
+    NPROC_PER_NODE=$SLURM_GPUS_ON_NODE
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    NPROC_PER_NODE=$(nvidia-smi -L | wc -l)
+  else
+    NPROC_PER_NODE=1
+  fi
+fi
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  export NCCL_ASYNC_ERROR_HANDLING=1 TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+else
+  export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+fi
+
+# ---- preemption: USR1 -> stop file -> checkpoint -> requeue -----------------------------------------------
+export SELFPLAY_STOP_FILE="${SLURM_SUBMIT_DIR:-$(pwd)}/.selfplay-stop-${SLURM_JOB_ID}"
+rm -f "$SELFPLAY_STOP_FILE"
+on_usr1() {
+  echo "selfplay.sh: USR1 received at $(date -u +%FT%TZ): asking ranks to checkpoint and stop"
+  touch "$SELFPLAY_STOP_FILE"
+}
+trap on_usr1 USR1
+
+echo "selfplay.sh: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $SLURM_NNODES node(s) x $NPROC_PER_NODE" \
+     "process(es), master $MASTER_ADDR:$MASTER_PORT, config $CONFIG ${OVERRIDES[*]:-}"
+
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
+  exec python -m torch.distributed.run --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
+    --nproc_per_node "'"$NPROC_PER_NODE"'" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
+    --max_restarts 0 -m selfplay train "$@"' selfplay "$CONFIG" "${OVERRIDES[@]}" &
+SRUN_PID=$!
+# `wait` returns early when a trapped signal arrives: keep waiting until srun itself has ended
+status=0
+while true; do
+  wait "$SRUN_PID" && status=0 || status=$?
+  kill -0 "$SRUN_PID" 2>/dev/null || break
+done
+
+if [ -f "$SELFPLAY_STOP_FILE" ]; then
+  rm -f "$SELFPLAY_STOP_FILE"
+  if [ "$status" -eq 0 ]; then
+    echo "selfplay.sh: checkpoint written; requeueing job $SLURM_JOB_ID"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+fi
+echo "selfplay.sh: finished with status $status"
+exit "$status"

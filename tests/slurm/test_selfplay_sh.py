@@ -1,0 +1,102 @@
+"""`sbatch slurm/selfplay.sh` on a real one-node SLURM cluster (slurm/local_cluster.sh; CI starts it), 2 CPU ranks.
+
+Both tests continue a warm-started smoke run (the session's `warm_run`) so that they spend their time in the
+distributed loop, not in the warm start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, SMOKE, copy_run
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+def need_cluster() -> None:
+    if shutil.which("sbatch") is None:
+        pytest.fail("sbatch not found: install slurm-wlm and munge and run `bash slurm/local_cluster.sh`")
+    out = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True)
+    if out.returncode != 0 or not re.search(r"idle|mix|alloc", out.stdout):
+        pytest.fail(f"no SLURM node up ({out.stdout.strip() or out.stderr.strip()}): run `bash slurm/local_cluster.sh`")
+
+
+def sbatch(run: Path, *overrides: str) -> str:
+    env = dict(os.environ, NPROC_PER_NODE="2")
+    out = subprocess.run(["sbatch", "--parsable", f"--output={run}/slurm-%j.out", "slurm/selfplay.sh",
+                          *SMOKE, f"run.dir={run}", *overrides], cwd=REPO, env=env, capture_output=True, text=True,
+                         check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def job_field(job: str, name: str) -> str | None:
+    out = subprocess.run(["scontrol", "show", "job", job], capture_output=True, text=True)
+    m = re.search(rf"\b{name}=(\S+)", out.stdout)
+    return m.group(1) if m else None
+
+
+def wait_for(job: str, states: set[str], timeout: float) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        state = job_field(job, "JobState")
+        if state in states:
+            return state
+        time.sleep(2)
+    subprocess.run(["scancel", job])
+    raise AssertionError(f"job {job} not in {states} after {timeout:.0f}s (last state {state})")
+
+
+def latest(run: Path) -> str:
+    return (run / "checkpoints" / "latest").read_text().strip()
+
+
+def state(run: Path) -> dict:
+    return json.loads((run / "checkpoints" / latest(run) / "state.json").read_text())
+
+
+def log_text(run: Path) -> str:
+    return "".join(p.read_text() for p in run.glob("slurm-*.out"))
+
+
+def test_sbatch_runs_two_ranks_to_completion(warm_run, tmp_path):
+    need_cluster()
+    run = copy_run(warm_run, tmp_path)
+    job = sbatch(run, "train.steps=2")
+    assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 900) == "COMPLETED", log_text(run)[-3000:]
+    log = log_text(run)
+    assert "1 node(s) x 2 process(es)" in log
+    assert "rank 0 of 2" in log and "rank 1 of 2" in log  # both ranks joined
+    st = state(run)
+    assert st["step"] == 2 and st["world_size"] == 2 and [h["step"] for h in st["history"]] == [1, 2]
+    for agent in ("solver", "generator"):
+        assert (run / "checkpoints" / "step_2" / agent / "config.json").exists()
+    assert (run / "summary.json").exists() and "finished with status 0" in log
+
+
+def test_usr1_checkpoints_requeues_and_resumes(warm_run, tmp_path):
+    need_cluster()
+    run = copy_run(warm_run, tmp_path)
+    job = sbatch(run, "train.steps=4", "train.checkpoint_every=1")
+    deadline = time.time() + 900
+    while latest(run) == "step_0":  # let it get into the loop
+        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
+        time.sleep(1)
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
+    assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 1200) == "COMPLETED", log_text(run)[-3000:]
+    log = log_text(run)
+    assert "USR1 received" in log and "requeueing job" in log
+    assert "restart 1:" in log and int(job_field(job, "Restarts")) >= 1
+    stopped_at = int(re.search(r"stop requested: checkpoint step_(\d+) written", log).group(1))
+    assert 1 <= stopped_at < 4
+    assert f"loaded {run}/checkpoints/step_{stopped_at}" in log  # the requeued job resumed from that checkpoint
+    st = state(run)
+    assert st["step"] == 4 and [h["step"] for h in st["history"]] == [1, 2, 3, 4]
+    assert not (REPO / f".selfplay-stop-{job}").exists()
