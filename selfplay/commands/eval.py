@@ -242,10 +242,9 @@ def print_table(results: dict) -> None:
 
 def scalars(results: dict) -> dict[str, float]:
     """The headline numbers as TensorBoard tags eval/<suite>/..."""
-    out = {}
-    for split, res in (results.get("heldout") or {}).items():
-        if split != "by_family":
-            out.update({f"eval/heldout/{split}/{k}": v for k, v in res.items() if isinstance(v, (int, float))})
+    from selfplay.evaluate import heldout_scalars
+
+    out = heldout_scalars(results.get("heldout") or {})
     out.update({f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items()
                 if isinstance(v, (int, float))})
     gen = results.get("generator") or {}
