@@ -250,18 +250,25 @@ def solve_rate_histogram(rates: Sequence[float], bins: int = SOLVE_RATE_BINS) ->
     return {"edges": [i / bins for i in range(bins + 1)], "counts": counts}
 
 
-def generated_task_stats(tasks: Sequence[Task]) -> dict:
-    """Solve-rate distribution and diversity of generator-made tasks (corpus rows with source "generator")."""
+def solve_rate_summary(tasks: Sequence[Task]) -> dict:
+    """Measured solve rates (1 - difficulty) of tasks: how many, their mean, and the shares never solved, in the
+    learnable band and always solved (None without a measured task)."""
     rates = [1.0 - t.difficulty for t in tasks if t.difficulty is not None]
     n = len(rates)
-    solve_rates = {
+    return {
         "measured": n,
         "mean": statistics.mean(rates) if rates else None,
         "never_solved": sum(r == 0.0 for r in rates) / n if n else None,  # p = 0: too hard or ill-posed
         "learnable": sum(0.0 < r < 1.0 for r in rates) / n if n else None,  # 0 < p < 1: the generator's target
         "always_solved": sum(r == 1.0 for r in rates) / n if n else None,  # p = 1: too easy
-        "histogram": solve_rate_histogram(rates),
     }
+
+
+def generated_task_stats(tasks: Sequence[Task]) -> dict:
+    """Solve-rate distribution and diversity of generator-made tasks (corpus rows with source "generator"),
+    overall and by creation step."""
+    solve_rates = dict(solve_rate_summary(tasks), histogram=solve_rate_histogram(
+        [1.0 - t.difficulty for t in tasks if t.difficulty is not None]))
     by_step: dict[int, list[Task]] = defaultdict(list)
     for t in tasks:
         by_step[t.created_step].append(t)
@@ -272,8 +279,10 @@ def generated_task_stats(tasks: Sequence[Task]) -> dict:
         programs = {_program_key(t) for t in group}
         new = programs - seen
         seen |= programs
+        rates = solve_rate_summary(group)
         timeline.append({"step": step, "tasks": len(group), "distinct_programs": len(programs),
-                         "new_programs": len(new), "families": len({t.family for t in group})})
+                         "new_programs": len(new), "families": len({t.family for t in group}),
+                         "solve_rate_mean": rates["mean"], "learnable": rates["learnable"]})
     programs = {_program_key(t) for t in tasks}
     families = Counter(t.family for t in tasks)
     diversity = {

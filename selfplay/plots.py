@@ -8,7 +8,7 @@ generator):
     held-out greedy pass@1 over the run's evaluations (one line per split)
     generator validity rate over iterations
     measured solve rates of generator-made tasks (histogram; the learnable band 0 < p < 1 is what it is paid for)
-    generator tasks and distinct programs by creation step (diversity)
+    generator tasks, new distinct programs and their mean solve rate by creation step (diversity, difficulty)
     frozen snapshot of generated tasks and HumanEval (greedy and sampled pass@1)
 
 matplotlib with the Agg backend (no display needed); every function takes plain dicts, so plots can be redrawn
@@ -97,7 +97,7 @@ def solve_rate_hist(ax, solve_rates: dict | None, why: str = "no measured genera
     ax.set_ylabel("tasks")
     shares = [(name, solve_rates.get(key)) for name, key in (("p=0", "never_solved"), ("0<p<1", "learnable"),
                                                                 ("p=1", "always_solved"))]
-    ax.set_title(title + " (" + ", ".join(f"{n} {v:.0%}" for n, v in shares if v is not None) + ")")
+    ax.set_title(title + "\n" + ", ".join(f"{n}: {v:.0%}" for n, v in shares if v is not None), fontsize=10)
 
 
 def diversity_over_steps(ax, diversity: dict | None, why: str = "no generator tasks") -> None:
@@ -108,14 +108,23 @@ def diversity_over_steps(ax, diversity: dict | None, why: str = "no generator ta
         return
     steps = [p["step"] for p in timeline]
     ax.bar(steps, [p["tasks"] for p in timeline], color="lightsteelblue", label="tasks")
-    ax.bar(steps, [p["new_programs"] for p in timeline], width=0.5, color="steelblue", label="new programs")
+    ax.bar(steps, [p["new_programs"] for p in timeline], width=0.5, color="steelblue", label="new distinct programs")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("iteration (creation step)")
     ax.set_ylabel("count")
     ratio = diversity.get("distinct_ratio")
     ax.set_title(title + (f" (distinct {ratio:.0%})" if ratio is not None else ""))
-    ax.legend(fontsize=7, loc="lower right")
+    measured = [(p["step"], p["solve_rate_mean"]) for p in timeline if p.get("solve_rate_mean") is not None]
+    handles, labels = ax.get_legend_handles_labels()
+    if measured:  # the solve rate of each step's tasks on a second axis: is the generator tracking the solver?
+        twin = ax.twinx()
+        line, = twin.plot([m[0] for m in measured], [m[1] for m in measured], color="darkorange", marker="o",
+                          markersize=3)
+        twin.set_ylim(-0.02, 1.05)
+        twin.set_ylabel("mean solve rate")
+        handles, labels = handles + [line], labels + ["mean solve rate"]
+    ax.legend(handles, labels, fontsize=7, loc="lower right")
 
 
 def plot_eval(results: dict, path: str | Path) -> Path:

@@ -132,6 +132,10 @@ def test_generated_task_stats_are_consistent(specs):
     assert d["distinct_programs"] == len({prog for _, prog, _, _ in specs})
     assert d["distinct_programs"] == sum(p["new_programs"] for p in d["by_step"])  # each program new exactly once
     assert [p["step"] for p in d["by_step"]] == sorted({step for step, *_ in specs})
+    for point in d["by_step"]:
+        step_rates = [r for step, _, _, r in specs if step == point["step"] and r is not None]
+        assert point["solve_rate_mean"] == (pytest.approx(sum(step_rates) / len(step_rates)) if step_rates else None)
+        assert point["learnable"] is None or 0.0 <= point["learnable"] <= 1.0
     assert d["distinct_ratio"] is None if not tasks else 0.0 < d["distinct_ratio"] <= 1.0
     json.dumps(stats, allow_nan=False)
 
