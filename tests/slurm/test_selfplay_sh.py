@@ -100,3 +100,36 @@ def test_usr1_checkpoints_requeues_and_resumes(warm_run, tmp_path):
     st = state(run)
     assert st["step"] == 4 and [h["step"] for h in st["history"]] == [1, 2, 3, 4]
     assert not (REPO / f".selfplay-stop-{job}").exists()
+
+
+def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
+    need_cluster()
+    run = copy_run(warm_run, tmp_path)
+    job = sbatch(run, "train.steps=40")
+    deadline = time.time() + 900
+    while "rank 1 of 2" not in log_text(run) or "loaded" not in log_text(run):
+        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
+        time.sleep(1)
+    time.sleep(3)
+    rank1 = [pid for pid in map(int, subprocess.run(["pgrep", "-f", "selfplay train"], capture_output=True,
+                                                      text=True).stdout.split())
+             if "RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")]
+    assert rank1, "rank 1's process not found"
+    os.kill(rank1[0], 9)
+    t0 = time.time()
+    assert wait_for(job, {"FAILED", "COMPLETED", "CANCELLED"}, 300) == "FAILED"
+    assert time.time() - t0 < 300
+    log = log_text(run)
+    assert re.search(r"Root Cause.*?rank\s*:\s*1 ", log, re.DOTALL), log[-3000:]
+    assert "finished with status" in log and "finished with status 0" not in log
+
+
+def test_bad_submissions_fail_at_once(tmp_path):
+    need_cluster()
+    too_many = subprocess.run(["sbatch", "--nodes=64", "slurm/selfplay.sh", "configs/smoke.yaml"], cwd=REPO,
+                              capture_output=True, text=True)
+    assert too_many.returncode != 0 and "submission failed" in too_many.stderr  # EnforcePartLimits=ALL
+    job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", "slurm/selfplay.sh",
+                          "configs/missing.yaml"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    assert wait_for(job, {"FAILED", "COMPLETED"}, 300) == "FAILED"
+    assert "config file not found: configs/missing.yaml" in (tmp_path / f"slurm-{job}.out").read_text()
