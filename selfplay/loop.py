@@ -55,7 +55,7 @@ from selfplay.checkpoint import CheckpointManager, rng_state, set_rng_state
 from selfplay.config import to_dict
 from selfplay.corpus import Corpus
 from selfplay.errors import UserError
-from selfplay.evaluate import evaluate_heldout, heldout_tasks
+from selfplay.evaluate import evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
 from selfplay.rollout import generator_rollouts, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
@@ -474,10 +474,7 @@ class SelfPlay:
         tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
         results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
                                    max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward)
-        for split, res in results.items():
-            if split == "by_family":
-                continue
-            self.tb.scalars({f"eval/{split}/{k}": v for k, v in res.items() if isinstance(v, (int, float))}, step)
+        self.tb.scalars(heldout_scalars(results), step)
         self.evals[str(step)] = results
         line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s != "by_family")
         self.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")

@@ -62,7 +62,7 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
                 "ppo/solver/policy_loss", "ppo/solver/value_loss", "ppo/solver/kl", "ppo/solver/entropy",
                 "ppo/solver/clipfrac", "ppo/solver/explained_var", "ppo/generator/policy_loss",
                 "sandbox/execs_per_s", "sandbox/cache_hit_rate", "time/rollout_s", "time/update_s",
-                "time/sandbox_s", "eval/test/pass@1_greedy"):
+                "time/sandbox_s", "eval/heldout/test/pass@1_greedy", "eval/heldout/deeper/pass@1"):
         assert tag in tags, tag
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3]
     assert all(0.0 <= v <= 1.0 for _, v in tags["generator/validity_rate"])
