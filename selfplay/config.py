@@ -58,6 +58,8 @@ class TasksConfig:
         "dedup+sort", "filter+group", "map+top_k"])
     train_max_depth: int = 4  # most pipeline steps in a training task; the "deeper" split uses 1-2 more
     n_visible_vague: int = 5  # visible examples for level-4 tasks (defined mostly by their examples)
+    prompt_examples: int = 5  # at most this many visible examples in a solver prompt
+    prompt_value_chars: int = 300  # example values longer than this are cut in the prompt (short contexts)
 
 
 @dataclass

@@ -139,15 +139,16 @@ def _parses(code: str) -> bool:
 
 def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
                      reward_cfg=None, temperature: float | None = None,
-                     max_prompt_tokens: int | None = None) -> dict:
-    """{split: metrics, "by_family": {split: {family: metrics}}} for the solver agent.
+                     max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
+    """{split: metrics, "by_family": {split: {family: metrics}}} for the solver agent. `prompt_kw`: the
+    task_prompt options training used (selfplay.rollout.prompt_options(cfg)).
 
     Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
     from selfplay.rollout import solver_rollouts
 
     order = [(split, task) for split, tasks in tasks_by_split.items() for task in tasks]
     all_tasks = [task for _, task in order]
-    kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens)
+    kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens, prompt_kw=prompt_kw)
     greedy = solver_rollouts(agent, all_tasks, 1, sb, greedy=True, **kw) if all_tasks else []
     sampled = []
     if samples > 1 and all_tasks:

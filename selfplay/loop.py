@@ -57,7 +57,7 @@ from selfplay.corpus import Corpus
 from selfplay.errors import UserError
 from selfplay.evaluate import evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
-from selfplay.rollout import generator_rollouts, solve_rates, solver_rollouts
+from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
 
 MODES = ("selfplay", "curriculum", "warmstart")
@@ -363,7 +363,7 @@ class SelfPlay:
         t0 = time.perf_counter()
         rollouts = solver_rollouts(self.solver, my_batch + my_extra, t.samples_per_task, self.sb,
                                    max_turns=t.max_turns, reward_cfg=cfg.reward,
-                                   max_prompt_tokens=cfg.warmstart.max_len)
+                                   max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg))
         timing["rollout_s"] += time.perf_counter() - t0
         gen_tokens = sum(sum(r.mask) for r in rollouts)
         train_rollouts = rollouts[: len(my_batch) * t.samples_per_task]
@@ -473,7 +473,8 @@ class SelfPlay:
         t0 = time.perf_counter()
         tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
         results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
-                                   max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward)
+                                   max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
+                                   prompt_kw=prompt_options(self.cfg))
         self.tb.scalars(heldout_scalars(results), step)
         self.evals[str(step)] = results
         line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s != "by_family")

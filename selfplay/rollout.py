@@ -26,6 +26,11 @@ from solver.prompts import task_prompt
 from solver.rewards import RewardConfig
 
 
+def prompt_options(cfg) -> dict:
+    """task_prompt options from the `tasks:` config section."""
+    return {"max_examples": cfg.tasks.prompt_examples, "max_chars": cfg.tasks.prompt_value_chars}
+
+
 @dataclass
 class SolverRollout:
     task: Task
@@ -42,11 +47,12 @@ class SolverRollout:
 
 def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_turns: int = 1,
                     reward_cfg: RewardConfig | None = None, greedy: bool = False, threads: int = 8,
-                    max_prompt_tokens: int | None = None) -> list[SolverRollout]:
-    """k episodes per task (task-major order: task 0's k episodes first)."""
+                    max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> list[SolverRollout]:
+    """k episodes per task (task-major order: task 0's k episodes first). `prompt_kw` goes to
+    solver.prompts.task_prompt (max_examples, max_chars)."""
     episodes, prompts = [], []
     for task in tasks:
-        prompt = agent.chat_ids(task_prompt(task, multi_turn=max_turns > 1), max_prompt_tokens)
+        prompt = agent.chat_ids(task_prompt(task, multi_turn=max_turns > 1, **(prompt_kw or {})), max_prompt_tokens)
         for _ in range(k):
             runner = IncrementalRunner(sb) if max_turns > 1 else None
             episodes.append(CodeEpisode(task, sb, max_turns=max_turns, reward_cfg=reward_cfg, runner=runner))

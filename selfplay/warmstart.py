@@ -20,13 +20,14 @@ from generator.agent import build_prompt, format_proposal
 from generator.schema import Task
 from selfplay.agent import LMAgent
 from selfplay.models import build_models, frozen_copy
+from selfplay.rollout import prompt_options
 from selfplay.sft import sft
 from solver.prompts import answer_text, task_prompt
 
 
-def solver_examples(tasks: Sequence[Task]) -> list[tuple[str, str]]:
+def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> list[tuple[str, str]]:
     """(user prompt, answer text) pairs: the solver writes the reference solution."""
-    return [(task_prompt(t), answer_text(t.reference_solution)) for t in tasks]
+    return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
 
 
 def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int) -> list[tuple[str, str]]:
@@ -81,7 +82,7 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     corpus.insert_many(tasks)
     log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
 
-    s_pairs = solver_examples(tasks)
+    s_pairs = solver_examples(tasks, prompt_options(cfg))
     g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed)
     texts = [x for pair in s_pairs + g_pairs for x in pair]
     solver, generator = build_agents(cfg, run_dir, texts)

@@ -21,23 +21,26 @@ MULTI_TURN_HELP = ("Answer with one action per turn: 'ACTION: write' followed by
                    "examples, 'ACTION: check' for a static check, or 'ACTION: submit'.")
 
 
-def _short(value) -> str:
+def _short(value, max_chars: int = MAX_EXAMPLE_CHARS) -> str:
     text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= MAX_EXAMPLE_CHARS else text[: MAX_EXAMPLE_CHARS - 3] + "..."
+    return text if len(text) <= max_chars else text[: max(1, max_chars - 3)] + "..."
 
 
-def examples_text(task: Task) -> str:
+def examples_text(task: Task, max_examples: int | None = None, max_chars: int = MAX_EXAMPLE_CHARS) -> str:
     lines = []
-    for t in task.visible_tests:
-        args = ", ".join(_short(a) for a in t["input"])
-        lines.append(f"{task.entry_point}({args}) == {_short(t.get('output'))}")
+    for t in task.visible_tests[:max_examples]:
+        args = ", ".join(_short(a, max_chars) for a in t["input"])
+        lines.append(f"{task.entry_point}({args}) == {_short(t.get('output'), max_chars)}")
     return "\n".join(lines)
 
 
-def task_prompt(task: Task, multi_turn: bool = False) -> str:
+def task_prompt(task: Task, multi_turn: bool = False, max_examples: int | None = None,
+                max_chars: int = MAX_EXAMPLE_CHARS) -> str:
+    """Description, signature, the visible examples (at most `max_examples`, each value cut at `max_chars`: a
+    small model's context is short), and what to answer."""
     parts = [task.description.strip(), "", f"Signature: {task.signature}"]
     if task.visible_tests:
-        parts += ["Examples:", examples_text(task)]
+        parts += ["Examples:", examples_text(task, max_examples, max_chars)]
     if multi_turn:
         parts += ["", MULTI_TURN_HELP]
     else:
