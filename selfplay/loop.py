@@ -307,19 +307,20 @@ class SelfPlay:
     def _plan(self, valid_generator: list[Task]) -> dict:
         """Rank 0: the solver batch of this iteration (tasks for PPO, extra generator tasks to measure)."""
         t = self.cfg.train
-        if t.mode == "curriculum":
-            batch = self._procedural([self._curriculum_level()] * t.solver_tasks)
-            return {"batch": batch, "extra": [], "counts": {"procedural": len(batch)}}
         replay_pool = self.corpus.query(split="train", order="random", seed=self.step + 7, limit=1024)
-        plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
-                                                          "replay": len(replay_pool)})
-        gen = list(valid_generator)
-        self.rng.shuffle(gen)
-        chosen_gen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
-        replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool], [x.difficulty for x in replay_pool],
-                                                  plan.counts["replay"]))
-        replay = [x for x in replay_pool if x.id in replay_ids]
-        procedural = self._procedural(plan.levels)
+        if t.mode == "curriculum":  # the fixed level schedule, procedural tasks only
+            chosen_gen, extra, replay = [], [], []
+            procedural = self._procedural([self._curriculum_level()] * t.solver_tasks)
+        else:
+            plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
+                                                              "replay": len(replay_pool)})
+            gen = list(valid_generator)
+            self.rng.shuffle(gen)
+            chosen_gen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
+            replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool],
+                                                      [x.difficulty for x in replay_pool], plan.counts["replay"]))
+            replay = [x for x in replay_pool if x.id in replay_ids]
+            procedural = self._procedural(plan.levels)
         batch = chosen_gen + procedural + replay
         while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
             batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
