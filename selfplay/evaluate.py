@@ -318,14 +318,15 @@ def generator_snapshot(run_dir: str | Path, corpus, size: int, seed: int = 0) ->
 
 def evaluate_generator(state: dict, corpus, *, agent=None, snapshot: Sequence[Task] = (), sb=None,
                        samples: int = 4, max_turns: int = 1, reward_cfg=None, temperature: float | None = None,
-                       max_prompt_tokens: int | None = None) -> dict:
+                       max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
     """Generator-side metrics of a run: validity over time (state["history"]), solve rates and diversity of the
     corpus's generator tasks, and (given an agent) the solver's greedy and sampled pass@1 on the snapshot."""
     out = {"validity": validity_over_time(state.get("history", [])),
            **generated_task_stats(corpus.query(source="generator"))}
     if agent is not None and snapshot:
         res = evaluate_heldout(agent, {"snapshot": list(snapshot)}, sb, samples=samples, max_turns=max_turns,
-                               reward_cfg=reward_cfg, temperature=temperature, max_prompt_tokens=max_prompt_tokens)
+                               reward_cfg=reward_cfg, temperature=temperature, max_prompt_tokens=max_prompt_tokens,
+                               prompt_kw=prompt_kw)
         out["snapshot"] = res["snapshot"]
     else:
         out["snapshot"] = {"tasks": 0}

@@ -475,6 +475,7 @@ class SelfPlay:
         tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
         results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
                                    max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
+                                   temperature=self.cfg.eval.temperature, max_prompt_tokens=self.cfg.warmstart.max_len,
                                    prompt_kw=prompt_options(self.cfg))
         self.tb.scalars(heldout_scalars(results), step)
         self.evals[str(step)] = results

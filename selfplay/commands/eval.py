@@ -142,6 +142,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
     """Run the chosen suites; results as the JSON-ready dict `selfplay eval` writes."""
     import sandbox
     from selfplay import evaluate as E
+    from selfplay.rollout import prompt_options
     from selfplay.corpus import Corpus, CorpusError, corpus_path
     from selfplay.loop import quiet_transformers
 
@@ -182,7 +183,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                   flush=True)
             results["heldout"] = E.evaluate_heldout(solver(), tasks, sb, samples=samples, max_turns=turns,
                                                     reward_cfg=cfg.reward, temperature=temp,
-                                                    max_prompt_tokens=budget)
+                                                    max_prompt_tokens=budget, prompt_kw=prompt_options(cfg))
             results["seconds"]["heldout"] = time.perf_counter() - t0
         if "humaneval" in suites:
             t0 = time.perf_counter()
@@ -200,7 +201,8 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
             results["generator"] = E.evaluate_generator(state, corpus, agent=solver() if snapshot else None,
                                                         snapshot=snapshot, sb=sb,
                                                         samples=samples, max_turns=turns, reward_cfg=cfg.reward,
-                                                        temperature=temp, max_prompt_tokens=budget)
+                                                        temperature=temp, max_prompt_tokens=budget,
+                                                        prompt_kw=prompt_options(cfg))
             results["seconds"]["generator"] = time.perf_counter() - t0
     finally:
         sb.close()
