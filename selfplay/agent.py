@@ -129,9 +129,13 @@ class LMAgent:
                 torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
 
     def load_training_state(self, folder: Path) -> None:
+        """Optimiser (engine) and trainer state saved with the weights. A checkpoint written by the other kind of
+        optimiser (e.g. the single-process warm start, then a DeepSpeed run) keeps the weights and starts the
+        optimiser afresh."""
         if is_deepspeed_engine(self.model):
-            self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
-        else:
+            if (folder / "deepspeed").is_dir():
+                self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
+        elif (folder / "optimizer.pt").exists():
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
 

@@ -251,10 +251,12 @@ class SelfPlay:
         for agent in (self.solver, self.generator):
             agent.save(partial / agent.name, write_hf=self.main)
         rngs = D.gather_objects(rng_state()) if collective else [rng_state()]
+        checksums = self._weights_in_sync() if collective and self.world > 1 else {}
         sync()
         if self.main:
             self._flush_corpus()
             state = {
+                "param_checksums": checksums,
                 "mixer": self.mixer.state_dict(),
                 "rng": {str(r): s for r, s in enumerate(rngs)},
                 "loop_rng": self.rng.getstate(),
@@ -269,6 +271,19 @@ class SelfPlay:
             self.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))
             self.log(f"checkpoint step_{step} ({len(self.corpus)} tasks in the corpus)")
         sync()
+
+    def _weights_in_sync(self) -> dict:
+        """Every rank must hold the same weights after an update (DDP / ZeRO-1,2: parameters are replicated; under
+        ZeRO-3 they are partitioned and this check is skipped). Returns the checksums, raises if ranks differ."""
+        if any(a.zero3 for a in (self.solver, self.generator)):
+            return {}
+        mine = {a.name: D.param_checksum(a.module)["sha256"] for a in (self.solver, self.generator)}
+        everyone = D.gather_objects(mine)
+        for name in mine:
+            if len({c[name] for c in everyone}) != 1:
+                raise RuntimeError(f"{name} weights differ across ranks at step {self.step}: "
+                                   f"{[c[name][:12] for c in everyone]}")
+        return mine
 
     def _flush_corpus(self) -> None:
         if self.pending_tasks:

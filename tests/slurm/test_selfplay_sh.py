@@ -69,13 +69,16 @@ def log_text(run: Path) -> str:
 def test_sbatch_runs_two_ranks_to_completion(warm_run, tmp_path):
     need_cluster()
     run = copy_run(warm_run, tmp_path)
-    job = sbatch(run, "train.steps=2")
+    job = sbatch(run, "train.steps=2", "distributed.deepspeed=true", "distributed.zero_config=zero2_cpu.json")
     assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 900) == "COMPLETED", log_text(run)[-3000:]
     log = log_text(run)
     assert "1 node(s) x 2 process(es)" in log
     assert "rank 0 of 2" in log and "rank 1 of 2" in log  # both ranks joined
     st = state(run)
     assert st["step"] == 2 and st["world_size"] == 2 and [h["step"] for h in st["history"]] == [1, 2]
+    # DeepSpeed ZeRO-2 engines; the loop compares every rank's weights at each checkpoint (and fails if they differ)
+    assert set(st["param_checksums"]) == {"solver", "generator"}
+    assert (run / "checkpoints" / "step_2" / "solver" / "deepspeed").is_dir()
     for agent in ("solver", "generator"):
         assert (run / "checkpoints" / "step_2" / agent / "config.json").exists()
     assert (run / "summary.json").exists() and "finished with status 0" in log
