@@ -114,9 +114,15 @@ def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
         assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
         time.sleep(1)
     time.sleep(3)
+    def env(pid: int) -> list[str]:
+        try:
+            return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            return []
+
     rank1 = [pid for pid in map(int, subprocess.run(["pgrep", "-f", "selfplay train"], capture_output=True,
                                                       text=True).stdout.split())
-             if "RANK=1" in Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")]
+             if {"RANK=1", f"SLURM_JOB_ID={job}"} <= set(env(pid))]  # this job's rank 1 only
     assert rank1, "rank 1's process not found"
     os.kill(rank1[0], 9)
     t0 = time.time()
