@@ -120,13 +120,26 @@ class LMAgent:
         folder.mkdir(parents=True, exist_ok=True)
         if is_deepspeed_engine(self.model):
             self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent")
-        if write_hf:  # rank 0 only
+        if self.zero3:  # partitioned weights: gather them (a collective: every rank comes here) for the HF copy
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.module.parameters())):
+                if write_hf:
+                    self.module.save_pretrained(folder)
+        elif write_hf:
             self.module.save_pretrained(folder)
+        if write_hf:  # rank 0 only
             self.tokenizer.save_pretrained(folder)
             self.reference.save_pretrained(folder / "reference")
             torch.save(self.trainer.state_dict(), folder / "trainer.pt")
             if not is_deepspeed_engine(self.model):
                 torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def checksum(self) -> str:
+        """sha256 of the weights (a collective under ZeRO-3, which gathers the partitions: call on every rank)."""
+        from selfplay.distributed import param_checksum
+
+        return param_checksum(self.module)["sha256"]
 
     def load_training_state(self, folder: Path) -> None:
         """Optimiser (engine) and trainer state saved with the weights. A checkpoint written by the other kind of

@@ -273,11 +273,9 @@ class SelfPlay:
         sync()
 
     def _weights_in_sync(self) -> dict:
-        """Every rank must hold the same weights after an update (DDP / ZeRO-1,2: parameters are replicated; under
-        ZeRO-3 they are partitioned and this check is skipped). Returns the checksums, raises if ranks differ."""
-        if any(a.zero3 for a in (self.solver, self.generator)):
-            return {}
-        mine = {a.name: D.param_checksum(a.module)["sha256"] for a in (self.solver, self.generator)}
+        """Every rank must hold the same weights after an update (replicated under DDP and ZeRO-1/2, gathered from
+        the partitions under ZeRO-3). Returns the checksums; raises if ranks differ."""
+        mine = {a.name: a.checksum() for a in (self.solver, self.generator)}
         everyone = D.gather_objects(mine)
         for name in mine:
             if len({c[name] for c in everyone}) != 1:
@@ -484,14 +482,21 @@ class SelfPlay:
 
     # ---- evaluation ---------------------------------------------------------------------------------------
     def _evaluate(self, step: int) -> dict:
-        if not self.main:
+        """Held-out evaluation by rank 0; under ZeRO-3 every rank takes part (each generation step gathers the
+        partitioned weights from all ranks) and rank 0 keeps the results."""
+        everyone = self.world > 1 and self.solver.zero3
+        if not (self.main or everyone):
             return {}
         t0 = time.perf_counter()
-        tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
+        tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus) if self.main else None
+        if everyone:
+            tasks = D.broadcast_object(tasks)
         results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
                                    max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
                                    temperature=self.cfg.eval.temperature, max_prompt_tokens=self.cfg.warmstart.max_len,
                                    prompt_kw=prompt_options(self.cfg))
+        if not self.main:
+            return {}
         self.tb.scalars(heldout_scalars(results), step)
         self.evals[str(step)] = results
         line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s != "by_family")
