@@ -1,7 +1,7 @@
 """Code extraction from a model's answer, robust to whatever the model wraps around its code.
 
-Accepted: fenced blocks (```python, ```py, ``` or ~~~; an unclosed fence runs to the end; the block that defines
-the entry point wins, else the first block that parses), or bare code with prose before/after (the longest run of
+Accepted: fenced blocks (```python, ```py, ``` or ~~~; a closed block must parse whole, an unclosed one runs to
+the end and loses its partial tail; the block that defines the entry point wins, else the first block that parses), or bare code with prose before/after (the longest run of
 lines starting at a `def`/`import`/`class`/`from`/`@` line that parses, trimmed line by line from the end until it
 does, trailing bare words such as "Done" dropped), or truncated code (a trailing partial line or block is dropped).
 
@@ -101,7 +101,13 @@ def extract_code(text: str, entry_point: str | None = None) -> ParsedAnswer:
         if m.group(2).lower() not in _PYTHON_TAGS:
             continue
         body = m.group(3)
-        code = _trim_to_parse(body.splitlines())
+        closed = text[m.end() - len(m.group(1)): m.end()] == m.group(1)
+        if closed:  # a finished block must parse whole: a syntax error inside it is the answer's, not truncation
+            stripped = body.strip("\n")
+            tree = _parse(stripped) if stripped.strip() else None
+            code = _drop_bare_words(stripped, tree).rstrip() + "\n" if tree is not None and tree.body else None
+        else:  # an unclosed fence ran out of tokens: drop the partial tail
+            code = _trim_to_parse(body.splitlines())
         if code and code.strip():
             fenced.append(code)
         elif body.strip():

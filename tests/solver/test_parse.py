@@ -126,3 +126,9 @@ def test_typed_failures():
     assert "def f(x:" in broken.candidate and broken.reason.startswith("syntax error line")
     assert extract_code("def f(x) return x").status == "syntax_error"
     assert extract_code("x\0y").status in ("no_code", "syntax_error")
+
+
+def test_a_closed_block_with_a_syntax_error_is_a_syntax_error_not_a_truncated_program():
+    broken = "```python\ndef solve(xs):\n    ys = [x for x in xs\n    return ys\n```"
+    result = extract_code(broken)
+    assert result.status == "syntax_error" and result.code is None and "def solve" in result.candidate
