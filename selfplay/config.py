@@ -134,6 +134,7 @@ class TrainConfig:
     samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
     proposals: int = 8  # generator proposals per iteration
     references: int = 2  # K reference tasks shown in each generator prompt
+    generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs: longer than a solution)
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = hybrid actions (write/run/check/submit)
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this

@@ -305,6 +305,11 @@ class SelfPlay:
             groups.append([by_id[i] for i in ids])
         return groups
 
+    def _prompt_budget(self, agent: LMAgent, max_new_tokens: int) -> int:
+        """Longest prompt that leaves `max_new_tokens` of room in the model (and at most warmstart.max_len)."""
+        positions = agent.max_positions or (self.cfg.warmstart.max_len + max_new_tokens)
+        return max(16, min(self.cfg.warmstart.max_len, positions - max_new_tokens))
+
     def _procedural(self, levels: list[int]) -> list[Task]:
         from generator.build import BuildConfig, generate_tasks
 
@@ -356,7 +361,8 @@ class SelfPlay:
             proposals = generator_rollouts(
                 self.generator, mine, self.sb, step=step, rng=random.Random(f"{cfg.run.seed}:{step}:{self.rank}"),
                 corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
-                max_prompt_tokens=cfg.warmstart.max_len)
+                max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
+                max_new_tokens=t.generator_max_new_tokens)
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
                                     p.task is not None, (p.task.fingerprints or {}).get("ast") if p.task else None)
@@ -474,7 +480,7 @@ class SelfPlay:
 
     def _log_samples(self, step: int, proposals, rollouts) -> None:
         for p in proposals[:2]:
-            status = "valid" if p.valid else f"rejected: {p.rejection}"
+            status = "valid" if p.valid else f"rejected: {p.parse_error or p.rejection}"
             self.tb.text("samples/generator", f"**{status}**\n\n```\n{p.answer.text}\n```", step)
         for r in rollouts[:2]:
             head = f"**{r.task.family} L{r.task.level}** passed {r.result.hidden_passed}/{r.result.hidden_total}"

@@ -107,24 +107,26 @@ class ProposalRollout:
     task: Task | None = None  # the proposal as a task (None when unparsable)
     parse_error: str | None = None
     valid: bool = False
-    rejection: str | None = None  # first failed validity check (or the parse error)
+    rejection: str | None = None  # first failed validity check, or "unparsable"
     reasons: dict = field(default_factory=dict)
 
 
 def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
                        corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
-                       max_prompt_tokens: int | None = None) -> list[ProposalRollout]:
-    """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch."""
+                       max_prompt_tokens: int | None = None, max_new_tokens: int | None = None
+                       ) -> list[ProposalRollout]:
+    """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
+    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default."""
     instructions = [choose_instruction(rng, len(refs)) for refs in references]
     prompts = [agent.chat_ids(build_prompt(refs, instr), max_prompt_tokens)
                for refs, instr in zip(references, instructions)]
-    answers = agent.sample(prompts)
+    answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
     rollouts = []
     for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
         ro = ProposalRollout(prompt, answer, list(refs), instr)
         parsed = parse_proposal(answer.text)
         if isinstance(parsed, ProposalError):
-            ro.parse_error = ro.rejection = parsed.reason
+            ro.parse_error, ro.rejection = parsed.reason, "unparsable"
         else:
             ro.task = proposal_to_task(parsed, refs, step, n_visible=n_visible, generator_checkpoint=checkpoint)
         rollouts.append(ro)

@@ -48,12 +48,16 @@ def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int) -> list[tu
 
 
 def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: int):
+    """(prompt ids, answer ids + eos) per pair. Pairs whose answer takes more than half of `max_len` are dropped:
+    cut to fit, they would teach answers without their prompt."""
     tok = agent.tokenizer
     out = []
     for prompt, answer in pairs:
-        ids = agent.chat_ids(prompt)
         ans = list(tok(answer, add_special_tokens=False)["input_ids"]) + [agent.eos_ids[0]]
-        out.append((ids[-max(1, max_len - len(ans)):], ans))
+        if len(ans) > max_len // 2:
+            continue
+        ids = agent.chat_ids(prompt)
+        out.append((ids[-(max_len - len(ans)):], ans))
     return out
 
 
@@ -90,6 +94,7 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     report = {"tasks": len(tasks), "task_gen_s": stats.seconds}
     for agent, pairs, steps in ((solver, s_pairs, ws.solver_steps), (generator, g_pairs, ws.generator_steps)):
         examples = tokenize_pairs(agent, pairs, ws.max_len)
+        report[f"{agent.name}_sft_examples"] = len(examples)
         bar = progress(total=steps, desc=f"SFT {agent.name}") if progress else None
         t1 = time.perf_counter()
         losses = sft(agent.module.policy, examples, steps=steps, batch_size=ws.batch_size, lr=ws.lr,
