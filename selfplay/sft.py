@@ -84,7 +84,7 @@ def sft(policy, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, step
         loss.backward()
         torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
         optimizer.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
     policy.eval()
