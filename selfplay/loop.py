@@ -298,12 +298,9 @@ class SelfPlay:
         pool = self.corpus.query(split="train", order="random", seed=self.step, limit=512)
         if not pool:
             raise RuntimeError("the corpus holds no training task to show the generator")
-        groups = []
-        for _ in range(n):
-            ids = self.mixer.choose_replay([t.id for t in pool], [t.difficulty for t in pool], k)
-            by_id = {t.id: t for t in pool}
-            groups.append([by_id[i] for i in ids])
-        return groups
+        by_id = {t.id: t for t in pool}
+        ids, difficulties = list(by_id), [t.difficulty for t in by_id.values()]
+        return [[by_id[i] for i in self.mixer.choose_replay(ids, difficulties, k)] for _ in range(n)]
 
     def _prompt_budget(self, agent: LMAgent, max_new_tokens: int) -> int:
         """Longest prompt that leaves `max_new_tokens` of room in the model (and at most warmstart.max_len)."""
