@@ -165,7 +165,9 @@ def wrap_model(model: torch.nn.Module, ppo_cfg, dist_cfg, info: DistInfo):
     optimizer = torch.optim.AdamW(trainable, lr=ppo_cfg.lr, weight_decay=ppo_cfg.weight_decay)
     if info.distributed:
         ids = [info.local_rank] if torch.cuda.is_available() else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=True)
+        # a separate critic backbone never uses its LM head; otherwise every parameter takes part in each step
+        unused = getattr(model, "critic", None) is not None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
     return model, optimizer
 
 
