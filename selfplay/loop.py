@@ -340,7 +340,8 @@ class SelfPlay:
         while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
             batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
         counts = {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)}
-        return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts}
+        return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts,
+                "new_ids": {x.id for x in procedural}}  # fresh procedural tasks, not yet in the corpus
 
     def iteration(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
@@ -350,7 +351,7 @@ class SelfPlay:
         sb0 = self.sb.stats()
 
         # 1. generator proposals ----------------------------------------------------------------------------
-        proposals, outcomes_all = [], []
+        proposals = []
         if t.mode == "selfplay":
             t0 = time.perf_counter()
             groups = D.broadcast_object(self._references(t.proposals) if self.main else None)
@@ -400,7 +401,7 @@ class SelfPlay:
         t0 = time.perf_counter()
         lr_scale = self.mixer.lr_scale
         if t.mode != "warmstart":
-            stats = self.solver.update([r for r in train_rollouts], [r.reward for r in train_rollouts],
+            stats = self.solver.update(train_rollouts, [r.reward for r in train_rollouts],
                                        lr_scale=lr_scale, masks=[r.mask for r in train_rollouts])
             metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             timing["solver_update_s"] = time.perf_counter() - t0
@@ -423,7 +424,7 @@ class SelfPlay:
                 if rate is not None:
                     self.pending_difficulty.append((task.id, rate, t.samples_per_task, step))
             for task in batch:
-                if task.source == "procedural" and task.id in rates_all:
+                if task.id in plan["new_ids"] and task.id in rates_all:
                     self.pending_tasks.append(task)
                 if task.id in rates_all and task.source != "generator":
                     self.pending_difficulty.append((task.id, rates_all[task.id], t.samples_per_task, step))
