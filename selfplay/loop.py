@@ -53,7 +53,7 @@ from selfplay import distributed as D
 from selfplay.agent import LMAgent, load_agent_parts
 from selfplay.checkpoint import CheckpointManager, rng_state, set_rng_state
 from selfplay.config import to_dict
-from selfplay.corpus import Corpus
+from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
 from selfplay.evaluate import evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
@@ -287,8 +287,10 @@ class SelfPlay:
         if self.pending_tasks:
             self.corpus.insert_many(self.pending_tasks)
         for task_id, rate, n, step in self.pending_difficulty:
-            if self.corpus.get(task_id) is not None:
+            try:
                 self.corpus.update_difficulty(task_id, rate, n_samples=n, step=step)
+            except CorpusError:  # a task the corpus refused as a duplicate of another: nothing to measure
+                pass
         self.pending_tasks, self.pending_difficulty = [], []
 
     # ---- one iteration ------------------------------------------------------------------------------------
