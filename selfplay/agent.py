@@ -105,14 +105,19 @@ class LMAgent:
 
     # ---- learning -------------------------------------------------------------------------------------
     def update(self, answers: Sequence, scores: Sequence[float], lr_scale: float = 1.0,
-               masks: Sequence[Sequence[int]] | None = None) -> dict:
+               masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None) -> dict:
         """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;
-        `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes)."""
+        `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
+        `replay`: past successes (selfplay.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef)."""
         for group in self.trainer.optimizer.param_groups:
             group.setdefault("base_lr", group["lr"])
             group["lr"] = group["base_lr"] * lr_scale
+        replayed = None
+        if replay:
+            replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
+                        [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
         return self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
-                                 response_masks=masks)
+                                 response_masks=masks, replay=replayed)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def save(self, folder: Path, write_hf: bool = True) -> None:

@@ -106,6 +106,10 @@ class PPOConfig:
     top_k: int = 0  # sampling: keep the k most likely tokens (0 = off)
     top_p: float = 1.0  # sampling: nucleus probability mass (1 = off)
     max_new_tokens: int = 256  # longest answer sampled per turn
+    replay_coef: float = 0.0  # solver: weight of the NLL of replayed past successes added to the PPO loss (0 = off)
+    replay_capacity: int = 512  # solver replay buffer: most successful episodes kept (unique by task and answer)
+    replay_batch: int = 8  # replayed successes per PPO update (per rank), drawn by priority (hard and recent tasks)
+    replay_half_life: float = 50.0  # replay priority halves every this many loop steps since a success was seen
 
 
 @dataclass
@@ -124,6 +128,10 @@ class WarmstartConfig:
     batch_size: int = 32  # sequences per SFT step
     lr: float = 2e-3  # peak SFT learning rate (linear warm-up, cosine decay to 10 %)
     max_len: int = 768  # longest SFT sequence in tokens (prompts are cut from the left)
+    critic_steps: int = 0  # value-head pretraining steps after the solver SFT (0 = off; the policy stays frozen)
+    critic_tasks: int = 32  # critic pretraining: training tasks the solver attempts
+    critic_samples: int = 4  # critic pretraining: sampled answers per task, graded in the sandbox
+    critic_lr: float = 1e-3  # critic pretraining: AdamW learning rate of the value head (and separate critic)
 
 
 @dataclass

@@ -57,6 +57,7 @@ from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
 from selfplay.evaluate import evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
+from selfplay.replay import ReplayBuffer, successes
 from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
 
@@ -104,6 +105,8 @@ class SelfPlay:
         self.ckpt = CheckpointManager(self.run_dir, cfg.run.keep_last)
         self.tb = TBLogger(self.run_dir, enabled=self.main)
         self.mixer = Mixer(cfg.mixer, seed=cfg.run.seed)
+        self.replay = (ReplayBuffer(cfg.ppo.replay_capacity, seed=cfg.run.seed, half_life=cfg.ppo.replay_half_life)
+                       if cfg.ppo.replay_coef > 0 else None)  # solver successes (same on every rank)
         self.rng = random.Random(cfg.run.seed)
         self.step = 0
         self.pending_tasks: list[Task] = []  # corpus writes queued until the next checkpoint
@@ -143,21 +146,30 @@ class SelfPlay:
         return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
     def _check_shared_storage(self) -> None:
-        """Every rank must see the run folder rank 0 writes to (checkpoints and the corpus live there)."""
-        probe = self.run_dir / f".rank_probe_{os.environ.get('TORCHELASTIC_RUN_ID', 'local')}"
+        """Every rank must see the run folder rank 0 writes to (checkpoints and the corpus live there).
+
+        Rank 0 creates the folder and a probe file with a fresh random name; every rank looks for that file (a
+        same-named folder on a node's local disk cannot hold it). Rank 0's own failure to create the folder is
+        sent to every rank, so each one stops with the same message instead of waiting on the others."""
+        token, error = os.urandom(8).hex(), None
         if self.main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            probe.write_text(str(os.getpid()))
-        D.barrier()
-        ok = probe.exists()
-        oks = D.gather_objects((self.rank, ok, os.uname().nodename))
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                (self.run_dir / f".rank_probe_{token}").write_text(str(os.getpid()))
+            except OSError as exc:
+                error = f"run.dir {self.run_dir} cannot be written by rank 0 on {os.uname().nodename}: {exc}"
+        token, error = D.broadcast_object((token, error) if self.main else None)
+        if error:
+            raise UserError(error)
+        probe = self.run_dir / f".rank_probe_{token}"
+        oks = D.gather_objects((self.rank, probe.exists(), os.uname().nodename))
         bad = [f"rank {r} on {host}" for r, good, host in oks if not good]
-        D.barrier()
         if self.main:
             probe.unlink(missing_ok=True)
         if bad:
-            raise UserError(f"run.dir {self.run_dir} is not visible from {', '.join(bad)}: put it on storage "
-                            f"every node shares")
+            raise UserError(f"run.dir {self.run_dir} is not visible from {', '.join(bad)}: rank 0 on "
+                            f"{os.uname().nodename} wrote a file there that they cannot see; put run.dir on "
+                            f"storage every node shares")
 
     def _install_signal_handlers(self) -> None:
         def request_stop(signum, _frame):
@@ -229,6 +241,8 @@ class SelfPlay:
         self.step = int(state["step"])
         if "mixer" in state:
             self.mixer.load_state_dict(state["mixer"])
+        if self.replay is not None and "replay" in state:
+            self.replay.load_state_dict(state["replay"])
         if "rng" in state:
             rngs = state["rng"]
             set_rng_state(rngs[str(self.rank)] if str(self.rank) in rngs else rngs["0"])
@@ -258,6 +272,7 @@ class SelfPlay:
             state = {
                 "param_checksums": checksums,
                 "mixer": self.mixer.state_dict(),
+                **({"replay": self.replay.state_dict()} if self.replay is not None else {}),
                 "rng": {str(r): s for r, s in enumerate(rngs)},
                 "loop_rng": self.rng.getstate(),
                 "history": self.history,
@@ -404,8 +419,10 @@ class SelfPlay:
         lr_scale = self.mixer.lr_scale
         if t.mode != "warmstart":
             stats = self.solver.update(train_rollouts, [r.reward for r in train_rollouts],
-                                       lr_scale=lr_scale, masks=[r.mask for r in train_rollouts])
+                                       lr_scale=lr_scale, masks=[r.mask for r in train_rollouts],
+                                       replay=self._replay_draw(step))
             metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
+            self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
         if t.mode == "selfplay" and t.train_generator and proposals:
             stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale)
@@ -477,6 +494,22 @@ class SelfPlay:
             if t.log_samples_every and step % t.log_samples_every == 0:
                 self._log_samples(step, proposals, train_rollouts)
         return metrics
+
+    def _replay_draw(self, step: int):
+        """This rank's share of a prioritised draw of past successes (every rank holds the same buffer and RNG)."""
+        if self.replay is None:
+            return None
+        drawn = self.replay.sample(self.cfg.ppo.replay_batch * self.world, step)
+        return drawn[self.rank:: self.world] if len(drawn) >= self.world else None
+
+    def _replay_add(self, rollouts, rates: dict, step: int, metrics: dict) -> None:
+        """Every rank's successful episodes of this iteration into every rank's buffer (after this update's draw)."""
+        if self.replay is None:
+            return
+        for part in D.gather_objects(successes(rollouts, rates, step)):
+            for item in part:
+                self.replay.add(item)
+        metrics["replay/size"] = len(self.replay)
 
     def _log_samples(self, step: int, proposals, rollouts) -> None:
         for p in proposals[:2]:

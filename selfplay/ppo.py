@@ -11,6 +11,11 @@ scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.
    vf_coef * clipped value loss - entropy_coef * entropy, gradients clipped to `max_grad_norm`;
 5. KL coefficient (adaptive) and entropy coefficient (linear schedule) updated; metrics returned under plain names.
 
+Optional replay (`ppo.replay_coef` > 0 and `step(..., replay=...)`): past successful answers (selfplay.replay) add
+replay_coef * their token-mean negative log-likelihood (answer tokens only) to the loss of every optimiser step. The
+replay rows are split over the micro-batches of each minibatch and scored in the same forward pass as the PPO rows
+(one forward per backward, as DDP and DeepSpeed expect); the chunks' losses add up to the whole replay batch's mean.
+
 The model is an `ActorCritic` with a torch optimiser, or a DeepSpeed engine wrapping one (then the engine does the
 optimiser step, gradient accumulation and clipping from its JSON config). `generate(...)` samples batched answers
 with their log-probs. `python -m selfplay.ppo --bench` measures throughput on the tiny model.
@@ -56,7 +61,7 @@ def pad_rollouts(
     return input_ids, attention_mask, action_mask
 
 
-def _last_index(mask: torch.Tensor) -> torch.Tensor:
+def last_index(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last set position in each row of a [B, T] mask."""
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
     return torch.where(mask.bool(), positions, torch.full_like(positions, -1)).max(dim=1).values
@@ -64,6 +69,10 @@ def _last_index(mask: torch.Tensor) -> torch.Tensor:
 
 def _chunks(indices: torch.Tensor, size: int) -> list[torch.Tensor]:
     return [indices[i : i + size] for i in range(0, len(indices), size)]
+
+
+def _pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -81,6 +90,17 @@ class _Rollout:
     old_values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+
+
+@dataclass
+class _Replay:
+    """Replayed successful answers, padded; `tokens` = answer tokens in the whole replay batch."""
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    start: int
+    action_mask: torch.Tensor
+    tokens: int
 
 
 def _unwrap(model):
@@ -164,7 +184,7 @@ class PPOTrainer:
         kl = rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask
         rewards = -self.kl_ctl.value * kl
         rows = torch.arange(len(queries), device=device)
-        rewards[rows, _last_index(action_mask)] += scores
+        rewards[rows, last_index(action_mask)] += scores
 
         advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
         raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
@@ -188,11 +208,44 @@ class PPOTrainer:
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
                         returns), stats
 
+    def _prepare_replay(self, replay) -> _Replay | None:
+        """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
+        if replay is None or self.cfg.replay_coef <= 0 or not replay[0]:
+            return None
+        queries, responses, masks = replay
+        input_ids, attention_mask, action_mask = (
+            t.to(self.device) for t in pad_rollouts(queries, responses, self.pad_token_id, masks))
+        start = int(action_mask.any(0).float().argmax())
+        action_mask = action_mask[:, start:]
+        return _Replay(input_ids, attention_mask, start, action_mask, int(action_mask.sum().item()))
+
+    def _joint_forward(self, r: _Rollout, idx: torch.Tensor, rep: _Replay, ridx: torch.Tensor):
+        """PPO rows `idx` and replay rows `ridx` in one forward pass (right-padded to one width, scored from the
+        earlier start). Returns the PPO rows' (logp, values, logits) on their own axis and the replay rows' logp."""
+        a_ids, b_ids = r.input_ids[idx], rep.input_ids[ridx]
+        width = max(a_ids.shape[1], b_ids.shape[1])
+        ids = torch.cat([_pad_right(a_ids, width, self.pad_token_id), _pad_right(b_ids, width, self.pad_token_id)])
+        att = torch.cat([_pad_right(r.attention_mask[idx], width, 0), _pad_right(rep.attention_mask[ridx], width, 0)])
+        start = min(r.start, rep.start)
+        logp, values, logits = self._policy_forward(ids, att, start)
+        n, a0, b0 = len(idx), r.start - start, rep.start - start
+        a = slice(a0, a0 + a_ids.shape[1] - 1 - r.start)
+        b = slice(b0, b0 + b_ids.shape[1] - 1 - rep.start)
+        return (logp[:n, a], values[:n, a], logits[:n, a]), logp[n:, b]
+
     # -- stage 4: minibatch updates
 
-    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float) -> tuple[torch.Tensor, dict]:
+    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float, rep: _Replay | None = None,
+              ridx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """PPO loss of rows `idx`, and the replay NLL of replay rows `ridx` (its share of the replay batch's token
+        mean; None without replay rows)."""
         cfg, mask = self.cfg, r.action_mask[idx]
-        logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start)
+        replay_nll = None
+        if rep is not None and len(ridx):
+            (logp, values, logits), replay_logp = self._joint_forward(r, idx, rep, ridx)
+            replay_nll = rl.nll_loss(replay_logp, rep.action_mask[ridx], rep.tokens)
+        else:
+            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start)
         old_logp = r.old_logp[idx]
         policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip)
         value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip)
@@ -209,26 +262,39 @@ class PPOTrainer:
                 "value_clipfrac": rl.masked_mean(value_clipped.float(), mask).item(),
                 "approx_kl": rl.approx_kl(logp, old_logp, mask).item(),
             }
-        return loss, stats
+        return loss, replay_nll, stats
 
-    def _optimise(self, r: _Rollout, entropy_coef: float) -> dict:
+    def _optimise(self, r: _Rollout, entropy_coef: float, rep: _Replay | None = None) -> dict:
         cfg, batch = self.cfg, r.input_ids.shape[0]
         sums: dict[str, float] = {}
-        n_micro, grad_norms = 0, []
+        n_micro, grad_norms, replay_losses = 0, [], []
         self.model.train(False)  # no dropout: ratios must be exactly 1 before the first optimiser step
         for _ in range(cfg.epochs):
             perm = torch.randperm(batch, generator=self.generator).to(self.device)
             for mini in _chunks(perm, cfg.mini_batch_size):
-                for micro in _chunks(mini, cfg.micro_batch_size):
-                    loss, stats = self._loss(r, micro, entropy_coef)
+                micros = _chunks(mini, cfg.micro_batch_size)
+                replay_parts = (torch.tensor_split(torch.arange(rep.input_ids.shape[0], device=self.device),
+                                                   len(micros)) if rep is not None else [None] * len(micros))
+                replay_loss = 0.0
+                for micro, ridx in zip(micros, replay_parts):
+                    loss, replay_nll, stats = self._loss(r, micro, entropy_coef, rep, ridx)
                     if self.engine is not None:
+                        if replay_nll is not None:  # undo the engine's division: the chunks must add up
+                            loss = loss + cfg.replay_coef * replay_nll * self.engine.gradient_accumulation_steps()
                         self.engine.backward(loss)  # the engine scales by its gradient_accumulation_steps
                         self.engine.step()  # steps (with its gradient clipping) at accumulation boundaries
                     else:
-                        (loss * len(micro) / len(mini)).backward()
+                        total = loss * len(micro) / len(mini)
+                        if replay_nll is not None:
+                            total = total + cfg.replay_coef * replay_nll
+                        total.backward()
+                    if replay_nll is not None:
+                        replay_loss += replay_nll.item()
                     for k, v in stats.items():
                         sums[k] = sums.get(k, 0.0) + v
                     n_micro += 1
+                if rep is not None:
+                    replay_losses.append(replay_loss)
                 if self.engine is None:
                     params = [p for g in self.optimizer.param_groups for p in g["params"]]
                     grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item())
@@ -240,17 +306,22 @@ class PPOTrainer:
                         grad_norms.append(float(norm))
         out = {k: v / max(n_micro, 1) for k, v in sums.items()}
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        if replay_losses:  # token-mean NLL of the replay batch, averaged over the optimiser steps
+            out["replay_loss"] = sum(replay_losses) / len(replay_losses)
         return out
 
     # -- the public step
 
     def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-             scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None) -> dict:
-        """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats)."""
+             scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None,
+             replay: tuple[Sequence, Sequence, Sequence | None] | None = None) -> dict:
+        """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
+        (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
+        ppo.replay_coef > 0; metric `replay_loss`)."""
         t0 = time.perf_counter()
         rollout, stats = self._prepare(queries, responses, scores, response_masks)
         entropy_coef = self.entropy_coef
-        stats.update(self._optimise(rollout, entropy_coef))
+        stats.update(self._optimise(rollout, entropy_coef, self._prepare_replay(replay)))
         # stage 5: coefficients for the next update
         self.kl_ctl.update(stats["kl_seq"], len(queries))
         self.updates += 1

@@ -107,6 +107,15 @@ def clipped_value_loss(
     return 0.5 * masked_mean(loss, mask)
 
 
+def nll_loss(logp: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
+    """Negative log-likelihood of the masked tokens: sum(-logp) / n_tokens (default: the masked count, i.e. the
+    token mean). Pass the token count of a whole batch to make the losses of its chunks add up to the batch mean."""
+    total = masked_sum(-logp, mask)
+    if n_tokens is None:
+        n_tokens = mask.to(logp.dtype).sum()
+    return total / torch.as_tensor(n_tokens, dtype=logp.dtype, device=logp.device).clamp(min=1.0)
+
+
 def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip: float) -> torch.Tensor:
     """Share of masked tokens whose ratio lies outside [1 - clip, 1 + clip]."""
     ratio = torch.exp(logp - old_logp)

@@ -4,7 +4,10 @@
 2. the tokenizer and the tiny models are built from those texts (or a pretrained model is loaded: same path);
 3. the solver is fine-tuned on (task prompt -> reference solution), the generator on (K references +
    instruction -> the task written as a proposal);
-4. each agent's frozen reference (the KL anchor of PPO) is a copy of its warm-started policy.
+4. each agent's frozen reference (the KL anchor of PPO) is a copy of its warm-started policy;
+5. optional critic pretraining (`warmstart.critic_steps` > 0): the solver attempts a few training tasks k times,
+   the answers are graded in the sandbox, and the value head is regressed (MSE) on the discounted outcome with the
+   policy frozen, so PPO starts with a critic that knows roughly how likely a task is to be solved.
 
 `selfplay warmstart` runs this alone; `selfplay train` runs it when the run folder has no checkpoint yet.
 """
@@ -16,11 +19,15 @@ import time
 from collections import defaultdict
 from typing import Callable, Sequence
 
+import torch
+
 from generator.agent import build_prompt, format_proposal
 from generator.schema import Task
 from selfplay.agent import LMAgent
+from selfplay import rl
 from selfplay.models import build_models, frozen_copy
-from selfplay.rollout import prompt_options
+from selfplay.ppo import last_index, pad_rollouts
+from selfplay.rollout import prompt_options, solver_rollouts
 from selfplay.sft import sft
 from solver.prompts import answer_text, task_prompt
 
@@ -70,6 +77,88 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None):
     return agents
 
 
+def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float):
+    """Padded rollouts (anything with .prompt, .tokens, .mask, .reward) and their per-token discounted returns
+    (the reward on the last action token), on the shifted axis from the first action position."""
+    ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
+                                 [r.mask for r in rollouts])
+    start = int(act.any(0).float().argmax())
+    act = act[:, start:]
+    rewards = torch.zeros_like(act)
+    rewards[torch.arange(len(rollouts)), last_index(act)] = torch.tensor([float(r.reward) for r in rollouts])
+    return ids, att, start, act, rl.discounted_returns(rewards, act, gamma)
+
+
+def _squared_errors(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of squared value errors over the action tokens, their count) for one `_critic_batch`."""
+    ids, att, start, act, returns = batch
+    _, values = model(ids, att, logits_to_keep=ids.shape[1] - start)
+    err = (values[:, :-1].float() - returns) ** 2
+    return rl.masked_sum(err, act), act.sum()
+
+
+def critic_value_loss(model, rollouts: Sequence, *, pad_id: int, gamma: float, batch_size: int = 16) -> float:
+    """Token-mean squared error of the value head against the discounted outcome over `rollouts`."""
+    total, count = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, len(rollouts), batch_size):
+            s, n = _squared_errors(model, _critic_batch(rollouts[i: i + batch_size], pad_id, gamma))
+            total, count = total + s.item(), count + n.item()
+    return total / max(count, 1.0)
+
+
+def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, lr: float, pad_id: int,
+                    gamma: float = 1.0, seed: int = 0) -> dict:
+    """Regress the value head (and a separate critic backbone, if any) of an ActorCritic on the outcomes of graded
+    rollouts for `steps` AdamW steps; the policy is frozen. Returns the value loss (MSE) before and after."""
+    if not rollouts:
+        raise ValueError("critic pretraining needs at least one rollout")
+    critic = list(model.value_head.parameters()) + (list(model.critic.parameters()) if model.critic is not None else [])
+    frozen = [p for p in model.policy.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    was_training = model.training
+    model.train(False)
+    try:
+        before = critic_value_loss(model, rollouts, pad_id=pad_id, gamma=gamma, batch_size=batch_size)
+        optimizer = torch.optim.AdamW(critic, lr=lr, weight_decay=0.0)
+        rng, order, losses = random.Random(seed), [], []
+        for _ in range(steps):
+            if len(order) < batch_size:
+                order += rng.sample(range(len(rollouts)), len(rollouts))
+            idx, order = order[:batch_size], order[batch_size:]
+            s, n = _squared_errors(model, _critic_batch([rollouts[i] for i in idx], pad_id, gamma))
+            loss = s / n.clamp(min=1.0)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        for p in critic:
+            p.grad = None
+        after = critic_value_loss(model, rollouts, pad_id=pad_id, gamma=gamma, batch_size=batch_size)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(was_training)
+    return {"before": before, "after": after, "losses": losses}
+
+
+def critic_warm_start(cfg, solver: LMAgent, tasks: Sequence[Task], sb) -> dict:
+    """Sample `critic_samples` answers on `critic_tasks` training tasks, grade them, pretrain the solver's critic."""
+    ws = cfg.warmstart
+    chosen = random.Random(cfg.run.seed).sample(list(tasks), min(ws.critic_tasks, len(tasks)))
+    t0 = time.perf_counter()
+    rollouts = solver_rollouts(solver, chosen, ws.critic_samples, sb, max_turns=cfg.train.max_turns,
+                               reward_cfg=cfg.reward, max_prompt_tokens=ws.max_len, prompt_kw=prompt_options(cfg))
+    result = pretrain_critic(solver.module, rollouts, steps=ws.critic_steps, batch_size=ws.batch_size,
+                             lr=ws.critic_lr, pad_id=solver.tokenizer.pad_token_id, gamma=cfg.ppo.gamma,
+                             seed=cfg.run.seed)
+    return {"solver_critic_episodes": len(rollouts),
+            "solver_critic_solve_rate": sum(r.result.solved for r in rollouts) / max(1, len(rollouts)),
+            "solver_critic_loss_before": result["before"], "solver_critic_loss_after": result["after"],
+            "solver_critic_s": time.perf_counter() - t0}
+
+
 def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report)."""
     from generator.build import BuildConfig, BuildStats, generate_tasks
@@ -109,5 +198,10 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
         report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
         log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}")
+    if ws.critic_steps > 0:
+        report.update(critic_warm_start(cfg, solver, tasks, sb))
+        log(f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
+            f"episodes (solved {report['solver_critic_solve_rate']:.2f}), value loss "
+            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}")
     report["seconds"] = time.perf_counter() - t0
     return solver, generator, report
