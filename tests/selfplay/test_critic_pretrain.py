@@ -4,20 +4,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from selfplay.models import ActorCritic
 from selfplay.warmstart import _critic_batch, critic_value_loss, pretrain_critic
-
-PAD, EOS = 0, 7
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from tests.selfplay.test_ppo import EOS, PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
 
 
 def rollout(prompt, tokens, reward, mask=None):
@@ -33,10 +23,7 @@ def test_targets_are_the_discounted_outcome_on_the_chosen_tokens():
 
 
 def test_pretraining_lowers_the_value_loss_and_freezes_the_policy():
-    torch.manual_seed(0)
-    model = ActorCritic(GPT2LMHeadModel(GPT2Config(vocab_size=8, n_layer=2, n_embd=32, n_head=2, n_positions=32,
-                                                   bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
-                                                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+    model = ActorCritic(tiny_policy(seed=0))
     # tasks starting with token 1 are solved, those starting with 2 are not: the critic can tell them apart
     data = [rollout([first, 4 + i % 2, 5], [3, 6, EOS][: 1 + i % 3], 1.0 if first == 1 else 0.0)
             for i in range(12) for first in (1, 2)]

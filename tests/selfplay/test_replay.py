@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from transformers import GPT2Config, GPT2LMHeadModel
 
 from selfplay import ppo, rl
 from selfplay.config import PPOConfig
 from selfplay.models import ActorCritic, frozen_copy
 from selfplay.replay import ReplayBuffer, ReplayItem, priority, successes
+from tests.selfplay.test_ppo import PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
 
 # ---------------------------------------------------------------------------- the buffer
 
@@ -116,22 +116,8 @@ def test_successes_keeps_solved_episodes_with_their_solve_rate():
 
 # ---------------------------------------------------------------------------- the auxiliary loss
 
-VOCAB, PAD, EOS = 8, 0, 7
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def tiny_model(seed=0):
-    torch.manual_seed(seed)
-    return ActorCritic(GPT2LMHeadModel(GPT2Config(
-        vocab_size=VOCAB, n_layer=2, n_embd=32, n_head=2, n_positions=32, bos_token_id=EOS, eos_token_id=EOS,
-        pad_token_id=PAD, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)))
+    return ActorCritic(tiny_policy(seed))
 
 
 # PPO batch of 4 (one minibatch of two micro-batches); 3 replayed answers of other lengths (one prompt shorter than
