@@ -6,6 +6,7 @@
     selfplay tasks generate|sample ...               procedural tasks into / out of a corpus
     selfplay export RUN_DIR --out FILE.jsonl|FILE.parquet
     selfplay import FILE --out RUN_DIR
+    selfplay compare [CONFIG] [--seeds 0 1 2] [--out DIR]  self-play vs warm start vs curriculum, per seed
     selfplay bench sandbox|tasks|ppo ...             benchmarks that print measured ratios
     selfplay sandbox build-image                     build the Docker sandbox image (offline capable)
 
@@ -30,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "tasks": ("selfplay.commands.tasks", "generate or inspect procedural tasks"),
     "export": ("selfplay.commands.export", "export a run's task corpus as a dataset"),
     "import": ("selfplay.commands.import_", "import (and re-validate) a task dataset into a corpus"),
+    "compare": ("selfplay.commands.compare", "self-play vs warm start vs curriculum over seeds (the research claim)"),
     "bench": ("selfplay.commands.bench", "benchmarks (sandbox, tasks, ppo)"),
     "sandbox": ("selfplay.commands.sandbox", "sandbox utilities (build-image)"),
 }

@@ -1,0 +1,219 @@
+"""The research claim, measured: self-play against warm start only and against a fixed procedural curriculum.
+
+    selfplay compare                                       # configs/tiny.yaml, seeds 0 1 2, into runs/compare
+    selfplay compare configs/tiny.yaml --seeds 0 1 2 --out runs/compare train.steps=30
+
+Per seed, one warm start (`OUT/seed_S/warmstart`: procedural corpus, tokenizer, both agents behaviour-cloned, the
+held-out suite drawn and evaluated). Each RL arm starts from a copy of that folder, so the arms of one seed differ
+only in what happens after the warm start:
+
+    warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
+    curriculum   PPO on procedural tasks only, on the seed article's fixed level schedule (`train.mode=curriculum`)
+    selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
+
+Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
+`train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
+for its generator on top. Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this
+command skips whatever is already done, so killing and restarting it loses at most the run in progress.
+
+Results (OUT/results.json, OUT/results.md, OUT/compare.png): per arm and held-out split, the mean and the sample
+standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed values, and per RL arm the curves
+that explain them (solver pass rate on its training batch, generator validity, the mixer's level).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+ARMS = ("warmstart", "curriculum", "selfplay")
+METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
+COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl")  # what an arm takes from its seed's warm start
+
+
+def run_folder(out: Path, seed: int, arm: str) -> Path:
+    return out / f"seed_{seed}" / arm
+
+
+def _selfplay(args: Sequence[str], log_path: Path) -> None:
+    """One `selfplay` sub-process (a fresh interpreter per run), its output appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"$ selfplay {' '.join(args)}\n")
+        log.flush()
+        proc = subprocess.run([sys.executable, "-m", "selfplay", *args], stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"selfplay {' '.join(args)} exited {proc.returncode}; see {log_path}")
+
+
+def _copy_warm_start(warm: Path, dst: Path) -> None:
+    """An arm's run folder: the warm start's checkpoint, models, corpus and held-out tasks (SQLite's WAL files too)."""
+    tmp = dst.with_name(dst.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in COPIED:
+        src = warm / name
+        if src.is_dir():
+            shutil.copytree(src, tmp / name)
+        elif src.exists():
+            shutil.copy2(src, tmp / name)
+            for extra in warm.glob(name + "-*"):  # corpus.sqlite-wal / -shm
+                shutil.copy2(extra, tmp / extra.name)
+    tmp.rename(dst)
+
+
+def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
+            log=print) -> dict:
+    """Warm start per seed, then every arm from it; skips finished runs. Returns the collected results."""
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    base = ([config] if config else []) + list(overrides)
+    t0 = time.perf_counter()
+    for seed in seeds:
+        warm = run_folder(out, seed, "warmstart")
+        if not (warm / "checkpoints" / "latest").exists():
+            log(f"seed {seed}: warm start -> {warm}")
+            _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"], out / "logs" / f"seed_{seed}.log")
+        for arm in arms:
+            if arm == "warmstart":
+                continue
+            folder = run_folder(out, seed, arm)
+            if (folder / "summary.json").exists():
+                continue
+            if not folder.exists():
+                _copy_warm_start(warm, folder)
+            log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
+            _selfplay(["train", *base, f"run.dir={folder}", f"run.seed={seed}", f"train.mode={arm}"],
+                      out / "logs" / f"seed_{seed}_{arm}.log")
+    results = collect(out, seeds, arms)
+    write_report(results, out)
+    return results
+
+
+# ---- results ----------------------------------------------------------------------------------------------------
+def _final_state(folder: Path) -> dict:
+    from selfplay.checkpoint import CheckpointManager
+
+    ckpt = CheckpointManager(folder)
+    latest = ckpt.latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError(f"{folder} holds no checkpoint")
+    return ckpt.load_state(latest)
+
+
+def run_result(folder: Path, arm: str) -> dict:
+    """{"heldout": {split: {metric: value}}, "history": [...], "seconds": s} of one finished run."""
+    state = _final_state(folder)
+    evals = state.get("evals") or {}
+    if arm == "warmstart":
+        final = state.get("eval_before") or evals.get("0", {})
+    else:
+        if not evals:
+            raise ValueError(f"{folder} has no held-out evaluation")
+        final = evals[max(evals, key=int)]
+    heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split != "by_family"}
+    return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s")}
+
+
+def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
+    runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs)}
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = list(values)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(runs: dict) -> dict:
+    """{arm: {split: {metric: {"mean", "sd", "values"}}}} over seeds."""
+    out: dict = {}
+    for arm, by_seed in runs.items():
+        splits = sorted({s for r in by_seed.values() for s in r["heldout"]})
+        for split in splits:
+            for metric in METRICS:
+                values = [r["heldout"][split][metric] for r in by_seed.values()
+                          if metric in r["heldout"].get(split, {})]
+                if values:
+                    mean, sd = mean_sd(values)
+                    out.setdefault(arm, {}).setdefault(split, {})[metric] = {"mean": mean, "sd": sd, "values": values}
+    return out
+
+
+def markdown_table(results: dict, metric: str = "pass@1_greedy") -> str:
+    """Rows: arms; columns: held-out splits; cells: mean ± sd over seeds."""
+    summary = results["summary"]
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
+    lines = [f"| arm ({metric}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
+             "|---|" + "---|" * len(splits)]
+    for arm in results["arms"]:
+        cells = []
+        for split in splits:
+            cell = summary.get(arm, {}).get(split, {}).get(metric)
+            cells.append(f"{cell['mean']:.3f} ± {cell['sd']:.3f}" if cell else "n/a")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_report(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+    (out / "results.md").write_text("\n\n".join(markdown_table(results, m) for m in METRICS) + "\n")
+    plot(results, out / "compare.png")
+
+
+def plot(results: dict, path: Path) -> Path:
+    """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
+    Middle and right: the solver's training pass rate and the generator's validity over iterations, per RL arm and seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, arms = results["summary"], results["arms"]
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
+    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    ax = axes[0]
+    width = 0.8 / max(1, len(arms))
+    for i, arm in enumerate(arms):
+        xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(splits))]
+        cells = [summary.get(arm, {}).get(s, {}).get("pass@1_greedy") for s in splits]
+        ax.bar(xs, [c["mean"] if c else 0 for c in cells], width, label=arm,
+               yerr=[c["sd"] if c else 0 for c in cells], capsize=3, alpha=0.8)
+        for x, c in zip(xs, cells):
+            if c:
+                ax.plot([x] * len(c["values"]), c["values"], "k.", markersize=4)
+    ax.set_xticks(range(len(splits)))
+    ax.set_xticklabels(splits, rotation=20)
+    ax.set_ylabel("greedy pass@1 (mean ± sd over seeds)")
+    ax.set_title("held-out pass@1 after training")
+    ax.legend()
+    for ax, key, title in ((axes[1], "solve_rate", "solver pass rate on its training batch"),
+                           (axes[2], "validity", "generator validity rate")):
+        drawn = False
+        for arm in arms:
+            for seed, run in results["runs"][arm].items():
+                pts = [(h["step"], h[key]) for h in run["history"] if h.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), label=f"{arm} s{seed}", alpha=0.7,
+                            color=f"C{arms.index(arm)}", linestyle=("-", "--", ":", "-.")[int(seed) % 4])
+                    drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

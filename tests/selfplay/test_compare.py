@@ -1,0 +1,70 @@
+"""`selfplay compare`: the aggregation (pure, property-tested) and one real run of two arms from a warm start."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from selfplay.compare import markdown_table, mean_sd, summarize
+from tests.conftest import SMOKE, selfplay
+
+rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@given(st.lists(rate, min_size=1, max_size=6))
+def test_mean_sd_matches_statistics(values):
+    mean, sd = mean_sd(values)
+    assert min(values) - 1e-12 <= mean <= max(values) + 1e-12
+    assert sd == (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.sampled_from(["warmstart", "curriculum", "selfplay"]),
+                       st.lists(st.dictionaries(st.sampled_from(["test", "deeper", "noisy"]), rate, min_size=1),
+                                min_size=1, max_size=4), min_size=1))
+def test_summary_keeps_every_seed_value(arms):
+    runs = {arm: {str(i): {"heldout": {s: {"pass@1_greedy": v} for s, v in per_split.items()}, "history": []}
+                  for i, per_split in enumerate(seeds)} for arm, seeds in arms.items()}
+    summary = summarize(runs)
+    for arm, seeds in arms.items():
+        for split in {s for per_split in seeds for s in per_split}:
+            cell = summary[arm][split]["pass@1_greedy"]
+            assert sorted(cell["values"]) == sorted(p[split] for p in seeds if split in p)
+            assert abs(cell["mean"] - statistics.mean(cell["values"])) < 1e-12
+    table = markdown_table({"seeds": [0], "arms": list(arms), "summary": summary})
+    assert len(table.splitlines()) == 2 + len(arms)
+
+
+def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
+    """Real runs: the warm start is the fixture's (as if `compare` had made it), curriculum trains one iteration."""
+    out = tmp_path / "compare"
+    shutil.copytree(warm_run, out / "seed_0" / "warmstart")
+    args = ["compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out)]
+    selfplay(*args)
+    results = json.loads((out / "results.json").read_text())
+    assert results["arms"] == ["warmstart", "curriculum"]
+    warm = results["runs"]["warmstart"]["0"]["heldout"]
+    trained = results["runs"]["curriculum"]["0"]
+    assert set(warm) == set(trained["heldout"]) and "test" in warm
+    assert all(0.0 <= v <= 1.0 for r in (warm, trained["heldout"]) for m in r.values() for v in m.values())
+    assert [h["step"] for h in trained["history"]] == [1]
+    assert (out / "seed_0" / "curriculum" / "summary.json").exists()
+    assert (out / "compare.png").stat().st_size > 0 and "| curriculum |" in (out / "results.md").read_text()
+    # the warm start row is the warm start's own step-0 evaluation
+    before = json.loads((out / "seed_0" / "curriculum" / "summary.json").read_text())["heldout_before"]
+    assert {s: m["pass@1_greedy"] for s, m in warm.items()} == before
+    # a second call finds everything done: no new run, same results
+    log = out / "logs" / "seed_0_curriculum.log"
+    size = log.stat().st_size
+    selfplay(*args)
+    assert log.stat().st_size == size
+    assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
+
+
+def test_compare_refuses_per_run_keys(tmp_path):
+    proc = selfplay("compare", "configs/smoke.yaml", "train.mode=selfplay", "--out", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "train.mode is set per run" in proc.stderr
