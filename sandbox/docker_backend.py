@@ -59,7 +59,7 @@ SERVER_PATH = "/opt/selfplay/forkserver.py"  # where forkserver.py is mounted (r
 WORK_DIR = "/tmp"  # the tmpfs holding the programs' work dirs
 PING_TIMEOUT_S = 2.0  # a health check that takes longer counts as failed
 PR_SET_DUMPABLE = 4
-# Started as `python3 -I -c BOOT SERVER_PATH ARGS...`: make the process non-dumpable, then run the server.
+# Started as `python3 -I -S -c BOOT SERVER_PATH ARGS...`: make the process non-dumpable, then run the server.
 BOOT = ("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(%d, 0, 0, 0, 0); sys.argv = sys.argv[1:]; "
         "runpy.run_path(sys.argv[0], run_name='__main__')" % PR_SET_DUMPABLE)
 
@@ -162,7 +162,7 @@ class DockerLauncher:
                        "--no-private-tmp"]
         try:
             container = self.client.containers.run(
-                self.image, ["python3", "-I", "-c", BOOT, SERVER_PATH, *server_args], detach=True,
+                self.image, ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args], detach=True,
                 name=f"selfplay-sandbox-{os.getpid()}-{self.index}-{uuid.uuid4().hex[:6]}",
                 labels={LABEL: str(os.getpid())}, environment=server_env(), user=f"{self.uid}:{self.uid}",
                 network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],

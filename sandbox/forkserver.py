@@ -3,15 +3,20 @@
 Stdlib only and free of imports from the `sandbox` package, so the Docker backend can copy this one file into
 a container and start it there the same way it is started on the host:
 
-    python3 forkserver.py --socket /path/to/worker.sock [--uid N|auto] [--no-netns] [--no-private-tmp]
-                          [--no-prefork] [--work-dir DIR] [--nproc N] [--fsize-mb N] [--nofile N]
+    python3 -I -S forkserver.py --socket /path/to/worker.sock [--uid N|auto] [--no-netns] [--no-private-tmp]
+                                [--no-prefork] [--work-dir DIR] [--nproc N] [--fsize-mb N] [--nofile N]
 
 Why a fork server: a fresh `python` costs 30-200 ms; forking a small warm process that already imported what
 programs commonly use costs a few milliseconds at most. The server is deliberately small (never a fork of a
 trainer that imported torch: forking a big process costs ~20 ms). It pre-forks: right after answering, it forks
 the next child, which isolates itself and waits on a job pipe, so fork and set-up happen while the client is
-busy, not on the latency path; the job (start index + the request's raw JSON) then goes down that pipe and the
-child applies the request's address-space and CPU limits before running anything.
+busy, not on the latency path; the job (limits, then the source or the request's JSON: job_bytes) then goes
+down that pipe and the child applies the request's address-space and CPU limits before running anything.
+
+What a child costs is mostly copy-on-write page faults (each page the child or the server writes after a fork is
+a fault, a few microseconds in a VM), so the child path writes as few pages as it can: the pools start the server
+with `python -I -S` (no .pth start-up imports, no `threading` and its at-fork hook), a program's source reaches
+its child without JSON, and a program's exception is printed by the interpreter's C printer.
 
 Protocol (transport-independent: every byte of a result travels inside frames, no descriptor passing, so the
 same protocol works over a unix socket in a folder bind-mounted into a container)
@@ -99,6 +104,7 @@ RESULT_FD = 3                           # the result pipe's descriptor in a grad
 FRAME_SLACK = 64 * 1024                 # result frame bytes allowed beyond output_limit (error text, calls)
 DRAIN_S = 1.0                           # how long to read what killed children left in their pipes
 JOB_FD = 4                              # where a (pre-forked) child reads its job
+JOB_HEADER = ">iIII"                    # job: start test (-1: a "run"), memory MiB, CPU s, payload bytes
 PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
     "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
     "functools hashlib heapq io itertools json math numbers operator random re statistics string "
@@ -113,6 +119,7 @@ STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandb
 TEST_STATUSES = ("ok", "error", "memory", "unserializable", "output_limit")  # what a child may claim
 
 _libc = ctypes.CDLL(None, use_errno=True)
+_print_exception = sys.__excepthook__  # the interpreter's own printer, whatever a program does to sys later
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
@@ -331,8 +338,7 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the rest was scrubbed in the server
     tempfile.tempdir = None
-    if "random" in sys.modules:
-        sys.modules["random"].seed()  # a fresh process would seed itself from os.urandom
+    # `random` reseeds itself from os.urandom after every fork (os.register_at_fork), as a fresh process would
     sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__  # see install_stdio()
     sys.argv = ["<program>"]
     sys.setrecursionlimit(1000)
@@ -349,23 +355,31 @@ def _read_fd(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def job_bytes(req: dict, raw: bytes, start: int) -> bytes:
+    """What the server writes down a child's job pipe: JOB_HEADER (start, memory MiB, CPU seconds, payload size),
+    then the payload: for "run" (start -1) the source as UTF-8, else the request's JSON. A program's source goes
+    as is so that its child parses no JSON (fewer pages written: less copy-on-write)."""
+    payload = req["source"].encode("utf-8", "surrogatepass") if start < 0 else raw
+    cpu = int(math.ceil(cpu_budget_s(req))) + 1
+    return struct.pack(JOB_HEADER, start, int(req["memory_mb"]), cpu, len(payload)) + payload
+
+
 def child_job() -> None:
-    """Wait for the job on JOB_FD (start index + request JSON), apply its limits, run it. Never returns."""
+    """Wait for the job on JOB_FD (see job_bytes), apply its limits, run it. Never returns."""
     try:
-        start, size = struct.unpack(">iI", _read_fd(JOB_FD, 8))
-        req = json.loads(_read_fd(JOB_FD, size))
+        start, memory_mb, cpu, size = struct.unpack(JOB_HEADER, _read_fd(JOB_FD, struct.calcsize(JOB_HEADER)))
+        payload = _read_fd(JOB_FD, size)
     except EOFError:  # the server went away without a job for us
         os._exit(0)
     os.close(JOB_FD)
-    memory = int(req["memory_mb"]) * 1024 * 1024
+    memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
-    cpu = int(math.ceil(cpu_budget_s(req))) + 1
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    if req["op"] == "run":
+    if start < 0:
         os.close(RESULT_FD)
-        child_run(req["source"])
+        child_run(payload.decode("utf-8", "surrogatepass"))
     else:
-        child_tests(req, start)
+        child_tests(json.loads(payload), start)
 
 
 def _flush_and_exit(code: int) -> None:
@@ -408,8 +422,9 @@ def _report_exception(exc: BaseException) -> int:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # hide the harness's own frames
         tb = tb.tb_next
-    try:
-        traceback.print_exception(type(exc), exc, tb)
+    try:  # what an uncaught exception prints, by the interpreter's C printer: the traceback module's Python
+        exc.__traceback__ = tb  # code would cost a failing child ~150 copy-on-write page faults (~1 ms)
+        _print_exception(type(exc), exc, tb)
     except BaseException:
         pass
     return EXIT_ERROR
@@ -674,14 +689,14 @@ class Server:
             except OSError:
                 self._ready = None
 
-    def _start(self, raw: bytes, start: int, workdir: str | None) -> "_Child":
+    def _start(self, req: dict, raw: bytes, start: int, workdir: str | None) -> "_Child":
         """Hand a job to the pre-forked child (or a new one in `workdir`)."""
         child = None
         if workdir is None and self._ready is not None:
             child, self._ready = self._ready, None
         if child is None:
             child = self._fork_child(workdir or self._workdir())
-        data = struct.pack(">iI", start, len(raw)) + raw
+        data = job_bytes(req, raw, start)
         try:
             view = memoryview(data)
             while view:
@@ -876,7 +891,7 @@ class Server:
     def handle_run(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
         out = {"stdout": bytearray(), "stderr": bytearray()}
-        child = self._start(raw, -1, None)
+        child = self._start(req, raw, -1, None)
         try:
             state = self._collect(req, child, out, None, 0)
         finally:
@@ -898,7 +913,7 @@ class Server:
         overall, extra, start, workdir = "ok", {}, 0, None
         try:
             while start < n or start == 0:
-                child = self._start(raw, start, workdir)
+                child = self._start(req, raw, start, workdir)
                 workdir = child.workdir  # tests that resume in a new child share the work dir
                 state = self._collect(req, child, out, tests, start)
                 status = self._exit_status(state, out)
@@ -1021,6 +1036,17 @@ def _validate(req: dict) -> str | None:
     return None
 
 
+def add_site_packages() -> None:
+    """Under `python -S` (how the pools start us): put site-packages on sys.path, as `site` would, but without
+    running its .pth files. Those import modules at start-up (threading among them, whose at-fork hook costs
+    every child ~130 copy-on-write page faults, ~0.6 ms) and editable-install finders programs have no use for."""
+    import site
+
+    for path in site.getsitepackages():
+        if os.path.isdir(path) and path not in sys.path:
+            sys.path.append(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="sandbox fork server (see the module docstring)")
     parser.add_argument("--socket", required=True, help="unix socket path to listen on")
@@ -1035,6 +1061,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
     args = parser.parse_args(argv)
+    if sys.flags.no_site:
+        add_site_packages()
     for name in PRELOAD:
         try:
             __import__(name)

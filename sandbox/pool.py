@@ -80,7 +80,7 @@ class LocalLauncher:
         self.dir = tempfile.mkdtemp(prefix=f"sandbox-w{self.index}-")
         path = os.path.join(self.dir, "worker.sock")
         log = open(os.path.join(self.dir, "server.log"), "wb")
-        args = [self.python, "-I", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir, *self.extra_args]
+        args = [self.python, "-I", "-S", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir, *self.extra_args]
         who = {}
         if self.run_as is not None:
             os.chown(self.dir, self.run_as, self.run_as)

