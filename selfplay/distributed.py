@@ -5,7 +5,9 @@
 - `wrap_model(model, ppo_cfg, dist_cfg, info)` returns (engine, None) from `deepspeed.initialize` with a ZeRO config
   from `configs/deepspeed/` (its "auto" fields filled from the `ppo:` section), or (model, AdamW) without DeepSpeed
   (DistributedDataParallel when there are several processes);
-- `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_mean`: no-ops in a single process.
+- `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_mean`: no-ops in a single process;
+- `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
+  others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
 
 On a CPU (no CUDA) DeepSpeed runs with DS_ACCELERATOR=cpu over gloo; the CPU configs use `"torch_adam": true` so
 no fused optimiser is compiled (the first run still JIT-builds a small comm op, about 50 s, cached under ~/.cache).
@@ -20,6 +22,10 @@ import datetime
 import hashlib
 import json
 import os
+import signal
+import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +63,8 @@ def _default_backend() -> str:
 
 
 def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
-    """Join the torchrun process group (idempotent); a single process when WORLD_SIZE is unset or 1."""
+    """Join the torchrun process group (idempotent); a single process when WORLD_SIZE is unset or 1.
+    Starts the `Heartbeat` that names a dead or frozen rank and ends this one within `timeout_min`."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # must be set before deepspeed is imported
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -68,8 +75,119 @@ def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
+        try:
+            dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
+        except (dist.DistStoreError, dist.DistNetworkError) as exc:
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            raise UserError(f"rank {os.environ.get('RANK')}: not all {world_size} ranks met at {where} within "
+                            f"distributed.timeout_min ({timeout_min} min): start every rank (WORLD_SIZE = nodes x "
+                            f"processes per node) and let each node reach MASTER_ADDR ({exc})") from exc
+        Heartbeat.start_for(dist.get_rank(), dist.get_world_size(), timeout_min * 60.0)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
+
+
+class RankLost(UserError):
+    """Another rank died or froze (raised in the main thread by the `Heartbeat`)."""
+
+
+class Heartbeat(threading.Thread):
+    """Rank liveness through the rendezvous store at MASTER_ADDR:MASTER_PORT, apart from the collectives.
+
+    Every rank bumps its own counter in the store every `BEAT_S`; rank 0 watches every rank's counter, the others
+    watch rank 0's. A watched counter that stands still for `timeout_s`, or a store that stops answering (it lives
+    in rank 0's process, or in its torchrun agent), ends this rank with a message naming the lost one: `RankLost`
+    in the main thread, and after `GRACE_S` a hard exit if the main thread is stuck in a collective (a lost store
+    is first given `LOST_S`: after a normal end rank 0 exits while the others are still closing). A collective
+    fails on its own sooner when a peer's process is gone; `sys.excepthook` then watches the counters for
+    `SETTLE_S` and adds to the error which ranks stopped beating (an uncaught error of a distributed run thus
+    exits `SETTLE_S` later)."""
+
+    BEAT_S, SETTLE_S, GRACE_S, LOST_S = 1.0, 8.0, 15.0, 30.0
+
+    def __init__(self, rank: int, world: int, timeout_s: float, store):
+        super().__init__(name="selfplay-heartbeat", daemon=True)
+        self.rank, self.timeout_s, self.store = rank, timeout_s, store
+        self.watched = list(range(1, world)) if rank == 0 else [0]
+        self.prefix = f"selfplay/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self.seen = {r: (-1, time.monotonic()) for r in self.watched}  # rank -> (counter, when it last moved)
+        self.store_lost = False
+        self.reporting = False  # the main thread is in the excepthook, naming the lost ranks itself
+        self.message = ""
+        self.can_interrupt = False  # SIGUSR2 raises RankLost in the main thread (set up from the main thread only)
+
+    @classmethod
+    def start_for(cls, rank: int, world: int, timeout_s: float) -> Heartbeat:
+        """A second client of the rendezvous store (not the process group's), the thread, the hooks."""
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=min(timeout_s, 60.0)))
+        beat = cls(rank, world, timeout_s, store)
+        store.set(f"{beat.prefix}who/{rank}", f"{os.uname().nodename}, pid {os.getpid()}")
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR2, beat._raise_in_main)
+            beat.can_interrupt = True
+        previous = sys.excepthook
+        sys.excepthook = lambda *exc: beat._excepthook(previous, *exc)
+        beat.start()
+        return beat
+
+    def name(self, rank: int) -> str:
+        key = f"{self.prefix}who/{rank}"
+        try:
+            if not self.store_lost and self.store.check([key]):
+                return f"rank {rank} ({self.store.get(key).decode()})"
+        except Exception:  # noqa: BLE001 - the store itself may be gone
+            pass
+        return f"rank {rank}"
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.BEAT_S)
+            try:
+                self.store.add(f"{self.prefix}beat/{self.rank}", 1)
+                for r in self.watched:
+                    count = self.store.add(f"{self.prefix}beat/{r}", 0)  # read without waiting for the key
+                    if count != self.seen[r][0]:
+                        self.seen[r] = (count, time.monotonic())
+            except Exception:  # noqa: BLE001 - any store failure means the rank holding it is gone
+                self.store_lost = True
+                time.sleep(self.LOST_S)
+                if not self.reporting:
+                    self._end(f"lost the rendezvous store at {os.environ['MASTER_ADDR']}:"
+                              f"{os.environ['MASTER_PORT']}: rank 0 (or its launcher) has ended")
+                return
+            stale = [r for r in self.watched if time.monotonic() - self.seen[r][1] > self.timeout_s]
+            if stale and not self.reporting:
+                self._end(f"{', '.join(map(self.name, stale))} gave no sign of life for {self.timeout_s:.0f} s "
+                          f"(dead or frozen; distributed.timeout_min)")
+                return
+
+    def silent_ranks(self) -> list[int]:
+        """The watched ranks that stop beating within `SETTLE_S` (called after a failed collective)."""
+        self.reporting = True
+        time.sleep(self.SETTLE_S)
+        if self.store_lost:
+            return [0] if self.rank else []
+        return [r for r, (_, moved) in self.seen.items() if time.monotonic() - moved > self.SETTLE_S / 2]
+
+    def _end(self, message: str) -> None:
+        self.message = f"rank {self.rank} on {os.uname().nodename} ends: {message}"
+        print(f"[selfplay] {self.message}", file=sys.stderr, flush=True)
+        if self.can_interrupt:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+        time.sleep(self.GRACE_S)
+        os._exit(1)  # the main thread is stuck (e.g. inside a collective) and did not take the RankLost
+
+    def _raise_in_main(self, _signum, _frame) -> None:
+        if not self.reporting:
+            raise RankLost(self.message)
+
+    def _excepthook(self, previous, exc_type, exc, tb) -> None:
+        lost = self.silent_ranks() if issubclass(exc_type, RuntimeError) else []
+        previous(exc_type, exc, tb)
+        if lost:
+            print(f"[selfplay] rank {self.rank} on {os.uname().nodename} failed because "
+                  f"{', '.join(map(self.name, lost))} stopped responding (dead or frozen)", file=sys.stderr,
+                  flush=True)
 
 
 def is_distributed() -> bool:
