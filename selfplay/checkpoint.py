@@ -17,6 +17,7 @@ import json
 import os
 import random
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
 
@@ -152,3 +153,23 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([torch.tensor(s, dtype=torch.uint8) for s in state["cuda"]])
+
+
+@contextmanager
+def preserved_rng():
+    """Run a block without moving the Python, NumPy and torch (CPU, CUDA) RNGs: their states are put back after.
+
+    For work that happens at some step boundaries but not others (held-out evaluation at the last step of a run,
+    which a continued run does not repeat): training must draw the same random numbers either way."""
+    import torch
+
+    py, np_state, cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)

@@ -15,9 +15,10 @@ One iteration (all sizes in the `train:` config section):
 4. rewards               solver: the hybrid reward (correctness by default); generator: learnability 1 - p of its
                          valid tasks, fixed penalties for invalid/unparsable ones, a repetition penalty;
 5. PPO updates           solver, then generator (same PPO core, `ppo/solver/...`, `ppo/generator/...`);
-6. corpus and mixer      new tasks and measured difficulties are queued for the corpus (written with the next
-                         checkpoint, so a resumed run replays exactly); the mixer observes solve rate, validity,
-                         diversity and KL and adapts;
+6. corpus and mixer      new tasks and measured difficulties are written to the corpus at the end of the
+                         iteration (so iteration N sees every task of iterations < N, however the run was
+                         checkpointed and resumed); the mixer observes solve rate, validity, diversity and KL and
+                         adapts;
 7. logs                  TensorBoard scalars under the DESIGN.md §4 tags, sample proposals and solutions as text.
 
 Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on the seed
@@ -25,8 +26,11 @@ article's fixed level schedule, `curriculum_steps_per_level` iterations per leve
 warm-started solver is only evaluated) — the two baselines of the research claim.
 
 Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last): both agents, optimiser and trainer states,
-the mixer, RNG states, counters and the queued corpus writes' high-water mark. Starting again on a run folder that
-holds a checkpoint resumes from it; `train.steps` is the total, so raising it continues a finished run. A stop
+the mixer, RNG states, counters and the corpus size. Starting again on a run folder that holds a checkpoint resumes
+from it bit for bit on one process (tests/selfplay/test_resume_exact.py): held-out evaluation leaves the RNGs as it
+found them, so the evaluation at the end of a run does not shift a continued run's draws. A run killed between
+checkpoints leaves the corpus rows of its lost iterations (the corpus is append-only); resuming it is then not
+exact, and says so. `train.steps` is the total, so raising it continues a finished run. A stop
 request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does on preemption)
 finishes the current iteration, writes a checkpoint and exits 0.
 """
@@ -51,7 +55,7 @@ from generator.rewards import ProposalOutcome, generator_rewards
 from generator.schema import Task
 from selfplay import distributed as D
 from selfplay.agent import LMAgent, load_agent_parts
-from selfplay.checkpoint import CheckpointManager, rng_state, set_rng_state
+from selfplay.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
 from selfplay.config import to_dict
 from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
@@ -109,7 +113,7 @@ class SelfPlay:
                        if cfg.ppo.replay_coef > 0 else None)  # solver successes (same on every rank)
         self.rng = random.Random(cfg.run.seed)
         self.step = 0
-        self.pending_tasks: list[Task] = []  # corpus writes queued until the next checkpoint
+        self.pending_tasks: list[Task] = []  # corpus writes queued until the end of the iteration
         self.pending_difficulty: list[tuple[str, float, int, int]] = []
         self.history: list[dict] = []  # per-iteration summary (also in TensorBoard)
         self.evals: dict[str, dict] = {}  # step -> held-out results
@@ -252,6 +256,10 @@ class SelfPlay:
         self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
         if self.step > 0 or "eval_before" in state:
             self.evals.setdefault("0", state.get("eval_before", {}))
+        ahead = len(self.corpus) - int(state.get("corpus_size", len(self.corpus)))
+        if ahead > 0:
+            self.log(f"the corpus holds {ahead} more tasks than when step {self.step} was saved (written by "
+                     f"iterations lost when the run was killed); they stay, so this resume is not exact")
         self.log(f"loaded {folder} (step {self.step}; {len(self.corpus)} tasks in the corpus)")
 
     # ---- checkpoints --------------------------------------------------------------------------------------
@@ -447,6 +455,9 @@ class SelfPlay:
                     self.pending_tasks.append(task)
                 if task.id in rates_all and task.source != "generator":
                     self.pending_difficulty.append((task.id, rates_all[task.id], t.samples_per_task, step))
+            # written now, not at the next checkpoint: which tasks the next iteration sees must not depend on
+            # where the checkpoints fell (a run resumed after step N would otherwise see step N's tasks early)
+            self._flush_corpus()
             if t.mode == "selfplay":
                 self.mixer.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
                                                   kl=metrics.get("ppo/solver/kl")))
@@ -530,10 +541,12 @@ class SelfPlay:
         tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus) if self.main else None
         if everyone:
             tasks = D.broadcast_object(tasks)
-        results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
-                                   max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
-                                   temperature=self.cfg.eval.temperature, max_prompt_tokens=self.cfg.warmstart.max_len,
-                                   prompt_kw=prompt_options(self.cfg))
+        with preserved_rng():  # a run's last evaluation must not shift the draws of a run that continues it
+            results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
+                                       max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
+                                       temperature=self.cfg.eval.temperature,
+                                       max_prompt_tokens=self.cfg.warmstart.max_len,
+                                       prompt_kw=prompt_options(self.cfg))
         if not self.main:
             return {}
         self.tb.scalars(heldout_scalars(results), step)
