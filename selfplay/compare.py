@@ -4,8 +4,9 @@
     selfplay compare configs/tiny.yaml --seeds 0 1 2 --out runs/compare train.steps=30
 
 Per seed, one warm start (`OUT/seed_S/warmstart`: procedural corpus, tokenizer, both agents behaviour-cloned, the
-held-out suite drawn and evaluated). Each RL arm starts from a copy of that folder, so the arms of one seed differ
-only in what happens after the warm start:
+held-out suite drawn and evaluated), or with `--shared-warmstart` one for all seeds (`OUT/warmstart`, made with the
+first seed: the seeds then vary only the RL phase, and the warm-start arm has no spread). Each RL arm starts from a
+copy of that folder, so the arms of one seed differ only in what happens after the warm start:
 
     warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
     curriculum   PPO on procedural tasks only, on the seed article's fixed level schedule (`train.mode=curriculum`)
@@ -37,7 +38,13 @@ METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out eval
 COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl")  # what an arm takes from its seed's warm start
 
 
+SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)
+
+
 def run_folder(out: Path, seed: int, arm: str) -> Path:
+    """OUT/seed_S/ARM; the warm start of every seed is OUT/warmstart when the comparison shares one."""
+    if arm == "warmstart" and (out / SHARED_WARMSTART).exists():
+        return out / SHARED_WARMSTART
     return out / f"seed_{seed}" / arm
 
 
@@ -69,18 +76,19 @@ def _copy_warm_start(warm: Path, dst: Path) -> None:
 
 
 def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
-            log=print) -> dict:
-    """Warm start per seed, then every arm from it; skips finished runs. Returns the collected results."""
+            log=print, shared_warmstart: bool = False) -> dict:
+    """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results."""
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
     base = ([config] if config else []) + list(overrides)
     t0 = time.perf_counter()
     for seed in seeds:
-        warm = run_folder(out, seed, "warmstart")
+        warm = out / SHARED_WARMSTART if shared_warmstart else run_folder(out, seed, "warmstart")
         if not (warm / "checkpoints" / "latest").exists():
             log(f"seed {seed}: warm start -> {warm}")
-            _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"], out / "logs" / f"seed_{seed}.log")
+            _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"],
+                      out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
         for arm in arms:
             if arm == "warmstart":
                 continue

@@ -123,6 +123,7 @@ class DistributedConfig:
 @dataclass
 class WarmstartConfig:
     tasks: int = 6000  # procedural training tasks generated for behaviour cloning (levels 1..max_level)
+    max_level: int = 4  # highest level of those tasks (<= tasks.max_level); level 4's vague text teaches a tiny model little
     solver_steps: int = 1500  # SFT optimiser steps for the solver (on reference solutions)
     generator_steps: int = 600  # SFT optimiser steps for the generator (on tasks written as proposals)
     batch_size: int = 32  # sequences per SFT step

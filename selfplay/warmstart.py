@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import defaultdict
@@ -168,7 +169,8 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     stats = BuildStats()
     bar = progress(total=ws.tasks, desc="procedural tasks") if progress else None
     tasks = generate_tasks(ws.tasks, split="train", seed=cfg.run.seed, sb=sb, corpus_index=corpus,
-                           cfg=BuildConfig.from_config(cfg.tasks), stats=stats,
+                           cfg=dataclasses.replace(BuildConfig.from_config(cfg.tasks),
+                                                   max_level=min(ws.max_level, cfg.tasks.max_level)), stats=stats,
                            on_batch=(lambda new, _s: bar.update(len(new))) if bar else None)
     if bar:
         bar.close()

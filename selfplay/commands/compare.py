@@ -15,6 +15,8 @@ def configure(parser) -> None:
     parser.add_argument("--arms", nargs="+", default=["warmstart", "curriculum", "selfplay"],
                         help="what runs after each seed's warm start: warmstart (nothing), curriculum, selfplay")
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
+    parser.add_argument("--shared-warmstart", action="store_true",
+                        help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")
     parser.add_argument("--report-only", action="store_true",
                         help="only collect the finished runs in --out into results.json/.md and compare.png")
 
@@ -37,7 +39,8 @@ def run(args) -> int:
         results = collect(out, args.seeds, args.arms)
         write_report(results, out)
     else:
-        results = run_all(config, overrides, args.seeds, args.arms, out, log=lambda m: print(f"[compare] {m}", flush=True))
+        results = run_all(config, overrides, args.seeds, args.arms, out,
+                          log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart)
     print(markdown_table(results))
     print(f"results: {out / 'results.md'}, {out / 'results.json'}, {out / 'compare.png'}")
     return 0
