@@ -68,3 +68,12 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
 def test_compare_refuses_per_run_keys(tmp_path):
     proc = selfplay("compare", "configs/smoke.yaml", "train.mode=selfplay", "--out", str(tmp_path), check=False)
     assert proc.returncode == 2 and "train.mode is set per run" in proc.stderr
+
+
+def test_overrides_may_follow_the_options():
+    from selfplay.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["compare", "configs/smoke.yaml", "a.b=1", "--out", "x", "c.d=2"])
+    assert (args.config, args.overrides, extra) == ("configs/smoke.yaml", ["a.b=1"], ["c.d=2"])
+    proc = selfplay("compare", "configs/smoke.yaml", "--out", "/nonexistent/x", "bogus.key=1", check=False)
+    assert proc.returncode == 2 and "bogus" in proc.stderr  # the late override reached the config check
