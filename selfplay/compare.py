@@ -127,7 +127,27 @@ def run_result(folder: Path, arm: str) -> dict:
             raise ValueError(f"{folder} has no held-out evaluation")
         final = evals[max(evals, key=int)]
     heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split != "by_family"}
-    return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s")}
+    return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
+            "per_iteration": {} if arm == "warmstart" else per_iteration(folder)}
+
+
+COST_TAGS = ("time/", "perf/", "sandbox/")  # where an iteration's time goes (TensorBoard tags)
+
+
+def per_iteration(folder: Path) -> dict[str, float]:
+    """Median over iterations of each time/, perf/ and sandbox/ scalar of a run, plus solver episodes per second
+    of rollout time."""
+    from selfplay.tb import read_scalars
+
+    scalars = read_scalars(folder)
+    out = {tag: statistics.median(v for _, v in series) for tag, series in scalars.items()
+           if tag.startswith(COST_TAGS) and series}
+    state = _final_state(folder)
+    train = (state.get("config") or {}).get("train", {})
+    if "time/rollout_s" in out and train:
+        episodes = train["solver_tasks"] * train["samples_per_task"]
+        out["perf/solver_episodes_per_rollout_s"] = episodes / max(1e-9, out["time/rollout_s"])
+    return out
 
 
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
@@ -171,10 +191,32 @@ def markdown_table(results: dict, metric: str = "pass@1_greedy") -> str:
     return "\n".join(lines)
 
 
+COST_COLUMNS = ("time/generator_s", "time/rollout_s", "time/sandbox_s", "time/solver_update_s", "time/update_s",
+                "perf/solver_gen_tokens_per_s", "perf/solver_update_tokens_per_s",
+                "perf/solver_episodes_per_rollout_s")
+
+
+def cost_table(results: dict) -> str:
+    """Per RL arm: the median over seeds of each run's median per-iteration cost (seconds, tokens/s, episodes/s)."""
+    lines = ["| arm | " + " | ".join(c.split("/", 1)[1] for c in COST_COLUMNS) + " |",
+             "|---|" + "---|" * len(COST_COLUMNS)]
+    for arm in results["arms"]:
+        runs = [r.get("per_iteration") or {} for r in results["runs"][arm].values()]
+        if not any(runs):
+            continue
+        cells = []
+        for col in COST_COLUMNS:
+            values = [r[col] for r in runs if col in r]
+            cells.append(f"{statistics.median(values):.1f}" if values else "n/a")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    (out / "results.md").write_text("\n\n".join(markdown_table(results, m) for m in METRICS) + "\n")
+    tables = [markdown_table(results, m) for m in METRICS] + ["Per iteration (medians):\n\n" + cost_table(results)]
+    (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")
 
 
