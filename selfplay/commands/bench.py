@@ -1,7 +1,7 @@
 """`selfplay bench WHAT`: benchmarks that print measured medians and ratios (tests never time anything).
 
     selfplay bench sandbox [--backend process|docker|all] [--workers N] [--limit N] [--sample-docker-run N]
-                           [--image NAME] [--skip RUNNER ...] [--json OUT]
+                           [--image NAME] [--skip RUNNER ...] [--repeat R] [--json OUT]
 
 Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
 BENCHES; add a line there for a new one.
