@@ -222,7 +222,8 @@ def write_report(results: dict, out: Path) -> None:
 
 def plot(results: dict, path: Path) -> Path:
     """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
-    Middle and right: the solver's training pass rate and the generator's validity over iterations, per RL arm and seed."""
+    Then, per RL arm and seed over iterations: the solver's pass rate on its training batch, the procedural level
+    (the curriculum's schedule or the mixer's choice), the generator's validity rate."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,7 +231,7 @@ def plot(results: dict, path: Path) -> Path:
 
     summary, arms = results["summary"], results["arms"]
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
-    fig, axes = plt.subplots(1, 3, figsize=(17, 4.5))
+    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
     ax = axes[0]
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
@@ -247,7 +248,8 @@ def plot(results: dict, path: Path) -> Path:
     ax.set_title("held-out pass@1 after training")
     ax.legend()
     for ax, key, title in ((axes[1], "solve_rate", "solver pass rate on its training batch"),
-                           (axes[2], "validity", "generator validity rate")):
+                           (axes[2], "level", "procedural level"),
+                           (axes[3], "validity", "generator validity rate")):
         drawn = False
         for arm in arms:
             for seed, run in results["runs"][arm].items():
