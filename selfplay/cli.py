@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from selfplay.errors import UserError
@@ -80,13 +81,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args._module.run(args) or 0)
+        code = int(args._module.run(args) or 0)
     except UserError as exc:
         print(f"selfplay {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = 2
     except KeyboardInterrupt:
         print(f"selfplay {args.command}: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    except Exception:
+        if not _distributed():
+            raise
+        sys.excepthook(*sys.exc_info())  # the heartbeat's hook names a rank that stopped responding
+        code = 1
+    return _finish(code)
+
+
+def _distributed() -> bool:
+    """Whether this process joined a torch.distributed group (without importing torch for light commands)."""
+    dist = sys.modules.get("torch.distributed")
+    return bool(dist is not None and dist.is_available() and dist.is_initialized())
+
+
+def _finish(code: int) -> int:
+    """The exit code; a process of a distributed run ends with os._exit instead. Left to interpreter shutdown, torch's
+    C++ store and process-group threads can abort it ("terminate called without an active exception", exit -6)
+    while the heartbeat thread still talks to the store. Everything of ours is closed by then (the loop closes its
+    sandbox, corpus and TensorBoard writer), so only output needs flushing."""
+    if not _distributed():
+        return code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":
