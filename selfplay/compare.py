@@ -128,21 +128,20 @@ def run_result(folder: Path, arm: str) -> dict:
         final = evals[max(evals, key=int)]
     heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split != "by_family"}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
-            "per_iteration": {} if arm == "warmstart" else per_iteration(folder)}
+            "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
 
 
 COST_TAGS = ("time/", "perf/", "sandbox/")  # where an iteration's time goes (TensorBoard tags)
 
 
-def per_iteration(folder: Path) -> dict[str, float]:
+def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     """Median over iterations of each time/, perf/ and sandbox/ scalar of a run, plus solver episodes per second
-    of rollout time."""
+    of rollout time (`state`: the run's final checkpoint state, for its config)."""
     from selfplay.tb import read_scalars
 
     scalars = read_scalars(folder)
     out = {tag: statistics.median(v for _, v in series) for tag, series in scalars.items()
            if tag.startswith(COST_TAGS) and series}
-    state = _final_state(folder)
     train = (state.get("config") or {}).get("train", {})
     if "time/rollout_s" in out and train:
         episodes = train["solver_tasks"] * train["samples_per_task"]
