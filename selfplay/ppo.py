@@ -61,6 +61,13 @@ def pad_rollouts(
     return input_ids, attention_mask, action_mask
 
 
+def first_action(action_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
+    """(start, action_mask[:, start:]): the first position (shifted axis) holding an action in any row, i.e. the
+    shortest prompt's last token; per-token tensors of a batch begin there."""
+    start = int(action_mask.any(0).float().argmax())
+    return start, action_mask[:, start:]
+
+
 def last_index(mask: torch.Tensor) -> torch.Tensor:
     """Index of the last set position in each row of a [B, T] mask."""
     positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
@@ -169,8 +176,7 @@ class PPOTrainer:
         input_ids, attention_mask, action_mask = (
             t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
         )
-        start = int(action_mask.any(0).float().argmax())  # the shortest prompt's last token
-        action_mask = action_mask[:, start:]
+        start, action_mask = first_action(action_mask)
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
         old_logp, old_values, ref_logp = [], [], []
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
@@ -215,8 +221,7 @@ class PPOTrainer:
         queries, responses, masks = replay
         input_ids, attention_mask, action_mask = (
             t.to(self.device) for t in pad_rollouts(queries, responses, self.pad_token_id, masks))
-        start = int(action_mask.any(0).float().argmax())
-        action_mask = action_mask[:, start:]
+        start, action_mask = first_action(action_mask)
         return _Replay(input_ids, attention_mask, start, action_mask, int(action_mask.sum().item()))
 
     def _joint_forward(self, r: _Rollout, idx: torch.Tensor, rep: _Replay, ridx: torch.Tensor):

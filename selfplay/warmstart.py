@@ -27,7 +27,7 @@ from generator.schema import Task
 from selfplay.agent import LMAgent
 from selfplay import rl
 from selfplay.models import build_models, frozen_copy
-from selfplay.ppo import last_index, pad_rollouts
+from selfplay.ppo import first_action, last_index, pad_rollouts
 from selfplay.rollout import prompt_options, solver_rollouts
 from selfplay.sft import sft
 from solver.prompts import answer_text, task_prompt
@@ -83,8 +83,7 @@ def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float):
     (the reward on the last action token), on the shifted axis from the first action position."""
     ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
                                  [r.mask for r in rollouts])
-    start = int(act.any(0).float().argmax())
-    act = act[:, start:]
+    start, act = first_action(act)
     rewards = torch.zeros_like(act)
     rewards[torch.arange(len(rollouts)), last_index(act)] = torch.tensor([float(r.reward) for r in rollouts])
     return ids, att, start, act, rl.discounted_returns(rewards, act, gamma)
