@@ -108,7 +108,7 @@ def materialise(params: dict, split: str, *, created_step: int = 0) -> Task:
                 created_step=created_step, params=params)
 
 
-class _Chain:
+class ChainIndex:
     """Duplicates against several indexes (the corpus, then the tasks accepted so far)."""
 
     def __init__(self, *indexes) -> None:
@@ -154,7 +154,7 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
     levels = [level] if level is not None else levels_for(split, cfg.max_level)
     max_attempts = max_attempts if max_attempts is not None else 50 * n + 200
     accepted = MemoryIndex()
-    index = _Chain(corpus_index, accepted)
+    index = ChainIndex(corpus_index, accepted)
     out: list[Task] = []
     start = time.perf_counter()
     with contextlib.ExitStack() as stack:

@@ -10,6 +10,7 @@ Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -156,6 +157,15 @@ class LMAgent:
         elif (folder / "optimizer.pt").exists():
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
+
+
+def agent_ppo_config(cfg, name: str):
+    """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
+    (`train.generator_temperature`; PPO scores its tokens at that temperature too)."""
+    ppo = copy.deepcopy(cfg.ppo)
+    if name == "generator":
+        ppo.temperature = cfg.train.generator_temperature
+    return ppo
 
 
 def load_agent_parts(folder: Path, dtype: str = "float32"):

@@ -144,6 +144,7 @@ class TrainConfig:
     proposals: int = 8  # generator proposals per iteration
     references: int = 2  # K reference tasks shown in each generator prompt
     generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs: longer than a solution)
+    generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); the solver uses ppo.temperature
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = hybrid actions (write/run/check/submit)
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this

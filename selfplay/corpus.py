@@ -12,6 +12,8 @@ Tables
     difficulty         append-only history of measured solve rates (task_id, solve_rate, difficulty, n, step)
     difficulty_latest  the newest difficulty per task (an upsert, in the same transaction as its history row);
                        `Task.difficulty` read from the corpus comes from here. The record itself is never touched.
+    reserved           fingerprints of tasks kept out of the corpus (the run's held-out evaluation tasks): a task
+                       with the same id, program or behaviour is a duplicate, so no training task repeats them.
 Every write is one transaction (`BEGIN IMMEDIATE ... COMMIT`), so a writer killed with SIGKILL loses no
 committed row and leaves no half row; WAL lets readers read while a writer writes.
 """
@@ -27,7 +29,7 @@ from typing import Iterable, Iterator
 
 from generator.schema import SchemaError, Task
 
-CORPUS_SCHEMA_VERSION = 1
+CORPUS_SCHEMA_VERSION = 2  # 2: the `reserved` table
 CORPUS_FILE = "corpus.sqlite"
 
 _DDL = """
@@ -73,6 +75,18 @@ CREATE TABLE IF NOT EXISTS difficulty_latest (
 );
 CREATE INDEX IF NOT EXISTS difficulty_latest_value ON difficulty_latest(difficulty);
 """
+_RESERVED_DDL = """
+CREATE TABLE IF NOT EXISTS reserved (
+    id TEXT PRIMARY KEY,
+    ast_hash TEXT,
+    behaviour_hash TEXT,
+    reason TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS reserved_ast ON reserved(ast_hash);
+CREATE INDEX IF NOT EXISTS reserved_behaviour ON reserved(behaviour_hash);
+"""
+_DDL += _RESERVED_DDL
+_MIGRATIONS = {1: _RESERVED_DDL}  # schema version -> DDL that brings it to the next version
 
 
 class CorpusError(Exception):
@@ -119,6 +133,13 @@ class Corpus:
                 if self._version() is None:
                     self.db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(CORPUS_SCHEMA_VERSION),))
         version = self._version()
+        while version in _MIGRATIONS:  # an older corpus: upgrade it in place, one version at a time
+            with self._write():
+                if self._version() == version:
+                    for statement in filter(str.strip, _MIGRATIONS[version].split(";")):
+                        self.db.execute(statement)
+                    self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version + 1),))
+            version = self._version()
         if version > CORPUS_SCHEMA_VERSION:
             raise CorpusError(f"{self.path} has corpus schema {version}, newer than this code "
                               f"({CORPUS_SCHEMA_VERSION})")
@@ -177,16 +198,31 @@ class Corpus:
                 results.append(InsertResult(True))
         return results
 
+    def reserve(self, tasks: Iterable[Task], reason: str = "held-out") -> int:
+        """Keep these tasks' programs out of the corpus: later inserts (and every generator that dedups against
+        the corpus) treat a task with the same id, program or behaviour as a duplicate. Returns how many were
+        newly reserved. Reserved tasks are not corpus rows: queries, counts and exports never see them."""
+        with self._write():
+            before = self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0]
+            self.db.executemany("INSERT OR IGNORE INTO reserved VALUES (?,?,?,?)",
+                                [(t.id, (t.fingerprints or {}).get("ast"), (t.fingerprints or {}).get("behaviour"),
+                                  reason) for t in tasks])
+            return self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0] - before
+
+    def reserved_count(self) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0]
+
     def _duplicate(self, task: Task) -> tuple[str, str] | None:
         fp = task.fingerprints or {}
-        if self.db.execute("SELECT 1 FROM tasks WHERE id=?", (task.id,)).fetchone():
-            return task.id, "same id"
-        for column, value, why in (("ast_hash", fp.get("ast"), "same program"),
-                                   ("behaviour_hash", fp.get("behaviour"), "same behaviour")):
-            if value:
-                row = self.db.execute(f"SELECT id FROM tasks WHERE {column}=? LIMIT 1", (value,)).fetchone()
-                if row:
-                    return row[0], why
+        for table, prefix in (("tasks", ""), ("reserved", "reserved: ")):
+            if self.db.execute(f"SELECT 1 FROM {table} WHERE id=?", (task.id,)).fetchone():
+                return task.id, prefix + "same id"
+            for column, value, why in (("ast_hash", fp.get("ast"), "same program"),
+                                       ("behaviour_hash", fp.get("behaviour"), "same behaviour")):
+                if value:
+                    row = self.db.execute(f"SELECT id FROM {table} WHERE {column}=? LIMIT 1", (value,)).fetchone()
+                    if row:
+                        return row[0], prefix + why
         return None
 
     def find_duplicate(self, task_id: str, ast_hash: str | None, behaviour_hash: str | None) -> str | None:

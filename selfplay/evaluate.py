@@ -44,8 +44,13 @@ SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
 # ---- held-out suite ---------------------------------------------------------------------------------------------
 def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
-    """The run's held-out tasks by split, generated on first use and then read from RUN_DIR/heldout.jsonl."""
-    from generator.build import BuildConfig, generate_tasks
+    """The run's held-out tasks by split, generated on first use and then read from RUN_DIR/heldout.jsonl.
+
+    On first use they are also reserved in `corpus` (Corpus.reserve): the loop draws them before the warm-start
+    corpus, so the `test` split samples the training distribution itself (not what is left once training has taken
+    the easy programs) and no training task, procedural or generated, can repeat a held-out program."""
+    from generator.build import BuildConfig, ChainIndex, generate_tasks
+    from generator.validity import MemoryIndex
 
     path = Path(run_dir) / "heldout.jsonl"
     if path.exists():
@@ -56,13 +61,16 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     build_cfg = BuildConfig.from_config(cfg.tasks)
     out = {}
     seed = cfg.run.seed + 10_007
-    test = generate_tasks(cfg.eval.tasks_per_split, split="train", seed=seed, sb=sb, corpus_index=corpus,
-                          cfg=build_cfg)
-    for t in test:
-        t.params = dict(t.params, **{SPLIT_KEY: TEST_SPLIT})
-    out[TEST_SPLIT] = test
-    for split in cfg.tasks.heldout_splits:
-        out[split] = generate_tasks(cfg.eval.tasks_per_split, split=split, seed=seed, sb=sb, cfg=build_cfg)
+    drawn = MemoryIndex()  # one program appears in one split only
+    for split in (TEST_SPLIT, *cfg.tasks.heldout_splits):
+        tasks = generate_tasks(cfg.eval.tasks_per_split, split="train" if split == TEST_SPLIT else split, seed=seed,
+                               sb=sb, corpus_index=ChainIndex(corpus, drawn), cfg=build_cfg)
+        for t in tasks:
+            t.params = dict(t.params, **{SPLIT_KEY: split})
+            drawn.add(t)
+        out[split] = tasks
+    if corpus is not None:
+        corpus.reserve([t for ts in out.values() for t in ts], reason="held-out")
     write_tasks(path, [t for ts in out.values() for t in ts])
     return out
 

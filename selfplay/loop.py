@@ -54,7 +54,7 @@ import sandbox
 from generator.rewards import ProposalOutcome, generator_rewards
 from generator.schema import Task
 from selfplay import distributed as D
-from selfplay.agent import LMAgent, load_agent_parts
+from selfplay.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
 from selfplay.config import to_dict
 from selfplay.corpus import Corpus, CorpusError
@@ -214,6 +214,10 @@ class SelfPlay:
         from selfplay.warmstart import warm_start
 
         self.log(f"no checkpoint in {self.run_dir}: warm start ({self.cfg.warmstart.tasks} tasks)")
+        # held-out tasks first, reserved in the corpus: training never sees their programs
+        heldout = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
+        self.log(f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "
+                 f"({self.corpus.reserved_count()} programs reserved)")
         solver, generator, report = warm_start(self.cfg, self.run_dir, self.sb, self.corpus, log=self.log,
                                                progress=_progress)
         self.solver, self.generator = solver, generator
@@ -235,7 +239,8 @@ class SelfPlay:
                 device = torch.device("cuda", self.info.local_rank)
                 model.to(device)
                 reference.to(device)
-            agent = LMAgent(name, model, reference, tokenizer, self.cfg.ppo, wrap=wrap, seed=self.cfg.run.seed)
+            agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
+                            seed=self.cfg.run.seed)
             if self.cfg.train.mode == "selfplay" and name == "generator":
                 for g in agent.trainer.optimizer.param_groups if agent.trainer.optimizer else []:
                     g["lr"] = self.cfg.ppo.lr * self.cfg.train.generator_lr_scale

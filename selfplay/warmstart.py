@@ -24,7 +24,7 @@ import torch
 
 from generator.agent import build_prompt, format_proposal
 from generator.schema import Task
-from selfplay.agent import LMAgent
+from selfplay.agent import LMAgent, agent_ppo_config
 from selfplay import rl
 from selfplay.models import build_models, frozen_copy
 from selfplay.ppo import first_action, last_index, pad_rollouts
@@ -74,7 +74,8 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None):
     agents = []
     for name in ("solver", "generator"):
         model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed)
-        agents.append(LMAgent(name, model, reference, tokenizer, cfg.ppo, wrap=wrap, seed=cfg.run.seed))
+        agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
+                              seed=cfg.run.seed))
     return agents
 
 

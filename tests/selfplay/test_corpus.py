@@ -134,3 +134,30 @@ def test_newer_corpus_schema_is_refused(tmp_path):
         c.db.execute("UPDATE meta SET value='99' WHERE key='schema_version'")
     with pytest.raises(CorpusError, match="corpus schema 99, newer than this code"):
         Corpus(tmp_path)
+
+
+def test_reserved_programs_are_duplicates_but_never_corpus_rows(tmp_path):
+    with Corpus(tmp_path) as c:
+        c.insert_many([make_task(i) for i in range(3)])
+        held_out = [make_task(100 + i) for i in range(4)]
+        assert c.reserve(held_out) == 4 and c.reserve(held_out[:2]) == 0  # idempotent
+        assert c.reserved_count() == 4 and len(c) == 3 and c.counts("split") == {"noisy": 1, "train": 2}
+        assert all(c.get(t.id) is None for t in held_out)
+        for probe, reason in ((make_task(100), "reserved: same id"),
+                              (make_task(7, fingerprints={"ast": "a101", "behaviour": "x"}), "reserved: same program"),
+                              (make_task(8, fingerprints={"ast": "y", "behaviour": "b102"}), "reserved: same behaviour")):
+            result = c.insert(probe)
+            assert (result.inserted, result.reason) == (False, reason)
+        assert c.find_duplicate("new", "a103", None) == "t000103"
+        assert c.insert(make_task(9)).inserted  # an unrelated task still goes in
+
+
+def test_schema_1_corpus_is_upgraded_in_place(tmp_path):
+    path = tmp_path / "corpus.sqlite"
+    with Corpus(path) as c:
+        c.insert_many([make_task(i) for i in range(5)])
+        c.db.execute("DROP TABLE reserved")  # what a corpus written before schema 2 looks like
+        c.db.execute("UPDATE meta SET value='1' WHERE key='schema_version'")
+    with Corpus(path) as c:
+        assert c._version() == 2 and len(c) == 5 and c.get("t000002") == make_task(2)
+        assert c.reserve([make_task(50)]) == 1 and not c.insert(make_task(50)).inserted

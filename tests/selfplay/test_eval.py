@@ -163,3 +163,17 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["eval", str(step), "--limit", "many"])
     assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_heldout_programs_are_reserved_before_the_warm_start_corpus(warm_run):
+    """The held-out tasks are drawn first and reserved: no corpus task repeats a held-out program or behaviour."""
+    heldout = [Task.from_json(line) for line in (warm_run / "heldout.jsonl").read_text().splitlines()]
+    corpus = Corpus(warm_run / "corpus.sqlite", create=False)
+    try:
+        assert corpus.reserved_count() == len({t.id for t in heldout}) > 0
+        stored = corpus.query()
+        assert stored and not {t.fingerprints["ast"] for t in heldout} & {t.fingerprints["ast"] for t in stored}
+        assert not {t.fingerprints["behaviour"] for t in heldout} & {t.fingerprints["behaviour"] for t in stored}
+        assert all(corpus.find_duplicate("probe", t.fingerprints["ast"], None) == t.id for t in heldout[:5])
+    finally:
+        corpus.close()
