@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from selfplay.evaluate import BREAKDOWNS, TEST_SPLIT
+
 ARMS = ("warmstart", "curriculum", "selfplay")
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
 COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl")  # what an arm takes from its seed's warm start
@@ -117,18 +119,29 @@ def _final_state(folder: Path) -> dict:
 
 
 def run_result(folder: Path, arm: str) -> dict:
-    """{"heldout": {split: {metric: value}}, "history": [...], "seconds": s} of one finished run."""
+    """{"heldout": {split: {metric: value}}, "test_by_level": {level: {metric: value}}, "history": [...],
+    "seconds": s} of one finished run."""
     state = _final_state(folder)
     evals = state.get("evals") or {}
     if arm == "warmstart":
-        final = state.get("eval_before") or evals.get("0", {})
+        step, final = 0, state.get("eval_before") or evals.get("0", {})
     else:
         if not evals:
             raise ValueError(f"{folder} has no held-out evaluation")
-        final = evals[max(evals, key=int)]
-    heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split != "by_family"}
+        step = max(map(int, evals))
+        final = evals[str(step)]
+    heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split not in BREAKDOWNS}
+    by_level = (final.get("by_level") or _eval_json(folder, step).get("by_level") or {}).get(TEST_SPLIT, {})
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
+            "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res} for lv, res in by_level.items()},
             "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
+
+
+def _eval_json(folder: Path, step: int) -> dict:
+    """The held-out results `selfplay eval` wrote for `step` (RUN/eval/step_S.json), or {} (older runs' in-loop
+    evaluations have no per-level breakdown; `selfplay eval RUN --suite heldout` adds one)."""
+    path = folder / "eval" / f"step_{step}.json"
+    return json.loads(path.read_text()).get("heldout") or {} if path.exists() else {}
 
 
 COST_TAGS = ("time/", "perf/", "sandbox/")  # where an iteration's time goes (TensorBoard tags)
@@ -151,7 +164,8 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
 
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
-    return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs)}
+    return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
+            "summary_test_by_level": summarize(runs, "test_by_level")}
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -160,26 +174,28 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
 
 
-def summarize(runs: dict) -> dict:
-    """{arm: {split: {metric: {"mean", "sd", "values"}}}} over seeds."""
+def summarize(runs: dict, key: str = "heldout") -> dict:
+    """{arm: {split: {metric: {"mean", "sd", "values"}}}} over seeds (key="test_by_level": levels of the test split
+    instead of splits)."""
     out: dict = {}
     for arm, by_seed in runs.items():
-        splits = sorted({s for r in by_seed.values() for s in r["heldout"]})
+        splits = sorted({s for r in by_seed.values() for s in r.get(key, {})})
         for split in splits:
             for metric in METRICS:
-                values = [r["heldout"][split][metric] for r in by_seed.values()
-                          if metric in r["heldout"].get(split, {})]
+                values = [r[key][split][metric] for r in by_seed.values()
+                          if metric in r.get(key, {}).get(split, {})]
                 if values:
                     mean, sd = mean_sd(values)
                     out.setdefault(arm, {}).setdefault(split, {})[metric] = {"mean": mean, "sd": sd, "values": values}
     return out
 
 
-def markdown_table(results: dict, metric: str = "pass@1_greedy") -> str:
-    """Rows: arms; columns: held-out splits; cells: mean ± sd over seeds."""
-    summary = results["summary"]
+def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: str = "summary") -> str:
+    """Rows: arms; columns: held-out splits (or the test split's levels); cells: mean ± sd over seeds."""
+    summary = results.get(summary_key) or {}
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
-    lines = [f"| arm ({metric}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
+    what = "" if summary_key == "summary" else ", test split by level"
+    lines = [f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
              "|---|" + "---|" * len(splits)]
     for arm in results["arms"]:
         cells = []
@@ -214,7 +230,10 @@ def cost_table(results: dict) -> str:
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [markdown_table(results, m) for m in METRICS] + ["Per iteration (medians):\n\n" + cost_table(results)]
+    tables = [markdown_table(results, m) for m in METRICS]
+    if results.get("summary_test_by_level"):
+        tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
+    tables.append("Per iteration (medians):\n\n" + cost_table(results))
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")
 

@@ -38,6 +38,7 @@ from selfplay.passk import mean_pass_at_k
 
 TEST_SPLIT = "test"  # in-distribution held-out tasks (train distribution, not in the corpus)
 SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task belongs to
+BREAKDOWNS = ("by_family", "by_level")  # keys of held-out results that hold {split: {group: metrics}}, not a split
 SNAPSHOT_FILE = "generator_snapshot.jsonl"  # frozen sample of generated tasks, in the run folder
 SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
@@ -148,7 +149,8 @@ def _parses(code: str) -> bool:
 def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
                      reward_cfg=None, temperature: float | None = None,
                      max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
-    """{split: metrics, "by_family": {split: {family: metrics}}} for the solver agent. `prompt_kw`: the
+    """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}}} for the
+    solver agent. `prompt_kw`: the
     task_prompt options training used (selfplay.rollout.prompt_options(cfg)).
 
     Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
@@ -162,23 +164,26 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     if samples > 1 and all_tasks:
         with sampling_temperature(agent, temperature):
             sampled = solver_rollouts(agent, all_tasks, samples, sb, **kw)
-    results, by_family = {}, {}
+    results = {}
+    groups = {"by_family": lambda task: task.family, "by_level": lambda task: f"level_{task.level}"}
+    breakdowns: dict[str, dict] = {name: {} for name in groups}
     for split in tasks_by_split:
         idx = [i for i, (s, _) in enumerate(order) if s == split]
         g = [greedy[i] for i in idx]
         s = [r for i in idx for r in sampled[i * samples: (i + 1) * samples]]
         results[split] = summarize_split(g, s, samples)
-        families = sorted({r.task.family for r in g})
-        by_family[split] = {f: summarize_split([r for r in g if r.task.family == f],
-                                               [r for r in s if r.task.family == f], samples) for f in families}
-    results["by_family"] = by_family
+        for name, key in groups.items():
+            breakdowns[name][split] = {v: summarize_split([r for r in g if key(r.task) == v],
+                                                          [r for r in s if key(r.task) == v], samples)
+                                       for v in sorted({key(r.task) for r in g})}
+    results.update(breakdowns)
     return results
 
 
 def heldout_scalars(results: dict) -> dict[str, float]:
     """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (DESIGN.md §4), the same
     tags whether the loop or `selfplay eval` logs them."""
-    return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split != "by_family"
+    return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split not in BREAKDOWNS
             for k, v in res.items() if isinstance(v, (int, float))}
 
 
@@ -346,7 +351,7 @@ def evals_over_time(evals: dict) -> dict[str, list[list[float]]]:
     series: dict[str, list[list[float]]] = defaultdict(list)
     for step in sorted(evals, key=int):
         for split, res in evals[step].items():
-            if split != "by_family" and isinstance(res, dict) and res.get("pass@1_greedy") is not None:
+            if split not in BREAKDOWNS and isinstance(res, dict) and res.get("pass@1_greedy") is not None:
                 series[split].append([int(step), float(res["pass@1_greedy"])])
     return dict(series)
 

@@ -59,7 +59,7 @@ from selfplay.checkpoint import CheckpointManager, preserved_rng, rng_state, set
 from selfplay.config import to_dict
 from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
-from selfplay.evaluate import evaluate_heldout, heldout_scalars, heldout_tasks
+from selfplay.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
 from selfplay.replay import ReplayBuffer, successes
 from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
@@ -556,7 +556,7 @@ class SelfPlay:
             return {}
         self.tb.scalars(heldout_scalars(results), step)
         self.evals[str(step)] = results
-        line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s != "by_family")
+        line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s not in BREAKDOWNS)
         self.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")
         return results
 
@@ -608,8 +608,8 @@ class SelfPlay:
         return {
             "run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "steps": self.step,
             "seconds": time.perf_counter() - self.t_start,
-            "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s != "by_family"},
-            "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s != "by_family"},
+            "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s not in BREAKDOWNS},
+            "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
             "corpus_by_source": self.corpus.counts("source"),
             "validity_rate": statistics.mean(validity) if validity else None,
         }

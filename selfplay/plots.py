@@ -25,6 +25,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from selfplay.evaluate import BREAKDOWNS  # noqa: E402
+
 BAR_KEYS = ("pass@1_greedy", "pass@1")  # bars per split; pass@k is added when present
 LABELS = {"pass@1_greedy": "greedy pass@1", "pass@1": "sampled pass@1"}  # legend names of result keys
 
@@ -133,7 +135,7 @@ def plot_eval(results: dict, path: str | Path) -> Path:
     skipped = {suite: f"not evaluated (--suite {suite})" for suite in ("heldout", "humaneval", "generator")
                if suite not in results}
     fig, axes = plt.subplots(2, 3, figsize=(16, 9))
-    heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k != "by_family"}
+    heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k not in BREAKDOWNS}
     bars_by_group(axes[0, 0], heldout, f"held-out pass@1, step {results.get('step', '?')}",
                   skipped.get("heldout", "no results"))
     lines_over_steps(axes[0, 1], results.get("heldout_over_time") or {}, "held-out greedy pass@1 over the run",

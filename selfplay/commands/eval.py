@@ -216,11 +216,13 @@ def _fmt(value) -> str:
 
 
 def print_table(results: dict) -> None:
+    from selfplay.evaluate import BREAKDOWNS
+
     k = results["options"]["samples"]
     head = f"  {'':<30} {'tasks':>5}  {'greedy':>6} {'pass@1':>6} {f'pass@{k}':>6} {'tests':>6} {'quality':>7}"
     rows = []
     for split, res in (results.get("heldout") or {}).items():
-        if split != "by_family":
+        if split not in BREAKDOWNS:
             rows.append((f"held-out {split}", res))
     if "humaneval" in results:
         rows.append(("HumanEval", {"tasks": results["humaneval"]["problems"], **results["humaneval"]}))

@@ -9,6 +9,7 @@ __all__ = ["configure", "run"]
 
 def run(args) -> int:
     from selfplay.config import load_config
+    from selfplay.evaluate import BREAKDOWNS
     from selfplay.loop import SelfPlay
 
     config, overrides = split_args(args)
@@ -21,7 +22,7 @@ def run(args) -> int:
         loop.setup()
         before = loop.evals.get("0", {})
         for split, res in before.items():
-            if split != "by_family":
+            if split not in BREAKDOWNS:
                 print(f"  held-out {split:<22} greedy pass@1 {res.get('pass@1_greedy', float('nan')):.3f}")
     finally:
         loop.close()

@@ -52,9 +52,15 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert set(warm) == set(trained["heldout"]) and "test" in warm
     assert all(0.0 <= v <= 1.0 for r in (warm, trained["heldout"]) for m in r.values() for v in m.values())
     assert [h["step"] for h in trained["history"]] == [1]
+    n_test = sum(json.loads(line)["params"].get("eval_split") == "test"
+                 for line in (warm_run / "heldout.jsonl").read_text().splitlines())
+    for by_level in (results["runs"]["warmstart"]["0"]["test_by_level"], trained["test_by_level"]):
+        assert by_level and all(lv.startswith("level_") for lv in by_level)
+        assert sum(m["tasks"] for m in by_level.values()) == n_test
+    assert set(results["summary_test_by_level"]["curriculum"]) == set(trained["test_by_level"])
     assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
     assert (out / "seed_0" / "curriculum" / "summary.json").exists()
-    assert (out / "compare.png").stat().st_size > 0 and (out / "results.md").read_text().count("| curriculum |") == 3
+    assert (out / "compare.png").stat().st_size > 0 and (out / "results.md").read_text().count("| curriculum |") == 4
     # the warm start row is the warm start's own step-0 evaluation
     before = json.loads((out / "seed_0" / "curriculum" / "summary.json").read_text())["heldout_before"]
     assert {s: m["pass@1_greedy"] for s, m in warm.items()} == before

@@ -15,6 +15,7 @@ import pytest
 from generator.schema import Task
 from selfplay.cli import main
 from selfplay.corpus import Corpus
+from selfplay.evaluate import BREAKDOWNS
 from selfplay.tb import read_scalars
 from tests.conftest import copy_run, selfplay
 
@@ -55,13 +56,14 @@ def test_heldout_json_table_plot_and_tensorboard(run):
     results = json.loads(out.read_text())
     assert results["step"] == 0 and results["suites"] == ["heldout"] and results["options"]["samples"] == 2
     heldout = results["heldout"]
-    expected = {}
+    expected, levels = {}, {}
     for line in (run / "heldout.jsonl").read_text().splitlines():
         task = Task.from_json(line)
         split = task.params.get("eval_split", task.split)
         expected.setdefault(split, []).append(task.family)
+        levels.setdefault(split, []).append(f"level_{task.level}")
     state = json.loads((run / "checkpoints" / "step_0" / "state.json").read_text())
-    assert set(expected) == set(state["eval_before"]) - {"by_family"} == set(heldout) - {"by_family"}
+    assert set(expected) == set(state["eval_before"]) - set(BREAKDOWNS) == set(heldout) - set(BREAKDOWNS)
     for split, families in expected.items():
         res = heldout[split]
         assert res["tasks"] == len(families)
@@ -72,6 +74,10 @@ def test_heldout_json_table_plot_and_tensorboard(run):
         assert sum(f["tasks"] for f in by_family.values()) == len(families)
         for f in by_family.values():
             check_pass_metrics(f, 2)
+        by_level = heldout["by_level"][split]
+        assert {lv: g["tasks"] for lv, g in by_level.items()} == {lv: levels[split].count(lv) for lv in levels[split]}
+        solved = sum(g["pass@1_greedy"] * g["tasks"] for g in by_level.values())
+        assert abs(solved - res["pass@1_greedy"] * res["tasks"]) < 1e-9  # the levels partition the split
         assert f"held-out {split}" in proc.stdout  # a table row per split
     assert results["heldout_over_time"]["test"] == [[0, state["eval_before"]["test"]["pass@1_greedy"]]]
     assert results["validity_over_time"] == {"by_step": [], "mean": None, "last": None}  # no iterations yet
