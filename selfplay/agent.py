@@ -105,6 +105,13 @@ class LMAgent:
         return out
 
     # ---- learning -------------------------------------------------------------------------------------
+    def set_learning_rate(self, lr: float) -> None:
+        """The base learning rate of every parameter group (`update` multiplies it by its lr_scale). Called after
+        loading a checkpoint: the optimiser state restores the learning rate it was saved with, and a run's
+        configured one must win (`ppo.lr`, `train.generator_lr_scale`)."""
+        for group in self.trainer.optimizer.param_groups if self.trainer.optimizer is not None else []:
+            group["lr"] = group["base_lr"] = float(lr)
+
     def update(self, answers: Sequence, scores: Sequence[float], lr_scale: float = 1.0,
                masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None) -> dict:
         """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;

@@ -241,10 +241,9 @@ class SelfPlay:
                 reference.to(device)
             agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
                             seed=self.cfg.run.seed)
-            if self.cfg.train.mode == "selfplay" and name == "generator":
-                for g in agent.trainer.optimizer.param_groups if agent.trainer.optimizer else []:
-                    g["lr"] = self.cfg.ppo.lr * self.cfg.train.generator_lr_scale
             agent.load_training_state(folder / name)
+            scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
+            agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
             agents.append(agent)
         self.solver, self.generator = agents
         self.step = int(state["step"])

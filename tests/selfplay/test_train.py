@@ -72,9 +72,15 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     # train.steps is the total: the same command again has nothing to do, a larger one continues
     again = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
     assert "nothing to do" in again.stdout
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4")
+    # ... and a learning rate given for the continuation is the one used (not the one saved with the optimiser)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5")
     assert latest_state(run)["step"] == 4
-    assert [s for s, _ in read_scalars(run)["solver/pass_rate"]] == [1, 2, 3, 4]
+    tags = read_scalars(run)
+    assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
+    solver_lr, generator_lr = tags["ppo/solver/lr"][-1], tags["ppo/generator/lr"][-1]
+    assert solver_lr[0] == generator_lr[0] == 4 and generator_lr[1] == pytest.approx(0.5 * solver_lr[1])
+    assert 0.0123 * 0.1 <= solver_lr[1] <= 0.0123 + 1e-9  # times the mixer's lr_scale, in [0.1, 1]
+    assert tags["ppo/solver/lr"][0][1] <= 1e-4 + 1e-12  # the smoke config's own ppo.lr before
 
 
 @pytest.mark.slow
