@@ -141,7 +141,9 @@ def _eval_json(folder: Path, step: int) -> dict:
     """The held-out results `selfplay eval` wrote for `step` (RUN/eval/step_S.json), or {} (older runs' in-loop
     evaluations have no per-level breakdown; `selfplay eval RUN --suite heldout` adds one)."""
     path = folder / "eval" / f"step_{step}.json"
-    return json.loads(path.read_text()).get("heldout") or {} if path.exists() else {}
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("heldout") or {}
 
 
 COST_TAGS = ("time/", "perf/", "sandbox/")  # where an iteration's time goes (TensorBoard tags)
