@@ -203,11 +203,11 @@ class Corpus:
         the corpus) treat a task with the same id, program or behaviour as a duplicate. Returns how many were
         newly reserved. Reserved tasks are not corpus rows: queries, counts and exports never see them."""
         with self._write():
-            before = self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0]
+            before = self.reserved_count()
             self.db.executemany("INSERT OR IGNORE INTO reserved VALUES (?,?,?,?)",
                                 [(t.id, (t.fingerprints or {}).get("ast"), (t.fingerprints or {}).get("behaviour"),
                                   reason) for t in tasks])
-            return self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0] - before
+            return self.reserved_count() - before
 
     def reserved_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0]
