@@ -11,6 +11,7 @@ copy of that folder, so the arms of one seed differ only in what happens after t
     warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
     curriculum   PPO on procedural tasks only, on the seed article's fixed level schedule (`train.mode=curriculum`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
+    fixed        PPO on one fixed set of the warm start's own tasks (`train.mode=fixed`; not run by default)
 
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
@@ -19,7 +20,10 @@ command skips whatever is already done, so killing and restarting it loses at mo
 
 Results (OUT/results.json, OUT/results.md, OUT/compare.png): per arm and held-out split, the mean and the sample
 standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed values, and per RL arm the curves
-that explain them (solver pass rate on its training batch, generator validity, the mixer's level).
+that explain them (held-out test pass@1 at each evaluation, solver pass rate on its training batch, generator
+validity, the mixer's level). Where the warm start's evaluation has per-task outcomes, each RL run's change on the
+test split is also given paired over its tasks (`paired_delta`: the same tasks before and after, with a bootstrap
+95 % interval), which separates a real gain from the luck of which tasks were drawn.
 """
 
 from __future__ import annotations
@@ -33,9 +37,11 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+import numpy as np
+
 from selfplay.evaluate import BREAKDOWNS, TEST_SPLIT
 
-ARMS = ("warmstart", "curriculum", "selfplay")
+ARMS = ("warmstart", "curriculum", "selfplay", "fixed")
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
 COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl")  # what an arm takes from its seed's warm start
 
@@ -132,8 +138,12 @@ def run_result(folder: Path, arm: str) -> dict:
         final = evals[str(step)]
     heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split not in BREAKDOWNS}
     by_level = (final.get("by_level") or _eval_json(folder, step).get("by_level") or {}).get(TEST_SPLIT, {})
+    per_task = (final.get("per_task") or _eval_json(folder, step).get("per_task") or {}).get(TEST_SPLIT, {})
+    curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
+             for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
             "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res} for lv, res in by_level.items()},
+            "test_per_task": per_task, "test_curve": curve,
             "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
 
 
@@ -166,8 +176,39 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
 
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
+    paired = {arm: {seed: {m: paired_delta(warm[seed]["test_per_task"], run["test_per_task"], m) for m in METRICS}
+                    for seed, run in by_seed.items() if warm[seed]["test_per_task"] and run["test_per_task"]}
+              for arm, by_seed in runs.items() if arm != "warmstart"}
     return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
-            "summary_test_by_level": summarize(runs, "test_by_level")}
+            "summary_test_by_level": summarize(runs, "test_by_level"),
+            "paired_test": {arm: v for arm, v in paired.items() if v}}
+
+
+def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
+    """The change of `metric` between two evaluations, paired over the tasks both saw.
+
+    `before`/`after`: {task_id: [greedy solved, n, c]} (evaluate.per_task_outcomes). Per task the value is the
+    greedy outcome (metric "pass@1_greedy") or the sampled solve share c/n ("pass@1", the unbiased pass@1). Returns
+    the means, their difference and a percentile bootstrap 95 % interval of it (tasks resampled with replacement,
+    `n_boot` times, seeded). The interval covers task sampling only: the evaluation's own sampling noise is in the
+    per-task values, and a second seed of the training run is a separate question."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    ids = sorted(set(before) & set(after))
+    if not ids:
+        raise ValueError("the two evaluations share no task")
+
+    def value(row):
+        return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
+
+    b = np.array([value(before[i]) for i in ids])
+    a = np.array([value(after[i]) for i in ids])
+    diff = a - b
+    boot = np.random.default_rng(seed).choice(diff, size=(n_boot, len(diff)), replace=True).mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
+            "ci95": [float(lo), float(hi)]}
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -229,12 +270,26 @@ def cost_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def paired_table(results: dict) -> str:
+    """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`)."""
+    lines = ["Test split against the warm start, paired over tasks (bootstrap 95 % interval):", "",
+             "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
+    for arm, by_seed in results["paired_test"].items():
+        for seed, by_metric in by_seed.items():
+            for metric, d in by_metric.items():
+                lines.append(f"| {arm} | {seed} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
+                             f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+    return "\n".join(lines)
+
+
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
     tables = [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
+    if results.get("paired_test"):
+        tables.append(paired_table(results))
     tables.append("Per iteration (medians):\n\n" + cost_table(results))
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")
@@ -242,8 +297,9 @@ def write_report(results: dict, out: Path) -> None:
 
 def plot(results: dict, path: Path) -> Path:
     """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
-    Then, per RL arm and seed over iterations: the solver's pass rate on its training batch, the procedural level
-    (the curriculum's schedule or the mixer's choice), the generator's validity rate."""
+    Then, per RL arm and seed over iterations: the test split's greedy (o) and sampled (x) pass@1 at each held-out
+    evaluation, the solver's pass rate on its training batch, the procedural level (the curriculum's schedule or
+    the mixer's choice), the generator's validity rate."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -251,7 +307,7 @@ def plot(results: dict, path: Path) -> Path:
 
     summary, arms = results["summary"], results["arms"]
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
-    fig, axes = plt.subplots(1, 4, figsize=(22, 4.5))
+    fig, axes = plt.subplots(1, 5, figsize=(27, 4.5))
     ax = axes[0]
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
@@ -267,9 +323,22 @@ def plot(results: dict, path: Path) -> Path:
     ax.set_ylabel("greedy pass@1 (mean ± sd over seeds)")
     ax.set_title("held-out pass@1 after training")
     ax.legend()
-    for ax, key, title in ((axes[1], "solve_rate", "solver pass rate on its training batch"),
-                           (axes[2], "level", "procedural level"),
-                           (axes[3], "validity", "generator validity rate")):
+    ax = axes[1]
+    for arm in arms:
+        for seed, run in results["runs"][arm].items():
+            curve = run.get("test_curve") or {}
+            for metric, marker in (("pass@1_greedy", "o"), ("pass@1", "x")):
+                pts = [(int(k), v[metric]) for k, v in curve.items() if metric in v]
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
+                            linestyle=("-", "--", ":", "-.")[int(seed) % 4], label=f"{arm} s{seed} {metric}")
+    ax.set_title("held-out test pass@1 at each evaluation")
+    ax.set_xlabel("iteration")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    for ax, key, title in ((axes[2], "solve_rate", "solver pass rate on its training batch"),
+                           (axes[3], "level", "procedural level"),
+                           (axes[4], "validity", "generator validity rate")):
         drawn = False
         for arm in arms:
             for seed, run in results["runs"][arm].items():

@@ -38,7 +38,8 @@ from selfplay.passk import mean_pass_at_k
 
 TEST_SPLIT = "test"  # in-distribution held-out tasks (train distribution, not in the corpus)
 SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task belongs to
-BREAKDOWNS = ("by_family", "by_level")  # keys of held-out results that hold {split: {group: metrics}}, not a split
+# keys of held-out results that are not splits: {split: {group: metrics}}, and per_task {split: {task_id: [g, n, c]}}
+BREAKDOWNS = ("by_family", "by_level", "per_task")
 SNAPSHOT_FILE = "generator_snapshot.jsonl"  # frozen sample of generated tasks, in the run folder
 SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
@@ -149,8 +150,8 @@ def _parses(code: str) -> bool:
 def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
                      reward_cfg=None, temperature: float | None = None,
                      max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
-    """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}}} for the
-    solver agent. `prompt_kw`: the task_prompt options training used (selfplay.rollout.prompt_options(cfg)).
+    """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}},
+    "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt options training used (selfplay.rollout.prompt_options(cfg)).
 
     Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
     from selfplay.rollout import solver_rollouts
@@ -166,17 +167,30 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     results = {}
     groups = {"by_family": lambda task: task.family, "by_level": lambda task: f"level_{task.level}"}
     breakdowns: dict[str, dict] = {name: {} for name in groups}
+    per_task: dict[str, dict] = {}
     for split in tasks_by_split:
         idx = [i for i, (s, _) in enumerate(order) if s == split]
         g = [greedy[i] for i in idx]
         s = [r for i in idx for r in sampled[i * samples: (i + 1) * samples]]
         results[split] = summarize_split(g, s, samples)
+        per_task[split] = per_task_outcomes(g, s)
         for name, key in groups.items():
             breakdowns[name][split] = {v: summarize_split([r for r in g if key(r.task) == v],
                                                           [r for r in s if key(r.task) == v], samples)
                                        for v in sorted({key(r.task) for r in g})}
-    results.update(breakdowns)
+    results.update(breakdowns, per_task=per_task)
     return results
+
+
+def per_task_outcomes(greedy: Sequence, sampled: Sequence) -> dict[str, list[int]]:
+    """{task_id: [greedy solved (0/1), sampled episodes n, sampled solved c]}: what a paired comparison of two
+    evaluations on the same tasks needs (selfplay.compare.paired_delta)."""
+    out = {r.task.id: [int(r.result.solved), 0, 0] for r in greedy}
+    for r in sampled:
+        row = out.setdefault(r.task.id, [0, 0, 0])
+        row[1] += 1
+        row[2] += int(r.result.solved)
+    return out
 
 
 def heldout_scalars(results: dict) -> dict[str, float]:

@@ -23,7 +23,10 @@ One iteration (all sizes in the `train:` config section):
 
 Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on the seed
 article's fixed level schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL at all: the
-warm-started solver is only evaluated) — the two baselines of the research claim.
+warm-started solver is only evaluated) — the two baselines of the research claim — and `fixed` (no generator: PPO
+on one fixed set of `fixed_tasks` corpus tasks at `fixed_levels`, chosen once and kept in RUN_DIR/fixed_tasks.jsonl,
+`solver_tasks` of them per iteration in a seeded order that depends only on the step; the plain RL setting of
+"train on these problems, measure on held-out ones").
 
 Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last): both agents, optimiser and trainer states,
 the mixer, RNG states, counters and the corpus size. Starting again on a run folder that holds a checkpoint resumes
@@ -65,7 +68,8 @@ from selfplay.replay import ReplayBuffer, successes
 from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
 
-MODES = ("selfplay", "curriculum", "warmstart")
+MODES = ("selfplay", "curriculum", "fixed", "warmstart")
+FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
 
 
 def quiet_transformers() -> None:
@@ -83,6 +87,19 @@ def _progress(**kwargs):
     from tqdm import tqdm
 
     return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
+
+
+def fixed_schedule(n_tasks: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Fixed mode: the indices of step `step`'s (1-based) `per_step` tasks. The steps read an endless stream of
+    seeded reshuffles of range(n_tasks), one per pass, so every task is seen once per pass and a resumed run sees
+    exactly the batches it would have seen."""
+    out, orders = [], {}
+    for pos in range((step - 1) * per_step, step * per_step):
+        epoch, i = divmod(pos, n_tasks)
+        if epoch not in orders:
+            orders[epoch] = random.Random(f"{seed}:fixed:{epoch}").sample(range(n_tasks), n_tasks)
+        out.append(orders[epoch][i])
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -117,6 +134,7 @@ class SelfPlay:
         self.pending_difficulty: list[tuple[str, float, int, int]] = []
         self.history: list[dict] = []  # per-iteration summary (also in TensorBoard)
         self.evals: dict[str, dict] = {}  # step -> held-out results
+        self.fixed: list[Task] | None = None  # fixed mode: the task set (RUN_DIR/fixed_tasks.jsonl)
         self.stop_requested = False
         self.t_start = time.perf_counter()
         self.solver: LMAgent | None = None
@@ -144,6 +162,12 @@ class SelfPlay:
                 raise UserError(f"{key} ({value}) must be a positive multiple of the number of ranks ({world})")
         if t.samples_per_task < 1:
             raise UserError("train.samples_per_task must be >= 1")
+        if t.mode == "fixed":
+            if t.fixed_tasks < t.solver_tasks:
+                raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
+            bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
+            if bad or not t.fixed_levels:
+                raise UserError(f"train.fixed_levels must be a non-empty list of levels 1..4, got {list(t.fixed_levels)}")
 
     @staticmethod
     def _local_world() -> int:
@@ -345,6 +369,40 @@ class SelfPlay:
                                   sb=self.sb, cfg=BuildConfig.from_config(self.cfg.tasks))
         return out
 
+    def _fixed_set(self) -> list[Task]:
+        """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use taken from the corpus's
+        procedural training tasks (equal shares per level, seeded order) and written there."""
+        from selfplay.evaluate import read_tasks, write_tasks
+
+        if self.fixed is not None:
+            return self.fixed
+        path = self.run_dir / FIXED_TASKS_FILE
+        if path.exists():
+            self.fixed = read_tasks(path)
+            return self.fixed
+        t = self.cfg.train
+        levels = list(t.fixed_levels)
+        tasks: list[Task] = []
+        for i, level in enumerate(levels):
+            share = t.fixed_tasks // len(levels) + (i < t.fixed_tasks % len(levels))
+            found = self.corpus.query(split="train", source="procedural", level=level, order="random",
+                                      seed=self.cfg.run.seed, limit=share)
+            if len(found) < share:
+                self.log(f"fixed task set: the corpus holds {len(found)} procedural level-{level} tasks, "
+                         f"not {share}; using those")
+            tasks += found
+        if len(tasks) < t.solver_tasks:
+            raise UserError(f"fixed mode: the corpus holds {len(tasks)} procedural tasks at levels {levels}, fewer "
+                            f"than train.solver_tasks ({t.solver_tasks}); warm-start with more tasks at those levels")
+        write_tasks(path, tasks)
+        self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
+        self.fixed = tasks
+        return tasks
+
+    def _fixed_batch(self) -> list[Task]:
+        tasks = self._fixed_set()
+        return [tasks[i] for i in fixed_schedule(len(tasks), self.step, self.cfg.train.solver_tasks, self.cfg.run.seed)]
+
     def _curriculum_level(self) -> int:
         return min(4, 1 + (self.step - 1) // max(1, self.cfg.train.curriculum_steps_per_level))
 
@@ -355,6 +413,10 @@ class SelfPlay:
         if t.mode == "curriculum":  # the fixed level schedule, procedural tasks only
             chosen_gen, extra, replay = [], [], []
             procedural = self._procedural([self._curriculum_level()] * t.solver_tasks)
+            fixed = []
+        elif t.mode == "fixed":  # the same task set throughout, nothing new enters the corpus
+            chosen_gen, extra, procedural, replay = [], [], [], []
+            fixed = self._fixed_batch()
         else:
             plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
                                                               "replay": len(replay_pool)})
@@ -364,11 +426,13 @@ class SelfPlay:
             replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool],
                                                       [x.difficulty for x in replay_pool], plan.counts["replay"]))
             replay = [x for x in replay_pool if x.id in replay_ids]
-            procedural = self._procedural(plan.levels)
-        batch = chosen_gen + procedural + replay
+            procedural, fixed = self._procedural(plan.levels), []
+        batch = chosen_gen + procedural + replay + fixed
         while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
             batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
         counts = {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)}
+        if t.mode == "fixed":
+            counts = {"fixed": len(fixed)}
         return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts,
                 "new_ids": {x.id for x in procedural}}  # fresh procedural tasks, not yet in the corpus
 

@@ -2,6 +2,7 @@
 under its own name so ablations can switch terms on and off.
 
     correctness  share of hidden tests passed                                     in [0, 1]
+    solved       1 when every hidden test passes, else 0 (the binary reward)      in {0, 1}
     efficiency   reference runtime / solution runtime on the tests, capped at 1   in [0, 1]   (only if all pass)
     quality      radon cyclomatic complexity and maintainability index,           in [0, 1]
                  relative to the reference: 0.5·min(1, cc_ref/cc) + 0.5·min(1, mi/mi_ref)
@@ -22,6 +23,7 @@ PENALTY_KINDS = ("syntax_error", "banned_api", "timeout", "empty_answer")
 @dataclass
 class RewardConfig:
     correctness: float = 1.0  # weight of the share of hidden tests passed
+    solved: float = 0.0  # weight of 1 when every hidden test passes (binary reward: correctness=0 solved=1)
     efficiency: float = 0.0  # weight of reference/solution runtime (0 = off)
     quality: float = 0.0  # weight of radon complexity/maintainability relative to the reference (0 = off)
     progress: float = 0.0  # weight of newly passing visible tests per turn in multi-turn episodes (0 = off)
@@ -93,6 +95,7 @@ def reward_terms(x: RewardInputs) -> dict[str, float]:
     all_passed = x.hidden_total > 0 and x.hidden_passed == x.hidden_total
     terms = {
         "correctness": correctness(x.hidden_passed, x.hidden_total),
+        "solved": float(all_passed),
         "efficiency": efficiency(x.solution_time_s, x.reference_time_s, all_passed),
         "quality": quality(x.solution_code, x.reference_code),
         "progress": progress(x.visible_passed_before, x.visible_passed_after, x.visible_total),
@@ -109,5 +112,5 @@ def total_reward(terms: dict[str, float], cfg: RewardConfig) -> float:
 
 def needed(cfg: RewardConfig) -> set[str]:
     """The terms with a non-zero weight: callers skip expensive measurements (timing, radon) for the rest."""
-    return {name for name in ("correctness", "efficiency", "quality", "progress", *PENALTY_KINDS)
+    return {name for name in ("correctness", "solved", "efficiency", "quality", "progress", *PENALTY_KINDS)
             if getattr(cfg, name) != 0.0}

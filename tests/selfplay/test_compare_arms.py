@@ -9,7 +9,9 @@ import statistics
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfplay.compare import markdown_table, mean_sd, summarize
+import pytest
+
+from selfplay.compare import markdown_table, mean_sd, paired_delta, summarize
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -39,14 +41,51 @@ def test_summary_keeps_every_seed_value(arms):
     assert len(table.splitlines()) == 2 + len(arms)
 
 
+def test_paired_delta_by_hand():
+    before = {"a": [1, 4, 1], "b": [0, 4, 0], "only_before": [1, 4, 4]}
+    after = {"a": [1, 4, 3], "b": [1, 4, 2], "only_after": [0, 4, 0]}
+    sampled = paired_delta(before, after, "pass@1")
+    assert sampled["tasks"] == 2  # tasks in one evaluation only are left out
+    assert (sampled["before"], sampled["after"], sampled["delta"]) == (0.125, 0.625, 0.5)
+    assert sampled["ci95"] == [0.5, 0.5]  # both tasks moved by +0.5: every resample says so
+    greedy = paired_delta(before, after, "pass@1_greedy")
+    assert (greedy["before"], greedy["after"], greedy["delta"]) == (0.5, 1.0, 0.5)
+    assert 0.0 <= greedy["ci95"][0] <= greedy["ci95"][1] <= 1.0
+    with pytest.raises(ValueError, match="share no task"):
+        paired_delta({"a": [1, 1, 1]}, {"b": [1, 1, 1]})
+    with pytest.raises(ValueError, match="metric"):
+        paired_delta(before, after, "pass@4")
+
+
+outcome = st.tuples(st.integers(0, 1), st.integers(1, 8), st.integers(0, 8)).map(lambda t: [t[0], t[1], min(t[1], t[2])])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.tuples(outcome, outcome), min_size=1, max_size=30),
+       st.sampled_from(["pass@1", "pass@1_greedy"]))
+def test_paired_delta_properties(rows, metric):
+    before = {k: b for k, (b, _) in rows.items()}
+    after = {k: a for k, (_, a) in rows.items()}
+    d = paired_delta(before, after, metric, n_boot=300)
+    assert abs(d["delta"] - (d["after"] - d["before"])) < 1e-9
+    value = (lambda r: r[0]) if metric == "pass@1_greedy" else (lambda r: r[2] / r[1])
+    diffs = [value(after[k]) - value(before[k]) for k in rows]
+    lo, hi = d["ci95"]
+    assert min(diffs) - 1e-9 <= lo <= hi <= max(diffs) + 1e-9
+    same = paired_delta(before, before, metric, n_boot=50)
+    assert same["delta"] == 0.0 and same["ci95"] == [0.0, 0.0]
+
+
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
-    """Real runs: the warm start is the fixture's (as if `compare` had made it), curriculum trains one iteration."""
+    """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
+    iteration each."""
     out = tmp_path / "compare"
     shutil.copytree(warm_run, out / "seed_0" / "warmstart")
-    args = ["compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out)]
+    args = ["compare", *SMOKE, "train.steps=1", "train.fixed_tasks=8", "--seeds", "0",
+            "--arms", "warmstart", "curriculum", "fixed", "--out", str(out)]
     selfplay(*args)
     results = json.loads((out / "results.json").read_text())
-    assert results["arms"] == ["warmstart", "curriculum"]
+    assert results["arms"] == ["warmstart", "curriculum", "fixed"]
     warm = results["runs"]["warmstart"]["0"]["heldout"]
     trained = results["runs"]["curriculum"]["0"]
     assert set(warm) == set(trained["heldout"]) and "test" in warm
@@ -60,7 +99,19 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert set(results["summary_test_by_level"]["curriculum"]) == set(trained["test_by_level"])
     assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
     assert (out / "seed_0" / "curriculum" / "summary.json").exists()
-    assert (out / "compare.png").stat().st_size > 0 and (out / "results.md").read_text().count("| curriculum |") == 4
+    report = (out / "results.md").read_text()
+    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 6  # 3 tables, costs, 2 paired rows
+    # each RL run against the warm start, paired over the test split's tasks
+    for arm in ("curriculum", "fixed"):
+        paired = results["paired_test"][arm]["0"]
+        assert set(paired) == {"pass@1_greedy", "pass@1"} and report.count(f"| {arm} | 0 | {n_test} |") == 2
+        for metric, d in paired.items():
+            assert d["tasks"] == n_test and d["before"] == pytest.approx(warm["test"][metric])
+            assert d["after"] == pytest.approx(results["runs"][arm]["0"]["heldout"]["test"][metric])
+        assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
+    # the fixed arm trained on its task set: 8 warm-start tasks of levels 1-2, written once
+    fixed = [json.loads(line) for line in (out / "seed_0" / "fixed" / "fixed_tasks.jsonl").read_text().splitlines()]
+    assert len(fixed) == 8 and {t["level"] for t in fixed} <= {1, 2} and all(t["split"] == "train" for t in fixed)
     # the warm start row is the warm start's own step-0 evaluation
     before = json.loads((out / "seed_0" / "curriculum" / "summary.json").read_text())["heldout_before"]
     assert {s: m["pass@1_greedy"] for s, m in warm.items()} == before

@@ -78,6 +78,11 @@ def test_heldout_json_table_plot_and_tensorboard(run):
         assert {lv: g["tasks"] for lv, g in by_level.items()} == {lv: levels[split].count(lv) for lv in levels[split]}
         solved = sum(g["pass@1_greedy"] * g["tasks"] for g in by_level.values())
         assert abs(solved - res["pass@1_greedy"] * res["tasks"]) < 1e-9  # the levels partition the split
+        # per task: the greedy outcome and the sampled count behind the split's figures
+        per_task = heldout["per_task"][split]
+        assert len(per_task) == len(families) and all(n == 2 and 0 <= c <= n for _, n, c in per_task.values())
+        assert sum(g for g, _, _ in per_task.values()) == round(res["pass@1_greedy"] * res["tasks"])
+        assert sum(c / n for _, n, c in per_task.values()) / len(per_task) == pytest.approx(res["pass@1"])
         assert f"held-out {split}" in proc.stdout  # a table row per split
     assert results["heldout_over_time"]["test"] == [[0, state["eval_before"]["test"]["pass@1_greedy"]]]
     assert results["validity_over_time"] == {"by_step": [], "mean": None, "last": None}  # no iterations yet

@@ -64,3 +64,12 @@ def test_correctness_is_a_share(passed, extra):
     c = reward_terms(RewardInputs(hidden_passed=passed, hidden_total=total))["correctness"]
     assert 0.0 <= c <= 1.0
     assert c == (passed / total if total else 0.0)
+
+
+@given(st.integers(0, 50), st.integers(0, 50))
+def test_solved_is_the_binary_reward(passed, extra):
+    total = passed + extra
+    terms = reward_terms(RewardInputs(hidden_passed=passed, hidden_total=total))
+    assert terms["solved"] == (1.0 if total and extra == 0 else 0.0)
+    binary = RewardConfig(correctness=0.0, solved=1.0)
+    assert total_reward(terms, binary) == terms["solved"] and needed(binary) == {"solved"}

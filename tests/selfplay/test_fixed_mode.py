@@ -1,0 +1,38 @@
+"""`train.mode=fixed`: the schedule over a fixed task set (pure, property-tested) and its config checks.
+A real fixed-mode run is in test_compare_arms.py."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from selfplay.loop import fixed_schedule
+from tests.conftest import SMOKE, selfplay
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 16), st.integers(1, 6), st.integers(0, 3))
+def test_every_task_once_per_pass_and_steps_are_pure(n_tasks, per_step, passes, seed):
+    steps = -(-passes * n_tasks // per_step)  # enough steps to cover `passes` full passes
+    stream = [i for step in range(1, steps + 1) for i in fixed_schedule(n_tasks, step, per_step, seed)]
+    assert all(len(fixed_schedule(n_tasks, s, per_step, seed)) == per_step for s in (1, steps))
+    for p in range(passes):
+        assert Counter(stream[p * n_tasks:(p + 1) * n_tasks]) == Counter(range(n_tasks))
+    # a resumed run asks for step k alone and gets what the continuous run got
+    k = steps
+    assert fixed_schedule(n_tasks, k, per_step, seed) == stream[(k - 1) * per_step: k * per_step]
+
+
+def test_passes_are_reshuffled():
+    first = [i for s in range(1, 11) for i in fixed_schedule(40, s, 4, 0)]
+    second = [i for s in range(11, 21) for i in fixed_schedule(40, s, 4, 0)]
+    assert sorted(first) == sorted(second) == list(range(40)) and first != second
+
+
+def test_bad_fixed_settings_name_the_key(tmp_path):
+    for override, message in (("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
+                              ("train.fixed_levels=[0,5]", "train.fixed_levels must be")):
+        proc = selfplay("train", *SMOKE, f"run.dir={tmp_path}", "train.mode=fixed", override, check=False)
+        assert proc.returncode == 2 and message in proc.stderr, proc.stderr
