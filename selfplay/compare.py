@@ -177,12 +177,31 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
     warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
-    paired = {arm: {seed: {m: paired_delta(warm[seed]["test_per_task"], run["test_per_task"], m) for m in METRICS}
+    paired = {arm: {seed: paired_groups(warm[seed]["test_per_task"], run["test_per_task"],
+                                        _task_levels(run_folder(out, int(seed), "warmstart")))
                     for seed, run in by_seed.items() if warm[seed]["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
     return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
             "paired_test": {arm: v for arm, v in paired.items() if v}}
+
+
+def _task_levels(folder: Path) -> dict[str, int]:
+    """{task_id: level} of a run's held-out tasks (RUN/heldout.jsonl)."""
+    path = folder / "heldout.jsonl"
+    if not path.exists():
+        return {}
+    return {d["id"]: d["level"] for d in map(json.loads, path.read_text().splitlines()) if d}
+
+
+def paired_groups(before: dict, after: dict, levels: dict[str, int]) -> dict:
+    """{"all" | "level_L": {metric: paired_delta}}: the whole test split, then each level of it."""
+    groups = {"all": sorted(set(before) & set(after))}
+    for task_id in groups["all"]:
+        if task_id in levels:
+            groups.setdefault(f"level_{levels[task_id]}", []).append(task_id)
+    return {name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m) for m in METRICS}
+            for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
 
 
 def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
@@ -271,14 +290,17 @@ def cost_table(results: dict) -> str:
 
 
 def paired_table(results: dict) -> str:
-    """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`)."""
-    lines = ["Test split against the warm start, paired over tasks (bootstrap 95 % interval):", "",
+    """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`), for the
+    whole split and each of its levels."""
+    lines = ["Test split against the warm start, paired over tasks (bootstrap 95 % interval over tasks):", "",
              "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
     for arm, by_seed in results["paired_test"].items():
-        for seed, by_metric in by_seed.items():
-            for metric, d in by_metric.items():
-                lines.append(f"| {arm} | {seed} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
-                             f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+        for seed, by_group in by_seed.items():
+            for group, by_metric in by_group.items():
+                for metric, d in by_metric.items():
+                    what = metric if group == "all" else f"{metric}, {group}"
+                    lines.append(f"| {arm} | {seed} | {d['tasks']} | {what} | {d['before']:.3f} | {d['after']:.3f} | "
+                                 f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
     return "\n".join(lines)
 
 

@@ -100,14 +100,22 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
     assert (out / "seed_0" / "curriculum" / "summary.json").exists()
     report = (out / "results.md").read_text()
-    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 6  # 3 tables, costs, 2 paired rows
+    paired_rows = 2 * len(results["paired_test"]["curriculum"]["0"])  # 2 metrics x (the split + each level)
+    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 4 + paired_rows
     # each RL run against the warm start, paired over the test split's tasks
+    levels = results["runs"]["warmstart"]["0"]["test_by_level"]
     for arm in ("curriculum", "fixed"):
         paired = results["paired_test"][arm]["0"]
-        assert set(paired) == {"pass@1_greedy", "pass@1"} and report.count(f"| {arm} | 0 | {n_test} |") == 2
-        for metric, d in paired.items():
-            assert d["tasks"] == n_test and d["before"] == pytest.approx(warm["test"][metric])
-            assert d["after"] == pytest.approx(results["runs"][arm]["0"]["heldout"]["test"][metric])
+        assert list(paired) == ["all", *sorted(levels)]
+        for group, by_metric in paired.items():
+            assert set(by_metric) == {"pass@1_greedy", "pass@1"}
+            for metric, d in by_metric.items():
+                whole = warm["test"] if group == "all" else levels[group]
+                after = results["runs"][arm]["0"]["heldout"]["test"] if group == "all" else \
+                    results["runs"][arm]["0"]["test_by_level"][group]
+                assert d["tasks"] == whole.get("tasks", n_test)
+                assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
+        assert report.count(f"| {arm} | 0 |") == 2 * len(paired)
         assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
     # the fixed arm trained on its task set: 8 warm-start tasks of levels 1-2, written once
     fixed = [json.loads(line) for line in (out / "seed_0" / "fixed" / "fixed_tasks.jsonl").read_text().splitlines()]
