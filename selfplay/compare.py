@@ -23,7 +23,9 @@ standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed 
 that explain them (held-out test pass@1 at each evaluation, solver pass rate on its training batch, generator
 validity, the mixer's level). Where the warm start's evaluation has per-task outcomes, each RL run's change on the
 test split is also given paired over its tasks (`paired_delta`: the same tasks before and after, with a bootstrap
-95 % interval), which separates a real gain from the luck of which tasks were drawn.
+95 % interval), which separates a real gain from the luck of which tasks were drawn. The per-task outcomes come from
+`selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
+per task lower the noise), else from the run's own evaluation.
 """
 
 from __future__ import annotations
@@ -138,7 +140,8 @@ def run_result(folder: Path, arm: str) -> dict:
         final = evals[str(step)]
     heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split not in BREAKDOWNS}
     by_level = (final.get("by_level") or _eval_json(folder, step).get("by_level") or {}).get(TEST_SPLIT, {})
-    per_task = (final.get("per_task") or _eval_json(folder, step).get("per_task") or {}).get(TEST_SPLIT, {})
+    # a `selfplay eval` of the same checkpoint (RUN/eval/step_S.json, e.g. with more samples) is preferred here
+    per_task = (_eval_json(folder, step).get("per_task") or final.get("per_task") or {}).get(TEST_SPLIT, {})
     curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
              for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
