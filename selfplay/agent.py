@@ -175,11 +175,12 @@ def agent_ppo_config(cfg, name: str):
     return ppo
 
 
-def load_agent_parts(folder: Path, dtype: str = "float32"):
-    """(ActorCritic, reference, tokenizer) from an agent's checkpoint folder."""
+def load_agent_parts(folder: Path, dtype: str = "float32", value_model: str | None = None):
+    """(ActorCritic, reference, tokenizer) from an agent's checkpoint folder (value_model: see
+    ActorCritic.from_pretrained; the loop passes the config's, so a run may switch head <-> detached)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    model = ActorCritic.from_pretrained(folder, dtype=_dtype(dtype))
+    model = ActorCritic.from_pretrained(folder, value_model, dtype=_dtype(dtype))
     reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=_dtype(dtype)))
     return model, reference, tokenizer

@@ -76,7 +76,9 @@ class ModelConfig:
     max_positions: int = 1024  # tiny: longest prompt + answer in tokens
     tokenizer: str = "bpe"  # tiny tokenizer model: bpe (byte-level, never <unk>) | word (word-level, <unk> for unseen)
     vocab_size: int = 2000  # tiny tokenizer: target vocabulary size, special tokens included
-    value_model: str = "head"  # critic: "head" = linear value head on the policy's last hidden state; "separate" = own copy of the backbone
+    # critic: "head" = linear value head on the policy's last hidden state; "detached" = the same head without
+    # gradients into the policy; "separate" = its own copy of the backbone (chosen at warm start)
+    value_model: str = "head"
     gradient_checkpointing: bool = False  # trade compute for memory on large models
 
 

@@ -258,7 +258,8 @@ class SelfPlay:
             wrap = lambda m: D.wrap_model(m, self.cfg.ppo, self.cfg.distributed, self.info)  # noqa: E731
         agents = []
         for name in ("solver", "generator"):
-            model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype)
+            model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype,
+                                                           self.cfg.model.value_model)
             if torch.cuda.is_available():  # one GPU per rank; DeepSpeed/DDP keep it there
                 device = torch.device("cuda", self.info.local_rank)
                 model.to(device)

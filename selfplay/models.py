@@ -165,6 +165,9 @@ def build_tiny(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 2
 # ---------------------------------------------------------------------------- value head, reference
 
 
+VALUE_MODELS = ("head", "detached", "separate")
+
+
 class ValueHead(nn.Module):
     """A scalar value per position from the backbone's last hidden state."""
 
@@ -182,13 +185,16 @@ class ActorCritic(nn.Module):
     """The trainable agent: a causal LM policy and a value function, in one module (one optimiser / engine).
 
     value_model="head": the value head reads the policy's last hidden state (value gradients reach the backbone);
+    value_model="detached": the same head on the same hidden state, with no gradient into the backbone: the
+    policy is trained by the policy loss alone (a small model's features are not pulled toward predicting value);
     value_model="separate": a copy of the backbone feeds the head, so policy and value share no parameters.
     """
 
     def __init__(self, policy: nn.Module, value_model: str = "head"):
         super().__init__()
-        if value_model not in ("head", "separate"):
-            raise UserError(f"model.value_model must be 'head' or 'separate', got {value_model!r}")
+        if value_model not in VALUE_MODELS:
+            raise UserError(f"model.value_model must be one of {', '.join(VALUE_MODELS)}, got {value_model!r}")
+        self.value_model = value_model
         self.policy = policy
         self.critic = copy.deepcopy(policy) if value_model == "separate" else None
         self.value_head = ValueHead(policy.config.hidden_size)
@@ -210,6 +216,8 @@ class ActorCritic(nn.Module):
                           use_cache=False, **extra)
         if self.critic is None:
             hidden = out.hidden_states[-1]
+            if self.value_model == "detached":
+                hidden = hidden.detach()
         else:
             hidden = self.critic.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                             use_cache=False).last_hidden_state
@@ -227,14 +235,22 @@ class ActorCritic(nn.Module):
             self.critic.save_pretrained(out_dir / "critic")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, **load_kwargs) -> "ActorCritic":
-        """Inverse of `save_pretrained`; a folder with only a policy gets a fresh value head."""
+    def from_pretrained(cls, path: str | Path, value_model: str | None = None, **load_kwargs) -> "ActorCritic":
+        """Inverse of `save_pretrained`; a folder with only a policy gets a fresh value head.
+
+        value_model: the critic kind to use (default: what the folder holds, "separate" or "head"). "head" and
+        "detached" are the same parameters and may be switched at any checkpoint; "separate" is fixed when the
+        critic is first made (a folder without critic/ cannot become one, and one with it cannot drop it)."""
         from transformers import AutoModelForCausalLM
 
         path = Path(path)
         policy = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
         separate = (path / "critic").is_dir()
-        model = cls(policy, "separate" if separate else "head")
+        if value_model is not None and (value_model == "separate") != separate:
+            raise UserError(f"model.value_model={value_model} but {path} holds "
+                            f"{'a separate critic' if separate else 'a value head on the policy (no critic/)'}: "
+                            "a separate critic is chosen at warm start; use 'head' or 'detached' with this run")
+        model = cls(policy, value_model or ("separate" if separate else "head"))
         if separate:
             model.critic = AutoModelForCausalLM.from_pretrained(path / "critic", **load_kwargs)
         if (path / "value_head.pt").exists():

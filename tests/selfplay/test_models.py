@@ -5,6 +5,7 @@ import torch
 
 from selfplay import models
 from selfplay.config import load_config
+from selfplay.errors import UserError
 
 CODE = [
     "def add(a, b):\n    return a + b\n",
@@ -92,6 +93,28 @@ def test_actor_critic_shapes_save_and_reload(tmp_path, bpe):
     # the separate critic shares no parameters with the policy
     ac = models.ActorCritic(policy, "separate")
     assert not {id(p) for p in ac.critic.parameters()} & {id(p) for p in ac.policy.parameters()}
+
+
+def test_detached_value_head_sends_no_gradient_into_the_policy(tmp_path, bpe):
+    policy = models.build_tiny_model(bpe, n_layer=2, n_embd=32, n_head=2, max_positions=64)
+    ids = torch.randint(0, len(bpe), (2, 5))
+    for value_model, reaches_policy in (("head", True), ("detached", False)):
+        ac = models.ActorCritic(policy, value_model)
+        ac.zero_grad()
+        ac(ids, torch.ones_like(ids))[1].sum().backward()  # a loss on the values only
+        grads = [p.grad for p in ac.policy.parameters() if p.grad is not None and p.grad.abs().sum() > 0]
+        assert bool(grads) == reaches_policy, value_model
+        assert ac.value_head.summary.weight.grad.abs().sum() > 0  # the head itself always learns
+    # the same parameters: a head checkpoint loads as detached (and back), a separate critic is fixed
+    models.ActorCritic(policy, "head").save_pretrained(tmp_path / "head")
+    assert models.ActorCritic.from_pretrained(tmp_path / "head", "detached").value_model == "detached"
+    with pytest.raises(UserError, match="model.value_model=separate"):
+        models.ActorCritic.from_pretrained(tmp_path / "head", "separate")
+    models.ActorCritic(policy, "separate").save_pretrained(tmp_path / "sep")
+    with pytest.raises(UserError, match="holds a separate critic"):
+        models.ActorCritic.from_pretrained(tmp_path / "sep", "detached")
+    with pytest.raises(UserError, match="model.value_model must be one of"):
+        models.ActorCritic(policy, "shared")
 
 
 def test_frozen_reference_does_not_move(bpe):
