@@ -550,9 +550,10 @@ class SelfPlay:
             rejections = Counter(r for _, r, _, _ in flat if r)
             for reason, count in rejections.items():
                 metrics[f"generator/rejected/{reason}"] = count
-        metrics.update(self.mixer.metrics())
-        if t.mode == "curriculum":
-            metrics["mixer/level"] = self._curriculum_level()
+        if t.mode == "selfplay":  # the other modes do not use the mixer: its figures would say nothing
+            metrics.update(self.mixer.metrics())
+        elif t.mode == "curriculum":
+            metrics["mixer/level"] = self._curriculum_level()  # the schedule's level, drawn beside the mixer's
         for source, count in plan["counts"].items():
             metrics[f"solver/batch/{source}"] = count
         metrics["perf/solver_gen_tokens_per_s"] = gen_tokens / max(1e-9, timing["rollout_s"])

@@ -117,6 +117,9 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
                 assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
         assert report.count(f"| {arm} | 0 |") == 2 * len(paired)
         assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
+    # no mixer in these modes: the curriculum's level is its schedule's, the fixed set has none
+    assert [h["level"] for h in trained["history"]] == [1]
+    assert [h["level"] for h in results["runs"]["fixed"]["0"]["history"]] == [None]
     # the fixed arm trained on its task set: 8 warm-start tasks of levels 1-2, written once
     fixed = [json.loads(line) for line in (out / "seed_0" / "fixed" / "fixed_tasks.jsonl").read_text().splitlines()]
     assert len(fixed) == 8 and {t["level"] for t in fixed} <= {1, 2} and all(t["split"] == "train" for t in fixed)
