@@ -160,7 +160,8 @@ class FixedKLController:
         return {"value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
+        """Nothing to restore: a fixed beta is the configured one, whatever the checkpoint was saved with (a run
+        started from a warm start with another ppo.kl_coef uses its own)."""
 
 
 class AdaptiveKLController(FixedKLController):
@@ -171,6 +172,7 @@ class AdaptiveKLController(FixedKLController):
 
     def __init__(self, init_value: float, target: float, horizon: float):
         super().__init__(init_value)
+        self.init = float(init_value)
         if target <= 0 or horizon <= 0:
             raise ValueError(f"adaptive KL needs target > 0 and horizon > 0, got {target}, {horizon}")
         self.target, self.horizon = float(target), float(horizon)
@@ -179,6 +181,15 @@ class AdaptiveKLController(FixedKLController):
         error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + error * n_samples / self.horizon
         return self.value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value, "adaptive": True, "init": self.init, "target": self.target}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from the saved beta when it was adapted toward the same start and target (a resumed run);
+        otherwise (a warm start's fixed beta, or settings changed since) start again from `init_value`."""
+        if state.get("adaptive") and state.get("init") == self.init and state.get("target") == self.target:
+            self.value = float(state["value"])
 
 
 # ---------------------------------------------------------------------------- diagnostics

@@ -135,6 +135,16 @@ def test_kl_controllers():
     ctl2 = rl.AdaptiveKLController(0.1, 6.0, 10_000)
     ctl2.load_state_dict(ctl.state_dict())
     assert ctl2.value == ctl.value
+    # a checkpoint restores an adapted beta only toward the same start and target; a fixed beta is the config's
+    for other in (rl.AdaptiveKLController(0.2, 6.0, 10_000), rl.AdaptiveKLController(0.1, 3.0, 10_000)):
+        other.load_state_dict(ctl.state_dict())
+        assert other.value == other.init != ctl.value
+    fresh = rl.AdaptiveKLController(0.1, 6.0, 10_000)
+    fresh.load_state_dict(fixed.state_dict())  # a warm start saved with a fixed beta
+    assert fresh.value == 0.1
+    stronger = rl.FixedKLController(0.3)
+    stronger.load_state_dict(fixed.state_dict())
+    assert stronger.value == 0.3
 
 
 def test_linear_schedule():

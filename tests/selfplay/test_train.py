@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from selfplay.config import load_config
 from selfplay.tb import read_scalars
 
 from tests.conftest import REPO, SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
@@ -72,8 +73,10 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     # train.steps is the total: the same command again has nothing to do, a larger one continues
     again = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
     assert "nothing to do" in again.stdout
-    # ... and a learning rate given for the continuation is the one used (not the one saved with the optimiser)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5")
+    # ... and a learning rate or KL coefficient given for the continuation is the one used (not the one saved with
+    # the optimiser or the trainer)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5",
+             "ppo.kl_coef=0.321")
     assert latest_state(run)["step"] == 4
     tags = read_scalars(run)
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
@@ -81,6 +84,8 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     assert solver_lr[0] == generator_lr[0] == 4 and generator_lr[1] == pytest.approx(0.5 * solver_lr[1])
     assert 0.0123 * 0.1 <= solver_lr[1] <= 0.0123 + 1e-9  # times the mixer's lr_scale, in [0.1, 1]
     assert tags["ppo/solver/lr"][0][1] <= 1e-4 + 1e-12  # the smoke config's own ppo.lr before
+    assert tags["ppo/solver/kl_coef"][-1] == (4, pytest.approx(0.321))
+    assert tags["ppo/solver/kl_coef"][0][1] == pytest.approx(load_config(REPO / "configs" / "smoke.yaml").ppo.kl_coef)
 
 
 @pytest.mark.slow
