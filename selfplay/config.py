@@ -140,7 +140,8 @@ class WarmstartConfig:
 @dataclass
 class TrainConfig:
     steps: int = 200  # total self-play iterations; raising it continues a finished run
-    # selfplay (generator + mixer) | curriculum (procedural level schedule) | fixed (PPO on a fixed task set) | warmstart
+    # selfplay (generator + mixer) | curriculum (procedural level schedule) | fixed (PPO on a fixed task set) |
+    # warmstart (no RL)
     mode: str = "selfplay"
     solver_tasks: int = 16  # tasks in each solver batch (the mixer splits them over sources)
     samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
@@ -152,8 +153,8 @@ class TrainConfig:
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
-    fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's own), cycled through
-    fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: levels of those tasks, in equal shares
+    fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
+    fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
     checkpoint_every: int = 20  # iterations between checkpoints (and at the end, and on a stop request)
     eval_every: int = 50  # iterations between held-out evaluations (0 = only before and after)
     log_samples_every: int = 10  # iterations between text samples in TensorBoard

@@ -151,7 +151,8 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
                      reward_cfg=None, temperature: float | None = None,
                      max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
     """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}},
-    "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt options training used (selfplay.rollout.prompt_options(cfg)).
+    "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt
+    options training used (selfplay.rollout.prompt_options(cfg)).
 
     Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
     from selfplay.rollout import solver_rollouts

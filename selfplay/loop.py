@@ -167,7 +167,8 @@ class SelfPlay:
                 raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
             bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
             if bad or not t.fixed_levels:
-                raise UserError(f"train.fixed_levels must be a non-empty list of levels 1..4, got {list(t.fixed_levels)}")
+                raise UserError("train.fixed_levels must be a non-empty list of levels 1..4, "
+                                f"got {list(t.fixed_levels)}")
 
     @staticmethod
     def _local_world() -> int:

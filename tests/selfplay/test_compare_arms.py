@@ -57,7 +57,8 @@ def test_paired_delta_by_hand():
         paired_delta(before, after, "pass@4")
 
 
-outcome = st.tuples(st.integers(0, 1), st.integers(1, 8), st.integers(0, 8)).map(lambda t: [t[0], t[1], min(t[1], t[2])])
+outcome = st.tuples(st.integers(0, 1), st.integers(1, 8), st.integers(0, 8)).map(
+    lambda t: [t[0], t[1], min(t[1], t[2])])  # [greedy solved, n, c <= n]
 
 
 @settings(max_examples=60, deadline=None)
