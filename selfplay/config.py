@@ -155,6 +155,9 @@ class TrainConfig:
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
     fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
     fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
+    # fixed mode: "corpus" = the warm start's own tasks (their reference solutions were in its SFT data); "fresh" =
+    # new procedural tasks whose programs are in neither the corpus nor the held-out set (added to the corpus)
+    fixed_source: str = "corpus"
     checkpoint_every: int = 20  # iterations between checkpoints (and at the end, and on a stop request)
     eval_every: int = 50  # iterations between held-out evaluations (0 = only before and after)
     log_samples_every: int = 10  # iterations between text samples in TensorBoard

@@ -166,6 +166,8 @@ class SelfPlay:
             if t.fixed_tasks < t.solver_tasks:
                 raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
             bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
+            if t.fixed_source not in ("corpus", "fresh"):
+                raise UserError(f"train.fixed_source must be 'corpus' or 'fresh', got {t.fixed_source!r}")
             if bad or not t.fixed_levels:
                 raise UserError("train.fixed_levels must be a non-empty list of levels 1..4, "
                                 f"got {list(t.fixed_levels)}")
@@ -372,8 +374,11 @@ class SelfPlay:
         return out
 
     def _fixed_set(self) -> list[Task]:
-        """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use taken from the corpus's
-        procedural training tasks (equal shares per level, seeded order) and written there."""
+        """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
+        equal shares per level of the corpus's procedural training tasks (seeded order), or with fixed_source=fresh
+        new procedural tasks deduplicated against the corpus and the reserved held-out programs (then queued for
+        the corpus, like any task the solver trains on)."""
+        from generator.build import BuildConfig, generate_tasks
         from selfplay.evaluate import read_tasks, write_tasks
 
         if self.fixed is not None:
@@ -387,15 +392,20 @@ class SelfPlay:
         tasks: list[Task] = []
         for i, level in enumerate(levels):
             share = t.fixed_tasks // len(levels) + (i < t.fixed_tasks % len(levels))
-            found = self.corpus.query(split="train", source="procedural", level=level, order="random",
-                                      seed=self.cfg.run.seed, limit=share)
+            if t.fixed_source == "fresh":
+                found = generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed * 100_003 + 99_991,
+                                       sb=self.sb, corpus_index=self.corpus, cfg=BuildConfig.from_config(self.cfg.tasks))
+                self.pending_tasks += found
+            else:
+                found = self.corpus.query(split="train", source="procedural", level=level, order="random",
+                                          seed=self.cfg.run.seed, limit=share)
             if len(found) < share:
-                self.log(f"fixed task set: the corpus holds {len(found)} procedural level-{level} tasks, "
+                self.log(f"fixed task set: {len(found)} {t.fixed_source} procedural level-{level} tasks, "
                          f"not {share}; using those")
             tasks += found
         if len(tasks) < t.solver_tasks:
-            raise UserError(f"fixed mode: the corpus holds {len(tasks)} procedural tasks at levels {levels}, fewer "
-                            f"than train.solver_tasks ({t.solver_tasks}); warm-start with more tasks at those levels")
+            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, fewer than "
+                            f"train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
         write_tasks(path, tasks)
         self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
         self.fixed = tasks

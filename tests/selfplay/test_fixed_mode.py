@@ -9,7 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfplay.loop import fixed_schedule
-from tests.conftest import SMOKE, selfplay
+import json
+import sqlite3
+
+from tests.conftest import SMOKE, copy_run, selfplay
 
 
 @settings(max_examples=80, deadline=None)
@@ -36,3 +39,22 @@ def test_bad_fixed_settings_name_the_key(tmp_path):
                               ("train.fixed_levels=[0,5]", "train.fixed_levels must be")):
         proc = selfplay("train", *SMOKE, f"run.dir={tmp_path}", "train.mode=fixed", override, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)
+
+    def corpus():
+        with sqlite3.connect(run / "corpus.sqlite") as db:
+            return dict(db.execute("SELECT id, ast_hash FROM tasks"))
+
+    before = corpus()
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_source=fresh",
+             "train.fixed_tasks=8", "train.steps=1", "train.eval_every=0")
+    fixed = [json.loads(line) for line in (run / "fixed_tasks.jsonl").read_text().splitlines()]
+    assert len(fixed) == 8 and {t["level"] for t in fixed} <= {1, 2}
+    heldout = {json.loads(line)["id"] for line in (run / "heldout.jsonl").read_text().splitlines()}
+    assert not {t["id"] for t in fixed} & (set(before) | heldout)
+    after = corpus()
+    assert {t["id"] for t in fixed} <= set(after) and len(after) == len(before) + 8
+    assert not {after[t["id"]] for t in fixed} & set(before.values())  # new programs, not new ids only
