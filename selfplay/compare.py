@@ -11,7 +11,7 @@ copy of that folder, so the arms of one seed differ only in what happens after t
     warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
     curriculum   PPO on procedural tasks only, on the seed article's fixed level schedule (`train.mode=curriculum`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
-    fixed        PPO on one fixed set of the warm start's own tasks (`train.mode=fixed`; not run by default)
+    fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
