@@ -139,9 +139,10 @@ def run_result(folder: Path, arm: str) -> dict:
         step = max(map(int, evals))
         final = evals[str(step)]
     heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split not in BREAKDOWNS}
-    by_level = (final.get("by_level") or _eval_json(folder, step).get("by_level") or {}).get(TEST_SPLIT, {})
-    # a `selfplay eval` of the same checkpoint (RUN/eval/step_S.json, e.g. with more samples) is preferred here
-    per_task = (_eval_json(folder, step).get("per_task") or final.get("per_task") or {}).get(TEST_SPLIT, {})
+    later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
+    by_level = (final.get("by_level") or later.get("by_level") or {}).get(TEST_SPLIT, {})
+    # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
+    per_task = (later.get("per_task") or final.get("per_task") or {}).get(TEST_SPLIT, {})
     curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
              for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),

@@ -422,12 +422,10 @@ class SelfPlay:
         """Rank 0: the solver batch of this iteration (tasks for PPO, extra generator tasks to measure)."""
         t = self.cfg.train
         replay_pool = self.corpus.query(split="train", order="random", seed=self.step + 7, limit=1024)
+        chosen_gen, extra, procedural, replay, fixed = [], [], [], [], []
         if t.mode == "curriculum":  # the fixed level schedule, procedural tasks only
-            chosen_gen, extra, replay = [], [], []
             procedural = self._procedural([self._curriculum_level()] * t.solver_tasks)
-            fixed = []
-        elif t.mode == "fixed":  # the same task set throughout, nothing new enters the corpus
-            chosen_gen, extra, procedural, replay = [], [], [], []
+        elif t.mode == "fixed":  # the same task set throughout
             fixed = self._fixed_batch()
         else:
             plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
@@ -438,13 +436,12 @@ class SelfPlay:
             replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool],
                                                       [x.difficulty for x in replay_pool], plan.counts["replay"]))
             replay = [x for x in replay_pool if x.id in replay_ids]
-            procedural, fixed = self._procedural(plan.levels), []
+            procedural = self._procedural(plan.levels)
         batch = chosen_gen + procedural + replay + fixed
         while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
             batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
-        counts = {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)}
-        if t.mode == "fixed":
-            counts = {"fixed": len(fixed)}
+        counts = ({"fixed": len(fixed)} if t.mode == "fixed" else
+                  {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)})
         return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts,
                 "new_ids": {x.id for x in procedural}}  # fresh procedural tasks, not yet in the corpus
 
