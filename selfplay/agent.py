@@ -113,10 +113,12 @@ class LMAgent:
             group["lr"] = group["base_lr"] = float(lr)
 
     def update(self, answers: Sequence, scores: Sequence[float], lr_scale: float = 1.0,
-               masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None) -> dict:
+               masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None,
+               groups: Sequence | None = None) -> dict:
         """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;
         `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
-        `replay`: past successes (selfplay.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef)."""
+        `replay`: past successes (selfplay.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef);
+        `groups`: the task of each answer (the leave-one-out baseline of ppo.advantage=rloo)."""
         for group in self.trainer.optimizer.param_groups:
             group.setdefault("base_lr", group["lr"])
             group["lr"] = group["base_lr"] * lr_scale
@@ -125,7 +127,7 @@ class LMAgent:
             replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
                         [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
         return self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
-                                 response_masks=masks, replay=replayed)
+                                 response_masks=masks, replay=replayed, groups=groups)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def save(self, folder: Path, write_hf: bool = True) -> None:
@@ -168,10 +170,12 @@ class LMAgent:
 
 def agent_ppo_config(cfg, name: str):
     """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
-    (`train.generator_temperature`; PPO scores its tokens at that temperature too)."""
+    (`train.generator_temperature`; PPO scores its tokens at that temperature too) and GAE advantages (it writes
+    one proposal per prompt, so there is no group for `ppo.advantage=rloo`)."""
     ppo = copy.deepcopy(cfg.ppo)
     if name == "generator":
         ppo.temperature = cfg.train.generator_temperature
+        ppo.advantage = "gae"
     return ppo
 
 

@@ -94,6 +94,7 @@ class PPOConfig:
     vf_coef: float = 0.5  # weight of the value loss in the total loss
     gamma: float = 1.0  # discount between tokens (1 within a response; the article suggests 0.99 across turns)
     lam: float = 0.95  # GAE lambda
+    advantage: str = "gae"  # solver: "gae" (critic, per token) | "rloo" (baseline: the task's other samples; no critic)
     kl_coef: float = 0.05  # beta: per-token KL penalty in the reward (initial value when adaptive)
     kl_estimator: str = "k1"  # per-token KL estimator in the reward: k1 | k2 | k3
     adaptive_kl: bool = False  # adapt beta to keep the per-sequence KL near kl_target (Ziegler et al.)

@@ -58,6 +58,14 @@ class DistInfo:
         return self.world_size > 1
 
 
+def local_device(local_rank: int | None = None) -> torch.device:
+    """The device this process computes on: GPU `local_rank` (default: $LOCAL_RANK, else 0) when CUDA is there,
+    else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank)
+
+
 def _default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 

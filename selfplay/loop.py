@@ -263,10 +263,9 @@ class SelfPlay:
         for name in ("solver", "generator"):
             model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype,
                                                            self.cfg.model.value_model)
-            if torch.cuda.is_available():  # one GPU per rank; DeepSpeed/DDP keep it there
-                device = torch.device("cuda", self.info.local_rank)
-                model.to(device)
-                reference.to(device)
+            device = D.local_device(self.info.local_rank)  # one GPU per rank; DeepSpeed/DDP keep it there
+            model.to(device)
+            reference.to(device)
             agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
                             seed=self.cfg.run.seed)
             agent.load_training_state(folder / name)
@@ -451,6 +450,8 @@ class SelfPlay:
         metrics: dict[str, float] = {}
         timing = Counter()
         sb0 = self.sb.stats()
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()  # perf/gpu_peak_mem_gb is this iteration's peak
 
         # 1. generator proposals ----------------------------------------------------------------------------
         proposals = []
@@ -505,7 +506,7 @@ class SelfPlay:
         if t.mode != "warmstart":
             stats = self.solver.update(train_rollouts, [r.reward for r in train_rollouts],
                                        lr_scale=lr_scale, masks=[r.mask for r in train_rollouts],
-                                       replay=self._replay_draw(step))
+                                       replay=self._replay_draw(step), groups=[r.task.id for r in train_rollouts])
             metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0

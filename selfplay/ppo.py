@@ -6,7 +6,9 @@ scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.
 1. rollout quantities, no gradients: log-probs and values under the current ("old") policy, log-probs under the
    frozen reference;
 2. per-token rewards: -beta * KL(policy || reference) on every response token, the scalar reward on the last one;
-3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch;
+3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch; or, with `advantage=rloo`,
+   one advantage per answer: its return minus the mean return of the other answers to the same task (no critic;
+   scaled to unit std, not shifted, so an all-failed task gives no update) and no value loss;
 4. `epochs` passes of shuffled minibatches (gradient accumulation over micro-batches): clipped policy loss +
    vf_coef * clipped value loss - entropy_coef * entropy, gradients clipped to `max_grad_norm`;
 5. KL coefficient (adaptive) and entropy coefficient (linear schedule) updated; metrics returned under plain names.
@@ -31,7 +33,10 @@ import torch
 import torch.distributed as dist
 
 from selfplay import rl
+from selfplay.errors import UserError
 from selfplay.models import accepts_logits_to_keep
+
+ADVANTAGES = ("gae", "rloo")  # ppo.advantage: critic + GAE per token, or leave-one-out over a task's samples
 
 # ---------------------------------------------------------------------------- batching
 
@@ -134,6 +139,8 @@ class PPOTrainer:
         self.pad_token_id = pad_token_id
         self.ref_model.to(self.device)  # next to the policy (DeepSpeed / wrap_model moved only the policy)
         self._ref_keeps_logits = accepts_logits_to_keep(ref_model)
+        if cfg.advantage not in ADVANTAGES:
+            raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
         if cfg.mini_batch_size % cfg.micro_batch_size:
             raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({cfg.micro_batch_size})")
@@ -171,7 +178,7 @@ class PPOTrainer:
     # -- stage 1-3: rollout quantities, rewards, advantages
 
     @torch.no_grad()
-    def _prepare(self, queries, responses, scores, response_masks) -> tuple[_Rollout, dict]:
+    def _prepare(self, queries, responses, scores, response_masks, groups=None) -> tuple[_Rollout, dict]:
         cfg, device = self.cfg, self.device
         input_ids, attention_mask, action_mask = (
             t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
@@ -192,9 +199,19 @@ class PPOTrainer:
         rows = torch.arange(len(queries), device=device)
         rewards[rows, last_index(action_mask)] += scores
 
-        advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
+        if cfg.advantage == "rloo":  # one advantage per answer: its return against its task's other answers
+            if groups is None or len(groups) != len(queries):
+                raise ValueError("ppo.advantage=rloo needs the group (task) of every rollout")
+            returns = rl.discounted_returns(rewards, action_mask, cfg.gamma)
+            seq_returns = returns[rows, action_mask.argmax(1)]  # the return from each answer's first token
+            advantages = rl.rloo_advantages(seq_returns, groups)[:, None] * action_mask
+        else:
+            advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
         raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
-        if cfg.whiten_advantages:
+        nonzero = (advantages.abs() * action_mask).sum(1).gt(0).float().mean().item()
+        if cfg.whiten_advantages and cfg.advantage == "rloo":  # scale only: a zero advantage stays zero
+            advantages = advantages * torch.rsqrt(rl.masked_var(advantages, action_mask) + 1e-8)
+        elif cfg.whiten_advantages:
             advantages = rl.masked_whiten(advantages, action_mask)
         kl_seq = kl.sum(1).mean().item()
         stats = {
@@ -207,6 +224,7 @@ class PPOTrainer:
             "values_mean": rl.masked_mean(old_values, action_mask).item(),
             "returns_mean": rl.masked_mean(returns, action_mask).item(),
             "advantages_mean": raw_adv_mean,
+            "advantages_nonzero": nonzero,  # share of answers with a learning signal (rloo: tasks with mixed outcomes)
             "explained_var": rl.explained_variance(old_values, returns, action_mask).item(),
             "response_len": action_mask.sum(1).mean().item(),
             "tokens": int(action_mask.sum().item()),
@@ -255,7 +273,8 @@ class PPOTrainer:
         policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip)
         value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip)
         entropy = rl.masked_mean(rl.entropy_from_logits(logits), mask)
-        loss = policy_loss + cfg.vf_coef * value_loss - entropy_coef * entropy
+        vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # rloo uses no critic (value_loss only logged)
+        loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy
         with torch.no_grad():
             value_clipped = (values - r.old_values[idx]).abs() > cfg.value_clip
             stats = {
@@ -319,12 +338,12 @@ class PPOTrainer:
 
     def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
              scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None,
-             replay: tuple[Sequence, Sequence, Sequence | None] | None = None) -> dict:
+             replay: tuple[Sequence, Sequence, Sequence | None] | None = None, groups: Sequence | None = None) -> dict:
         """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
         (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
-        ppo.replay_coef > 0; metric `replay_loss`)."""
+        ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo)."""
         t0 = time.perf_counter()
-        rollout, stats = self._prepare(queries, responses, scores, response_masks)
+        rollout, stats = self._prepare(queries, responses, scores, response_masks, groups)
         entropy_coef = self.entropy_coef
         stats.update(self._optimise(rollout, entropy_coef, self._prepare_replay(replay)))
         # stage 5: coefficients for the next update

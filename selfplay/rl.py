@@ -85,6 +85,23 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
     return gae(rewards, torch.zeros_like(rewards), mask, gamma, 1.0)[0]
 
 
+def rloo_advantages(returns: torch.Tensor, groups) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): each sample's return minus the mean return of the other
+    samples in its group (the other answers to the same task), so no critic is needed. `returns` is [B], `groups`
+    B hashable ids. Advantages sum to 0 within every group; a group whose samples all scored the same gets 0 (an
+    all-failed task teaches nothing), and a group of one sample keeps its return (no baseline to subtract)."""
+    index: dict = {}
+    ids = torch.tensor([index.setdefault(g, len(index)) for g in groups], device=returns.device)
+    if len(ids) != len(returns):
+        raise ValueError(f"{len(returns)} returns but {len(ids)} group ids")
+    sums = torch.zeros(len(index), dtype=returns.dtype, device=returns.device).index_add_(0, ids, returns)
+    counts = torch.zeros(len(index), dtype=returns.dtype, device=returns.device).index_add_(
+        0, ids, torch.ones_like(returns))
+    n = counts[ids]
+    baseline = torch.where(n > 1, (sums[ids] - returns) / (n - 1).clamp(min=1), torch.zeros_like(returns))
+    return returns - baseline
+
+
 # ---------------------------------------------------------------------------- losses
 
 

@@ -71,12 +71,13 @@ def sft(policy, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, step
     lengths = [len(p) + len(a) for p, a in examples]
     batches: list[list[int]] = []
     losses = []
+    device = next(policy.parameters()).device
     policy.train()
     for step in range(steps):
         if not batches:
             batches = length_batches(lengths, batch_size, rng)
         idx = batches.pop()
-        input_ids, mask, labels = collate([examples[i] for i in idx], pad_id, max_len)
+        input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], pad_id, max_len))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, warmup)
         loss = answer_loss(policy, input_ids, mask, labels)

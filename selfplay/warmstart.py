@@ -26,6 +26,7 @@ from generator.agent import build_prompt, format_proposal
 from generator.schema import Task
 from selfplay.agent import LMAgent, agent_ppo_config
 from selfplay import rl
+from selfplay.distributed import local_device
 from selfplay.models import build_models, frozen_copy
 from selfplay.ppo import first_action, last_index, pad_rollouts
 from selfplay.rollout import prompt_options, solver_rollouts
@@ -69,25 +70,30 @@ def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: in
     return out
 
 
-def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None):
-    """(solver, generator) LMAgents built from the `model:` section (tiny models are built from `texts`)."""
+def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: torch.device | None = None):
+    """(solver, generator) LMAgents built from the `model:` section (tiny models are built from `texts`), on
+    `device` (default: this rank's GPU when there is one, else the CPU)."""
+    device = device or local_device()
     agents = []
     for name in ("solver", "generator"):
         model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed)
+        model.to(device)
+        reference.to(device)
         agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
                               seed=cfg.run.seed))
     return agents
 
 
-def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float):
+def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.device | str = "cpu"):
     """Padded rollouts (anything with .prompt, .tokens, .mask, .reward) and their per-token discounted returns
-    (the reward on the last action token), on the shifted axis from the first action position."""
+    (the reward on the last action token), on the shifted axis from the first action position, on `device`."""
     ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
                                  [r.mask for r in rollouts])
     start, act = first_action(act)
     rewards = torch.zeros_like(act)
     rewards[torch.arange(len(rollouts)), last_index(act)] = torch.tensor([float(r.reward) for r in rollouts])
-    return ids, att, start, act, rl.discounted_returns(rewards, act, gamma)
+    returns = rl.discounted_returns(rewards, act, gamma)
+    return ids.to(device), att.to(device), start, act.to(device), returns.to(device)
 
 
 def _squared_errors(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,10 +106,10 @@ def _squared_errors(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 def critic_value_loss(model, rollouts: Sequence, *, pad_id: int, gamma: float, batch_size: int = 16) -> float:
     """Token-mean squared error of the value head against the discounted outcome over `rollouts`."""
-    total, count = 0.0, 0.0
+    total, count, device = 0.0, 0.0, next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, len(rollouts), batch_size):
-            s, n = _squared_errors(model, _critic_batch(rollouts[i: i + batch_size], pad_id, gamma))
+            s, n = _squared_errors(model, _critic_batch(rollouts[i: i + batch_size], pad_id, gamma, device))
             total, count = total + s.item(), count + n.item()
     return total / max(count, 1.0)
 
@@ -115,6 +121,7 @@ def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, l
     if not rollouts:
         raise ValueError("critic pretraining needs at least one rollout")
     critic = list(model.value_head.parameters()) + (list(model.critic.parameters()) if model.critic is not None else [])
+    device = next(model.parameters()).device
     frozen = [p for p in model.policy.parameters() if p.requires_grad]
     for p in frozen:
         p.requires_grad_(False)
@@ -128,7 +135,7 @@ def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, l
             if len(order) < batch_size:
                 order += rng.sample(range(len(rollouts)), len(rollouts))
             idx, order = order[:batch_size], order[batch_size:]
-            s, n = _squared_errors(model, _critic_batch([rollouts[i] for i in idx], pad_id, gamma))
+            s, n = _squared_errors(model, _critic_batch([rollouts[i] for i in idx], pad_id, gamma, device))
             loss = s / n.clamp(min=1.0)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

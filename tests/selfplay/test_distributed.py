@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from selfplay import distributed
 from selfplay.config import PPOConfig
@@ -54,6 +55,8 @@ def test_single_process_helpers_and_config_filling():
     assert distributed.broadcast_object({"a": 1}) == {"a": 1}
     assert distributed.gather_objects(3) == [3] and distributed.all_reduce_mean(2.5) == 2.5
     distributed.barrier()
+    expected = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    assert distributed.local_device() == expected  # where the warm start and each rank's models go
     ds = distributed.fill_deepspeed_config(distributed.load_deepspeed_config("zero2_cpu.json"),
                                            PPOConfig(mini_batch_size=8, micro_batch_size=2, lr=1e-4), world_size=4)
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 4

@@ -83,6 +83,28 @@ def test_lr_zero_leaves_everything_at_ratio_one():
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_rloo_learns_from_mixed_tasks_and_ignores_uniform_ones():
+    cfg = PPOConfig(lr=1e-2, mini_batch_size=4, micro_batch_size=2, kl_coef=0.0, entropy_coef_start=0.0,
+                    entropy_coef_end=0.0, advantage="rloo")
+    # every task's answers scored alike (all failed, or all passed): zero advantage, so no policy change at all
+    model = ActorCritic(tiny_policy())
+    before = [p.clone() for p in model.parameters()]
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, pad_token_id=PAD)
+    metrics = trainer.step([PROMPT] * 4, [[A, EOS], [5, EOS], [A, EOS], [6, EOS]], [0.0, 0.0, 1.0, 1.0],
+                           groups=["t1", "t1", "t2", "t2"])
+    assert metrics["advantages_nonzero"] == 0.0 and metrics["policy_loss"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nor the critic: no value loss
+    # a task with one success and one failure: the rewarded answer becomes more likely
+    p0 = prob_of_a(model)
+    for _ in range(5):
+        metrics = trainer.step([PROMPT] * 4, [[A, EOS], [5, EOS]] * 2, [1.0, 0.0] * 2, groups=["t", "t", "u", "u"])
+    assert metrics["advantages_nonzero"] == 1.0 and prob_of_a(model) > p0 + 0.2
+    with pytest.raises(ValueError, match="group"):
+        trainer.step([PROMPT] * 2, [[A], [5]], [1.0, 0.0])
+    with pytest.raises(ppo.UserError, match="ppo.advantage"):
+        ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(advantage="grpo"), pad_token_id=PAD)
+
+
 def test_adaptive_kl_and_state_round_trip():
     model = ActorCritic(tiny_policy())
     cfg = PPOConfig(lr=1e-2, adaptive_kl=True, kl_estimator="k3", kl_target=1e-3, kl_horizon=100,

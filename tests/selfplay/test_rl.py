@@ -3,6 +3,8 @@
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from selfplay import rl
@@ -152,3 +154,27 @@ def test_linear_schedule():
     assert rl.linear_schedule(0.01, 0.001, 50, 100) == pytest.approx(0.0055)
     assert rl.linear_schedule(0.01, 0.001, 1000, 100) == pytest.approx(0.001)
     assert rl.linear_schedule(0.01, 0.001, 5, 0) == 0.01
+
+
+def test_rloo_advantages_by_hand():
+    # task "a": returns 1, 0, 0 -> baselines 0, 0.5, 0.5; task "b": 0.2, 0.6 -> baselines 0.6, 0.2; "c" alone
+    adv = rl.rloo_advantages(torch.tensor([1.0, 0.2, 0.0, 0.6, 0.0, 0.7]), ["a", "b", "a", "b", "a", "c"])
+    assert adv.tolist() == pytest.approx([1.0, -0.4, -0.5, 0.4, -0.5, 0.7])
+    assert rl.rloo_advantages(torch.zeros(4), [1, 1, 2, 2]).tolist() == [0.0] * 4  # all failed: no signal
+    with pytest.raises(ValueError, match="group ids"):
+        rl.rloo_advantages(torch.zeros(3), ["a", "b"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.floats(-2, 2, allow_nan=False)), min_size=1, max_size=20))
+def test_rloo_advantages_sum_to_zero_per_group_and_ignore_a_shared_shift(rows):
+    groups, values = [g for g, _ in rows], torch.tensor([v for _, v in rows], dtype=torch.float64)
+    adv = rl.rloo_advantages(values, groups)
+    shifted = rl.rloo_advantages(values + 3.0, groups)
+    for g in set(groups):
+        members = [i for i, x in enumerate(groups) if x == g]
+        if len(members) > 1:
+            assert abs(float(adv[members].sum())) < 1e-9
+            assert torch.allclose(adv[members], shifted[members])  # a constant added to a task's returns cancels
+        else:
+            assert float(adv[members[0]]) == float(values[members[0]])
