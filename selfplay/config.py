@@ -103,7 +103,7 @@ class PPOConfig:
     entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...
     entropy_coef_end: float = 0.001  # ... decayed linearly to this value ...
     entropy_decay_updates: int = 1000  # ... over this many PPO updates (trainer.step calls)
-    whiten_advantages: bool = True  # normalise advantages over the batch (mean 0, std 1)
+    whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
     max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
     temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature
     top_k: int = 0  # sampling: keep the k most likely tokens (0 = off)

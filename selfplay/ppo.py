@@ -7,8 +7,9 @@ scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.
    frozen reference;
 2. per-token rewards: -beta * KL(policy || reference) on every response token, the scalar reward on the last one;
 3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch; or, with `advantage=rloo`,
-   one advantage per answer: its return minus the mean return of the other answers to the same task (no critic;
-   scaled to unit std, not shifted, so an all-failed task gives no update) and no value loss;
+   one advantage per answer: its return minus the mean return of the other answers to the same task (no critic,
+   no value loss; not whitened, so a task whose answers all scored alike gives almost no update: only their KL
+   penalties differ);
 4. `epochs` passes of shuffled minibatches (gradient accumulation over micro-batches): clipped policy loss +
    vf_coef * clipped value loss - entropy_coef * entropy, gradients clipped to `max_grad_norm`;
 5. KL coefficient (adaptive) and entropy coefficient (linear schedule) updated; metrics returned under plain names.
@@ -208,13 +209,13 @@ class PPOTrainer:
         else:
             advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
         raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
-        nonzero = (advantages.abs() * action_mask).sum(1).gt(0).float().mean().item()
-        if cfg.whiten_advantages and cfg.advantage == "rloo":  # scale only: a zero advantage stays zero
-            advantages = advantages * torch.rsqrt(rl.masked_var(advantages, action_mask) + 1e-8)
-        elif cfg.whiten_advantages:
+        if cfg.whiten_advantages and cfg.advantage == "gae":  # rloo's are used as they are, in reward units
             advantages = rl.masked_whiten(advantages, action_mask)
         kl_seq = kl.sum(1).mean().item()
-        stats = {
+        stats = {}
+        if groups is not None:  # answers whose task's answers scored differently: where a group baseline learns
+            stats["mixed_groups"] = rl.rloo_advantages(scores, groups).ne(0).float().mean().item()
+        stats.update({
             "score_mean": scores.mean().item(),
             "score_std": scores.std().item() if len(scores) > 1 else 0.0,
             "reward_total_mean": rewards.sum(1).mean().item(),
@@ -224,11 +225,10 @@ class PPOTrainer:
             "values_mean": rl.masked_mean(old_values, action_mask).item(),
             "returns_mean": rl.masked_mean(returns, action_mask).item(),
             "advantages_mean": raw_adv_mean,
-            "advantages_nonzero": nonzero,  # share of answers with a learning signal (rloo: tasks with mixed outcomes)
             "explained_var": rl.explained_variance(old_values, returns, action_mask).item(),
             "response_len": action_mask.sum(1).mean().item(),
             "tokens": int(action_mask.sum().item()),
-        }
+        })
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
                         returns), stats
 

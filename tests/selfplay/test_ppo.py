@@ -92,13 +92,13 @@ def test_rloo_learns_from_mixed_tasks_and_ignores_uniform_ones():
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, pad_token_id=PAD)
     metrics = trainer.step([PROMPT] * 4, [[A, EOS], [5, EOS], [A, EOS], [6, EOS]], [0.0, 0.0, 1.0, 1.0],
                            groups=["t1", "t1", "t2", "t2"])
-    assert metrics["advantages_nonzero"] == 0.0 and metrics["policy_loss"] == 0.0
+    assert metrics["mixed_groups"] == 0.0 and metrics["policy_loss"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nor the critic: no value loss
     # a task with one success and one failure: the rewarded answer becomes more likely
     p0 = prob_of_a(model)
     for _ in range(5):
         metrics = trainer.step([PROMPT] * 4, [[A, EOS], [5, EOS]] * 2, [1.0, 0.0] * 2, groups=["t", "t", "u", "u"])
-    assert metrics["advantages_nonzero"] == 1.0 and prob_of_a(model) > p0 + 0.2
+    assert metrics["mixed_groups"] == 1.0 and prob_of_a(model) > p0 + 0.2
     with pytest.raises(ValueError, match="group"):
         trainer.step([PROMPT] * 2, [[A], [5]], [1.0, 0.0])
     with pytest.raises(ppo.UserError, match="ppo.advantage"):
