@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import hashlib
 import json
 import math
 import random
@@ -134,6 +135,8 @@ def summarize_split(greedy: Sequence, sampled: Sequence, k: int) -> dict:
     if sampled:
         pairs = _pass_counts(sampled)
         out["samples"] = k
+        # a fingerprint of the sampled answers: two evaluations with the same one drew the same samples
+        out["samples_sha1"] = hashlib.sha1("\0".join(r.text for r in sampled).encode()).hexdigest()[:16]
         out["pass@1"] = mean_pass_at_k(pairs, 1)
         if k > 1:
             out[f"pass@{k}"] = mean_pass_at_k(pairs, k)
@@ -149,12 +152,18 @@ def _parses(code: str) -> bool:
 
 def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
                      reward_cfg=None, temperature: float | None = None,
-                     max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
+                     max_prompt_tokens: int | None = None, prompt_kw: dict | None = None, seed: int = 0) -> dict:
     """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}},
     "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt
     options training used (selfplay.rollout.prompt_options(cfg)).
 
-    Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task)."""
+    Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task). The
+    sampled batch draws from RNGs seeded with `seed` (and put back after): the same weights give the same samples,
+    and two checkpoints are compared on common random numbers, which keeps the sampling noise out of most of
+    their paired difference."""
+    import torch
+
+    from selfplay.checkpoint import preserved_rng
     from selfplay.rollout import solver_rollouts
 
     order = [(split, task) for split, tasks in tasks_by_split.items() for task in tasks]
@@ -163,7 +172,9 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     greedy = solver_rollouts(agent, all_tasks, 1, sb, greedy=True, **kw) if all_tasks else []
     sampled = []
     if samples > 1 and all_tasks:
-        with sampling_temperature(agent, temperature):
+        with sampling_temperature(agent, temperature), preserved_rng():
+            random.seed(seed)
+            torch.manual_seed(seed)
             sampled = solver_rollouts(agent, all_tasks, samples, sb, **kw)
     results = {}
     groups = {"by_family": lambda task: task.family, "by_level": lambda task: f"level_{task.level}"}
@@ -345,7 +356,7 @@ def generator_snapshot(run_dir: str | Path, corpus, size: int, seed: int = 0) ->
 
 def evaluate_generator(state: dict, corpus, *, agent=None, snapshot: Sequence[Task] = (), sb=None,
                        samples: int = 4, max_turns: int = 1, reward_cfg=None, temperature: float | None = None,
-                       max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> dict:
+                       max_prompt_tokens: int | None = None, prompt_kw: dict | None = None, seed: int = 0) -> dict:
     """Generator-side metrics of a run: validity over time (state["history"]), solve rates and diversity of the
     corpus's generator tasks, and (given an agent) the solver's greedy and sampled pass@1 on the snapshot."""
     out = {"validity": validity_over_time(state.get("history", [])),
@@ -353,7 +364,7 @@ def evaluate_generator(state: dict, corpus, *, agent=None, snapshot: Sequence[Ta
     if agent is not None and snapshot:
         res = evaluate_heldout(agent, {"snapshot": list(snapshot)}, sb, samples=samples, max_turns=max_turns,
                                reward_cfg=reward_cfg, temperature=temperature, max_prompt_tokens=max_prompt_tokens,
-                               prompt_kw=prompt_kw)
+                               prompt_kw=prompt_kw, seed=seed)
         out["snapshot"] = res["snapshot"]
     else:
         out["snapshot"] = {"tasks": 0}

@@ -625,7 +625,7 @@ class SelfPlay:
                                        max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
                                        temperature=self.cfg.eval.temperature,
                                        max_prompt_tokens=self.cfg.warmstart.max_len,
-                                       prompt_kw=prompt_options(self.cfg))
+                                       prompt_kw=prompt_options(self.cfg), seed=self.cfg.run.seed)
         if not self.main:
             return {}
         self.tb.scalars(heldout_scalars(results), step)

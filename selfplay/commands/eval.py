@@ -35,6 +35,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=0,
                         help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks")
     parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
+    parser.add_argument("--seed", type=int,
+                        help="sampling seed (default: the run's run.seed; the same seed and weights give the same samples)")
 
 
 def suites_of(name: str) -> list[str]:
@@ -122,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
     if plot_out.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
     options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
-               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature}
+               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature,
+               "seed": cfg.run.seed if args.seed is None else args.seed}
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
     results = evaluate(run_dir, ckpt, state, cfg, suites, options)
     results["step"] = step
@@ -147,7 +150,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
     from selfplay.loop import quiet_transformers
 
     quiet_transformers()
-    samples, limit, turns, temp = (options[k] for k in ("samples", "limit", "max_turns", "temperature"))
+    samples, limit, turns, temp, seed = (options[k] for k in ("samples", "limit", "max_turns", "temperature", "seed"))
     results: dict = {"checkpoint": str(ckpt), "run_dir": str(run_dir), "suites": suites, "options": options,
                      "heldout_over_time": E.evals_over_time(state.get("evals", {})),
                      "validity_over_time": E.validity_over_time(state.get("history", [])), "seconds": {}}
@@ -183,7 +186,8 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                   flush=True)
             results["heldout"] = E.evaluate_heldout(solver(), tasks, sb, samples=samples, max_turns=turns,
                                                     reward_cfg=cfg.reward, temperature=temp,
-                                                    max_prompt_tokens=budget, prompt_kw=prompt_options(cfg))
+                                                    max_prompt_tokens=budget, prompt_kw=prompt_options(cfg),
+                                                    seed=seed)
             results["seconds"]["heldout"] = time.perf_counter() - t0
         if "humaneval" in suites:
             t0 = time.perf_counter()
@@ -202,7 +206,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                                                         snapshot=snapshot, sb=sb,
                                                         samples=samples, max_turns=turns, reward_cfg=cfg.reward,
                                                         temperature=temp, max_prompt_tokens=budget,
-                                                        prompt_kw=prompt_options(cfg))
+                                                        prompt_kw=prompt_options(cfg), seed=seed)
             results["seconds"]["generator"] = time.perf_counter() - t0
     finally:
         sb.close()

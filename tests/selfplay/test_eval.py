@@ -90,6 +90,14 @@ def test_heldout_json_table_plot_and_tensorboard(run):
     scalars = read_scalars(run)
     # the warm start logged its own evaluation of step 0 under the same tags; this one is added beside it
     assert (0, pytest.approx(heldout["test"]["pass@1_greedy"])) in scalars["eval/heldout/test/pass@1_greedy"]
+    # sampling is seeded (run.seed): evaluating the same weights again gives the same samples, task by task
+    evaluate(run, "--suite", "heldout", "--samples", "2")
+    again = json.loads(out.read_text())["heldout"]
+    assert again["per_task"] == heldout["per_task"]
+    assert all(again[s]["samples_sha1"] == heldout[s]["samples_sha1"] for s in expected)
+    evaluate(run, "--suite", "heldout", "--samples", "2", "--seed", "1")  # another seed, other samples
+    other = json.loads(out.read_text())["heldout"]
+    assert all(other[s]["samples_sha1"] != heldout[s]["samples_sha1"] for s in expected)
 
 
 @pytest.mark.slow
