@@ -348,8 +348,12 @@ def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s
         from sandbox.pool import LocalLauncher, Pool
 
         isolate_user = options.pop("isolate_user", True)
+        python = options.pop("python", None)
         if options:
             raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}; "
-                                     f"it takes isolate_user=")
-        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user)) for i in range(workers)])
+                                     f"it takes isolate_user=, python=")
+        if python is not None and not (isinstance(python, str) and os.path.isfile(python)
+                                       and os.access(python, os.X_OK)):
+            raise SandboxConfigError(f"python={python!r}: pass the path of a Python interpreter (or None for this one)")
+        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user), python=python) for i in range(workers)])
     return Sandbox(pool, backend, limits, cache=cache, cache_path=cache_path, trace_path=trace_path)

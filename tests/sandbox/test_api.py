@@ -115,6 +115,7 @@ def test_trace_log_records_runs(tmp_path):
     (dict(memory_mb=256.5), "memory_mb"),
     (dict(output_limit=0), "output_limit=0"),
     (dict(colour="blue"), "unknown option"),
+    (dict(python="/no/such/python3"), "python='/no/such/python3'"),
 ])
 def test_bad_open_arguments(kwargs, words):
     with pytest.raises(sandbox.SandboxConfigError, match=words) as info:
@@ -190,6 +191,17 @@ def test_run_many_over_many_workers_survives_a_killed_worker():
         assert [r.status for r in results] == ["ok", "killed", "ok", "ok"] * 2
         assert [r.stdout for r in results if r.ok] == ["a\n", "c\n", "d\n"] * 2
         assert_healthy(box)
+    finally:
+        box.close()
+
+
+@pytest.mark.skipif(not os.path.isfile("/usr/bin/python3"), reason="no /usr/bin/python3 on this machine")
+def test_process_backend_on_another_interpreter():
+    """`python=` runs the fork servers (and so the programs) on that interpreter, e.g. a PGO-built system Python."""
+    box = sandbox.open_sandbox("process", workers=1, cache=False, python="/usr/bin/python3")
+    try:
+        r = box.run("import sys; print(sys.executable)")
+        assert r.ok and r.stdout.strip() in {"/usr/bin/python3", os.path.realpath("/usr/bin/python3")}, r
     finally:
         box.close()
 
