@@ -306,8 +306,9 @@ def remove_stale_containers(client) -> int:
     """Remove sandbox containers whose owning process is gone (left by a crash), and their socket folders.
     Returns how many."""
     removed = 0
-    for container in client.containers.list(all=True, filters={"label": LABEL}):
-        owner = int(container.labels.get(LABEL, "0") or 0)
+    # sparse: the list alone, no inspect per container (a container another pool removes meanwhile would be a 404)
+    for container in client.containers.list(all=True, sparse=True, filters={"label": LABEL}):
+        owner = int((container.attrs.get("Labels") or {}).get(LABEL, "0") or 0)
         if owner == os.getpid() or _pid_alive(owner):
             continue  # ours, or another live process's
         folders = [m["Source"] for m in container.attrs.get("Mounts", []) if m.get("Destination") == SOCKET_DIR]
