@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -195,13 +196,15 @@ def test_run_many_over_many_workers_survives_a_killed_worker():
         box.close()
 
 
-@pytest.mark.skipif(not os.path.isfile("/usr/bin/python3"), reason="no /usr/bin/python3 on this machine")
-def test_process_backend_on_another_interpreter():
-    """`python=` runs the fork servers (and so the programs) on that interpreter, e.g. a PGO-built system Python."""
-    box = sandbox.open_sandbox("process", workers=1, cache=False, python="/usr/bin/python3")
+def test_process_backend_on_another_interpreter(tmp_path):
+    """`python=` runs the fork servers (and so the programs) on that interpreter, e.g. a PGO-built system Python;
+    here this interpreter under another name, which the programs see as sys.executable."""
+    python = tmp_path / "another-python"
+    python.symlink_to(os.path.realpath(sys.executable))
+    box = sandbox.open_sandbox("process", workers=1, cache=False, python=str(python))
     try:
         r = box.run("import sys; print(sys.executable)")
-        assert r.ok and r.stdout.strip() in {"/usr/bin/python3", os.path.realpath("/usr/bin/python3")}, r
+        assert r.ok and r.stdout.strip() == str(python), r
     finally:
         box.close()
 
