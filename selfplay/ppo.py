@@ -214,7 +214,10 @@ class PPOTrainer:
         kl_seq = kl.sum(1).mean().item()
         stats = {}
         if groups is not None:  # answers whose task's answers scored differently: where a group baseline learns
-            stats["mixed_groups"] = rl.rloo_advantages(scores, groups).ne(0).float().mean().item()
+            by_group: dict = {}
+            for g, score in zip(groups, scores.tolist()):
+                by_group.setdefault(g, []).append(score)
+            stats["mixed_groups"] = sum(len(v) for v in by_group.values() if max(v) > min(v)) / len(groups)
         stats.update({
             "score_mean": scores.mean().item(),
             "score_std": scores.std().item() if len(scores) > 1 else 0.0,
