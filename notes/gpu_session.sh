@@ -2,7 +2,8 @@
 # What ran on a lent H200 machine (one device call): the GPU check of slurm/gpu_check.sh with its default small
 # Llama (fp32), the same with a 405 M-parameter Llama in bf16, then notes/preset_memory.py for the presets' shapes.
 # The machine has torch and transformers but not omegaconf or radon: `.devsite/` carries omegaconf, antlr4, radon and
-# mando (pure Python, copied from this checkout's site-packages; ignored by git, named in the device call's carry). Logs go to $OUT (default /tmp/gpu_session).
+# mando (pure Python, copied from this checkout's site-packages; ignored by git, named in the device call's carry).
+# Logs go to $OUT (default /tmp/gpu_session).
 #
 #   bash notes/gpu_session.sh
 set -uo pipefail
