@@ -103,6 +103,9 @@ class PPOConfig:
     entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...
     entropy_coef_end: float = 0.001  # ... decayed linearly to this value ...
     entropy_decay_updates: int = 1000  # ... over this many PPO updates (trainer.step calls)
+    # solver: train only on the answers to tasks whose answers scored differently (DAPO's dynamic sampling): a
+    # uniform group's rloo advantages are zero but for KL noise; raise train.solver_tasks to keep the update's size
+    skip_uniform_groups: bool = False
     whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
     max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
     temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature

@@ -57,6 +57,7 @@ import sandbox
 from generator.rewards import ProposalOutcome, generator_rewards
 from generator.schema import Task
 from selfplay import distributed as D
+from selfplay import rl
 from selfplay.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
 from selfplay.config import to_dict
@@ -504,10 +505,13 @@ class SelfPlay:
         t0 = time.perf_counter()
         lr_scale = self.mixer.lr_scale
         if t.mode != "warmstart":
-            stats = self.solver.update(train_rollouts, [r.reward for r in train_rollouts],
-                                       lr_scale=lr_scale, masks=[r.mask for r in train_rollouts],
-                                       replay=self._replay_draw(step), groups=[r.task.id for r in train_rollouts])
-            metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
+            update_rollouts = self._update_rollouts(train_rollouts, metrics)
+            replay = self._replay_draw(step)
+            if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
+                stats = self.solver.update(update_rollouts, [r.reward for r in update_rollouts], lr_scale=lr_scale,
+                                           masks=[r.mask for r in update_rollouts], replay=replay,
+                                           groups=[r.task.id for r in update_rollouts])
+                metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
         if t.mode == "selfplay" and t.train_generator and proposals:
@@ -584,6 +588,19 @@ class SelfPlay:
             if t.log_samples_every and step % t.log_samples_every == 0:
                 self._log_samples(step, proposals, train_rollouts)
         return metrics
+
+    def _update_rollouts(self, rollouts, metrics: dict) -> list:
+        """The solver episodes the PPO update trains on: all of them, or with `ppo.skip_uniform_groups` only the
+        answers to tasks whose answers scored differently (rl.mixed_groups). Every rank keeps the same number of
+        tasks, the fewest any rank has, so that all ranks take the same number of optimiser steps."""
+        if not self.cfg.ppo.skip_uniform_groups:
+            return rollouts
+        keep = rl.mixed_groups([r.reward for r in rollouts], [r.task.id for r in rollouts])
+        mixed = list(dict.fromkeys(r.task.id for r, k in zip(rollouts, keep) if k))
+        chosen = set(mixed[: min(D.gather_objects(len(mixed)))])
+        kept = [r for r in rollouts if r.task.id in chosen]
+        metrics["ppo/solver/kept_share"] = D.all_reduce_mean(len(kept) / max(1, len(rollouts)))
+        return kept
 
     def _replay_draw(self, step: int):
         """This rank's share of a prioritised draw of past successes (every rank holds the same buffer and RNG)."""

@@ -214,10 +214,7 @@ class PPOTrainer:
         kl_seq = kl.sum(1).mean().item()
         stats = {}
         if groups is not None:  # answers whose task's answers scored differently: where a group baseline learns
-            by_group: dict = {}
-            for g, score in zip(groups, scores.tolist()):
-                by_group.setdefault(g, []).append(score)
-            stats["mixed_groups"] = sum(len(v) for v in by_group.values() if max(v) > min(v)) / len(groups)
+            stats["mixed_groups"] = sum(rl.mixed_groups(scores.tolist(), groups)) / len(groups)
         stats.update({
             "score_mean": scores.mean().item(),
             "score_std": scores.std().item() if len(scores) > 1 else 0.0,

@@ -102,6 +102,20 @@ def rloo_advantages(returns: torch.Tensor, groups) -> torch.Tensor:
     return returns - baseline
 
 
+def mixed_groups(scores, groups) -> list[bool]:
+    """For each sample: whether the samples of its group (the answers to one task) did not all score the same.
+    Only those carry a group-baseline signal: a uniform group's leave-one-out advantages are zero up to the KL
+    penalties (DAPO's dynamic sampling drops such groups from the update). `scores` and `groups` are parallel."""
+    scores, groups = list(scores), list(groups)
+    if len(scores) != len(groups):
+        raise ValueError(f"{len(scores)} scores but {len(groups)} group ids")
+    lo: dict = {}
+    hi: dict = {}
+    for g, s in zip(groups, scores):
+        lo[g], hi[g] = min(lo.get(g, s), s), max(hi.get(g, s), s)
+    return [hi[g] > lo[g] for g in groups]
+
+
 # ---------------------------------------------------------------------------- losses
 
 

@@ -8,10 +8,13 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from selfplay.loop import fixed_schedule
 import json
 import sqlite3
+from types import SimpleNamespace
 
+from selfplay.config import load_config
+from selfplay.loop import SelfPlay, fixed_schedule
+from selfplay.tb import read_scalars
 from tests.conftest import SMOKE, copy_run, selfplay
 
 
@@ -58,3 +61,31 @@ def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
     after = corpus()
     assert {t["id"] for t in fixed} <= set(after) and len(after) == len(before) + 8
     assert not {after[t["id"]] for t in fixed} & set(before.values())  # new programs, not new ids only
+
+
+def _episode(task_id: str, reward: float):
+    return SimpleNamespace(task=SimpleNamespace(id=task_id), reward=reward)
+
+
+def test_skip_uniform_groups_keeps_only_tasks_whose_answers_differ():
+    episodes = [_episode("a", 1.0), _episode("a", 0.0), _episode("b", 0.0), _episode("b", 0.0),
+                _episode("c", 0.5), _episode("c", 0.25), _episode("d", 1.0), _episode("d", 1.0)]
+    for skip, kept_ids, share in ((True, ["a", "a", "c", "c"], 0.5), (False, list("aabbccdd"), None)):
+        cfg = load_config(overrides=[f"ppo.skip_uniform_groups={str(skip).lower()}"])
+        metrics: dict = {}
+        kept = SelfPlay._update_rollouts(SimpleNamespace(cfg=cfg), episodes, metrics)
+        assert [e.task.id for e in kept] == kept_ids
+        assert metrics.get("ppo/solver/kept_share") == share
+
+
+def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
+    """The smoke solver passes (almost) nothing, so most or all groups are uniform: the run must go on, skipping
+    the solver's update when no task is left, and log the share it kept."""
+    run = copy_run(warm_run, tmp_path)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_tasks=8", "train.steps=2",
+             "train.eval_every=0", "ppo.advantage=rloo", "ppo.skip_uniform_groups=true")
+    scalars = read_scalars(run)
+    kept = [v for _, v in scalars["ppo/solver/kept_share"]]
+    assert len(kept) == 2 and all(0.0 <= v <= 1.0 for v in kept)
+    updates = len(scalars.get("ppo/solver/policy_loss", []))
+    assert updates == sum(v > 0 for v in kept)  # an update exactly when some task's answers differed

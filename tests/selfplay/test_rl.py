@@ -165,6 +165,31 @@ def test_rloo_advantages_by_hand():
         rl.rloo_advantages(torch.zeros(3), ["a", "b"])
 
 
+def test_mixed_groups_by_hand():
+    # task "a" scored 1, 0, 0 (mixed); "b" 0.5, 0.5 (uniform); "c" alone (uniform by definition)
+    assert rl.mixed_groups([1.0, 0.5, 0.0, 0.5, 0.0, 0.7], ["a", "b", "a", "b", "a", "c"]) == [
+        True, False, True, False, True, False]
+    with pytest.raises(ValueError, match="group ids"):
+        rl.mixed_groups([0.0, 1.0], ["a"])
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 0.25, 1.0])), min_size=1, max_size=20),
+       st.randoms())
+def test_mixed_groups_flags_exactly_the_groups_with_some_rloo_signal(rows, rnd):
+    groups, scores = [g for g, _ in rows], [s for _, s in rows]
+    mixed = rl.mixed_groups(scores, groups)
+    adv = rl.rloo_advantages(torch.tensor(scores, dtype=torch.float64), groups)
+    for i, g in enumerate(groups):
+        others = {s for h, s in rows if h == g}
+        assert mixed[i] == (len(others) > 1)
+        if not mixed[i] and groups.count(g) > 1:
+            assert float(adv[i]) == 0.0  # a uniform group has no leave-one-out signal: nothing lost by dropping it
+    order = list(range(len(rows)))
+    rnd.shuffle(order)  # a property of each group, not of the order the samples came in
+    assert rl.mixed_groups([scores[i] for i in order], [groups[i] for i in order]) == [mixed[i] for i in order]
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 4), st.floats(-2, 2, allow_nan=False)), min_size=1, max_size=20))
 def test_rloo_advantages_sum_to_zero_per_group_and_ignore_a_shared_shift(rows):
