@@ -1,5 +1,5 @@
 """`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT] [--plot OUT.png]
-[--samples K] [--limit N] [--max-turns T]`: evaluate a checkpoint's solver (and the run's generator).
+[--samples K] [--limit N] [--max-turns T] [--temperature T]`: evaluate a checkpoint's solver (and the run's generator).
 
 RUN_DIR_OR_CHECKPOINT is a run folder (its `latest` checkpoint is used) or one `RUN_DIR/checkpoints/step_N`
 folder. The run's config comes from the checkpoint's state.json, so the evaluation matches the run (sandbox,
@@ -35,6 +35,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=0,
                         help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks")
     parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
+    parser.add_argument("--temperature", type=float,
+                        help="sampling temperature of the sampled answers (default: the run's eval.temperature; "
+                             "another one is not logged to TensorBoard)")
     parser.add_argument("--seed", type=int,
                         help="sampling seed (default: the run's run.seed; the same seed and weights give the same samples)")
 
@@ -109,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--limit must be >= 0, got {args.limit}")
     if args.max_turns is not None and args.max_turns < 1:
         raise UserError(f"--max-turns must be >= 1, got {args.max_turns}")
+    if args.temperature is not None and not args.temperature > 0:
+        raise UserError(f"--temperature must be > 0 (greedy pass@1 is always reported), got {args.temperature}")
     run_dir, ckpt = resolve(args.target)
     try:
         state = json.loads((ckpt / "state.json").read_text())
@@ -124,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
     if plot_out.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
     options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
-               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature,
+               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
                "seed": cfg.run.seed if args.seed is None else args.seed}
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
     results = evaluate(run_dir, ckpt, state, cfg, suites, options)
@@ -136,7 +141,8 @@ def run(args: argparse.Namespace) -> int:
 
     write_json(json_out, results)
     plot_eval(results, plot_out)
-    log_tensorboard(run_dir, results, step)
+    if options["temperature"] == cfg.eval.temperature:  # the run's curves stay at one temperature
+        log_tensorboard(run_dir, results, step)
     print(f"wrote {json_out} and {plot_out}")
     return 0
 

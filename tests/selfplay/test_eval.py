@@ -98,6 +98,13 @@ def test_heldout_json_table_plot_and_tensorboard(run):
     evaluate(run, "--suite", "heldout", "--samples", "2", "--seed", "1")  # another seed, other samples
     other = json.loads(out.read_text())["heldout"]
     assert all(other[s]["samples_sha1"] != heldout[s]["samples_sha1"] for s in expected)
+    # another sampling temperature: other samples, recorded in the results, kept out of the run's curves
+    tagged = len(read_scalars(run)["eval/heldout/test/pass@1"])
+    evaluate(run, "--suite", "heldout", "--samples", "2", "--temperature", "0.5")
+    cooler = json.loads(out.read_text())
+    assert cooler["options"]["temperature"] == 0.5
+    assert all(cooler["heldout"][s]["samples_sha1"] != heldout[s]["samples_sha1"] for s in expected)
+    assert len(read_scalars(run)["eval/heldout/test/pass@1"]) == tagged
 
 
 @pytest.mark.slow
@@ -163,6 +170,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     assert "holds no checkpoint" in one_line_error(capsys, tmp_path)
     assert "unknown suite 'everything'" in one_line_error(capsys, tmp_path, "--suite", "everything")
     assert "--samples must be >= 1" in one_line_error(capsys, tmp_path, "--samples", "0")
+    assert "--temperature must be > 0" in one_line_error(capsys, tmp_path, "--temperature", "0")
     (tmp_path / "checkpoints").mkdir()
     (tmp_path / "checkpoints" / "latest").write_text("step_7\n")
     assert "step_7, which is missing" in one_line_error(capsys, tmp_path)
