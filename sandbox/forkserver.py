@@ -15,8 +15,10 @@ down that pipe and the child applies the request's address-space and CPU limits 
 
 What a child costs is mostly copy-on-write page faults (each page the child or the server writes after a fork is
 a fault, a few microseconds in a VM), so the child path writes as few pages as it can: the pools start the server
-with `python -I -S` (no .pth start-up imports, no `threading` and its at-fork hook), a program's source reaches
-its child without JSON, and a program's exception is printed by the interpreter's C printer.
+with `python -I -S` (no .pth start-up imports, no `threading` and its at-fork hook) and LD_BIND_NOW (no lazy
+symbol binding in each child), a program's source reaches its child without JSON, a program's exception is
+printed by the interpreter's C printer, and what every child would set the same way (no_new_privs, stdin,
+HOME/TMPDIR, sys.argv, ...) the server sets once before forking (ready_for_children).
 
 Protocol (transport-independent: every byte of a result travels inside frames, no descriptor passing, so the
 same protocol works over a unix socket in a folder bind-mounted into a container)
@@ -287,6 +289,16 @@ def scrub_environment() -> None:
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **keep})
 
 
+def ready_for_children() -> None:
+    """Once, before the first fork: the interpreter state a program finds, as in a fresh process. Set here in the
+    server, not in each child, because each page a child writes is a copy-on-write fault (~3 us here); children
+    inherit it, and the server changes none of it afterwards (HOME and TMPDIR: Server._fork_child)."""
+    tempfile.tempdir = None  # the server's own mkdtemp calls pass dir= from now on; children honour TMPDIR
+    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__  # see install_stdio()
+    sys.argv = ["<program>"]
+    sys.setrecursionlimit(1000)
+
+
 def install_stdio() -> None:
     """Standard streams on descriptors 0-2 that children reuse (they dup their pipes onto 0-2)."""
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -309,8 +321,7 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     """Runs in the forked child before it knows its job: isolation and fixed limits."""
     os.setsid()
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if the program kills the server, it dies too
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
+    os.dup2(cfg["null"], 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(res_w, RESULT_FD)
@@ -335,13 +346,12 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
             raise OSError(ctypes.get_errno(), "capset failed")
     elif os.geteuid() == 0 and _libc.capset(cfg["cap_args"][0], cfg["cap_args"][1]) != 0:  # root, no uid:
         raise OSError(ctypes.get_errno(), "capset failed")  # at least no capabilities (no mount, setns, ...)
-    _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    os.environ["HOME"] = os.environ["TMPDIR"] = workdir  # the rest was scrubbed in the server
-    tempfile.tempdir = None
-    # `random` reseeds itself from os.urandom after every fork (os.register_at_fork), as a fresh process would
-    sys.stdin, sys.stdout, sys.stderr = sys.__stdin__, sys.__stdout__, sys.__stderr__  # see install_stdio()
-    sys.argv = ["<program>"]
-    sys.setrecursionlimit(1000)
+    if not cfg["no_new_privs"]:  # normally inherited from the server (Server.__init__), like what follows:
+        _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    # the server set, before forking us, what a program sees as a fresh process would (each page written here
+    # would be a copy-on-write fault in every child): HOME=TMPDIR=workdir (Server._fork_child), tempfile.tempdir
+    # None, sys.argv, the recursion limit and sys.std* = sys.__std*__ (Server.ready_for_children); `random`
+    # reseeds itself from os.urandom after every fork (os.register_at_fork), as a fresh process would
 
 
 def _read_fd(fd: int, n: int) -> bytes:
@@ -577,9 +587,14 @@ class Server:
                      "read_all_files": read_cap,
                      "private_tmp": self.private_tmp, "server_pid": os.getpid()}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it
+        # here, once, takes nothing from the server and spares each child the call (a failure: children set it)
+        self.cfg["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
+        self.cfg["null"] = os.open(os.devnull, os.O_RDONLY)  # every child's stdin (dup2'd onto 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"
         self._spare: str | None = None  # an empty work dir left by the previous program, reused
         self._ready: _Child | None = None  # the pre-forked child waiting for the next job
+        self._env_workdir: str | None = None  # HOME and TMPDIR in our environment, which children inherit
         self.preforking = not args.no_prefork
 
     # -- leftovers
@@ -658,6 +673,8 @@ class Server:
     # -- one child
     def _fork_child(self, workdir: str) -> "_Child":
         """Fork a child that sets itself up and then waits for its job (see child_job)."""
+        if workdir != self._env_workdir:  # usually the same (spare) dir as last time: nothing to write
+            os.environ["HOME"] = os.environ["TMPDIR"] = self._env_workdir = workdir  # the rest: scrub_environment
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         res_r, res_w = os.pipe()
@@ -1082,6 +1099,7 @@ def main(argv: list[str] | None = None) -> int:
     scrub_environment()
     install_stdio()
     server = Server(args)
+    ready_for_children()
     gc.collect()
     gc.freeze()  # keep the preloaded heap out of the collector, so children do not copy it on write
     server.serve(listener)
