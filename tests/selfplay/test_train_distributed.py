@@ -49,3 +49,21 @@ def test_zero3_gathers_partitions_for_checks_and_checkpoints(warm_run, tmp_path)
     weights = load_file(run / "checkpoints" / "step_1" / "solver" / "model.safetensors")
     assert all(t.numel() > 0 for t in weights.values())  # the HF copy holds whole tensors, not empty shards
     assert (run / "checkpoints" / "step_1" / "solver" / "deepspeed").is_dir()
+
+
+def test_skipping_uniform_groups_keeps_the_ranks_in_step(warm_run, tmp_path):
+    """ppo.skip_uniform_groups: each rank keeps the same number of tasks (the fewest any rank has), so both take
+    the same optimiser steps and end with the same weights (the loop compares checksums at every checkpoint). The
+    smoke solver passes no test, so the reward also penalises unparsable and empty answers: the answers to one task
+    then score differently on some tasks and alike on others, and the ranks hold different numbers of each."""
+    from selfplay.tb import read_scalars
+
+    run = copy_run(warm_run, tmp_path)
+    torchrun_train(run, 29614, "train.mode=fixed", "train.fixed_tasks=16", "train.solver_tasks=8",
+                   "train.samples_per_task=4", "train.steps=2", "train.eval_every=0", "ppo.advantage=rloo",
+                   "ppo.skip_uniform_groups=true", "reward.syntax_error=1", "reward.empty_answer=0.5")
+    st = final_state(run)
+    assert st["world_size"] == 2 and st["step"] == 2 and "solver" in st["param_checksums"]
+    kept = [v for _, v in read_scalars(run)["ppo/solver/kept_share"]]
+    assert len(kept) == 2 and all(0.0 <= v <= 1.0 for v in kept)
+    assert max(kept) > 0 and min(kept) < 1  # updates on some answers, others left out
