@@ -129,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
     if plot_out.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
     options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
-               "max_turns": args.max_turns or cfg.train.max_turns, "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
+               "max_turns": args.max_turns or cfg.train.max_turns,
+               "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
                "seed": cfg.run.seed if args.seed is None else args.seed}
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
     results = evaluate(run_dir, ckpt, state, cfg, suites, options)
