@@ -93,7 +93,8 @@ def main(runs: list[Path]) -> None:
             rollouts = solver_rollouts(load_solver(ckpt / "solver", cfg), tasks, 1, sb, **kw)
             by_level: dict[int, Counter] = {}
             for r in rollouts:
-                by_level.setdefault(r.task.level, Counter())[kind(r.text, r.task.reference_solution, r.result.solved)] += 1
+                found = kind(r.text, r.task.reference_solution, r.result.solved)
+                by_level.setdefault(r.task.level, Counter())[found] += 1
             for level in sorted(by_level):
                 c = by_level[level]
                 print(f"{str(ckpt):48s} {level:>5d} " + " ".join(f"{c[k]:>8d}" for k in KINDS))
