@@ -37,7 +37,7 @@ from sandbox.api import Limits, Sandbox
 from sandbox.pool import LocalLauncher, Pool
 from sandbox.forkserver import PRELOAD
 from selfplay.bench.humaneval_set import load_programs
-from selfplay.bench.sandbox_bench import BARE_FORK
+from selfplay.bench.sandbox_bench import BARE_FORK, drive_fork_workers
 
 PYTHONS = {
     "3.11.7": sys.executable,
@@ -117,24 +117,7 @@ def run_process(python: str, sources: list[str], workers: int, extra_args: tuple
 
 
 def run_fork(python: str, sources: list[str], workers: int) -> dict:
-    procs = [subprocess.Popen([python, "-I", "-S", "-c", BARE_FORK_COUNTED, "3.0", *PRELOAD], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True) for _ in range(workers)]
-    try:
-        for k, proc in enumerate(procs):
-            proc.stdin.write(json.dumps(sources[k::workers]) + "\n")
-            proc.stdin.flush()
-        for proc in procs:
-            assert proc.stdout.readline().strip() == "ready"
-        t0 = time.perf_counter()
-        for proc in procs:
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        shares = [json.loads(proc.stdout.readline()) for proc in procs]
-        wall = time.perf_counter() - t0
-    finally:
-        for proc in procs:
-            proc.kill()
-            proc.wait()
+    shares, wall = drive_fork_workers(BARE_FORK_COUNTED, sources, workers, python=python, timeout_s=3.0)
     verdicts = [False] * len(sources)
     for k, (v, _, _) in enumerate(shares):
         for j, i in enumerate(range(k, len(sources), workers)):

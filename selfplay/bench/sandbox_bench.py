@@ -264,17 +264,19 @@ print(json.dumps([verdicts, seconds]), flush=True)
 """
 
 
-def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
-    """The `fork` runner: programs dealt round-robin to `workers` preloaded interpreters that fork once per program."""
+def drive_fork_workers(script: str, sources: list[str], workers: int, python: str = sys.executable,
+                       timeout_s: float = TIMEOUT_S) -> tuple[list, float]:
+    """Deal `sources` round-robin to `workers` preloaded interpreters running `script` (BARE_FORK or a variant),
+    start them together and return (each worker's JSON reply, wall seconds from the start to the last reply)."""
     import json
 
     from sandbox.forkserver import PRELOAD
 
-    procs = [subprocess.Popen([sys.executable, "-I", "-S", "-c", BARE_FORK, str(TIMEOUT_S), *PRELOAD],
+    procs = [subprocess.Popen([python, "-I", "-S", "-c", script, str(timeout_s), *PRELOAD],
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(workers)]
     try:
         for k, proc in enumerate(procs):
-            proc.stdin.write(json.dumps([p.source for p in programs[k::workers]]) + "\n")
+            proc.stdin.write(json.dumps(sources[k::workers]) + "\n")
             proc.stdin.flush()
         for proc in procs:
             if proc.stdout.readline().strip() != "ready":
@@ -284,11 +286,16 @@ def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
             proc.stdin.write("go\n")
             proc.stdin.flush()
         shares = [json.loads(proc.stdout.readline()) for proc in procs]
-        total = time.perf_counter() - start
+        return shares, time.perf_counter() - start
     finally:
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
+    """The `fork` runner: programs dealt round-robin to `workers` preloaded interpreters that fork once per program."""
+    shares, total = drive_fork_workers(BARE_FORK, [p.source for p in programs], workers)
     verdicts, latencies = [False] * len(programs), [0.0] * len(programs)
     for k, (v, t) in enumerate(shares):
         for j, i in enumerate(range(k, len(programs), workers)):

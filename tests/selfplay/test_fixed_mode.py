@@ -3,14 +3,13 @@ A real fixed-mode run is in test_compare_arms.py."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from collections import Counter
+from types import SimpleNamespace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import json
-import sqlite3
-from types import SimpleNamespace
 
 from selfplay.config import load_config
 from selfplay.loop import SelfPlay, fixed_schedule
