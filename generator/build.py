@@ -143,7 +143,8 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
     """`n` valid tasks (fewer only if `max_attempts`, default 50 n + 200, runs out), deterministic in `seed`.
 
     level: 1..4, or None for a mix of the split's levels; corpus_index: reject duplicates of a stored corpus;
-    stats: a BuildStats to fill (rejection histogram); on_batch(accepted_tasks, stats) after each batch.
+    stats: a BuildStats to fill (rejection histogram; it may hold earlier calls' counts, which it adds to);
+    on_batch(accepted_tasks, stats) after each batch.
     """
     cfg = cfg or BuildConfig()
     check_split_name(split)
@@ -156,14 +157,14 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
     accepted = MemoryIndex()
     index = ChainIndex(corpus_index, accepted)
     out: list[Task] = []
-    start = time.perf_counter()
+    start, seconds0, attempted0 = time.perf_counter(), stats.seconds, stats.attempted
     with contextlib.ExitStack() as stack:
         if sb is None:
             import sandbox
             sb = stack.enter_context(sandbox.open_sandbox(timeout_s=2.0))
-        while len(out) < n and stats.attempted < max_attempts:
+        while len(out) < n and stats.attempted - attempted0 < max_attempts:
             want = n - len(out)
-            size = min(batch_size, max(8, want + want // 2), max_attempts - stats.attempted)
+            size = min(batch_size, max(8, want + want // 2), max_attempts - (stats.attempted - attempted0))
             tasks = [materialise(sample_params(rng, rng.choice(levels), split, cfg), split) for _ in range(size)]
             stats.attempted += len(tasks)
             tasks = _drop_repeats(tasks, index, stats)
@@ -177,7 +178,7 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
                     stats.rejections[report.rejection] += 1
                     stats.examples.setdefault(report.rejection, report.reason)
             stats.valid += len(new)
-            stats.seconds = time.perf_counter() - start
+            stats.seconds = seconds0 + time.perf_counter() - start
             if on_batch is not None:
                 on_batch(new, stats)
     return out

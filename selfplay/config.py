@@ -130,6 +130,9 @@ class DistributedConfig:
 class WarmstartConfig:
     tasks: int = 6000  # procedural training tasks generated for behaviour cloning (levels 1..max_level)
     max_level: int = 4  # highest level of those tasks (<= tasks.max_level); level 4's vague text teaches a tiny model little
+    # tasks of level 1, 2, ... each (replaces `tasks` and `max_level` when not empty), e.g. [100, 100, 1800]: levels 1
+    # and 2 share the ~720 one-step programs, so fewer of them here leaves more fresh ones for train.fixed_source=fresh
+    level_tasks: list[int] = field(default_factory=list)
     solver_steps: int = 1500  # SFT optimiser steps for the solver (on reference solutions)
     generator_steps: int = 600  # SFT optimiser steps for the generator (on tasks written as proposals)
     batch_size: int = 32  # sequences per SFT step

@@ -239,9 +239,10 @@ class SelfPlay:
         D.barrier()
 
     def _warm_start(self) -> None:
-        from selfplay.warmstart import warm_start
+        from selfplay.warmstart import level_counts, warm_start
 
-        self.log(f"no checkpoint in {self.run_dir}: warm start ({self.cfg.warmstart.tasks} tasks)")
+        counts = level_counts(self.cfg.warmstart, self.cfg.tasks.max_level)
+        self.log(f"no checkpoint in {self.run_dir}: warm start ({sum(counts.values())} tasks)")
         # held-out tasks first, reserved in the corpus: training never sees their programs
         heldout = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
         self.log(f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "

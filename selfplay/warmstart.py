@@ -27,6 +27,7 @@ from generator.schema import Task
 from selfplay.agent import LMAgent, agent_ppo_config
 from selfplay import rl
 from selfplay.distributed import local_device
+from selfplay.errors import UserError
 from selfplay.models import build_models, frozen_copy
 from selfplay.ppo import first_action, last_index, pad_rollouts
 from selfplay.rollout import prompt_options, solver_rollouts
@@ -167,21 +168,45 @@ def critic_warm_start(cfg, solver: LMAgent, tasks: Sequence[Task], sb) -> dict:
             "solver_critic_s": time.perf_counter() - t0}
 
 
+def level_counts(ws, max_level: int = 4) -> dict:
+    """{level (None = a mix of levels 1..max_level): tasks to draw} for the warm-start corpus, from `warmstart`."""
+    if not ws.level_tasks:
+        return {None: ws.tasks}
+    counts = list(ws.level_tasks)
+    if len(counts) > max_level or any(n < 0 for n in counts) or sum(counts) == 0:
+        raise UserError(f"warmstart.level_tasks must be 1 to {max_level} (tasks.max_level) counts >= 0 for levels 1, "
+                        f"2, ..., not all 0; got {counts}")
+    return {level: n for level, n in enumerate(counts, start=1) if n > 0}
+
+
+def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
+    """The warm start's procedural training tasks, drawn (after the held-out ones) and inserted into `corpus`."""
+    from generator.build import BuildConfig, generate_tasks
+
+    ws = cfg.warmstart
+    build_cfg = dataclasses.replace(BuildConfig.from_config(cfg.tasks),
+                                    max_level=min(ws.max_level, cfg.tasks.max_level))
+    tasks: list[Task] = []
+    # each level's tasks enter the corpus before the next level is drawn, so no program appears twice
+    for level, n in level_counts(ws, cfg.tasks.max_level).items():
+        new = generate_tasks(n, level=level, split="train", seed=cfg.run.seed, sb=sb, corpus_index=corpus,
+                             cfg=build_cfg, stats=stats, on_batch=on_batch)
+        corpus.insert_many(new)
+        tasks += new
+    return tasks
+
+
 def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report)."""
-    from generator.build import BuildConfig, BuildStats, generate_tasks
+    from generator.build import BuildStats
 
     t0 = time.perf_counter()
-    ws = cfg.warmstart
     stats = BuildStats()
-    bar = progress(total=ws.tasks, desc="procedural tasks") if progress else None
-    tasks = generate_tasks(ws.tasks, split="train", seed=cfg.run.seed, sb=sb, corpus_index=corpus,
-                           cfg=dataclasses.replace(BuildConfig.from_config(cfg.tasks),
-                                                   max_level=min(ws.max_level, cfg.tasks.max_level)), stats=stats,
-                           on_batch=(lambda new, _s: bar.update(len(new))) if bar else None)
+    counts = level_counts(cfg.warmstart, cfg.tasks.max_level)
+    bar = progress(total=sum(counts.values()), desc="procedural tasks") if progress else None
+    tasks = warmstart_corpus(cfg, sb, corpus, stats, on_batch=(lambda new, _s: bar.update(len(new))) if bar else None)
     if bar:
         bar.close()
-    corpus.insert_many(tasks)
     log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
 
     s_pairs = solver_examples(tasks, prompt_options(cfg))
