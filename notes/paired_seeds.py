@@ -1,0 +1,84 @@
+"""Held-out change of several RL runs (one per seed) from their shared warm start, per run and pooled over seeds.
+
+    python notes/paired_seeds.py runs/ws_v1/warmstart 80 runs/v1_w0/seed_0/fixed runs/v1_w1/seed_1/fixed ...
+
+For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
+checkpoint's state.json), on all tasks and on the levels the fixed-mode runs train on (1-2), greedy pass@1 and
+sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read from
+WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
+start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
+task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
+sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it.
+"""
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from generator.schema import Task
+from selfplay.compare import paired_delta
+
+METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"))
+SUBSETS = (("levels 1-2", {1, 2}), ("all", {1, 2, 3, 4}))
+
+
+def state(run: Path, step: int) -> dict:
+    return json.loads((run / "checkpoints" / f"step_{step}" / "state.json").read_text())
+
+
+def per_task(run: Path, step: int) -> dict:
+    st = state(run, step)
+    evaluation = st["eval_before"] if step == 0 else st["evals"][str(step)]
+    return evaluation["per_task"]["test"]
+
+
+def warmstart_per_task(warmstart: Path, seed: int) -> dict:
+    if seed == 0:
+        return per_task(warmstart, 0)
+    path = warmstart.parent / f"ws_seed{seed}.json"
+    if not path.exists():
+        sys.exit(f"{path} is missing: selfplay eval {warmstart} --suite heldout --seed {seed} --json {path}")
+    return json.loads(path.read_text())["heldout"]["per_task"]["test"]
+
+
+def value(row, metric: str) -> float:
+    return float(row[0]) if metric == "pass@1_greedy" else row[2] / row[1]
+
+
+def main(warmstart: Path, step: int, runs: list[Path]) -> None:
+    levels = {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
+    diffs = {(s, m): [] for s, _ in SUBSETS for _, m in METRICS}  # per run: {task: change}
+    for run in runs:
+        seed = int(state(run, step)["config"]["run"]["seed"])
+        before, after = warmstart_per_task(warmstart, seed), per_task(run, step)
+        for subset, keep in SUBSETS:
+            ids = [i for i in before if levels[i] in keep]
+            cells = []
+            for name, metric in METRICS:
+                d = paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, metric)
+                cells.append(f"{name} {d['before']:.3f} -> {d['after']:.3f} {d['delta']:+.3f} "
+                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                diffs[subset, metric].append({i: value(after[i], metric) - value(before[i], metric) for i in ids})
+            print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
+    print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
+    for subset, _ in SUBSETS:
+        cells = []
+        for name, metric in METRICS:
+            per_run = diffs[subset, metric]
+            ids = sorted(per_run[0])
+            mean_per_task = np.array([statistics.mean(d[i] for d in per_run) for i in ids])
+            boot = np.random.default_rng(0).choice(mean_per_task, size=(4000, len(ids))).mean(axis=1)
+            lo, hi = np.percentile(boot, [2.5, 97.5])
+            run_means = [statistics.mean(d.values()) for d in per_run]
+            sd = statistics.stdev(run_means) if len(run_means) > 1 else 0.0
+            cells.append(f"{name} {mean_per_task.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] sd {sd:.3f}")
+        print(f"  {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 4:
+        sys.exit(__doc__)
+    main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
