@@ -45,7 +45,8 @@ from selfplay.evaluate import BREAKDOWNS, TEST_SPLIT
 
 ARMS = ("warmstart", "curriculum", "selfplay", "fixed")
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
-COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl")  # what an arm takes from its seed's warm start
+# what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
+COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl", "reserved_tasks.jsonl")
 
 
 SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)

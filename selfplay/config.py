@@ -163,7 +163,9 @@ class TrainConfig:
     fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
     fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
     # fixed mode: "corpus" = the warm start's own tasks (their reference solutions were in its SFT data); "fresh" =
-    # new procedural tasks whose programs are in neither the corpus nor the held-out set (added to the corpus)
+    # new procedural tasks whose programs are in neither the corpus nor the held-out set (added to the corpus; what
+    # is left once those took their programs: the rarer ones); "reserved" = fixed_tasks tasks the warm start draws
+    # right after the held-out ones, the same way, and keeps out of its SFT corpus (set it for the warm start too)
     fixed_source: str = "corpus"
     checkpoint_every: int = 20  # iterations between checkpoints (and at the end, and on a stop request)
     eval_every: int = 50  # iterations between held-out evaluations (0 = only before and after)

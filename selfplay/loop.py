@@ -71,6 +71,14 @@ from selfplay.tb import TBLogger
 
 MODES = ("selfplay", "curriculum", "fixed", "warmstart")
 FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
+RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
+FIXED_SOURCES = ("corpus", "fresh", "reserved")
+
+
+def level_shares(total: int, levels) -> list[tuple[int, int]]:
+    """[(level, count)]: `total` split over `levels` as evenly as possible, the first levels taking the remainder."""
+    levels = list(levels)
+    return [(lv, total // len(levels) + (i < total % len(levels))) for i, lv in enumerate(levels)]
 
 
 def quiet_transformers() -> None:
@@ -163,12 +171,12 @@ class SelfPlay:
                 raise UserError(f"{key} ({value}) must be a positive multiple of the number of ranks ({world})")
         if t.samples_per_task < 1:
             raise UserError("train.samples_per_task must be >= 1")
+        if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
+            raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
         if t.mode == "fixed":
             if t.fixed_tasks < t.solver_tasks:
                 raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
             bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
-            if t.fixed_source not in ("corpus", "fresh"):
-                raise UserError(f"train.fixed_source must be 'corpus' or 'fresh', got {t.fixed_source!r}")
             if bad or not t.fixed_levels:
                 raise UserError("train.fixed_levels must be a non-empty list of levels 1..4, "
                                 f"got {list(t.fixed_levels)}")
@@ -247,6 +255,10 @@ class SelfPlay:
         heldout = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)
         self.log(f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "
                  f"({self.corpus.reserved_count()} programs reserved)")
+        if self.cfg.train.fixed_source == "reserved":
+            pool = self._reserve_fixed_pool()
+            self.log(f"fixed mode's pool: {len(pool)} tasks reserved before the SFT corpus -> "
+                     f"{self.run_dir / RESERVED_TASKS_FILE}")
         solver, generator, report = warm_start(self.cfg, self.run_dir, self.sb, self.corpus, log=self.log,
                                                progress=_progress)
         self.solver, self.generator = solver, generator
@@ -374,6 +386,23 @@ class SelfPlay:
                                   sb=self.sb, cfg=BuildConfig.from_config(self.cfg.tasks))
         return out
 
+    def _reserve_fixed_pool(self) -> list[Task]:
+        """Warm start with train.fixed_source=reserved: train.fixed_tasks procedural tasks at train.fixed_levels,
+        drawn right after the held-out ones and like them (so they sample the same distribution, not the programs
+        the SFT corpus left over), reserved in the corpus so SFT never sees their programs, written to
+        RUN_DIR/reserved_tasks.jsonl."""
+        from generator.build import BuildConfig, generate_tasks
+        from selfplay.evaluate import write_tasks
+
+        t = self.cfg.train
+        pool: list[Task] = []
+        for level, share in level_shares(t.fixed_tasks, t.fixed_levels):
+            pool += generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed + 20_011, sb=self.sb,
+                                   corpus_index=self.corpus, cfg=BuildConfig.from_config(self.cfg.tasks))
+        self.corpus.reserve(pool, reason="fixed pool")
+        write_tasks(self.run_dir / RESERVED_TASKS_FILE, pool)
+        return pool
+
     def _fixed_set(self) -> list[Task]:
         """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
         equal shares per level of the corpus's procedural training tasks (seeded order), or with fixed_source=fresh
@@ -391,9 +420,11 @@ class SelfPlay:
         t = self.cfg.train
         levels = list(t.fixed_levels)
         tasks: list[Task] = []
-        for i, level in enumerate(levels):
-            share = t.fixed_tasks // len(levels) + (i < t.fixed_tasks % len(levels))
-            if t.fixed_source == "fresh":
+        reserved = self._reserved_pool() if t.fixed_source == "reserved" else []
+        for level, share in level_shares(t.fixed_tasks, levels):
+            if t.fixed_source == "reserved":
+                found = [x for x in reserved if x.level == level][:share]
+            elif t.fixed_source == "fresh":
                 found = generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed * 100_003 + 99_991,
                                        sb=self.sb, corpus_index=self.corpus, cfg=BuildConfig.from_config(self.cfg.tasks))
                 self.pending_tasks += found
@@ -411,6 +442,15 @@ class SelfPlay:
         self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
         self.fixed = tasks
         return tasks
+
+    def _reserved_pool(self) -> list[Task]:
+        from selfplay.evaluate import read_tasks
+
+        path = self.run_dir / RESERVED_TASKS_FILE
+        if not path.exists():
+            raise UserError(f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
+                            "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)")
+        return read_tasks(path)
 
     def _fixed_batch(self) -> list[Task]:
         tasks = self._fixed_set()

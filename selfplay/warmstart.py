@@ -201,8 +201,9 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     from generator.build import BuildStats
 
     t0 = time.perf_counter()
+    ws = cfg.warmstart
     stats = BuildStats()
-    counts = level_counts(cfg.warmstart, cfg.tasks.max_level)
+    counts = level_counts(ws, cfg.tasks.max_level)
     bar = progress(total=sum(counts.values()), desc="procedural tasks") if progress else None
     tasks = warmstart_corpus(cfg, sb, corpus, stats, on_batch=(lambda new, _s: bar.update(len(new))) if bar else None)
     if bar:

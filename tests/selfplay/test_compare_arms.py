@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.compare import markdown_table, mean_sd, paired_delta, summarize
+from selfplay.compare import _copy_warm_start, markdown_table, mean_sd, paired_delta, summarize
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -133,6 +133,20 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     selfplay(*args)
     assert log.stat().st_size == size
     assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
+
+
+def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
+    warm = tmp_path / "warm"
+    (warm / "checkpoints" / "step_0").mkdir(parents=True)
+    (warm / "models").mkdir()
+    for name in ("corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "reserved_tasks.jsonl", "train.log"):
+        (warm / name).write_text(name)
+    _copy_warm_start(warm, tmp_path / "arm")
+    assert sorted(p.name for p in (tmp_path / "arm").iterdir()) == [
+        "checkpoints", "corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "models", "reserved_tasks.jsonl"]
+    (warm / "reserved_tasks.jsonl").unlink()  # a warm start without a pool: nothing to copy, no error
+    _copy_warm_start(warm, tmp_path / "arm2")
+    assert not (tmp_path / "arm2" / "reserved_tasks.jsonl").exists()
 
 
 def test_compare_refuses_per_run_keys(tmp_path):

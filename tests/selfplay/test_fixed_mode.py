@@ -38,7 +38,8 @@ def test_passes_are_reshuffled():
 
 def test_bad_fixed_settings_name_the_key(tmp_path):
     for override, message in (("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
-                              ("train.fixed_levels=[0,5]", "train.fixed_levels must be")):
+                              ("train.fixed_levels=[0,5]", "train.fixed_levels must be"),
+                              ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh, reserved")):
         proc = selfplay("train", *SMOKE, f"run.dir={tmp_path}", "train.mode=fixed", override, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
@@ -60,6 +61,34 @@ def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
     after = corpus()
     assert {t["id"] for t in fixed} <= set(after) and len(after) == len(before) + 8
     assert not {after[t["id"]] for t in fixed} & set(before.values())  # new programs, not new ids only
+
+
+def test_reserved_pool_is_drawn_before_sft_and_kept_out_of_it(tmp_path):
+    """train.fixed_source=reserved: the warm start draws the fixed set's pool after the held-out tasks and before
+    its SFT corpus, keeps its programs out of that corpus, and a fixed-mode run then trains on exactly that pool."""
+    run = tmp_path / "run"
+    reserved = ["train.fixed_source=reserved", "train.fixed_tasks=8"]
+    selfplay("warmstart", *SMOKE, f"run.dir={run}", *reserved)
+    pool = [json.loads(line) for line in (run / "reserved_tasks.jsonl").read_text().splitlines()]
+    assert Counter(t["level"] for t in pool) == {1: 4, 2: 4}
+    with sqlite3.connect(run / "corpus.sqlite") as db:
+        sft_programs = {r[0] for r in db.execute("SELECT ast_hash FROM tasks")}
+        kept_out = dict(db.execute("SELECT id, reason FROM reserved"))
+    assert not {t["fingerprints"]["ast"] for t in pool} & sft_programs
+    assert {kept_out[t["id"]] for t in pool} == {"fixed pool"}
+    heldout = [json.loads(line) for line in (run / "heldout.jsonl").read_text().splitlines()]
+    assert not {t["fingerprints"]["ast"] for t in pool} & {t["fingerprints"]["ast"] for t in heldout}
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", *reserved, "train.steps=1", "train.eval_every=0")
+    fixed = [json.loads(line)["id"] for line in (run / "fixed_tasks.jsonl").read_text().splitlines()]
+    assert sorted(fixed) == sorted(t["id"] for t in pool)
+
+
+def test_reserved_source_without_a_pool_says_how_to_make_one(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)  # warm-started without train.fixed_source=reserved: no pool
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_source=reserved",
+                    "train.fixed_tasks=8", "train.steps=1", check=False)
+    assert proc.returncode == 2 and "reserved_tasks.jsonl is missing" in proc.stderr, proc.stderr
+    assert "warm start with train.fixed_source=reserved" in proc.stderr
 
 
 def _episode(task_id: str, reward: float):
