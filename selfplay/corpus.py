@@ -103,6 +103,9 @@ class InsertResult:
 FILTERS = ("split", "family", "level", "source")
 
 
+DEDUP_TABLES = (("tasks", ""), ("reserved", "reserved: "))  # (table, prefix of the reason a duplicate gets)
+
+
 class Corpus:
     """One connection to a corpus file. Use from one thread; open one per process/thread."""
 
@@ -212,9 +215,9 @@ class Corpus:
     def reserved_count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM reserved").fetchone()[0]
 
-    def _duplicate(self, task: Task) -> tuple[str, str] | None:
+    def _duplicate(self, task: Task, tables=DEDUP_TABLES) -> tuple[str, str] | None:
         fp = task.fingerprints or {}
-        for table, prefix in (("tasks", ""), ("reserved", "reserved: ")):
+        for table, prefix in tables:
             if self.db.execute(f"SELECT 1 FROM {table} WHERE id=?", (task.id,)).fetchone():
                 return task.id, prefix + "same id"
             for column, value, why in (("ast_hash", fp.get("ast"), "same program"),
@@ -225,12 +228,18 @@ class Corpus:
                         return row[0], prefix + why
         return None
 
-    def find_duplicate(self, task_id: str, ast_hash: str | None, behaviour_hash: str | None) -> str | None:
+    def find_duplicate(self, task_id: str, ast_hash: str | None, behaviour_hash: str | None,
+                       reserved_only: bool = False) -> str | None:
         """CorpusIndex protocol (generator.validity): the id of a stored duplicate, or None."""
         probe = Task(id=task_id, family="", source="import", split="", level=1, description="", entry_point="",
                      signature="", reference_solution="", fingerprints={"ast": ast_hash, "behaviour": behaviour_hash})
-        dup = self._duplicate(probe)
+        dup = self._duplicate(probe, DEDUP_TABLES[1:] if reserved_only else DEDUP_TABLES)
         return dup[0] if dup else None
+
+    def reserved_index(self) -> "ReservedIndex":
+        """A CorpusIndex over the reserved programs alone: for task streams that may repeat a training program but
+        never a held-out one (the loop's procedural tasks)."""
+        return ReservedIndex(self)
 
     def update_difficulty(self, task_id: str, solve_rate: float, *, n_samples: int | None = None,
                           step: int | None = None) -> None:
@@ -332,3 +341,11 @@ def corpus_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / CORPUS_FILE
 
 
+class ReservedIndex:
+    """`Corpus.reserved_index()`: duplicates among the reserved (held-out, fixed-pool) programs only."""
+
+    def __init__(self, corpus: Corpus) -> None:
+        self.corpus = corpus
+
+    def find_duplicate(self, task_id: str, ast_hash: str | None, behaviour_hash: str | None) -> str | None:
+        return self.corpus.find_duplicate(task_id, ast_hash, behaviour_hash, reserved_only=True)

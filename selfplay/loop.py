@@ -381,9 +381,10 @@ class SelfPlay:
         from generator.build import BuildConfig, generate_tasks
 
         out = []
-        for level, count in sorted(Counter(levels).items()):
+        for level, count in sorted(Counter(levels).items()):  # may repeat a training program, never a held-out one
             out += generate_tasks(count, level=level, split="train", seed=self.cfg.run.seed * 100_003 + self.step,
-                                  sb=self.sb, cfg=BuildConfig.from_config(self.cfg.tasks))
+                                  sb=self.sb, corpus_index=self.corpus.reserved_index(),
+                                  cfg=BuildConfig.from_config(self.cfg.tasks))
         return out
 
     def _reserve_fixed_pool(self) -> list[Task]:

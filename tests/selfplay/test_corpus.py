@@ -152,6 +152,17 @@ def test_reserved_programs_are_duplicates_but_never_corpus_rows(tmp_path):
         assert c.insert(make_task(9)).inserted  # an unrelated task still goes in
 
 
+def test_reserved_index_sees_only_the_reserved_programs(tmp_path):
+    with Corpus(tmp_path) as c:
+        c.insert_many([make_task(i) for i in range(3)])
+        c.reserve([make_task(100)])
+        index = c.reserved_index()
+        assert index.find_duplicate("new", "a100", None) == "t000100"  # a held-out program
+        assert index.find_duplicate("new", None, "b100") == "t000100"
+        assert index.find_duplicate("t000001", "a1", "b1") is None  # a training task may be drawn again
+        assert c.find_duplicate("t000001", "a1", "b1") == "t000001"
+
+
 def test_schema_1_corpus_is_upgraded_in_place(tmp_path):
     path = tmp_path / "corpus.sqlite"
     with Corpus(path) as c:

@@ -91,6 +91,27 @@ def test_reserved_source_without_a_pool_says_how_to_make_one(warm_run, tmp_path)
     assert "warm start with train.fixed_source=reserved" in proc.stderr
 
 
+def test_procedural_stream_repeats_training_programs_but_never_a_reserved_one(tmp_path):
+    """The curriculum and self-play modes' fresh procedural tasks: a training program may come back (with new
+    inputs), a held-out (reserved) program never does."""
+    import sandbox
+    from generator.build import generate_tasks
+    from selfplay.corpus import Corpus
+
+    cfg = load_config()
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb, Corpus(tmp_path / "c.sqlite") as corpus:
+        heldout = generate_tasks(200, level=1, seed=11, sb=sb)  # ~200 of the ~720 one-step programs each
+        corpus.reserve(heldout)
+        corpus.insert_many(generate_tasks(200, level=1, seed=12, sb=sb, corpus_index=corpus))
+        loop = SimpleNamespace(cfg=cfg, sb=sb, corpus=corpus, step=1)
+        drawn = SelfPlay._procedural(loop, [1] * 40 + [2] * 20)
+        training = {t.fingerprints["ast"] for t in corpus.iter_tasks()}
+    programs = {t.fingerprints["ast"] for t in drawn}
+    assert len(drawn) == 60 and {t.level for t in drawn} == {1, 2}
+    assert not programs & {t.fingerprints["ast"] for t in heldout}
+    assert programs & training  # not deduplicated against the corpus's own tasks
+
+
 def _episode(task_id: str, reward: float):
     return SimpleNamespace(task=SimpleNamespace(id=task_id), reward=reward)
 
