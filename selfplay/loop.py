@@ -408,7 +408,8 @@ class SelfPlay:
         """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
         equal shares per level of the corpus's procedural training tasks (seeded order), or with fixed_source=fresh
         new procedural tasks deduplicated against the corpus and the reserved held-out programs (then queued for
-        the corpus, like any task the solver trains on)."""
+        the corpus, like any task the solver trains on), or with fixed_source=reserved the warm start's reserved
+        pool (RUN_DIR/reserved_tasks.jsonl; its programs stay reserved, out of the corpus)."""
         from generator.build import BuildConfig, generate_tasks
         from selfplay.evaluate import read_tasks, write_tasks
 
