@@ -1,6 +1,7 @@
 """Held-out change of several RL runs (one per seed) from their shared warm start, per run and pooled over seeds.
 
     python notes/paired_seeds.py runs/ws_v1/warmstart 80 runs/v1_w0/seed_0/fixed runs/v1_w1/seed_1/fixed ...
+    PLOT=notes/ppo_fixed_r.png python notes/paired_seeds.py ...     # also a figure: training vs held-out
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks and on the levels the fixed-mode runs train on (1-2), greedy pass@1 and
@@ -8,10 +9,13 @@ sampled pass@1. A run of seed k is paired with the warm start evaluated with the
 WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
 start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
-sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it.
+sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it. With PLOT=OUT.png:
+each run's training pass rate (TensorBoard `solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1
+on levels 1-2 at every evaluation up to STEP.
 """
 
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -78,7 +82,42 @@ def main(warmstart: Path, step: int, runs: list[Path]) -> None:
         print(f"  {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
 
 
+def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from selfplay.tb import read_scalars
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for run in runs:
+        seed = int(state(run, step)["config"]["run"]["seed"])
+        rates = [v for _, v in read_scalars(run)["solver/pass_rate"]][:step]
+        smooth = [statistics.mean(rates[max(0, i - 9): i + 1]) for i in range(len(rates))]
+        line, = left.plot(range(1, len(smooth) + 1), smooth, label=f"seed {seed}")
+        evals = state(run, step)["evals"]
+        points = [(0, warmstart_per_task(warmstart, seed))] + [(int(k), v["per_task"]["test"])
+                                                               for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))
+                                                               if int(k) <= step]
+        xs = [x for x, _ in points]
+        ys = [statistics.mean(float(pt[i][0]) for i in pt if levels[i] in (1, 2)) for _, pt in points]
+        right.plot(xs, ys, marker="o", color=line.get_color(), label=f"seed {seed}")
+    left.set(title="training tasks: pass rate (sampled, 10-iteration mean)", xlabel="iteration", ylabel="pass rate")
+    right.set(title="held-out test, levels 1-2: greedy pass@1", xlabel="iteration", ylabel="pass@1")
+    for ax in (left, right):
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+
+
 if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
+    if os.environ.get("PLOT"):
+        ws = Path(sys.argv[1])
+        plot(ws, int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
+             {t.id: t.level for t in map(Task.from_json, (ws / "heldout.jsonl").read_text().splitlines())},
+             Path(os.environ["PLOT"]))
