@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from generator.schema import Task
-from selfplay.compare import paired_delta
+from selfplay.compare import bootstrap_ci95, outcome_value, paired_delta
 
 METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"))
 SUBSETS = (("levels 1-2", {1, 2}), ("all", {1, 2, 3, 4}))
@@ -48,10 +48,6 @@ def warmstart_per_task(warmstart: Path, seed: int) -> dict:
     return json.loads(path.read_text())["heldout"]["per_task"]["test"]
 
 
-def value(row, metric: str) -> float:
-    return float(row[0]) if metric == "pass@1_greedy" else row[2] / row[1]
-
-
 def main(warmstart: Path, step: int, runs: list[Path]) -> None:
     levels = {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
     diffs = {(s, m): [] for s, _ in SUBSETS for _, m in METRICS}  # per run: {task: change}
@@ -65,7 +61,8 @@ def main(warmstart: Path, step: int, runs: list[Path]) -> None:
                 d = paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, metric)
                 cells.append(f"{name} {d['before']:.3f} -> {d['after']:.3f} {d['delta']:+.3f} "
                              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
-                diffs[subset, metric].append({i: value(after[i], metric) - value(before[i], metric) for i in ids})
+                diffs[subset, metric].append({i: outcome_value(after[i], metric) - outcome_value(before[i], metric)
+                                               for i in ids})
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
     print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
     for subset, _ in SUBSETS:
@@ -74,8 +71,7 @@ def main(warmstart: Path, step: int, runs: list[Path]) -> None:
             per_run = diffs[subset, metric]
             ids = sorted(per_run[0])
             mean_per_task = np.array([statistics.mean(d[i] for d in per_run) for i in ids])
-            boot = np.random.default_rng(0).choice(mean_per_task, size=(4000, len(ids))).mean(axis=1)
-            lo, hi = np.percentile(boot, [2.5, 97.5])
+            lo, hi = bootstrap_ci95(mean_per_task)
             run_means = [statistics.mean(d.values()) for d in per_run]
             sd = statistics.stdev(run_means) if len(run_means) > 1 else 0.0
             cells.append(f"{name} {mean_per_task.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] sd {sd:.3f}")

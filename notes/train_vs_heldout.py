@@ -14,16 +14,15 @@ from pathlib import Path
 
 import sandbox
 from generator.schema import Task
+from selfplay.checkpoint import CheckpointManager
 from selfplay.commands.eval import config_of, load_solver
 from selfplay.compare import paired_delta
-from selfplay.evaluate import read_tasks
+from selfplay.evaluate import per_task_outcomes, read_tasks
 from selfplay.rollout import prompt_options, solver_rollouts
 
 
 def checkpoint(run: Path, step: int | None) -> Path:
-    if step is not None:
-        return run / "checkpoints" / f"step_{step}"
-    return max((run / "checkpoints").glob("step_*"), key=lambda p: int(p.name.split("_")[1]))
+    return run / "checkpoints" / f"step_{step}" if step is not None else CheckpointManager(run).latest_checkpoint()
 
 
 def main(run: Path, warmstart: Path, step: int | None) -> None:
@@ -39,8 +38,8 @@ def main(run: Path, warmstart: Path, step: int | None) -> None:
         for name, ckpt in (("before", before_ckpt), ("after", after_ckpt)):
             solver = load_solver(ckpt / "solver", cfg)
             for label, tasks in sets.items():
-                outcome[name, label] = {r.task.id: [int(r.result.solved), 1, int(r.result.solved)]
-                                        for r in solver_rollouts(solver, tasks, 1, sb, **kw)}
+                rollouts = solver_rollouts(solver, tasks, 1, sb, **kw)
+                outcome[name, label] = per_task_outcomes(rollouts, rollouts)
     print(f"{before_ckpt} -> {after_ckpt}, greedy pass@1")
     for label, tasks in sets.items():
         d = paired_delta(outcome["before", label], outcome["after", label], "pass@1_greedy")

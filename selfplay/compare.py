@@ -222,17 +222,24 @@ def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int 
     ids = sorted(set(before) & set(after))
     if not ids:
         raise ValueError("the two evaluations share no task")
-
-    def value(row):
-        return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
-
-    b = np.array([value(before[i]) for i in ids])
-    a = np.array([value(after[i]) for i in ids])
+    b = np.array([outcome_value(before[i], metric) for i in ids])
+    a = np.array([outcome_value(after[i], metric) for i in ids])
     diff = a - b
-    boot = np.random.default_rng(seed).choice(diff, size=(n_boot, len(diff)), replace=True).mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
     return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
-            "ci95": [float(lo), float(hi)]}
+            "ci95": bootstrap_ci95(diff, n_boot, seed)}
+
+
+def outcome_value(row, metric: str) -> float:
+    """One task's value in a per-task row [greedy solved, n, c]: the greedy outcome or the sampled share c/n."""
+    return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
+
+
+def bootstrap_ci95(values, n_boot: int = 4000, seed: int = 0) -> list[float]:
+    """Percentile bootstrap 95 % interval of the mean of `values` (resampled with replacement, seeded)."""
+    values = np.asarray(values, dtype=float)
+    boot = np.random.default_rng(seed).choice(values, size=(n_boot, len(values)), replace=True).mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return [float(lo), float(hi)]
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
