@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from generator.descriptions import NOISE_KINDS, describe
 from generator.families import (FAMILIES, FAMILY_WEIGHTS, PipelineError, level_depths, render_reference,
                                 render_signature, sample_pipeline)
+from generator.families.catalogue import LITERALS
 from generator.families.values import make_inputs
 from generator.fingerprint import ast_hash, task_id
 from generator.schema import Task
@@ -33,11 +34,16 @@ class BuildConfig:
     n_hidden: int = 8  # hidden tests (edge cases first at levels >= 2)
     max_level: int = 4  # highest level drawn when no level is asked for
     splits: SplitConfig = field(default_factory=SplitConfig)
+    literals: str = "narrow"  # range of the steps' constants: "narrow" or "wide" (generator.families.catalogue)
+
+    def __post_init__(self) -> None:
+        if self.literals not in LITERALS:
+            raise SplitError(f"tasks.literals must be one of {', '.join(LITERALS)}, got {self.literals!r}")
 
     @classmethod
     def from_config(cls, tasks_cfg) -> "BuildConfig":
         return cls(int(tasks_cfg.n_visible), int(tasks_cfg.n_visible_vague), int(tasks_cfg.n_hidden),
-                   int(tasks_cfg.max_level), SplitConfig.from_config(tasks_cfg))
+                   int(tasks_cfg.max_level), SplitConfig.from_config(tasks_cfg), str(tasks_cfg.literals))
 
 
 @dataclass
@@ -75,7 +81,8 @@ def sample_params(rng: random.Random, level: int, split: str = "train", cfg: Bui
         depth = rng.randint(lo, hi)
         pair = tuple(rng.choice(cfg.splits.pairs)) if c["require_pair"] else None
         try:
-            steps = sample_pipeline(rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20)
+            steps = sample_pipeline(rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20,
+                                    literals=cfg.literals)
         except PipelineError:
             continue
         size = rng.randint(4, 6)

@@ -51,10 +51,11 @@ def kinds_of(steps: list[dict]) -> list[str]:
 
 
 def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(), require_pair=None,
-                    tries: int = 200) -> list[dict]:
+                    tries: int = 200, literals: str = "narrow") -> list[dict]:
     """Steps of a `depth`-step pipeline on input `kind`.
 
-    forbid_pairs: unordered pairs of step kinds that must not both appear; require_pair: one that must.
+    forbid_pairs: unordered pairs of step kinds that must not both appear; require_pair: one that must;
+    literals: the range the steps' constants come from (catalogue.LITERALS).
     """
     forbid = [frozenset(p) for p in forbid_pairs]
     for _ in range(tries):
@@ -65,7 +66,7 @@ def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(
             i, j = sorted(rng.sample(range(depth), 2))
             a, b = rng.sample(list(require_pair), 2)
             forced = {i: a, j: b}
-        steps = _try_pipeline(rng, kind, depth, forced)
+        steps = _try_pipeline(rng, kind, depth, forced, literals)
         if steps is None:
             continue
         present = set(kinds_of(steps))
@@ -76,7 +77,8 @@ def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(
                         f"require={require_pair}")
 
 
-def _try_pipeline(rng: random.Random, kind: str, depth: int, forced: dict[int, str]) -> list[dict] | None:
+def _try_pipeline(rng: random.Random, kind: str, depth: int, forced: dict[int, str],
+                  literals: str) -> list[dict] | None:
     etype = input_etype(kind)
     steps: list[dict] = []
     for i in range(depth):
@@ -92,7 +94,7 @@ def _try_pipeline(rng: random.Random, kind: str, depth: int, forced: dict[int, s
         else:
             weights = [0.5 if k == "sink" else 2.0 if k in ("filter", "map", "sort") else 1.0 for k in options]
             chosen = rng.choices(options, weights)[0]
-        step = sample_step(rng, chosen, etype)
+        step = sample_step(rng, chosen, etype, literals)
         steps.append(step)
         etype, scalar = output_type(step, etype)
         if scalar and not last:

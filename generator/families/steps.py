@@ -27,41 +27,43 @@ def applicable_kinds(etype: str) -> list[str]:
     return kinds
 
 
-def _args(rng: random.Random, expr: Expr) -> dict:
-    return {name: rng.choice(choices) for name, choices in expr.args.items()}
+# Literal range (catalogue.LITERALS) -> the largest k of take and top_k, and the widest sliding window.
+MAX_K = {"narrow": 4, "wide": 8}
+MAX_WINDOW = {"narrow": 3, "wide": 5}
 
 
-def _pick(rng: random.Random, table: dict[str, list[Expr]], etype: str) -> dict:
+def _pick(rng: random.Random, table: dict[str, list[Expr]], etype: str, literals: str) -> dict:
     expr = rng.choice(table[etype])
-    return {"expr": expr.name, "args": _args(rng, expr)}
+    return {"expr": expr.name, "args": {name: rng.choice(c) for name, c in expr.choices(literals).items()}}
 
 
-def sample_step(rng: random.Random, kind: str, etype: str) -> dict:
+def sample_step(rng: random.Random, kind: str, etype: str, literals: str = "narrow") -> dict:
+    """One step of `kind` on elements of `etype`, its constants drawn from the `literals` range."""
     if kind == "filter":
-        return {"kind": kind, **_pick(rng, PREDICATES, etype)}
+        return {"kind": kind, **_pick(rng, PREDICATES, etype, literals)}
     if kind == "map":
-        return {"kind": kind, **_pick(rng, MAPS, etype)}
+        return {"kind": kind, **_pick(rng, MAPS, etype, literals)}
     if kind == "sort":
-        key = _pick(rng, KEYS, etype)
+        key = _pick(rng, KEYS, etype, literals)
         return {"kind": kind, "key": key["expr"], "args": key["args"], "desc": rng.random() < 0.4,
                 "in_place": rng.random() < 0.15}
     if kind in ("reverse", "dedup"):
         return {"kind": kind}
     if kind == "take":
-        return {"kind": kind, "k": rng.randint(1, 4), "end": rng.choice(["first", "last"])}
+        return {"kind": kind, "k": rng.randint(1, MAX_K[literals]), "end": rng.choice(["first", "last"])}
     if kind == "top_k":
-        key = _pick(rng, KEYS, etype)
-        return {"kind": kind, "key": key["expr"], "args": key["args"], "k": rng.randint(1, 4),
+        key = _pick(rng, KEYS, etype, literals)
+        return {"kind": kind, "key": key["expr"], "args": key["args"], "k": rng.randint(1, MAX_K[literals]),
                 "largest": rng.random() < 0.6}
     if kind == "window":
-        return {"kind": kind, "w": rng.randint(2, 3), "agg": rng.choice(["sum", "max", "min"])}
+        return {"kind": kind, "w": rng.randint(2, MAX_WINDOW[literals]), "agg": rng.choice(["sum", "max", "min"])}
     if kind == "group":
         key = rng.choice(GROUP_KEYS[etype])
         agg = rng.choice(list(AGGREGATES))
         val = rng.choice(GROUP_VALUES[etype])
         return {"kind": kind, "key": key.name, "val": val.name, "agg": agg}
     if kind == "sink":
-        return {"kind": kind, **_pick(rng, SINKS, etype)}
+        return {"kind": kind, **_pick(rng, SINKS, etype, literals)}
     raise ValueError(f"unknown step kind {kind!r}")
 
 
