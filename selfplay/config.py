@@ -224,7 +224,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as exc:
         raise UserError(f"override: {_describe(exc)}") from exc
+    _check_tasks(cfg.tasks)
     return cfg
+
+
+def _check_tasks(tasks_cfg) -> None:
+    """The `tasks:` values the generator checks (held-out splits, types and pairs, literal range), before any work."""
+    from generator.build import BuildConfig
+    from generator.splits import SplitError
+    try:
+        BuildConfig.from_config(tasks_cfg)
+    except SplitError as exc:
+        raise UserError(str(exc)) from exc
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

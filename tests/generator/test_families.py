@@ -1,6 +1,8 @@
 """Procedural families: typed composition, readable references, curriculum levels, description variety."""
 
 import ast
+import hashlib
+import json
 import random
 
 import pytest
@@ -11,20 +13,26 @@ from generator.build import BuildConfig, materialise, sample_params
 from generator.descriptions import IRRELEVANT, _inject_error, describe
 from generator.families import (FAMILIES, final_type, kinds_of, render_reference, render_signature,
                                 sample_pipeline)
-from generator.families.catalogue import GROUP_KEYS, KEYS, MAPS, PREDICATES, SINKS
-from generator.families.values import ELEMENT_TYPES, random_element
+from generator.families.catalogue import GROUP_KEYS, KEYS, LITERALS, MAPS, PREDICATES, SINKS, find
+from generator.families.steps import MAX_K, MAX_WINDOW, output_type
+from generator.fingerprint import ast_hash
+from generator.families.values import ELEMENT_TYPES, input_etype, random_element
 
 TYPE_CHECK = {"int": int, "float": (int, float), "str": str, "rec": dict, "tup": list}
 
 
+@pytest.mark.parametrize("literals", LITERALS)
 @pytest.mark.parametrize("etype", ELEMENT_TYPES)
-def test_catalogue_expressions_evaluate_to_their_declared_types(etype):
-    """Every component, with every argument choice, evaluates on random elements to the type it declares."""
+def test_catalogue_expressions_evaluate_to_their_declared_types(etype, literals):
+    """Every component, with every argument choice of either literal range, evaluates on random elements to the
+    type it declares."""
     rng = random.Random(etype)
     elements = [random_element(rng, etype) for _ in range(30)]
     for table in (PREDICATES, MAPS, KEYS, GROUP_KEYS):
         for expr in table.get(etype, []):
-            choices = [dict(zip(expr.args, combo)) for combo in _combos(expr.args)]
+            args = expr.choices(literals)
+            assert set(expr.wide) <= set(expr.args), expr.name  # "wide" only widens existing placeholders
+            choices = [dict(zip(args, combo)) for combo in _combos(args)]
             for args in choices:
                 code = expr.fill(args)
                 for x in elements:
@@ -115,3 +123,50 @@ def test_descriptions_vary_and_noise_is_applied():
     assert _inject_error(["sort in ascending order"], random.Random(0)) == ["sort in descending order"]
     vague = describe(params, random.Random(2), vague=True)
     assert "example" in vague and len(vague) < min(len(t) for t in texts) + 80
+
+
+# ---- literal ranges (tasks.literals) ----------------------------------------------------------------------
+
+def test_narrow_literals_draw_what_the_default_world_always_drew():
+    """The digest of 200 draws made before `tasks.literals` existed: the default world's runs stay reproducible."""
+    rng = random.Random("pinned")
+    draws = [sample_params(rng, level, "train", BuildConfig(literals="narrow")) for level in (1, 2, 3, 4)
+             for _ in range(50)]
+    digest = hashlib.sha256(json.dumps(draws, sort_keys=True).encode()).hexdigest()
+    assert digest == "df2afed948902967f9dfbe3bffd6dcbd47c0c0d715e5adb15ad2758b6915bcf8"
+
+
+STEP_TABLES = {"filter": (PREDICATES, "expr"), "map": (MAPS, "expr"), "sort": (KEYS, "key"), "top_k": (KEYS, "key")}
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32), level=st.sampled_from([1, 2, 3, 4]), literals=st.sampled_from(LITERALS))
+def test_step_constants_come_from_their_literal_range(seed, level, literals):
+    params = sample_params(random.Random(seed), level, "train", BuildConfig(literals=literals))
+    etype = input_etype(params["input"])
+    for step in params["steps"]:
+        if step["kind"] in STEP_TABLES:
+            table, name = STEP_TABLES[step["kind"]]
+            choices = find(table, etype, step[name]).choices(literals)
+            assert set(step["args"]) == set(choices)
+            assert all(step["args"][k] in choices[k] for k in choices), step
+        if step["kind"] in ("take", "top_k"):
+            assert 1 <= step["k"] <= MAX_K[literals]
+        if step["kind"] == "window":
+            assert 2 <= step["w"] <= MAX_WINDOW[literals]
+        etype, _ = output_type(step, etype)
+
+
+def test_wide_literals_make_one_step_programs_repeat_less():
+    """Distinct one-step programs in 3,000 level-1 draws (the tiny solver's solvable level)."""
+    def programs(literals):
+        rng, cfg = random.Random(0), BuildConfig(literals=literals)
+        return {ast_hash(render_reference(sample_params(rng, 1, "train", cfg))) for _ in range(3000)}
+    narrow, wide = programs("narrow"), programs("wide")
+    assert len(wide) > 1.3 * len(narrow), (len(narrow), len(wide))  # 598 and 826 (20,000 draws: 721 and 1697)
+
+
+def test_unknown_literal_range_is_refused():
+    from generator.splits import SplitError
+    with pytest.raises(SplitError, match="tasks.literals must be one of narrow, wide, got 'huge'"):
+        BuildConfig(literals="huge")

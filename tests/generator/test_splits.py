@@ -95,5 +95,6 @@ def test_split_config_from_the_selfplay_config():
     cfg = load_config(None, ["tasks.heldout_types=[str]", "tasks.train_max_depth=3"])
     splits = SplitConfig.from_config(cfg.tasks)
     assert splits.heldout_types == ("str",) and splits.train_max_depth == 3
-    with pytest.raises(SplitError, match="held-out split 'easy'"):
-        SplitConfig.from_config(load_config(None, ["tasks.heldout_splits=[easy]"]).tasks)
+    from selfplay.errors import UserError
+    with pytest.raises(UserError, match="held-out split 'easy'"):  # load_config checks the tasks section
+        load_config(None, ["tasks.heldout_splits=[easy]"])
