@@ -116,6 +116,8 @@ class PPOConfig:
     top_p: float = 1.0  # sampling: nucleus probability mass (1 = off)
     max_new_tokens: int = 256  # longest answer sampled per turn
     replay_coef: float = 0.0  # solver: weight of the NLL of replayed past successes added to the PPO loss (0 = off)
+    # what is replayed: "successes" (the buffer below) or "sft" (the warm start's SFT examples, uniformly: PPO-ptx)
+    replay_source: str = "successes"
     replay_capacity: int = 512  # solver replay buffer: most successful episodes kept (unique by task and answer)
     replay_batch: int = 8  # replayed successes per PPO update (per rank), drawn by priority (hard and recent tasks)
     replay_half_life: float = 50.0  # replay priority halves every this many loop steps since a success was seen

@@ -65,7 +65,7 @@ from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
 from selfplay.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.mixer import IterationStats, Mixer
-from selfplay.replay import ReplayBuffer, successes
+from selfplay.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
 from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
 
@@ -73,6 +73,7 @@ MODES = ("selfplay", "curriculum", "fixed", "warmstart")
 FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
 RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
 FIXED_SOURCES = ("corpus", "fresh", "reserved")
+REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
 
 
 def level_shares(total: int, levels) -> list[tuple[int, int]]:
@@ -136,7 +137,9 @@ class SelfPlay:
         self.tb = TBLogger(self.run_dir, enabled=self.main)
         self.mixer = Mixer(cfg.mixer, seed=cfg.run.seed)
         self.replay = (ReplayBuffer(cfg.ppo.replay_capacity, seed=cfg.run.seed, half_life=cfg.ppo.replay_half_life)
-                       if cfg.ppo.replay_coef > 0 else None)  # solver successes (same on every rank)
+                       if cfg.ppo.replay_coef > 0 and cfg.ppo.replay_source == "successes"
+                       else None)  # solver successes (same on every rank)
+        self.sft_answers: AnswerSet | None = None  # ppo.replay_source=sft: built from the corpus on first use
         self.rng = random.Random(cfg.run.seed)
         self.step = 0
         self.pending_tasks: list[Task] = []  # corpus writes queued until the end of the iteration
@@ -173,6 +176,9 @@ class SelfPlay:
             raise UserError("train.samples_per_task must be >= 1")
         if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
             raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
+        if cfg.ppo.replay_source not in REPLAY_SOURCES:
+            raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, "
+                            f"got {cfg.ppo.replay_source!r}")
         if t.mode == "fixed":
             if t.fixed_tasks < t.solver_tasks:
                 raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
@@ -646,11 +652,28 @@ class SelfPlay:
         return kept
 
     def _replay_draw(self, step: int):
-        """This rank's share of a prioritised draw of past successes (every rank holds the same buffer and RNG)."""
-        if self.replay is None:
+        """This rank's share of a draw of past successes (prioritised; every rank holds the same buffer and RNG) or
+        of the warm start's SFT examples (uniform, a function of the step)."""
+        if self.cfg.ppo.replay_coef <= 0:
             return None
-        drawn = self.replay.sample(self.cfg.ppo.replay_batch * self.world, step)
+        pool = self.replay if self.replay is not None else self._sft_answer_set()
+        drawn = pool.sample(self.cfg.ppo.replay_batch * self.world, step)
         return drawn[self.rank:: self.world] if len(drawn) >= self.world else None
+
+    def _sft_answer_set(self) -> AnswerSet:
+        """The warm start's SFT examples (corpus training tasks created at step 0, reference answers), tokenized as
+        the warm start tokenized them."""
+        if self.sft_answers is None:
+            from selfplay.warmstart import solver_examples, tokenize_pairs
+            tasks = [x for x in self.corpus.query(split="train") if x.created_step == 0]
+            pairs = tokenize_pairs(self.solver, solver_examples(tasks, prompt_options(self.cfg)),
+                                   self.cfg.warmstart.max_len)
+            if not pairs:
+                raise UserError("ppo.replay_source=sft: the corpus holds no warm-start training task to replay")
+            self.sft_answers = AnswerSet([ReplayItem(f"sft:{i}", list(p), list(a), 1.0, 1.0, 0)
+                                          for i, (p, a) in enumerate(pairs)], seed=self.cfg.run.seed)
+            self.log(f"replaying {len(pairs)} warm-start SFT examples (ppo.replay_coef={self.cfg.ppo.replay_coef})")
+        return self.sft_answers
 
     def _replay_add(self, rollouts, rates: dict, step: int, metrics: dict) -> None:
         """Every rank's successful episodes of this iteration into every rank's buffer (after this update's draw)."""

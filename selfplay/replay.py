@@ -12,6 +12,8 @@ a success on a task the solver rarely solves is worth more than one on a task it
 fade. Over capacity, the lowest-priority entry is evicted (ties: the oldest). `sample(n, now)` draws n distinct
 entries with probability proportional to priority (Efraimidis-Spirakis keys u ** (1 / priority)) from a seeded RNG;
 `state_dict()` is plain JSON, so a checkpointed and resumed run draws exactly the same samples. Pure Python.
+
+`AnswerSet` replays a fixed set instead (`ppo.replay_source=sft`: the warm start's SFT examples), uniformly.
 """
 
 from __future__ import annotations
@@ -108,6 +110,26 @@ class ReplayBuffer:
             now = max(x.step for x in self._items.values())
             keep = {x.key for x in self.ranked(now)[: self.capacity]}
             self._items = {k: v for k, v in self._items.items() if k in keep}
+
+
+class AnswerSet:
+    """A fixed set of answers replayed uniformly: with `ppo.replay_source=sft`, the warm start's own SFT examples
+    (InstructGPT's PPO-ptx mixes the pretraining loss into PPO the same way, so that RL does not overwrite what
+    supervised training taught). Stateless: the draw at step `now` depends only on (seed, now), so a resumed run
+    draws what an uninterrupted one would."""
+
+    def __init__(self, items: Sequence[ReplayItem], seed: int = 0):
+        if not items:
+            raise ValueError("an answer set needs at least one answer")
+        self._items, self.seed = list(items), seed
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def sample(self, n: int, now: int) -> list[ReplayItem]:
+        """min(n, len) distinct answers, uniformly at random."""
+        rng = random.Random(f"{self.seed}:{now}")
+        return rng.sample(self._items, min(max(0, n), len(self._items)))
 
 
 def successes(rollouts: Sequence, rates: dict[str, float], step: int) -> list[ReplayItem]:

@@ -39,7 +39,8 @@ def test_passes_are_reshuffled():
 def test_bad_fixed_settings_name_the_key(tmp_path):
     for override, message in (("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
                               ("train.fixed_levels=[0,5]", "train.fixed_levels must be"),
-                              ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh, reserved")):
+                              ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh, reserved"),
+                              ("ppo.replay_source=past", "ppo.replay_source must be one of successes, sft")):
         proc = selfplay("train", *SMOKE, f"run.dir={tmp_path}", "train.mode=fixed", override, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
@@ -138,3 +139,20 @@ def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
     assert len(kept) == 2 and all(0.0 <= v <= 1.0 for v in kept)
     updates = len(scalars.get("ppo/solver/policy_loss", []))
     assert updates == sum(v > 0 for v in kept)  # an update exactly when some task's answers differed
+
+
+def test_sft_replay_mixes_the_warm_starts_examples_into_ppo(warm_run, tmp_path):
+    """ppo.replay_source=sft (PPO-ptx): every update adds the NLL of warm-start SFT examples, drawn from the
+    corpus's step-0 training tasks; the replay term is logged under ppo/solver/replay_loss."""
+    run = copy_run(warm_run, tmp_path)
+    with sqlite3.connect(run / "corpus.sqlite") as db:
+        sft_tasks = db.execute("SELECT COUNT(*) FROM tasks WHERE split='train'").fetchone()[0]
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_tasks=8", "train.steps=2",
+                    "train.eval_every=0", "ppo.replay_source=sft", "ppo.replay_coef=0.5", "ppo.replay_batch=4")
+    replaying = [line for line in proc.stdout.splitlines() if "warm-start SFT examples" in line]
+    assert len(replaying) == 1, proc.stdout  # built once
+    n = int(replaying[0].split("replaying ")[1].split()[0])
+    assert 0.9 * sft_tasks <= n <= sft_tasks  # all of them but answers too long for warmstart.max_len
+    losses = [v for _, v in read_scalars(run)["ppo/solver/replay_loss"]]
+    assert len(losses) == 2 and all(0 < v < 20 for v in losses)  # the answer NLL of a trained-on example
+    assert "replay/size" not in read_scalars(run)  # no buffer of successes

@@ -12,10 +12,28 @@ from hypothesis import given, settings, strategies as st
 from selfplay import ppo, rl
 from selfplay.config import PPOConfig
 from selfplay.models import ActorCritic, frozen_copy
-from selfplay.replay import ReplayBuffer, ReplayItem, priority, successes
+from selfplay.replay import AnswerSet, ReplayBuffer, ReplayItem, priority, successes
 from tests.selfplay.test_ppo import PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
 
 # ---------------------------------------------------------------------------- the buffer
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 15), st.integers(0, 50), st.integers(0, 3))
+def test_answer_set_draws_distinct_answers_as_a_function_of_the_step(size, n, now, seed):
+    answers = AnswerSet([item(f"t{i}", [3 + i]) for i in range(size)], seed=seed)
+    drawn = answers.sample(n, now)
+    assert len(drawn) == min(n, size) and len({x.task_id for x in drawn}) == len(drawn)
+    again = AnswerSet([item(f"t{i}", [3 + i]) for i in range(size)], seed=seed)  # a resumed run's fresh set
+    assert [x.task_id for x in again.sample(n, now)] == [x.task_id for x in drawn]
+
+
+def test_answer_set_draws_vary_with_the_step_and_cover_the_set():
+    answers = AnswerSet([item(f"t{i}", [3]) for i in range(20)])
+    draws = [tuple(x.task_id for x in answers.sample(4, step)) for step in range(30)]
+    assert len(set(draws)) > 20 and {t for d in draws for t in d} == {f"t{i}" for i in range(20)}
+    with pytest.raises(ValueError, match="at least one answer"):
+        AnswerSet([])
+
 
 entries = st.tuples(st.sampled_from("abcdef"),  # task id
                     st.lists(st.integers(3, 6), min_size=1, max_size=3),  # answer tokens
