@@ -2,6 +2,7 @@
 
     python notes/paired_seeds.py runs/ws_v1/warmstart 80 runs/v1_w0/seed_0/fixed runs/v1_w1/seed_1/fixed ...
     PLOT=notes/ppo_fixed_r.png python notes/paired_seeds.py ...     # also a figure: training vs held-out
+    AGAINST="runs/ctl_w0/seed_0/fixed runs/ctl_w1/seed_1/fixed" python notes/paired_seeds.py ...   # vs controls
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks and on the levels the fixed-mode runs train on (1-2), greedy pass@1 and
@@ -11,7 +12,8 @@ start's own evaluation), so the sampled changes are on common random numbers. Th
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
 sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it. With PLOT=OUT.png:
 each run's training pass rate (TensorBoard `solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1
-on levels 1-2 at every evaluation up to STEP.
+on levels 1-2 at every evaluation up to STEP. With AGAINST="RUN ...": each run is paired with the control run of
+its seed at the same STEP instead of the warm start (the same sampling seed, so again common random numbers).
 """
 
 import json
@@ -48,12 +50,16 @@ def warmstart_per_task(warmstart: Path, seed: int) -> dict:
     return json.loads(path.read_text())["heldout"]["per_task"]["test"]
 
 
-def main(warmstart: Path, step: int, runs: list[Path]) -> None:
+def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = ()) -> None:
     levels = {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
+    controls = {int(state(c, step)["config"]["run"]["seed"]): c for c in against}
     diffs = {(s, m): [] for s, _ in SUBSETS for _, m in METRICS}  # per run: {task: change}
     for run in runs:
         seed = int(state(run, step)["config"]["run"]["seed"])
-        before, after = warmstart_per_task(warmstart, seed), per_task(run, step)
+        if against and seed not in controls:
+            sys.exit(f"no control run of seed {seed} in AGAINST")
+        before = per_task(controls[seed], step) if against else warmstart_per_task(warmstart, seed)
+        after = per_task(run, step)
         for subset, keep in SUBSETS:
             ids = [i for i in before if levels[i] in keep]
             cells = []
@@ -111,7 +117,8 @@ def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) 
 if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]])
+    main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
+         [Path(p) for p in os.environ.get("AGAINST", "").split()])
     if os.environ.get("PLOT"):
         ws = Path(sys.argv[1])
         plot(ws, int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
