@@ -61,7 +61,7 @@ class TasksConfig:
     prompt_examples: int = 5  # at most this many visible examples in a solver prompt
     prompt_value_chars: int = 300  # example values longer than this are cut in the prompt (short contexts)
     # range of the procedural steps' constants: "narrow" (~720 one-step programs in all) or "wide" (thresholds,
-    # offsets, divisors, letters and k's from wider ranges, so a one-step program rarely repeats; notes/ppo_fixed.md)
+    # offsets, divisors, letters and k's from wider ranges: ~1,700; steps without a constant are unchanged)
     literals: str = "narrow"
 
 
