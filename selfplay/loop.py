@@ -661,11 +661,12 @@ class SelfPlay:
         return drawn[self.rank:: self.world] if len(drawn) >= self.world else None
 
     def _sft_answer_set(self) -> AnswerSet:
-        """The warm start's SFT examples (corpus training tasks created at step 0, reference answers), tokenized as
-        the warm start tokenized them."""
+        """The warm start's SFT examples (the corpus's first rows, which the warm start inserted; later procedural
+        tasks also have created_step 0), with their reference answers, tokenized as the warm start tokenized them."""
         if self.sft_answers is None:
-            from selfplay.warmstart import solver_examples, tokenize_pairs
-            tasks = [x for x in self.corpus.query(split="train") if x.created_step == 0]
+            from selfplay.warmstart import level_counts, solver_examples, tokenize_pairs
+            n_sft = sum(level_counts(self.cfg.warmstart, self.cfg.tasks.max_level).values())
+            tasks = self.corpus.query(split="train", order="insertion", limit=n_sft)
             pairs = tokenize_pairs(self.solver, solver_examples(tasks, prompt_options(self.cfg)),
                                    self.cfg.warmstart.max_len)
             if not pairs:
