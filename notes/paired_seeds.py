@@ -97,14 +97,15 @@ def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) 
         seed = int(state(run, step)["config"]["run"]["seed"])
         rates = [v for _, v in read_scalars(run)["solver/pass_rate"]][:step]
         smooth = [statistics.mean(rates[max(0, i - 9): i + 1]) for i in range(len(rates))]
-        line, = left.plot(range(1, len(smooth) + 1), smooth, label=f"seed {seed}")
+        name = f"{run.parts[-3]} (seed {seed})" if len(run.parts) >= 3 else f"seed {seed}"  # runs/NAME/seed_K/fixed
+        line, = left.plot(range(1, len(smooth) + 1), smooth, label=name)
         evals = state(run, step)["evals"]
         points = [(0, warmstart_per_task(warmstart, seed))] + [(int(k), v["per_task"]["test"])
                                                                for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))
                                                                if int(k) <= step]
         xs = [x for x, _ in points]
         ys = [statistics.mean(float(pt[i][0]) for i in pt if levels[i] in (1, 2)) for _, pt in points]
-        right.plot(xs, ys, marker="o", color=line.get_color(), label=f"seed {seed}")
+        right.plot(xs, ys, marker="o", color=line.get_color(), label=name)
     left.set(title="training tasks: pass rate (sampled, 10-iteration mean)", xlabel="iteration", ylabel="pass rate")
     right.set(title="held-out test, levels 1-2: greedy pass@1", xlabel="iteration", ylabel="pass@1")
     for ax in (left, right):
