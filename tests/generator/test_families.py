@@ -15,8 +15,8 @@ from generator.families import (FAMILIES, final_type, kinds_of, render_reference
                                 sample_pipeline)
 from generator.families.catalogue import GROUP_KEYS, KEYS, LITERALS, MAPS, PREDICATES, SINKS, find
 from generator.families.steps import MAX_K, MAX_WINDOW, output_type
-from generator.fingerprint import ast_hash
 from generator.families.values import ELEMENT_TYPES, input_etype, random_element
+from generator.fingerprint import ast_hash
 
 TYPE_CHECK = {"int": int, "float": (int, float), "str": str, "rec": dict, "tup": list}
 

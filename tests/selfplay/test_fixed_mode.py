@@ -143,7 +143,7 @@ def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
 
 def test_sft_replay_mixes_the_warm_starts_examples_into_ppo(warm_run, tmp_path):
     """ppo.replay_source=sft (PPO-ptx): every update adds the NLL of warm-start SFT examples, drawn from the
-    corpus's step-0 training tasks; the replay term is logged under ppo/solver/replay_loss."""
+    corpus rows the warm start inserted; the replay term is logged under ppo/solver/replay_loss."""
     run = copy_run(warm_run, tmp_path)
     with sqlite3.connect(run / "corpus.sqlite") as db:
         sft_tasks = db.execute("SELECT COUNT(*) FROM tasks WHERE split='train'").fetchone()[0]

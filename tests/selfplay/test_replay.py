@@ -15,7 +15,7 @@ from selfplay.models import ActorCritic, frozen_copy
 from selfplay.replay import AnswerSet, ReplayBuffer, ReplayItem, priority, successes
 from tests.selfplay.test_ppo import PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
 
-# ---------------------------------------------------------------------------- the buffer
+# ---------------------------------------------------------------------------- the answer set (replay_source=sft)
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 12), st.integers(0, 15), st.integers(0, 50), st.integers(0, 3))
@@ -34,6 +34,8 @@ def test_answer_set_draws_vary_with_the_step_and_cover_the_set():
     with pytest.raises(ValueError, match="at least one answer"):
         AnswerSet([])
 
+
+# ---------------------------------------------------------------------------- the buffer
 
 entries = st.tuples(st.sampled_from("abcdef"),  # task id
                     st.lists(st.integers(3, 6), min_size=1, max_size=3),  # answer tokens
