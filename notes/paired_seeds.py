@@ -5,8 +5,8 @@
     AGAINST="runs/ctl_w0/seed_0/fixed runs/ctl_w1/seed_1/fixed" python notes/paired_seeds.py ...   # vs controls
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
-checkpoint's state.json), on all tasks and on the levels the fixed-mode runs train on (1-2), greedy pass@1 and
-sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read from
+checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
+pass@1 and sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read from
 WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
 start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
@@ -28,7 +28,7 @@ from generator.schema import Task
 from selfplay.compare import bootstrap_ci95, outcome_value, paired_delta
 
 METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"))
-SUBSETS = (("levels 1-2", {1, 2}), ("all", {1, 2, 3, 4}))
+SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
 
 
 def state(run: Path, step: int) -> dict:
