@@ -6,8 +6,8 @@
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
-pass@1 and sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read from
-WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
+pass@1 and sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read
+from WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
 start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
 sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it. With PLOT=OUT.png:
@@ -50,8 +50,13 @@ def warmstart_per_task(warmstart: Path, seed: int) -> dict:
     return json.loads(path.read_text())["heldout"]["per_task"]["test"]
 
 
+def heldout_levels(warmstart: Path) -> dict:
+    """Held-out task id -> its level."""
+    return {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
+
+
 def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = ()) -> None:
-    levels = {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
+    levels = heldout_levels(warmstart)
     controls = {int(state(c, step)["config"]["run"]["seed"]): c for c in against}
     diffs = {(s, m): [] for s, _ in SUBSETS for _, m in METRICS}  # per run: {task: change}
     for run in runs:
@@ -84,7 +89,7 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = ())
         print(f"  {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
 
 
-def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) -> None:
+def plot(warmstart: Path, step: int, runs: list[Path], out: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,6 +97,7 @@ def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) 
 
     from selfplay.tb import read_scalars
 
+    levels = heldout_levels(warmstart)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
     for run in runs:
         seed = int(state(run, step)["config"]["run"]["seed"])
@@ -100,9 +106,8 @@ def plot(warmstart: Path, step: int, runs: list[Path], levels: dict, out: Path) 
         name = f"{run.parts[-3]} (seed {seed})" if len(run.parts) >= 3 else f"seed {seed}"  # runs/NAME/seed_K/fixed
         line, = left.plot(range(1, len(smooth) + 1), smooth, label=name)
         evals = state(run, step)["evals"]
-        points = [(0, warmstart_per_task(warmstart, seed))] + [(int(k), v["per_task"]["test"])
-                                                               for k, v in sorted(evals.items(), key=lambda kv: int(kv[0]))
-                                                               if int(k) <= step]
+        later = sorted((int(k), v["per_task"]["test"]) for k, v in evals.items() if int(k) <= step)
+        points = [(0, warmstart_per_task(warmstart, seed))] + later
         xs = [x for x, _ in points]
         ys = [statistics.mean(float(pt[i][0]) for i in pt if levels[i] in (1, 2)) for _, pt in points]
         right.plot(xs, ys, marker="o", color=line.get_color(), label=name)
@@ -121,7 +126,4 @@ if __name__ == "__main__":
     main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
          [Path(p) for p in os.environ.get("AGAINST", "").split()])
     if os.environ.get("PLOT"):
-        ws = Path(sys.argv[1])
-        plot(ws, int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
-             {t.id: t.level for t in map(Task.from_json, (ws / "heldout.jsonl").read_text().splitlines())},
-             Path(os.environ["PLOT"]))
+        plot(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], Path(os.environ["PLOT"]))
