@@ -30,10 +30,11 @@ job() {  # "rl K": the RL run of seed K; "eval": the warm start's seeded evaluat
         mkdir -p "$out" && [ -e "$out/warmstart" ] || cp -r "$ws/warmstart" "$out/warmstart"
         selfplay compare "${world[@]}" "${rl[@]}" "${extra[@]}" --seeds "$2" --shared-warmstart \
             --arms warmstart fixed --out "$out" > "$out.log" 2>&1
-    else
+    else  # written under a temporary name, then moved: two runners that share a warm start may both evaluate it
         for k in "${seeds[@]}"; do
-            [ "$k" = 0 ] || [ -e "$ws/ws_seed$k.json" ] ||
-                selfplay eval "$ws/warmstart" --suite heldout --seed "$k" --json "$ws/ws_seed$k.json" >> "$ws.log" 2>&1
+            [ "$k" = 0 ] || [ -e "$ws/ws_seed$k.json" ] || {
+                selfplay eval "$ws/warmstart" --suite heldout --seed "$k" --json "$ws/.ws_seed$k.$$.json" \
+                    --plot "$ws/ws_seed$k.png" >> "$ws.log" 2>&1 && mv "$ws/.ws_seed$k.$$.json" "$ws/ws_seed$k.json"; }
         done
     fi
 }
