@@ -3,6 +3,7 @@
     python notes/paired_seeds.py runs/ws_v1/warmstart 80 runs/v1_w0/seed_0/fixed runs/v1_w1/seed_1/fixed ...
     PLOT=notes/ppo_fixed_r.png python notes/paired_seeds.py ...     # also a figure: training vs held-out
     AGAINST="runs/ctl_w0/seed_0/fixed runs/ctl_w1/seed_1/fixed" python notes/paired_seeds.py ...   # vs controls
+    UNSEEN=runs/ws_wide/warmstart/heldout.jsonl python notes/paired_seeds.py ...   # also: tasks new to that set
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
@@ -14,6 +15,8 @@ sampling, with seed-to-seed variation averaged in; the spread over seeds is prin
 each run's training pass rate (TensorBoard `solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1
 on levels 1-2 at every evaluation up to STEP. With AGAINST="RUN ...": each run is paired with the control run of
 its seed at the same STEP instead of the warm start (the same sampling seed, so again common random numbers).
+With UNSEEN=TASKS.jsonl: one more subset, "new", of the held-out tasks whose program (AST fingerprint) is not in
+that file, e.g. an earlier test set that results were already read on.
 """
 
 import json
@@ -50,23 +53,41 @@ def warmstart_per_task(warmstart: Path, seed: int) -> dict:
     return json.loads(path.read_text())["heldout"]["per_task"]["test"]
 
 
+def read_jsonl_tasks(path: Path) -> list[Task]:
+    return [Task.from_json(line) for line in path.read_text().splitlines()]
+
+
 def heldout_levels(warmstart: Path) -> dict:
     """Held-out task id -> its level."""
-    return {t.id: t.level for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())}
+    return {t.id: t.level for t in read_jsonl_tasks(warmstart / "heldout.jsonl")}
 
 
-def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = ()) -> None:
+def subsets(warmstart: Path, unseen: Path | None = None) -> list[tuple[str, set]]:
+    """(name, held-out task ids) for each subset printed: SUBSETS by level, then with UNSEEN the tasks whose
+    program is not in that file."""
     levels = heldout_levels(warmstart)
+    out = [(name, {i for i, lv in levels.items() if lv in keep}) for name, keep in SUBSETS]
+    if unseen is not None:
+        old = {t.fingerprints["ast"] for t in read_jsonl_tasks(unseen)}
+        new = {t.id for t in read_jsonl_tasks(warmstart / "heldout.jsonl") if t.fingerprints["ast"] not in old}
+        if not new:
+            sys.exit(f"UNSEEN: every held-out program of {warmstart} is in {unseen}: no new tasks")
+        out.append(("new", new))
+    return out
+
+
+def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (), unseen: Path | None = None) -> None:
+    groups = subsets(warmstart, unseen)
     controls = {int(state(c, step)["config"]["run"]["seed"]): c for c in against}
-    diffs = {(s, m): [] for s, _ in SUBSETS for _, m in METRICS}  # per run: {task: change}
+    diffs = {(s, m): [] for s, _ in groups for _, m in METRICS}  # per run: {task: change}
     for run in runs:
         seed = int(state(run, step)["config"]["run"]["seed"])
         if against and seed not in controls:
             sys.exit(f"no control run of seed {seed} in AGAINST")
         before = per_task(controls[seed], step) if against else warmstart_per_task(warmstart, seed)
         after = per_task(run, step)
-        for subset, keep in SUBSETS:
-            ids = [i for i in before if levels[i] in keep]
+        for subset, keep in groups:
+            ids = [i for i in before if i in keep]
             cells = []
             for name, metric in METRICS:
                 d = paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, metric)
@@ -76,7 +97,7 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = ())
                                                for i in ids})
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
     print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
-    for subset, _ in SUBSETS:
+    for subset, _ in groups:
         cells = []
         for name, metric in METRICS:
             per_run = diffs[subset, metric]
@@ -124,6 +145,7 @@ if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
-         [Path(p) for p in os.environ.get("AGAINST", "").split()])
+         [Path(p) for p in os.environ.get("AGAINST", "").split()],
+         Path(os.environ["UNSEEN"]) if os.environ.get("UNSEEN") else None)
     if os.environ.get("PLOT"):
         plot(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], Path(os.environ["PLOT"]))
