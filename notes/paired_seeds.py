@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from generator.schema import Task
 from selfplay.compare import bootstrap_ci95, outcome_value, paired_delta
+from selfplay.evaluate import read_tasks
 
 METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"))
 SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
@@ -53,23 +53,19 @@ def warmstart_per_task(warmstart: Path, seed: int) -> dict:
     return json.loads(path.read_text())["heldout"]["per_task"]["test"]
 
 
-def read_jsonl_tasks(path: Path) -> list[Task]:
-    return [Task.from_json(line) for line in path.read_text().splitlines()]
-
-
 def heldout_levels(warmstart: Path) -> dict:
     """Held-out task id -> its level."""
-    return {t.id: t.level for t in read_jsonl_tasks(warmstart / "heldout.jsonl")}
+    return {t.id: t.level for t in read_tasks(warmstart / "heldout.jsonl")}
 
 
 def subsets(warmstart: Path, unseen: Path | None = None) -> list[tuple[str, set]]:
     """(name, held-out task ids) for each subset printed: SUBSETS by level, then with UNSEEN the tasks whose
     program is not in that file."""
-    levels = heldout_levels(warmstart)
-    out = [(name, {i for i, lv in levels.items() if lv in keep}) for name, keep in SUBSETS]
+    tasks = read_tasks(warmstart / "heldout.jsonl")
+    out = [(name, {t.id for t in tasks if t.level in keep}) for name, keep in SUBSETS]
     if unseen is not None:
-        old = {t.fingerprints["ast"] for t in read_jsonl_tasks(unseen)}
-        new = {t.id for t in read_jsonl_tasks(warmstart / "heldout.jsonl") if t.fingerprints["ast"] not in old}
+        old = {t.fingerprints["ast"] for t in read_tasks(unseen)}
+        new = {t.id for t in tasks if t.fingerprints["ast"] not in old}
         if not new:
             sys.exit(f"UNSEEN: every held-out program of {warmstart} is in {unseen}: no new tasks")
         out.append(("new", new))
