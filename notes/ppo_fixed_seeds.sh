@@ -30,11 +30,12 @@ job() {  # "rl K": the RL run of seed K; "eval": the warm start's seeded evaluat
         mkdir -p "$out" && [ -e "$out/warmstart" ] || cp -r "$ws/warmstart" "$out/warmstart"
         selfplay compare "${world[@]}" "${rl[@]}" "${extra[@]}" --seeds "$2" --shared-warmstart \
             --arms warmstart fixed --out "$out" > "$out.log" 2>&1
-    else  # written under a temporary name, then moved: two runners that share a warm start may both evaluate it
+    else  # written under temporary names, then moved: two runners that share a warm start may both evaluate it
         for k in "${seeds[@]}"; do
+            local tmp=$ws/.ws_seed$k.$$
             [ "$k" = 0 ] || [ -e "$ws/ws_seed$k.json" ] || {
-                selfplay eval "$ws/warmstart" --suite heldout --seed "$k" --json "$ws/.ws_seed$k.$$.json" \
-                    --plot "$ws/ws_seed$k.png" >> "$ws.log" 2>&1 && mv "$ws/.ws_seed$k.$$.json" "$ws/ws_seed$k.json"; }
+                selfplay eval "$ws/warmstart" --suite heldout --seed "$k" --json "$tmp.json" --plot "$tmp.png" \
+                    >> "$ws.log" 2>&1 && mv "$tmp.png" "$ws/ws_seed$k.png" && mv "$tmp.json" "$ws/ws_seed$k.json"; }
         done
     fi
 }
