@@ -4,6 +4,7 @@
     PLOT=notes/ppo_fixed_r.png python notes/paired_seeds.py ...     # also a figure: training vs held-out
     AGAINST="runs/ctl_w0/seed_0/fixed runs/ctl_w1/seed_1/fixed" python notes/paired_seeds.py ...   # vs controls
     UNSEEN=runs/ws_wide/warmstart/heldout.jsonl python notes/paired_seeds.py ...   # also: tasks new to that set
+    FOREST=notes/ppo_fixed8.png python notes/paired_seeds.py ...   # also a figure: every change and its interval
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
@@ -16,7 +17,8 @@ each run's training pass rate (TensorBoard `solver/pass_rate`, 10-iteration mean
 on levels 1-2 at every evaluation up to STEP. With AGAINST="RUN ...": each run is paired with the control run of
 its seed at the same STEP instead of the warm start (the same sampling seed, so again common random numbers).
 With UNSEEN=TASKS.jsonl: one more subset, "new", of the held-out tasks whose program (AST fingerprint) is not in
-that file, e.g. an earlier test set that results were already read on.
+that file, e.g. an earlier test set that results were already read on. With FOREST=OUT.png: a figure of every
+change printed (each seed's and the pooled one, with its 95 % interval), one panel per subset and metric.
 """
 
 import json
@@ -72,7 +74,10 @@ def subsets(warmstart: Path, unseen: Path | None = None) -> list[tuple[str, set]
     return out
 
 
-def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (), unseen: Path | None = None) -> None:
+def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
+         unseen: Path | None = None) -> list[tuple]:
+    """Prints the changes and returns them: (label, subset, metric name, change, ci low, ci high) per line."""
+    rows = []
     groups = subsets(warmstart, unseen)
     controls = {int(state(c, step)["config"]["run"]["seed"]): c for c in against}
     diffs = {(s, m): [] for s, _ in groups for _, m in METRICS}  # per run: {task: change}
@@ -89,6 +94,7 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
                 d = paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, metric)
                 cells.append(f"{name} {d['before']:.3f} -> {d['after']:.3f} {d['delta']:+.3f} "
                              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+                rows.append((f"seed {seed}", subset, name, d["delta"], *d["ci95"]))
                 diffs[subset, metric].append({i: outcome_value(after[i], metric) - outcome_value(before[i], metric)
                                                for i in ids})
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
@@ -103,7 +109,40 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
             run_means = [statistics.mean(d.values()) for d in per_run]
             sd = statistics.stdev(run_means) if len(run_means) > 1 else 0.0
             cells.append(f"{name} {mean_per_task.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] sd {sd:.3f}")
+            rows.append((f"pooled ({len(runs)})", subset, name, float(mean_per_task.mean()), lo, hi))
         print(f"  {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
+    return rows
+
+
+def forest(rows: list[tuple], title: str, out: Path) -> None:
+    """A grid of panels, one row per metric and one column per subset: each seed's change and the pooled one
+    (red), with 95 % intervals, and 0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    subsets = list(dict.fromkeys(r[1] for r in rows))
+    metrics = list(dict.fromkeys(r[2] for r in rows))
+    labels = list(dict.fromkeys(r[0] for r in rows))
+    fig, axes = plt.subplots(len(metrics), len(subsets), squeeze=False, sharey=True,
+                             figsize=(2.7 * len(subsets), (0.3 * len(labels) + 0.9) * len(metrics) + 0.6))
+    for (i, metric), (j, subset) in ((im, js) for im in enumerate(metrics) for js in enumerate(subsets)):
+        ax = axes[i, j]
+        for label, _, _, mean, lo, hi in (r for r in rows if r[1:3] == (subset, metric)):
+            pooled = label.startswith("pooled")
+            ax.errorbar(mean, labels.index(label), xerr=[[mean - lo], [hi - mean]], fmt="D" if pooled else "o",
+                        color="C3" if pooled else "C0", capsize=2)
+        ax.axvline(0, color="grey", lw=0.8)
+        ax.set_title(f"{subset}: {metric}", fontsize=9)
+        ax.tick_params(labelsize=7)
+    axes[0, 0].set_yticks(range(len(labels)), labels)
+    axes[0, 0].invert_yaxis()
+    fig.suptitle(title, fontsize=9)
+    fig.supxlabel("held-out pass@1 change [95 % CI]", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
 
 
 def plot(warmstart: Path, step: int, runs: list[Path], out: Path) -> None:
@@ -140,8 +179,11 @@ def plot(warmstart: Path, step: int, runs: list[Path], out: Path) -> None:
 if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
-    main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]],
-         [Path(p) for p in os.environ.get("AGAINST", "").split()],
-         Path(os.environ["UNSEEN"]) if os.environ.get("UNSEEN") else None)
+    against = [Path(p) for p in os.environ.get("AGAINST", "").split()]
+    changes = main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], against,
+                   Path(os.environ["UNSEEN"]) if os.environ.get("UNSEEN") else None)
+    if os.environ.get("FOREST"):
+        versus = "its control (same seed)" if against else "the warm start"
+        forest(changes, f"change at iteration {sys.argv[2]} against {versus}", Path(os.environ["FOREST"]))
     if os.environ.get("PLOT"):
         plot(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], Path(os.environ["PLOT"]))
