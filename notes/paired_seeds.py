@@ -8,7 +8,7 @@
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
-pass@1 and sampled pass@1. A run of seed k is paired with the warm start evaluated with the same sampling seed, read
+pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired with the warm start evaluated with the same sampling seed, read
 from WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
 start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
@@ -29,10 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
-from selfplay.compare import bootstrap_ci95, outcome_value, paired_delta
+from selfplay.compare import bootstrap_ci95, outcome_value
 from selfplay.evaluate import read_tasks
 
-METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"))
+METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"), ("any", "pass@n"))
+
+
+def value(row, metric: str) -> float:
+    """One task's value: `outcome_value`'s greedy outcome or sampled share, or for "pass@n" whether any of the n
+    samples solved it (a gain there is not only sharpening the distribution towards answers it already had)."""
+    return float(row[2] > 0) if metric == "pass@n" else outcome_value(row, metric)
 SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
 
 
@@ -90,13 +96,13 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
         for subset, keep in groups:
             ids = [i for i in before if i in keep]
             cells = []
-            for name, metric in METRICS:
-                d = paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, metric)
-                cells.append(f"{name} {d['before']:.3f} -> {d['after']:.3f} {d['delta']:+.3f} "
-                             f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
-                rows.append((f"seed {seed}", subset, name, d["delta"], *d["ci95"]))
-                diffs[subset, metric].append({i: outcome_value(after[i], metric) - outcome_value(before[i], metric)
-                                               for i in ids})
+            for name, metric in METRICS:  # paired over tasks, bootstrapped as selfplay.compare.paired_delta does
+                b = np.array([value(before[i], metric) for i in ids])
+                a = np.array([value(after[i], metric) for i in ids])
+                lo, hi = bootstrap_ci95(a - b)
+                cells.append(f"{name} {b.mean():.3f} -> {a.mean():.3f} {(a - b).mean():+.3f} [{lo:+.3f}, {hi:+.3f}]")
+                rows.append((f"seed {seed}", subset, name, float((a - b).mean()), lo, hi))
+                diffs[subset, metric].append(dict(zip(ids, a - b)))
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
     print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
     for subset, _ in groups:
@@ -139,7 +145,7 @@ def forest(rows: list[tuple], title: str, out: Path) -> None:
     axes[0, 0].set_yticks(range(len(labels)), labels)
     axes[0, 0].invert_yaxis()
     fig.suptitle(title, fontsize=9)
-    fig.supxlabel("held-out pass@1 change [95 % CI]", fontsize=8)
+    fig.supxlabel("held-out change [95 % CI]: greedy pass@1, sampled pass@1, any = pass@n", fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
