@@ -8,8 +8,8 @@
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
-pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired with the warm start evaluated with the same sampling seed, read
-from WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
+pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired
+with the warm start evaluated with the same sampling seed, read from WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm
 start's own evaluation), so the sampled changes are on common random numbers. The pooled line averages each
 task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
 sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it. With PLOT=OUT.png:
@@ -33,13 +33,13 @@ from selfplay.compare import bootstrap_ci95, outcome_value
 from selfplay.evaluate import read_tasks
 
 METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"), ("any", "pass@n"))
+SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
 
 
 def value(row, metric: str) -> float:
     """One task's value: `outcome_value`'s greedy outcome or sampled share, or for "pass@n" whether any of the n
     samples solved it (a gain there is not only sharpening the distribution towards answers it already had)."""
     return float(row[2] > 0) if metric == "pass@n" else outcome_value(row, metric)
-SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
 
 
 def state(run: Path, step: int) -> dict:
