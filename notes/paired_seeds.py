@@ -8,17 +8,18 @@
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
-pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired
-with the warm start evaluated with the same sampling seed, read from WARMSTART/../ws_seed{k}.json
-(`selfplay eval WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm start's own evaluation), so
-the sampled changes are on common random numbers. The pooled line averages each task's change over the runs, then bootstraps over tasks (`selfplay.compare.paired_delta`'s method): it covers task
-sampling, with seed-to-seed variation averaged in; the spread over seeds is printed beside it. With PLOT=OUT.png:
-each run's training pass rate (TensorBoard `solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1
-on levels 1-2 at every evaluation up to STEP. With AGAINST="RUN ...": each run is paired with the control run of
-its seed at the same STEP instead of the warm start (the same sampling seed, so again common random numbers).
-With UNSEEN=TASKS.jsonl: one more subset, "new", of the held-out tasks whose program (AST fingerprint) is not in
-that file, e.g. an earlier test set that results were already read on. With FOREST=OUT.png: a figure of every
-change printed (each seed's and the pooled one, with its 95 % interval), one panel per subset and metric.
+pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired with
+the warm start evaluated with the same sampling seed, read from WARMSTART/../ws_seed{k}.json (`selfplay eval
+WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm start's own evaluation), so the sampled changes
+are on common random numbers. The pooled line averages each task's change over the runs, then bootstraps over tasks
+(`selfplay.compare.paired_delta`'s method): it covers task sampling, with seed-to-seed variation averaged in; the
+spread over seeds is printed beside it. With PLOT=OUT.png: each run's training pass rate (TensorBoard
+`solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1 on levels 1-2 at every evaluation up to
+STEP. With AGAINST="RUN ...": each run is paired with the control run of its seed at the same STEP instead of the
+warm start (the same sampling seed, so again common random numbers). With UNSEEN=TASKS.jsonl: one more subset,
+"new", of the held-out tasks whose program (AST fingerprint) is not in that file, e.g. an earlier test set that
+results were already read on. With FOREST=OUT.png: a figure of every change printed (each seed's and the pooled one,
+with its 95 % interval), one panel per subset and metric.
 """
 
 import json
