@@ -5,6 +5,7 @@
     AGAINST="runs/ctl_w0/seed_0/fixed runs/ctl_w1/seed_1/fixed" python notes/paired_seeds.py ...   # vs controls
     UNSEEN=runs/ws_wide/warmstart/heldout.jsonl python notes/paired_seeds.py ...   # also: tasks new to that set
     FOREST=notes/ppo_fixed8.png python notes/paired_seeds.py ...   # also a figure: every change and its interval
+    BEFORE=runs/ws_ptx8/ws_T08_seed0.json python notes/paired_seeds.py WS 80 runs/ptx8_w0/T08_seed0.json   # two evals
 
 For each run folder: the paired change on the warm start's held-out `test` split at iteration STEP (from the
 checkpoint's state.json), on all tasks, on the levels the fixed-mode runs train on (1-2) and on level 3, greedy
@@ -19,9 +20,11 @@ STEP. With AGAINST="RUN ...": each run is paired with the control run of its see
 warm start (the same sampling seed, so again common random numbers). With UNSEEN=TASKS.jsonl: one more subset,
 "new", of the held-out tasks whose program (AST fingerprint) is not in that file, e.g. an earlier test set that
 results were already read on. With FOREST=OUT.png: a figure of every change printed (each seed's and the pooled one,
-with its 95 % interval), one panel per subset and metric.
+with its 95 % interval), one panel per subset and metric. A RUN may also be an evaluation JSON (`selfplay eval ...
+--json`), and BEFORE=EVAL.json pairs every run with that evaluation instead, e.g. both models at another temperature.
 """
 
+import itertools
 import json
 import os
 import statistics
@@ -39,7 +42,7 @@ SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
 
 def value(row, metric: str) -> float:
     """One task's value: `outcome_value`'s greedy outcome or sampled share, or for "pass@n" whether any of the n
-    samples solved it (a gain there is not only sharpening the distribution towards answers it already had)."""
+    samples solved it."""
     return float(row[2] > 0) if metric == "pass@n" else outcome_value(row, metric)
 
 
@@ -47,8 +50,20 @@ def state(run: Path, step: int) -> dict:
     return json.loads((run / "checkpoints" / f"step_{step}" / "state.json").read_text())
 
 
+def run_seed(run: Path, step: int) -> int:
+    """The sampling seed of a run folder (its config) or of an evaluation JSON (`selfplay eval --json`)."""
+    if run.suffix == ".json":
+        return int(json.loads(run.read_text())["options"]["seed"])
+    return int(state(run, step)["config"]["run"]["seed"])
+
+
 def per_task(run: Path, step: int) -> dict:
+    """The test split's per-task outcomes of a run folder at iteration STEP, or of an evaluation JSON."""
+    if run.suffix == ".json":
+        return json.loads(run.read_text())["heldout"]["per_task"]["test"]
     st = state(run, step)
+    if step != 0 and str(step) not in st["evals"]:
+        sys.exit(f"{run} has no held-out evaluation at iteration {step} (it has: {', '.join(st['evals']) or 'none'})")
     evaluation = st["eval_before"] if step == 0 else st["evals"][str(step)]
     return evaluation["per_task"]["test"]
 
@@ -82,17 +97,18 @@ def subsets(warmstart: Path, unseen: Path | None = None) -> list[tuple[str, set]
 
 
 def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
-         unseen: Path | None = None) -> list[tuple]:
+         unseen: Path | None = None, before_eval: Path | None = None) -> list[tuple]:
     """Prints the changes and returns them: (label, subset, metric name, change, ci low, ci high) per line."""
     rows = []
     groups = subsets(warmstart, unseen)
-    controls = {int(state(c, step)["config"]["run"]["seed"]): c for c in against}
+    controls = {run_seed(c, step): c for c in against}
     diffs = {(s, m): [] for s, _ in groups for _, m in METRICS}  # per run: {task: change}
     for run in runs:
-        seed = int(state(run, step)["config"]["run"]["seed"])
+        seed = run_seed(run, step)
         if against and seed not in controls:
             sys.exit(f"no control run of seed {seed} in AGAINST")
-        before = per_task(controls[seed], step) if against else warmstart_per_task(warmstart, seed)
+        before = (per_task(before_eval, 0) if before_eval else per_task(controls[seed], step) if against
+                  else warmstart_per_task(warmstart, seed))
         after = per_task(run, step)
         for subset, keep in groups:
             ids = [i for i in before if i in keep]
@@ -134,7 +150,7 @@ def forest(rows: list[tuple], title: str, out: Path) -> None:
     labels = list(dict.fromkeys(r[0] for r in rows))
     fig, axes = plt.subplots(len(metrics), len(subsets), squeeze=False, sharey=True,
                              figsize=(2.7 * len(subsets), (0.3 * len(labels) + 0.9) * len(metrics) + 0.6))
-    for (i, metric), (j, subset) in ((im, js) for im in enumerate(metrics) for js in enumerate(subsets)):
+    for (i, metric), (j, subset) in itertools.product(enumerate(metrics), enumerate(subsets)):
         ax = axes[i, j]
         for label, _, _, mean, lo, hi in (r for r in rows if r[1:3] == (subset, metric)):
             pooled = label.startswith("pooled")
@@ -187,10 +203,11 @@ if __name__ == "__main__":
     if len(sys.argv) < 4:
         sys.exit(__doc__)
     against = [Path(p) for p in os.environ.get("AGAINST", "").split()]
+    before_eval = Path(os.environ["BEFORE"]) if os.environ.get("BEFORE") else None
     changes = main(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], against,
-                   Path(os.environ["UNSEEN"]) if os.environ.get("UNSEEN") else None)
+                   Path(os.environ["UNSEEN"]) if os.environ.get("UNSEEN") else None, before_eval)
     if os.environ.get("FOREST"):
-        versus = "its control (same seed)" if against else "the warm start"
+        versus = before_eval or ("its control (same seed)" if against else "the warm start")
         forest(changes, f"change at iteration {sys.argv[2]} against {versus}", Path(os.environ["FOREST"]))
     if os.environ.get("PLOT"):
         plot(Path(sys.argv[1]), int(sys.argv[2]), [Path(p) for p in sys.argv[3:]], Path(os.environ["PLOT"]))
