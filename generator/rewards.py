@@ -1,15 +1,24 @@
-"""Generator rewards (Absolute Zero, R-Zero, Self-Challenging; DESIGN.md §5).
+"""Generator rewards (Absolute Zero, R-Zero, Self-Challenging; docs/selfplay.md).
 
-A proposal that passed every validity check is rewarded by how *learnable* it is for the current solver:
-with p the solver's solve rate over k attempts,
+A proposal that passed every validity check is rewarded by how *learnable* it is for the current solver. With p
+the solver's solve rate over k attempts, `generator.reward.learnability` chooses
 
-    r = 1 - p   if 0 < p < 1        (hard but solvable: the solver fails sometimes)
-    r = 0       if p in {0, 1}      (never solved may mean ill-posed; always solved is too easy)
+    one_minus_p     r = 1 - p      if 0 < p < 1, else 0   (Absolute Zero: hard but solvable)
+    p_one_minus_p   r = p (1 - p)  if 0 < p < 1, else 0   (SFL's learnability: the variance of the outcome)
 
-Invalid proposals get fixed penalties: -1 when the answer could not be parsed into a task at all, -0.5 when it
-parsed but failed a validity check (AZR's values). Valid proposals then pay a repetition penalty (R-Zero):
-the size of their near-duplicate cluster within the batch divided by the batch size, times a weight that the
-mixer may raise when it sees diversity collapse.
+(never solved may mean ill-posed; always solved is too easy). Invalid proposals get fixed penalties: -1 when the
+answer could not be parsed into a task at all, -0.5 when it parsed but failed a validity check (AZR's values).
+
+Valid proposals then pay R-Zero's repetition penalty: the size |C| of their near-duplicate cluster among the
+batch's valid proposals, divided by the batch size B (every proposal of the iteration, valid or not), times a
+weight w that the mixer raises when the valid proposals repeat each other. The valid reward never goes below
+`VALID_FLOOR`, half-way between the invalid penalty and 0:
+
+    r_valid = max(VALID_FLOOR, learnability(p) - w |C| / B)
+
+so whatever weight the mixer sets and however few of the batch's proposals are valid, a valid proposal always
+scores strictly above an invalid one (R-Zero clips at 0 for the same reason; the floor sits below 0 so that a
+repeated valid proposal still scores below a unique one that the solver always or never solves).
 
 Everything here is a pure function of numbers and cluster keys, so it can be tested by hand.
 """
@@ -22,13 +31,34 @@ from typing import Sequence
 
 PENALTY_UNPARSABLE = -1.0
 PENALTY_INVALID = -0.5
+VALID_FLOOR = PENALTY_INVALID / 2  # the lowest reward a valid proposal can get: strictly above any invalid one
+LEARNABILITY = ("one_minus_p", "p_one_minus_p")
 
 
-def learnability(solve_rate: float) -> float:
-    """1 - p for 0 < p < 1, else 0."""
+@dataclass
+class GeneratorRewardConfig:
+    learnability: str = "one_minus_p"  # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL)
+
+
+def check_learnability(kind: str) -> str:
+    if kind not in LEARNABILITY:
+        raise ValueError(f"generator.reward.learnability must be one of {', '.join(LEARNABILITY)}, got {kind!r}")
+    return kind
+
+
+def learnability(solve_rate: float, kind: str = "one_minus_p") -> float:
+    """1 - p (or p (1 - p)) for 0 < p < 1, else 0."""
+    check_learnability(kind)
     if not 0.0 <= solve_rate <= 1.0:
         raise ValueError(f"solve rate must be in [0, 1], got {solve_rate}")
-    return 1.0 - solve_rate if 0.0 < solve_rate < 1.0 else 0.0
+    if not 0.0 < solve_rate < 1.0:
+        return 0.0
+    return 1.0 - solve_rate if kind == "one_minus_p" else solve_rate * (1.0 - solve_rate)
+
+
+def in_band(solve_rate: float | None) -> bool:
+    """The solver solved the task on some but not all of its attempts."""
+    return solve_rate is not None and 0.0 < solve_rate < 1.0
 
 
 @dataclass(frozen=True)
@@ -41,19 +71,34 @@ class ProposalOutcome:
     cluster: str | None = None  # near-duplicate key (e.g. normalised-AST or behaviour hash)
 
 
-def repetition_penalties(clusters: Sequence[str | None]) -> list[float]:
-    """|C| / B for each item of a batch of B, where C is the item's cluster; None counts as its own cluster."""
-    n = len(clusters)
-    if n == 0:
-        return []
+def repetition_penalties(clusters: Sequence[str | None], batch_size: int | None = None) -> list[float]:
+    """|C| / B for each of the given items, where C is the item's cluster among them and B is `batch_size`
+    (default: the number of items); None counts as its own cluster."""
+    n = len(clusters) if batch_size is None else batch_size
+    if n < len(clusters):
+        raise ValueError(f"batch size {n} is smaller than the {len(clusters)} items in it")
     counts = Counter(c for c in clusters if c is not None)
     return [(counts[c] if c is not None else 1) / n for c in clusters]
 
 
-def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: float = 1.0) -> list[float]:
-    """Scalar reward per proposal. The repetition penalty is computed over the valid proposals of the batch."""
+def diversity(outcomes: Sequence[ProposalOutcome]) -> float | None:
+    """Unique near-duplicate clusters among the valid proposals / valid proposals (None when none is valid; a
+    valid proposal without a cluster key counts as unique). Invalid proposals do not enter: a batch with few valid
+    proposals is not a repetitive one."""
+    clusters = [o.cluster for o in outcomes if o.parsed and o.valid]
+    if not clusters:
+        return None
+    return (len({c for c in clusters if c is not None}) + sum(c is None for c in clusters)) / len(clusters)
+
+
+def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: float = 1.0,
+                      learnability_kind: str = "one_minus_p") -> list[float]:
+    """Scalar reward per proposal of one batch (all of the iteration's proposals: B = len(outcomes))."""
+    if repetition_weight < 0:
+        raise ValueError(f"repetition weight must be >= 0, got {repetition_weight}")
+    check_learnability(learnability_kind)
     valid_idx = [i for i, o in enumerate(outcomes) if o.parsed and o.valid]
-    rep = repetition_penalties([outcomes[i].cluster for i in valid_idx])
+    rep = repetition_penalties([outcomes[i].cluster for i in valid_idx], batch_size=len(outcomes))
     rep_of = dict(zip(valid_idx, rep))
     rewards = []
     for i, o in enumerate(outcomes):
@@ -64,5 +109,6 @@ def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: fl
         else:
             if o.solve_rate is None:
                 raise ValueError(f"proposal {i} is valid but has no solve rate")
-            rewards.append(learnability(o.solve_rate) - repetition_weight * rep_of[i])
+            score = learnability(o.solve_rate, learnability_kind) - repetition_weight * rep_of[i]
+            rewards.append(max(VALID_FLOOR, score))
     return rewards
