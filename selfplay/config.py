@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from generator.rewards import GeneratorRewardConfig
 from selfplay.errors import UserError
 from selfplay.mixer import MixerConfig
 from solver.rewards import RewardConfig
@@ -178,6 +179,11 @@ class TrainConfig:
 
 
 @dataclass
+class GeneratorConfig:
+    reward: GeneratorRewardConfig = field(default_factory=GeneratorRewardConfig)  # generator/rewards.py
+
+
+@dataclass
 class EvalConfig:
     tasks_per_split: int = 40  # held-out tasks per split (generated deterministically from run.seed)
     samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
@@ -197,6 +203,7 @@ class Config:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torch.distributed / DeepSpeed (selfplay/distributed.py)
     reward: RewardConfig = field(default_factory=RewardConfig)  # solver hybrid reward weights (solver/rewards.py)
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)  # behaviour cloning of both agents
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the task proposer (generator/)
     train: TrainConfig = field(default_factory=TrainConfig)  # the self-play loop (selfplay/loop.py)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (selfplay/evaluate.py)
 

@@ -54,7 +54,8 @@ import numpy as np
 import torch
 
 import sandbox
-from generator.rewards import ProposalOutcome, generator_rewards
+from generator.rewards import ProposalOutcome, check_learnability, generator_rewards
+from generator.rewards import diversity as proposal_diversity
 from generator.schema import Task
 from selfplay import distributed as D
 from selfplay import rl
@@ -176,6 +177,10 @@ class SelfPlay:
             raise UserError("train.samples_per_task must be >= 1")
         if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
             raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
+        try:
+            check_learnability(cfg.generator.reward.learnability)
+        except ValueError as exc:
+            raise UserError(str(exc)) from exc
         if cfg.ppo.replay_source not in REPLAY_SOURCES:
             raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, "
                             f"got {cfg.ppo.replay_source!r}")
@@ -546,7 +551,8 @@ class SelfPlay:
         outcomes = [ProposalOutcome(parsed=ok_parse, valid=d is not None,
                                     solve_rate=rates_all.get(d["id"]) if d is not None else None, cluster=cluster)
                     for d, _, ok_parse, cluster in flat]
-        g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight) if outcomes else []
+        g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight,
+                                          cfg.generator.reward.learnability)
         offsets = np.cumsum([0] + [len(x) for x in shared])
         g_rewards = g_rewards_all[offsets[self.rank]: offsets[self.rank + 1]]
 
@@ -573,8 +579,7 @@ class SelfPlay:
         solve_rate = D.all_reduce_mean(sum(batch_rates) / max(1, len(batch_rates)))
         n_props = len(flat)
         validity = sum(o.valid for o in outcomes) / n_props if n_props else None
-        clusters = [o.cluster for o in outcomes if o.valid]
-        diversity = len(set(clusters)) / n_props if n_props else None
+        diversity = proposal_diversity(outcomes)  # among the valid proposals: few valid ones is no repetition
         if self.main:
             for task in valid_generator:
                 rate = rates_all.get(task.id)

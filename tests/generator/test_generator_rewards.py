@@ -128,3 +128,14 @@ def test_more_weight_or_more_repeats_never_pays_more(outcomes, w1, w2, kind):
     if first is not None:
         twin = outcomes + [ProposalOutcome(parsed=True, valid=True, solve_rate=0.5, cluster=outcomes[first].cluster)]
         assert generator_rewards(twin, lo, kind)[first] <= r_lo[first]
+
+
+def test_the_learnability_option_is_checked_before_a_run_starts():
+    from selfplay.config import load_config
+    from selfplay.errors import UserError
+    from selfplay.loop import SelfPlay
+
+    cfg = load_config(None, ["generator.reward.learnability=p_one_minus_p"])
+    SelfPlay._validate(cfg)
+    with pytest.raises(UserError, match="generator.reward.learnability must be one of one_minus_p, p_one_minus_p"):
+        SelfPlay._validate(load_config(None, ["generator.reward.learnability=sfl"]))
