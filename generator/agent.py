@@ -18,6 +18,9 @@ A proposal carries no outputs: those come from running the reference in the sand
 never from the model. `parse_proposal` never raises on model output: it returns a `Proposal` or a
 `ProposalError` with the reason, which costs the generator the "unparsable" penalty (generator/rewards.py).
 `format_proposal` writes a task in the same format, which is how the procedural corpus warm-starts the generator.
+
+This is the "free" proposal format; `generator.format=mutation` (generator/mutation.py) has the generator name a
+reference and one edit of its program instead, which the procedural families compile into a task.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ INSTRUCTIONS = {
     "change_type": "Write a reference task again for a different element type (float, str, tuple or record).",
 }
 
+FORMATS = ("free", "mutation")  # generator.format: a whole task in text, or one edit of a reference's program
 MAX_INPUTS = 32  # more test inputs than this in one proposal is rejected (cost control)
 MAX_CODE_CHARS = 4000  # longer reference solutions are rejected
 
@@ -98,8 +102,9 @@ def build_prompt(references: Sequence[Task], instruction: str, n_examples: int =
     return "\n".join(parts) + "\n"
 
 
-def choose_instruction(rng: random.Random, n_references: int) -> str:
-    names = [n for n in INSTRUCTIONS if n != "compose" or n_references >= 2]
+def choose_instruction(rng: random.Random, n_references: int, instructions=INSTRUCTIONS) -> str:
+    """One of `instructions` (names), "compose" only with two references or more."""
+    names = [n for n in instructions if n != "compose" or n_references >= 2]
     return rng.choice(names)
 
 

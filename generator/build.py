@@ -86,17 +86,25 @@ def sample_params(rng: random.Random, level: int, split: str = "train", cfg: Bui
         except PipelineError:
             continue
         size = rng.randint(4, 6)
-        params = {
-            "family": family, "input": kind, "steps": steps, "level": level,
-            "sizes": [size, size] if level == 1 else [0, 12 if depth > 3 else 10],
-            "edge_cases": level >= 2, "vague": level == 4,
-            "noise": sorted(rng.sample(NOISE_KINDS, rng.randint(1, 2))) if c["noise"] else [],
-            "n_visible": cfg.n_visible_vague if level == 4 else cfg.n_visible, "n_hidden": cfg.n_hidden,
-            "seed": rng.getrandbits(32),
-        }
+        params = pipeline_params(family, steps, level, size=size, cfg=cfg,
+                                 noise=sorted(rng.sample(NOISE_KINDS, rng.randint(1, 2))) if c["noise"] else [],
+                                 seed=rng.getrandbits(32))
         if split_of(params, cfg.splits) == split:
             return params
     raise SplitError(f"could not draw a level-{level} task for split {split!r}")
+
+
+def pipeline_params(family: str, steps: list[dict], level: int, *, size: int, seed: int,
+                    cfg: BuildConfig = BuildConfig(), noise: list[str] = ()) -> dict:
+    """The params of a task running `steps` on `family`'s input at `level` (its sizes, edge cases, text mode and
+    number of examples follow the level); `size` is the input length of level 1, `seed` draws text and inputs."""
+    depth = len(steps)
+    return {
+        "family": family, "input": FAMILIES[family], "steps": steps, "level": level,
+        "sizes": [size, size] if level == 1 else [0, 12 if depth > 3 else 10],
+        "edge_cases": level >= 2, "vague": level == 4, "noise": list(noise),
+        "n_visible": cfg.n_visible_vague if level == 4 else cfg.n_visible, "n_hidden": cfg.n_hidden, "seed": seed,
+    }
 
 
 def materialise(params: dict, split: str, *, created_step: int = 0) -> Task:

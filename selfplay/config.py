@@ -148,6 +148,7 @@ class WarmstartConfig:
     critic_tasks: int = 32  # critic pretraining: training tasks the solver attempts
     critic_samples: int = 4  # critic pretraining: sampled answers per task, graded in the sandbox
     critic_lr: float = 1e-3  # critic pretraining: AdamW learning rate of the value head (and separate critic)
+    generator_probe: int = 0  # proposals sampled after the generator's SFT to report its parse and validity rates
 
 
 @dataclass
@@ -181,6 +182,10 @@ class TrainConfig:
 @dataclass
 class GeneratorConfig:
     reward: GeneratorRewardConfig = field(default_factory=GeneratorRewardConfig)  # generator/rewards.py
+    # proposal format: "free" = the whole task in text (description, signature, code, inputs); "mutation" = one
+    # reference task and one edit of its program, compiled by the procedural families (generator/mutation.py).
+    # The warm start teaches the generator this format: set it for the warm start and keep it for training.
+    format: str = "mutation"
 
 
 @dataclass
@@ -234,7 +239,14 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     except OmegaConfBaseException as exc:
         raise UserError(f"override: {_describe(exc)}") from exc
     _check_tasks(cfg.tasks)
+    _check_generator(cfg.generator)
     return cfg
+
+
+def _check_generator(gen_cfg) -> None:
+    from generator.agent import FORMATS
+    if gen_cfg.format not in FORMATS:
+        raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
 
 
 def _check_tasks(tasks_cfg) -> None:

@@ -377,6 +377,10 @@ class SelfPlay:
         """K reference tasks for each of n proposals, chosen by the mixer near the solver's frontier."""
         k = self.cfg.train.references
         pool = self.corpus.query(split="train", order="random", seed=self.step, limit=512)
+        if self.cfg.generator.format == "mutation":  # an edit needs a program (procedural and edited tasks have one)
+            from generator.families.grammar import program_of
+
+            pool = [x for x in pool if program_of(x) is not None]
         if not pool:
             raise RuntimeError("the corpus holds no training task to show the generator")
         by_id = {t.id: t for t in pool}
@@ -511,6 +515,8 @@ class SelfPlay:
         # 1. generator proposals ----------------------------------------------------------------------------
         proposals = []
         if t.mode == "selfplay":
+            from generator.build import BuildConfig
+
             t0 = time.perf_counter()
             groups = D.broadcast_object(self._references(t.proposals) if self.main else None)
             mine = groups[self.rank:: self.world]
@@ -518,10 +524,11 @@ class SelfPlay:
                 self.generator, mine, self.sb, step=step, rng=random.Random(f"{cfg.run.seed}:{step}:{self.rank}"),
                 corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
                 max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
-                max_new_tokens=t.generator_max_new_tokens)
+                max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
+                build_cfg=BuildConfig.from_config(cfg.tasks))
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
-                                    p.task is not None, (p.task.fingerprints or {}).get("ast") if p.task else None)
+                                    p.parsed, (p.task.fingerprints or {}).get("ast") if p.task else None)
                                    for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
         valid_generator = [Task.from_dict(d) for d, *_ in flat if d is not None]
@@ -692,7 +699,7 @@ class SelfPlay:
 
     def _log_samples(self, step: int, proposals, rollouts) -> None:
         for p in proposals[:2]:
-            status = "valid" if p.valid else f"rejected: {p.parse_error or p.rejection}"
+            status = "valid" if p.valid else f"rejected: {p.parse_error or p.reasons.get('reason') or p.rejection}"
             self.tb.text("samples/generator", f"**{status}**\n\n```\n{p.answer.text}\n```", step)
         for r in rollouts[:2]:
             head = f"**{r.task.family} L{r.task.level}** passed {r.result.hidden_passed}/{r.result.hidden_total}"

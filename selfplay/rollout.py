@@ -6,7 +6,10 @@ Between turns the observation is appended to the response as tokens the policy d
 PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token.
 
 Generator: P prompts, each with K reference tasks and an instruction; answers parsed into proposals; the valid
-ones become tasks (outputs from the reference in the sandbox, every validity check run).
+ones become tasks (outputs from the reference in the sandbox, every validity check run). Two proposal formats
+(`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
+its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
+invalid proposal, rejected as "edit" with its reason.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from generator.agent import (ProposalError, build_prompt, choose_instruction, parse_proposal, proposal_to_task)
+from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
+                             proposal_to_task)
+from generator.build import BuildConfig
+from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
+                                compile_mutation, parse_mutation)
 from generator.schema import Task
 from generator.validity import validate_many
 from sandbox.incremental import IncrementalRunner
@@ -104,29 +111,50 @@ class ProposalRollout:
     answer: Answer
     references: list[Task]
     instruction: str
-    task: Task | None = None  # the proposal as a task (None when unparsable)
+    task: Task | None = None  # the proposal as a task (None when unparsable or, in the mutation format, impossible)
     parse_error: str | None = None
     valid: bool = False
-    rejection: str | None = None  # first failed validity check, or "unparsable"
+    rejection: str | None = None  # first failed validity check, "edit" (an impossible mutation) or "unparsable"
     reasons: dict = field(default_factory=dict)
+
+    @property
+    def parsed(self) -> bool:
+        return self.parse_error is None
 
 
 def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
                        corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
-                       max_prompt_tokens: int | None = None, max_new_tokens: int | None = None
-                       ) -> list[ProposalRollout]:
+                       max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
+                       fmt: str = "free", build_cfg: BuildConfig | None = None) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
-    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default."""
-    instructions = [choose_instruction(rng, len(refs)) for refs in references]
-    prompts = [agent.chat_ids(build_prompt(refs, instr), max_prompt_tokens)
-               for refs, instr in zip(references, instructions)]
+    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (a
+    mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
+    built with `build_cfg`, the `tasks:` section's)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    mutation = fmt == "mutation"
+    if mutation:
+        instructions = [choose_mutation_instruction(rng, len(refs)) for refs in references]
+        texts = [build_mutation_prompt(refs, instr) for refs, instr in zip(references, instructions)]
+        max_new_tokens = min(max_new_tokens or MAX_ANSWER_TOKENS, MAX_ANSWER_TOKENS)
+    else:
+        instructions = [choose_instruction(rng, len(refs)) for refs in references]
+        texts = [build_prompt(refs, instr) for refs, instr in zip(references, instructions)]
+    prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
     answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
     rollouts = []
     for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
         ro = ProposalRollout(prompt, answer, list(refs), instr)
-        parsed = parse_proposal(answer.text)
+        parsed = parse_mutation(answer.text) if mutation else parse_proposal(answer.text)
         if isinstance(parsed, ProposalError):
             ro.parse_error, ro.rejection = parsed.reason, "unparsable"
+        elif mutation:
+            task = compile_mutation(parsed, refs, cfg=build_cfg or BuildConfig(), step=step,
+                                    generator_checkpoint=checkpoint)
+            if isinstance(task, MutationError):
+                ro.rejection, ro.reasons = "edit", {"reason": task.reason}
+            else:
+                ro.task = task
         else:
             ro.task = proposal_to_task(parsed, refs, step, n_visible=n_visible, generator_checkpoint=checkpoint)
         rollouts.append(ro)

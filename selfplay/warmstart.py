@@ -30,7 +30,7 @@ from selfplay.distributed import local_device
 from selfplay.errors import UserError
 from selfplay.models import build_models, frozen_copy
 from selfplay.ppo import first_action, last_index, pad_rollouts
-from selfplay.rollout import prompt_options, solver_rollouts
+from selfplay.rollout import generator_rollouts, prompt_options, solver_rollouts
 from selfplay.sft import sft
 from solver.prompts import answer_text, task_prompt
 
@@ -40,10 +40,13 @@ def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> lis
     return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
 
 
-def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int) -> list[tuple[str, str]]:
-    """(user prompt, answer text) pairs: given K other tasks of the same family, the generator writes a task.
-    The instruction names what relates the target to its references (same family: mutate; a deeper pipeline:
-    harder)."""
+def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int, fmt: str = "free", sb=None, corpus_index=None,
+                       build_cfg=None) -> list[tuple[str, str]]:
+    """(user prompt, answer text) pairs. Free format: given K other tasks of the same family, the generator writes
+    a task; the instruction names what relates the target to its references (same family: mutate; a deeper
+    pipeline: harder). Mutation format: `mutation_examples`."""
+    if fmt == "mutation":
+        return mutation_examples(tasks, k_refs, seed, sb, corpus_index, build_cfg)
     rng = random.Random(seed)
     by_family: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:
@@ -55,6 +58,33 @@ def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int) -> list[tu
         deeper = refs and t.level > max(r.level for r in refs)
         out.append((build_prompt(refs, "harder" if deeper else "mutate"), format_proposal(t)))
     return out
+
+
+def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
+                      per_task: int = 1) -> list[tuple[str, str]]:
+    """Mutation-format pairs: `per_task` draws per task, each K references (the task and K - 1 others), an
+    instruction and a random edit that follows it; kept when the edited task passes every validity check in the
+    sandbox, novelty against `corpus_index` and the earlier kept ones included (what a proposal must pass)."""
+    from generator.build import BuildConfig
+    from generator.families.grammar import program_of
+    from generator.mutation import build_mutation_prompt, choose_mutation_instruction, format_mutation, random_mutation
+    from generator.validity import validate_many
+
+    build_cfg = build_cfg or BuildConfig()
+    rng = random.Random(f"mutation-examples:{seed}")
+    pool = [t for t in tasks if program_of(t) is not None]
+    drawn = []
+    for _ in range(per_task):
+        for t in pool:
+            others = [r for r in rng.sample(pool, min(len(pool), k_refs + 1)) if r.id != t.id][: k_refs - 1]
+            refs = others + [t]
+            rng.shuffle(refs)
+            instruction = choose_mutation_instruction(rng, len(refs))
+            found = random_mutation(rng, refs, instruction, cfg=build_cfg)
+            if found is not None:
+                drawn.append((build_mutation_prompt(refs, instruction), format_mutation(found[0]), found[1]))
+    reports = validate_many([task for *_, task in drawn], sb, corpus_index)
+    return [(prompt, answer) for (prompt, answer, _), report in zip(drawn, reports) if report.ok]
 
 
 def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: int):
@@ -168,6 +198,35 @@ def critic_warm_start(cfg, solver: LMAgent, tasks: Sequence[Task], sb) -> dict:
             "solver_critic_s": time.perf_counter() - t0}
 
 
+def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) -> dict:
+    """Sample `warmstart.generator_probe` proposals as training would (K random references from `tasks`, the
+    configured format, prompt budget and temperature), parse and validate them against the corpus: the warm-started
+    generator's parse and validity rates, and the first rejection reasons."""
+    from collections import Counter
+
+    from generator.build import BuildConfig
+    from generator.families.grammar import program_of
+
+    t = cfg.train
+    rng = random.Random(f"probe:{cfg.run.seed}")
+    pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
+    groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(cfg.warmstart.generator_probe)]
+    positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
+    t0 = time.perf_counter()
+    rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
+                                  n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
+                                  max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
+                                                                positions - t.generator_max_new_tokens)),
+                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks))
+    n = max(1, len(rollouts))
+    rejections = Counter(r.rejection for r in rollouts if not r.valid)
+    return {"generator_probe_proposals": len(rollouts),
+            "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
+            "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
+            **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
+            "generator_probe_s": time.perf_counter() - t0}
+
+
 def level_counts(ws, max_level: int = 4) -> dict:
     """{level (None = a mix of levels 1..max_level): tasks to draw} for the warm-start corpus, from `warmstart`."""
     if not ws.level_tasks:
@@ -198,7 +257,7 @@ def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
 
 def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report)."""
-    from generator.build import BuildStats
+    from generator.build import BuildConfig, BuildStats
 
     t0 = time.perf_counter()
     ws = cfg.warmstart
@@ -211,7 +270,9 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
 
     s_pairs = solver_examples(tasks, prompt_options(cfg))
-    g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed)
+    g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, sb, corpus,
+                                 BuildConfig.from_config(cfg.tasks))
+    log(f"warm start: {len(g_pairs)} {cfg.generator.format}-format generator examples")
     texts = [x for pair in s_pairs + g_pairs for x in pair]
     solver, generator = build_agents(cfg, run_dir, texts)
 
@@ -233,6 +294,10 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
         report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
         log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}")
+    if ws.generator_probe > 0:
+        report.update(probe_generator(cfg, generator, tasks, sb, corpus))
+        log(f"warm start: generator ({cfg.generator.format} format) on {ws.generator_probe} proposals: parse rate "
+            f"{report['generator_probe_parse_rate']:.3f}, validity rate {report['generator_probe_validity_rate']:.3f}")
     if ws.critic_steps > 0:
         report.update(critic_warm_start(cfg, solver, tasks, sb))
         log(f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
