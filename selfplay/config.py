@@ -113,8 +113,8 @@ class PPOConfig:
     whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
     max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
     temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature
-    top_k: int = 0  # sampling: keep the k most likely tokens (0 = off)
-    top_p: float = 1.0  # sampling: nucleus probability mass (1 = off)
+    top_k: int = 0  # sampling: must stay 0 (top-k truncation is refused: PPO scores the full tempered distribution)
+    top_p: float = 1.0  # sampling: must stay 1.0 (nucleus truncation is refused, as top_k; docs/rl.md)
     max_new_tokens: int = 256  # longest answer sampled per turn
     replay_coef: float = 0.0  # solver: weight of the NLL of replayed past successes added to the PPO loss (0 = off)
     # what is replayed: "successes" (the buffer below) or "sft" (the warm start's SFT examples, uniformly: PPO-ptx)
@@ -240,7 +240,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         raise UserError(f"override: {_describe(exc)}") from exc
     _check_tasks(cfg.tasks)
     _check_generator(cfg.generator)
+    check_ppo(cfg)
     return cfg
+
+
+def check_ppo(cfg) -> None:
+    """`ppo:` settings, alone and with `train:`, that could never learn, or learn from another distribution than
+    the one sampled (docs/rl.md), stopped before any work with the keys named."""
+    p, t = cfg.ppo, cfg.train
+    if p.micro_batch_size < 1 or p.mini_batch_size % p.micro_batch_size:
+        raise UserError(f"ppo.mini_batch_size ({p.mini_batch_size}) must be a positive multiple of "
+                        f"ppo.micro_batch_size ({p.micro_batch_size})")
+    if p.temperature <= 0:
+        raise UserError(f"ppo.temperature must be > 0, got {p.temperature} (greedy answers are eval's business)")
+    if p.top_k != 0 or p.top_p != 1.0:
+        key, value = ("ppo.top_k", p.top_k) if p.top_k != 0 else ("ppo.top_p", p.top_p)
+        raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
+                        "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
+    if t.samples_per_task < 2 and t.mode != "warmstart":
+        if p.skip_uniform_groups:
+            raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
+                            "(a task with one answer never has answers that scored differently): set "
+                            "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false")
+        if p.advantage == "rloo":
+            raise UserError("train.samples_per_task=1 with ppo.advantage=rloo leaves every answer without a baseline "
+                            "(no other answer to its task): set train.samples_per_task >= 2 or ppo.advantage=gae")
 
 
 def _check_generator(gen_cfg) -> None:

@@ -5,7 +5,8 @@
 - `wrap_model(model, ppo_cfg, dist_cfg, info)` returns (engine, None) from `deepspeed.initialize` with a ZeRO config
   from `configs/deepspeed/` (its "auto" fields filled from the `ppo:` section), or (model, AdamW) without DeepSpeed
   (DistributedDataParallel when there are several processes);
-- `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_mean`: no-ops in a single process;
+- `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_sum`, `all_reduce_mean`,
+  `weighted_mean_over_ranks`: no-ops in a single process;
 - `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
   others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
 
@@ -225,15 +226,27 @@ def gather_objects(obj: Any) -> list[Any]:
     return out
 
 
-def all_reduce_mean(value: float) -> float:
-    """Mean of a float over the ranks (e.g. a metric)."""
+def all_reduce_sum(*values: float) -> list[float]:
+    """Sums of floats over the ranks, in one collective."""
     if not is_distributed():
-        return float(value)
-    t = torch.tensor([float(value)], dtype=torch.float64)
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
     dist.all_reduce(t)
-    return t.item() / dist.get_world_size()
+    return t.tolist()
+
+
+def all_reduce_mean(value: float) -> float:
+    """Mean of a float over the ranks (e.g. a metric)."""
+    return all_reduce_sum(value)[0] / (dist.get_world_size() if is_distributed() else 1)
+
+
+def weighted_mean_over_ranks(value: float, weight: float) -> tuple[float, float]:
+    """(mean of `value` over the ranks weighted by `weight`, total weight): e.g. a per-sample statistic and each
+    rank's sample count, so that every rank gets the same figure as one process holding all samples would."""
+    total, weights = all_reduce_sum(value * weight, weight)
+    return (total / weights if weights else 0.0), weights
 
 
 # ---------------------------------------------------------------------------- DeepSpeed

@@ -6,7 +6,8 @@
   library; `build_tiny_model(tokenizer, cfg)` a GPT-2 or Llama config from `transformers`; `build_tiny(...)` saves
   both with `save_pretrained`, so the tiny default and a pretrained model are loaded the same way afterwards.
 - `ensure_chat_template(tokenizer)` gives every tokenizer a chat template, so prompts look the same everywhere.
-- `ActorCritic` = policy + value head (or a separate critic backbone); `frozen_copy` makes the reference model.
+- `ActorCritic` = policy + value head (or a separate critic backbone); `frozen_copy` makes the reference model;
+  `update_mode` is the PPO update's mode (no dropout, gradient checkpointing on where it is enabled).
 - `build_models(cfg.model, run_dir, texts)` does all of it from the config.
 """
 
@@ -263,6 +264,18 @@ def accepts_logits_to_keep(model: nn.Module) -> bool:
     import inspect
 
     return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def update_mode(model: nn.Module) -> int:
+    """Put `model` in the mode of a PPO update: evaluation mode everywhere (no dropout: the ratios must be exactly 1
+    before the first optimiser step), except the flag of each module that does gradient checkpointing (Hugging Face
+    checkpoints only modules in training mode, and reads the flag of the checkpointing module itself, not of its
+    children). Returns how many modules checkpoint; `model.train(False)` ends the mode."""
+    model.train(False)
+    checkpointing = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in checkpointing:
+        m.training = True  # this module alone: its children (attention, MLP, dropout) stay in evaluation mode
+    return len(checkpointing)
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:

@@ -11,8 +11,16 @@ scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.
    no value loss; not whitened, so a task whose answers all scored alike gives almost no update: only their KL
    penalties differ);
 4. `epochs` passes of shuffled minibatches (gradient accumulation over micro-batches): clipped policy loss +
-   vf_coef * clipped value loss - entropy_coef * entropy, gradients clipped to `max_grad_norm`;
-5. KL coefficient (adaptive) and entropy coefficient (linear schedule) updated; metrics returned under plain names.
+   vf_coef * clipped value loss - entropy_coef * entropy, each a mean over the minibatch's tokens (a token weighs
+   1 / tokens in its minibatch, whatever the micro-batch size or backend), gradients clipped to `max_grad_norm`,
+   one optimiser step per minibatch (under DeepSpeed too: the trainer sets the accumulation boundary itself);
+5. KL coefficient (adaptive: from the KL averaged over all ranks, so beta is the same on each) and entropy
+   coefficient (linear schedule) updated; metrics returned under plain names.
+
+Every log-prob (sampling, old, new, reference) comes from one function, `rl.sampling_logprobs` (temperature only:
+ppo.top_k and ppo.top_p are refused), and `generate` samples from exactly that distribution, with an explicit
+generation configuration that leaves a checkpoint's own decoding options (repetition penalty, ...) out. During the
+update the model is in `models.update_mode`: no dropout, gradient checkpointing where it is enabled. docs/rl.md.
 
 Optional replay (`ppo.replay_coef` > 0 and `step(..., replay=...)`): past successful answers (selfplay.replay) add
 replay_coef * their token-mean negative log-likelihood (answer tokens only) to the loss of every optimiser step. The
@@ -20,7 +28,7 @@ replay rows are split over the micro-batches of each minibatch and scored in the
 (one forward per backward, as DDP and DeepSpeed expect); the chunks' losses add up to the whole replay batch's mean.
 
 The model is an `ActorCritic` with a torch optimiser, or a DeepSpeed engine wrapping one (then the engine does the
-optimiser step, gradient accumulation and clipping from its JSON config). `generate(...)` samples batched answers
+optimiser step and clipping from its JSON config, at the accumulation boundaries the trainer sets). `generate(...)` samples batched answers
 with their log-probs. `python -m selfplay.ppo --bench` measures throughput on the tiny model.
 """
 
@@ -34,10 +42,12 @@ import torch
 import torch.distributed as dist
 
 from selfplay import rl
+from selfplay.distributed import weighted_mean_over_ranks
 from selfplay.errors import UserError
-from selfplay.models import accepts_logits_to_keep
+from selfplay.models import accepts_logits_to_keep, update_mode
 
 ADVANTAGES = ("gae", "rloo")  # ppo.advantage: critic + GAE per token, or leave-one-out over a task's samples
+WHITEN_MIN = 3  # ppo.whiten_advantages needs this many sequences in a rank's batch (below it: not whitened)
 
 # ---------------------------------------------------------------------------- batching
 
@@ -145,6 +155,7 @@ class PPOTrainer:
         if cfg.mini_batch_size % cfg.micro_batch_size:
             raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({cfg.micro_batch_size})")
+        check_sampling(cfg.top_k, cfg.top_p, "ppo.")
         self.kl_ctl = (rl.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
                        else rl.FixedKLController(cfg.kl_coef))
         self.updates = 0  # step() calls so far (drives the entropy schedule)
@@ -162,19 +173,20 @@ class PPOTrainer:
     # -- forward passes
 
     def _policy_forward(self, input_ids, attention_mask, start: int = 0):
-        """Log-probs of the taken tokens, values and logits for shifted positions start..L-2: [B, L-1-start] each
-        (the logits at position i score token i+1; positions before `start` are prompt-only and skipped)."""
+        """Log-probs of the taken tokens, values and the sampling log-distribution (rl.sampling_logprobs) for
+        shifted positions start..L-2: [B, L-1-start] (the last [.., V]): the logits at position i score token i+1;
+        positions before `start` are prompt-only and skipped."""
         logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start)
-        logits = logits[:, :-1].float() / self.cfg.temperature
-        return rl.logprobs_from_logits(logits, input_ids[:, start + 1:]), values[:, :-1].float(), logits
+        logdist = rl.sampling_logprobs(logits[:, :-1], self.cfg.temperature)
+        return rl.gather_tokens(logdist, input_ids[:, start + 1:]), values[:, :-1].float(), logdist
 
     @torch.no_grad()
     def _ref_logprobs(self, input_ids, attention_mask, start: int = 0):
         keep = input_ids.shape[1] - start
         extra = {"logits_to_keep": keep} if self._ref_keeps_logits else {}
         logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
-        logits = logits[:, -keep:-1].float() / self.cfg.temperature
-        return rl.logprobs_from_logits(logits, input_ids[:, start + 1:])
+        return rl.gather_tokens(rl.sampling_logprobs(logits[:, -keep:-1], self.cfg.temperature),
+                                input_ids[:, start + 1:])
 
     # -- stage 1-3: rollout quantities, rewards, advantages
 
@@ -209,7 +221,9 @@ class PPOTrainer:
         else:
             advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
         raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
-        if cfg.whiten_advantages and cfg.advantage == "gae":  # rloo's are used as they are, in reward units
+        # rloo's are used as they are, in reward units; so are gae's over fewer than WHITEN_MIN sequences, where the
+        # batch mean would be the lone answers' own return and whitening would erase the sign of their reward
+        if cfg.whiten_advantages and cfg.advantage == "gae" and len(queries) >= WHITEN_MIN:
             advantages = rl.masked_whiten(advantages, action_mask)
         kl_seq = kl.sum(1).mean().item()
         stats = {}
@@ -258,10 +272,12 @@ class PPOTrainer:
 
     # -- stage 4: minibatch updates
 
-    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float, rep: _Replay | None = None,
-              ridx: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
-        """PPO loss of rows `idx`, and the replay NLL of replay rows `ridx` (its share of the replay batch's token
-        mean; None without replay rows)."""
+    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float, n_tokens: float,
+              rep: _Replay | None = None, ridx: torch.Tensor | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+        """PPO loss of micro-batch rows `idx` as their share of the minibatch's token mean (`n_tokens`: action
+        tokens in the whole minibatch), and the replay NLL of replay rows `ridx` (their share of the replay batch's
+        token mean; None without replay rows). The stats are shares too: a minibatch's add up to its means."""
         cfg, mask = self.cfg, r.action_mask[idx]
         replay_nll = None
         if rep is not None and len(ridx):
@@ -270,9 +286,9 @@ class PPOTrainer:
         else:
             logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start)
         old_logp = r.old_logp[idx]
-        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip)
-        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip)
-        entropy = rl.masked_mean(rl.entropy_from_logits(logits), mask)
+        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip, n_tokens)
+        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip, n_tokens)
+        entropy = rl.token_mean(rl.entropy_from_logits(logits), mask, n_tokens)
         vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # rloo uses no critic (value_loss only logged)
         loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy
         with torch.no_grad():
@@ -282,54 +298,60 @@ class PPOTrainer:
                 "policy_loss": policy_loss.item(),
                 "value_loss": value_loss.item(),
                 "entropy": entropy.item(),
-                "clipfrac": rl.clip_fraction(logp, old_logp, mask, cfg.clip).item(),
-                "value_clipfrac": rl.masked_mean(value_clipped.float(), mask).item(),
-                "approx_kl": rl.approx_kl(logp, old_logp, mask).item(),
+                "clipfrac": rl.clip_fraction(logp, old_logp, mask, cfg.clip, n_tokens).item(),
+                "value_clipfrac": rl.token_mean(value_clipped.float(), mask, n_tokens).item(),
+                "approx_kl": rl.approx_kl(logp, old_logp, mask, n_tokens).item(),
             }
         return loss, replay_nll, stats
 
     def _optimise(self, r: _Rollout, entropy_coef: float, rep: _Replay | None = None) -> dict:
-        cfg, batch = self.cfg, r.input_ids.shape[0]
+        """`epochs` passes of minibatches, one optimiser step at the end of each (ceil(batch / mini_batch_size) per
+        epoch, on either backend: nothing is left accumulated for the next update or a checkpoint)."""
+        cfg, batch, engine = self.cfg, r.input_ids.shape[0], self.engine
         sums: dict[str, float] = {}
-        n_micro, grad_norms, replay_losses = 0, [], []
-        self.model.train(False)  # no dropout: ratios must be exactly 1 before the first optimiser step
-        for _ in range(cfg.epochs):
-            perm = torch.randperm(batch, generator=self.generator).to(self.device)
-            for mini in _chunks(perm, cfg.mini_batch_size):
-                micros = _chunks(mini, cfg.micro_batch_size)
-                replay_parts = (torch.tensor_split(torch.arange(rep.input_ids.shape[0], device=self.device),
-                                                   len(micros)) if rep is not None else [None] * len(micros))
-                replay_loss = 0.0
-                for micro, ridx in zip(micros, replay_parts):
-                    loss, replay_nll, stats = self._loss(r, micro, entropy_coef, rep, ridx)
-                    if self.engine is not None:
-                        if replay_nll is not None:  # undo the engine's division: the chunks must add up
-                            loss = loss + cfg.replay_coef * replay_nll * self.engine.gradient_accumulation_steps()
-                        self.engine.backward(loss)  # the engine scales by its gradient_accumulation_steps
-                        self.engine.step()  # steps (with its gradient clipping) at accumulation boundaries
-                    else:
-                        total = loss * len(micro) / len(mini)
+        steps, grad_norms, replay_losses = 0, [], []
+        update_mode(self.model)  # no dropout (ratios exactly 1 before the first step), checkpointing where enabled
+        try:
+            for _ in range(cfg.epochs):
+                perm = torch.randperm(batch, generator=self.generator).to(self.device)
+                for mini in _chunks(perm, cfg.mini_batch_size):
+                    micros = _chunks(mini, cfg.micro_batch_size)
+                    n_tokens = r.action_mask[mini].sum().item()  # every token of the minibatch weighs 1 / n_tokens
+                    replay_parts = (torch.tensor_split(torch.arange(rep.input_ids.shape[0], device=self.device),
+                                                       len(micros)) if rep is not None else [None] * len(micros))
+                    replay_loss = 0.0
+                    for i, (micro, ridx) in enumerate(zip(micros, replay_parts)):
+                        loss, replay_nll, stats = self._loss(r, micro, entropy_coef, n_tokens, rep, ridx)
                         if replay_nll is not None:
-                            total = total + cfg.replay_coef * replay_nll
-                        total.backward()
-                    if replay_nll is not None:
-                        replay_loss += replay_nll.item()
-                    for k, v in stats.items():
-                        sums[k] = sums.get(k, 0.0) + v
-                    n_micro += 1
-                if rep is not None:
-                    replay_losses.append(replay_loss)
-                if self.engine is None:
-                    params = [p for g in self.optimizer.param_groups for p in g["params"]]
-                    grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item())
-                    self.optimizer.step()
-                    self.optimizer.zero_grad(set_to_none=True)
-                else:
-                    norm = self.engine.get_global_grad_norm()
-                    if norm is not None:
-                        grad_norms.append(float(norm))
-        out = {k: v / max(n_micro, 1) for k, v in sums.items()}
+                            loss = loss + cfg.replay_coef * replay_nll
+                            replay_loss += replay_nll.item()
+                        if engine is not None:
+                            # the minibatch's last micro-batch is the boundary (gradients reduced, optimiser step),
+                            # however many micro-batches it has; the loss is already the minibatch's token mean
+                            engine.set_gradient_accumulation_boundary(i == len(micros) - 1)
+                            engine.backward(loss, scale_wrt_gas=False)
+                            engine.step()
+                        else:
+                            loss.backward()
+                        for k, v in stats.items():
+                            sums[k] = sums.get(k, 0.0) + v
+                    steps += 1
+                    if rep is not None:
+                        replay_losses.append(replay_loss)
+                    if engine is None:
+                        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+                        grad_norms.append(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm).item())
+                        self.optimizer.step()
+                        self.optimizer.zero_grad(set_to_none=True)
+                    else:
+                        norm = engine.get_global_grad_norm()
+                        if norm is not None:
+                            grad_norms.append(float(norm))
+        finally:
+            self.model.train(False)
+        out = {k: v / max(steps, 1) for k, v in sums.items()}  # means over the minibatches
         out["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else float("nan")
+        out["optimizer_steps"] = steps
         if replay_losses:  # token-mean NLL of the replay batch, averaged over the optimiser steps
             out["replay_loss"] = sum(replay_losses) / len(replay_losses)
         return out
@@ -346,8 +368,11 @@ class PPOTrainer:
         rollout, stats = self._prepare(queries, responses, scores, response_masks, groups)
         entropy_coef = self.entropy_coef
         stats.update(self._optimise(rollout, entropy_coef, self._prepare_replay(replay)))
-        # stage 5: coefficients for the next update
-        self.kl_ctl.update(stats["kl_seq"], len(queries))
+        # stage 5: coefficients for the next update; an adaptive beta follows the KL of every rank's samples (a
+        # collective: every rank updates), so that it stays the same on all of them
+        if self.cfg.adaptive_kl:
+            kl_seq, n_samples = weighted_mean_over_ranks(stats["kl_seq"], len(queries))
+            self.kl_ctl.update(kl_seq, int(n_samples))
         self.updates += 1
         stats["entropy_coef"] = entropy_coef
         stats["lr"] = self.optimizer.param_groups[0]["lr"] if self.optimizer is not None else float("nan")
@@ -387,15 +412,45 @@ def _zero3_partitioned(model) -> bool:
     return hasattr(next(model.parameters()), "ds_id")
 
 
+def check_sampling(top_k: int, top_p: float, prefix: str = "") -> None:
+    """Refuse top-k / nucleus truncation: the trainer scores every token under the full tempered distribution
+    (the reference too, whose KL needs the same support), so truncated sampling would make PPO's ratio compare
+    another distribution than the one the tokens came from (docs/rl.md)."""
+    if top_k:
+        raise UserError(f"{prefix}top_k={top_k}: top-k sampling is not supported (the PPO trainer scores the full "
+                        f"tempered distribution); set {prefix}top_k=0 and tune {prefix}temperature instead")
+    if top_p < 1.0:
+        raise UserError(f"{prefix}top_p={top_p}: nucleus sampling is not supported (the PPO trainer scores the full "
+                        f"tempered distribution); set {prefix}top_p=1.0 and tune {prefix}temperature instead")
+
+
+def _sampling_processor(temperature: float):
+    """A Hugging Face logits processor whose output is rl.sampling_logprobs: the only one `generate` uses."""
+    from transformers import LogitsProcessor
+
+    class SamplingDistribution(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            return rl.sampling_logprobs(scores, temperature)
+
+    return SamplingDistribution()
+
+
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_token_id: int | Sequence[int],
              max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             do_sample: bool = True, synced_gpus: bool = False) -> list[Sample]:
-    """Batched sampling (left-padded prompts, HF `generate` with a KV cache).
+             do_sample: bool = True, synced_gpus: bool = False, return_scores: bool = False):
+    """Batched sampling (left-padded prompts, HF `generate` with a KV cache) from rl.sampling_logprobs.
 
-    Log-probs are log softmax(logits / temperature) of the chosen tokens (before top-k/top-p filtering), the
-    quantity the PPO trainer recomputes. Under ZeRO-3 with several ranks synced_gpus is switched on by itself.
+    The generation configuration is explicit: the model's own `generation_config` (a checkpoint's repetition
+    penalty, n-gram bans, min_p, suppressed tokens, ...) is set aside for the call, and the only logits processor is
+    the sampling distribution the PPO trainer scores, so each Sample's log-probs are the trainer's. top_k / top_p
+    other than 0 / 1 are refused (`check_sampling`). Greedy decoding takes the argmax of the same distribution.
+    Under ZeRO-3 with several ranks synced_gpus is switched on by itself. With return_scores, also returns the
+    [B, new, V] log-distributions sampled from (padded steps included).
     """
+    from transformers import GenerationConfig, LogitsProcessorList
+
+    check_sampling(top_k, top_p)
     policy = policy_of(model)
     device = next(policy.parameters()).device
     # ZeRO-3 gathers parameters inside every forward: all ranks must keep stepping until every rank is done
@@ -407,18 +462,23 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
         input_ids[b, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
         attention_mask[b, width - len(p):] = 1
     eos_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
-    was_training = policy.training
+    # every decoding option neutral (temperature 1, no top-k/top-p: the processor below does the tempering)
+    config = GenerationConfig(do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0, num_beams=1,
+                              max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=sorted(eos_ids),
+                              return_dict_in_generate=True, output_scores=True)
+    was_training, own_config = policy.training, policy.generation_config
     policy.eval()
-    out = policy.generate(
-        input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), max_new_tokens=max_new_tokens,
-        do_sample=do_sample, temperature=temperature if do_sample else None, top_k=top_k if do_sample else None,
-        top_p=top_p if do_sample else None, pad_token_id=pad_token_id, eos_token_id=sorted(eos_ids),
-        return_dict_in_generate=True, output_logits=True, synced_gpus=synced_gpus,
-    )
-    policy.train(was_training)
+    policy.generation_config = GenerationConfig()  # HF fills what `config` leaves unset from the model's own
+    try:
+        out = policy.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                              generation_config=config, synced_gpus=synced_gpus,
+                              logits_processor=LogitsProcessorList([_sampling_processor(temperature)]))
+    finally:
+        policy.generation_config = own_config
+        policy.train(was_training)
     new_tokens = out.sequences[:, width:].cpu()
-    logits = torch.stack(out.logits, dim=1).float().cpu() / temperature  # [B, new, V]
-    logprobs = rl.logprobs_from_logits(logits, new_tokens)
+    scores = torch.stack(out.scores, dim=1).float().cpu()  # [B, new, V]: what each token was drawn from
+    logprobs = rl.logprobs_from_logits(scores, new_tokens)
     samples = []
     for b in range(len(prompts)):
         tokens, lps, finished = [], [], False
@@ -429,7 +489,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
                 finished = True
                 break
         samples.append(Sample(tokens, lps, finished))
-    return samples
+    return (samples, scores) if return_scores else samples
 
 
 # ---------------------------------------------------------------------------- benchmark

@@ -2,9 +2,11 @@
 
 Conventions: per-token tensors are shaped [batch, time]; `mask` is 1.0 (or True) on the tokens the
 policy produced (the actions) and 0.0 elsewhere (prompt, padding, observation tokens in multi-turn
-episodes). Means are over the masked tokens of the whole batch (token-level, as in OpenRLHF/veRL).
-Formulas follow DESIGN.md §5; every function here is checked against hand-computed numbers in
-tests/selfplay/test_rl.py.
+episodes). Means are over the masked tokens of the whole batch (token-level, as in OpenRLHF/veRL); the
+losses take `n_tokens`, the token count of the whole minibatch, so that the losses of its micro-batches
+add up to the minibatch's token mean (docs/rl.md). `sampling_logprobs` is the one definition of the
+distribution answers are sampled from, used by the sampler and by the trainer alike. Every function here
+is checked against hand-computed numbers in tests/selfplay/test_rl.py.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     mask = mask.to(x.dtype)
     count = mask.sum() if dim is None else mask.sum(dim)
     return masked_sum(x, mask, dim) / count.clamp(min=1.0)
+
+
+def token_mean(x: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
+    """sum(x over the masked entries) / n_tokens (default: the masked count, i.e. the token mean). Given the token
+    count of a whole minibatch, the values of its micro-batches add up to the minibatch's token mean."""
+    if n_tokens is None:
+        return masked_mean(x, mask)
+    return masked_sum(x, mask) / torch.as_tensor(n_tokens, dtype=x.dtype, device=x.device).clamp(min=1.0)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -120,43 +130,45 @@ def mixed_groups(scores, groups) -> list[bool]:
 
 
 def clipped_policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float,
+    n_tokens: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """PPO surrogate: mean of max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip)), ratio = exp(logp - old_logp)."""
+    """PPO surrogate: token mean (`token_mean`) of max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip)),
+    ratio = exp(logp - old_logp)."""
     ratio = torch.exp(logp - old_logp)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
-    return masked_mean(torch.maximum(unclipped, clipped), mask)
+    return token_mean(torch.maximum(unclipped, clipped), mask, n_tokens)
 
 
 def clipped_value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float,
+    n_tokens: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """0.5 * mean of max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)."""
+    """0.5 * token mean of max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)."""
     clipped_values = old_values + torch.clamp(values - old_values, -clip, clip)
     loss = torch.maximum((values - returns) ** 2, (clipped_values - returns) ** 2)
-    return 0.5 * masked_mean(loss, mask)
+    return 0.5 * token_mean(loss, mask, n_tokens)
 
 
 def nll_loss(logp: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
     """Negative log-likelihood of the masked tokens: sum(-logp) / n_tokens (default: the masked count, i.e. the
     token mean). Pass the token count of a whole batch to make the losses of its chunks add up to the batch mean."""
-    total = masked_sum(-logp, mask)
-    if n_tokens is None:
-        n_tokens = mask.to(logp.dtype).sum()
-    return total / torch.as_tensor(n_tokens, dtype=logp.dtype, device=logp.device).clamp(min=1.0)
+    return token_mean(-logp, mask, n_tokens)
 
 
-def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip: float) -> torch.Tensor:
+def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip: float,
+                  n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
     """Share of masked tokens whose ratio lies outside [1 - clip, 1 + clip]."""
     ratio = torch.exp(logp - old_logp)
-    return masked_mean(((ratio - 1.0).abs() > clip).to(logp.dtype), mask)
+    return token_mean(((ratio - 1.0).abs() > clip).to(logp.dtype), mask, n_tokens)
 
 
-def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
+              n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
     """KL(old || new) estimated with k3 on the samples: mean of (ratio - 1) - log ratio (always >= 0)."""
     log_ratio = logp - old_logp
-    return masked_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask)
+    return token_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask, n_tokens)
 
 
 # ---------------------------------------------------------------------------- KL to the reference
@@ -223,17 +235,35 @@ class AdaptiveKLController(FixedKLController):
             self.value = float(state["value"])
 
 
+# ---------------------------------------------------------------------------- the sampling distribution
+
+
+def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """The log-distribution answers are sampled from, at every position: log softmax(logits / temperature), [..., V]
+    in float32. The sampler draws from it (selfplay.ppo.SamplingDistribution turns it into Hugging Face's only
+    logits processor) and the trainer scores the sampled tokens under it (old, new and reference log-probs), so the
+    PPO ratio compares the distribution the tokens really came from. A token mask (e.g. a grammar) would go here."""
+    if temperature <= 0:
+        raise ValueError(f"sampling temperature must be > 0, got {temperature}")
+    return torch.log_softmax(logits.float() / temperature, dim=-1)
+
+
+def gather_tokens(logdist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """logdist[..., token] at each position: [B, T, V], [B, T] -> [B, T]."""
+    return torch.gather(logdist, -1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
 # ---------------------------------------------------------------------------- diagnostics
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[token] for each position: [B, T, V], [B, T] -> [B, T]."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return torch.gather(logp, -1, tokens.unsqueeze(-1)).squeeze(-1)
+    return gather_tokens(torch.log_softmax(logits.float(), dim=-1), tokens)
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of the categorical distribution at each position: logsumexp(z) - sum softmax(z) * z."""
+    """Entropy of the categorical distribution at each position: logsumexp(z) - sum softmax(z) * z (logits or a
+    log-distribution alike)."""
     logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)

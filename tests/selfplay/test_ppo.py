@@ -196,3 +196,158 @@ def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
             assert all(st in ("ok", "empty", "no_code", "syntax_error") for st in statuses)
             assert all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss", "kl", "entropy"))
     assert gold_logprob() > before + 1.0
+
+
+# ---------------------------------------------------------------------------- loss normalisation, sampling, modes
+
+
+def param_delta(model, before):
+    return torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+
+
+def sgd_update(micro: int, seed: int = 0, **kw):
+    """One PPO update with SGD (lr 1, no clipping, one epoch, one minibatch of 4) on answers of 1 and 9 tokens:
+    the parameter change, which is then the plain gradient of the loss."""
+    model = ActorCritic(tiny_policy(seed))
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=micro, max_grad_norm=1e9, **kw)
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
+                             pad_token_id=PAD, seed=seed)
+    responses = [[A], [5] * 8 + [EOS], [6], [A] * 8 + [EOS]]
+    trainer.step([PROMPT] * 4, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"])
+    return param_delta(model, before)
+
+
+@pytest.mark.parametrize("advantage", ["gae", "rloo"])
+def test_update_does_not_depend_on_the_micro_batch_size(advantage):
+    """Every token weighs 1 / (tokens in its minibatch), however the minibatch is split into micro-batches."""
+    deltas = [sgd_update(micro, advantage=advantage) for micro in (1, 2, 4)]
+    assert deltas[0].norm() > 0
+    for d in deltas[1:]:
+        assert torch.nn.functional.cosine_similarity(d, deltas[0], dim=0) > 0.9999
+        assert torch.allclose(d, deltas[0], atol=1e-6, rtol=1e-4)
+
+
+def full_generation_config(path):
+    """A generation_config.json carrying every decoding option a causal LM's checkpoint can set."""
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(
+        do_sample=True, temperature=0.5, top_k=6, top_p=0.95, min_p=0.05, typical_p=0.95, epsilon_cutoff=0.01,
+        eta_cutoff=0.01, top_h=0.95, repetition_penalty=50.0, no_repeat_ngram_size=2, bad_words_ids=[[4], [5, 6]],
+        suppress_tokens=[2], begin_suppress_tokens=[6], min_length=4, min_new_tokens=2,
+        exponential_decay_length_penalty=(1, 3.0), forced_bos_token_id=3,
+        forced_eos_token_id=EOS, renormalize_logits=True, remove_invalid_values=True, pad_token_id=PAD,
+        eos_token_id=EOS, bos_token_id=EOS, max_new_tokens=2)
+    gc.save_pretrained(path)
+    return path
+
+
+def load_with_every_option(path):
+    """The saved policy with its generation_config.json, plus a sequence bias (which JSON cannot carry)."""
+    from transformers import GPT2LMHeadModel
+
+    policy = GPT2LMHeadModel.from_pretrained(path)
+    policy.generation_config.sequence_bias = {(3,): 5.0}
+    return ActorCritic(policy)
+
+
+def test_a_checkpoints_generation_config_changes_neither_samples_nor_scores(tmp_path):
+    """Sampling uses one explicit distribution (temperature only); the trainer scores that same distribution, and a
+    checkpoint's generation_config.json (which can set a repetition penalty, n-gram bans, min_p, ...) is ignored."""
+    from transformers import GPT2LMHeadModel
+
+    tiny_policy(seed=3).save_pretrained(tmp_path / "plain")
+    tiny_policy(seed=3).save_pretrained(tmp_path / "loaded")
+    full_generation_config(tmp_path / "loaded")
+    plain = ActorCritic(GPT2LMHeadModel.from_pretrained(tmp_path / "plain"))
+    loaded = load_with_every_option(tmp_path / "loaded")
+    assert loaded.policy.generation_config.repetition_penalty == 50.0  # the options really reached the model
+    prompts = [[1, 2, 5], [4, 4], [6, 6, 6, 6]] * 4
+    runs = []
+    for model in (plain, loaded):
+        torch.manual_seed(0)
+        runs.append(ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=8,
+                                 temperature=0.7))
+    assert [s.tokens for s in runs[0]] == [s.tokens for s in runs[1]]
+    trainer = ppo.PPOTrainer(loaded, frozen_copy(loaded.policy), PPOConfig(temperature=0.7), pad_token_id=PAD)
+    ids, attn, actions = ppo.pad_rollouts(prompts, [s.tokens for s in runs[1]], PAD)
+    logp, _, _ = trainer._policy_forward(ids, attn)
+    for b, s in enumerate(runs[1]):
+        assert logp[b][actions[b].bool()].tolist() == pytest.approx(s.logprobs, abs=1e-4)
+        assert runs[0][b].logprobs == pytest.approx(s.logprobs, abs=1e-5)
+
+
+def test_sampler_draws_from_the_distribution_the_trainer_scores(tmp_path):
+    """Step by step, the scores Hugging Face samples from (output_scores: after every logits processor) are the
+    trainer's log-distribution of the same positions, even with a generation_config.json setting every option."""
+    tiny_policy(seed=4).save_pretrained(tmp_path)
+    full_generation_config(tmp_path)
+    model = load_with_every_option(tmp_path)
+    prompts = [[1, 2, 5], [4, 4]]
+    torch.manual_seed(0)
+    samples, scores = ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=6,
+                                   temperature=0.7, return_scores=True)
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(temperature=0.7), pad_token_id=PAD)
+    for b, (p, s) in enumerate(zip(prompts, samples)):
+        ids = torch.tensor([p + s.tokens])
+        _, _, logdist = trainer._policy_forward(ids, torch.ones_like(ids), len(p) - 1)
+        n = len(s.tokens)
+        assert torch.allclose(logdist[0, :n], torch.log_softmax(scores[b, :n], -1), atol=1e-4)
+
+
+def test_top_k_and_top_p_are_refused_where_the_trainer_could_not_score_them():
+    model = ActorCritic(tiny_policy())
+    for kw in ({"top_k": 3}, {"top_p": 0.9}):
+        with pytest.raises(ppo.UserError, match="ppo.top_[kp]"):
+            ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(**kw), pad_token_id=PAD)
+        with pytest.raises(ppo.UserError, match="top_[kp]"):
+            ppo.generate(model, [PROMPT], pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=2, **kw)
+
+
+def saved_for_backward(fn) -> tuple[int, object]:
+    """(bytes of the tensors autograd saves for the backward pass while `fn` runs, fn's result)."""
+    saved = [0]
+
+    def pack(t):
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return saved[0], out
+
+
+def test_gradient_checkpointing_is_active_in_the_update_and_changes_nothing():
+    """With checkpointing enabled, the PPO update's forward keeps only the blocks' inputs for the backward pass
+    (the activations it saves shrink), and the update itself is the same; dropout stays off (ratios start at 1)."""
+    deltas, saved = [], []
+    for checkpointing in (False, True):
+        model = ActorCritic(tiny_policy(0))
+        if checkpointing:
+            model.policy.gradient_checkpointing_enable()
+        before = [p.detach().clone() for p in model.parameters()]
+        cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=4, max_grad_norm=1e9)
+        trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
+                                 pad_token_id=PAD)
+        nbytes, metrics = saved_for_backward(lambda: trainer.step(
+            [PROMPT] * 4, [[A, 4, 4, 4, EOS], [5, EOS], [A, 6, EOS], [6]], [1.0, 0.0, 1.0, 0.0]))
+        saved.append(nbytes)
+        assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)  # ratios 1 at the first step: no dropout
+        assert not model.training  # evaluation mode again, for sampling
+        deltas.append(param_delta(model, before))
+    assert saved[1] < 0.5 * saved[0], saved
+    assert torch.allclose(deltas[0], deltas[1], atol=1e-6)
+
+
+def test_whitening_keeps_the_sign_of_one_or_two_answers():
+    """Whitening over a batch of one or two answers would subtract their mean and erase the sign of a lone reward:
+    below three sequences the advantages are only scaled."""
+    model = ActorCritic(tiny_policy())
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(kl_coef=0.0), pad_token_id=PAD)
+    for responses, scores in (([[A, A, EOS]], [1.0]), ([[A, EOS], [5, EOS]], [1.0, 1.0]),
+                              ([[A, EOS], [5, EOS]], [-1.0, -1.0])):
+        rollout, _ = trainer._prepare([PROMPT] * len(responses), responses, scores, None)
+        last = ppo.last_index(rollout.action_mask)
+        for b, s in enumerate(scores):
+            assert math.copysign(1.0, rollout.advantages[b, last[b]].item()) == math.copysign(1.0, s)
