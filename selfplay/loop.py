@@ -65,7 +65,7 @@ from selfplay.config import to_dict
 from selfplay.corpus import Corpus, CorpusError
 from selfplay.errors import UserError
 from selfplay.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
-from selfplay.mixer import IterationStats, Mixer
+from selfplay.mixer import IterationStats, Mixer, in_band_share
 from selfplay.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
 from selfplay.rollout import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.tb import TBLogger
@@ -75,6 +75,12 @@ FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on fi
 RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
 FIXED_SOURCES = ("corpus", "fresh", "reserved")
 REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
+# per-iteration figures kept in the run's history (checkpointed) and summed up at the end: history key -> scalar
+HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
+           "parse_rate": "generator/parse_rate", "generator_in_band": "generator/in_band_rate",
+           "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
+           "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean"}
+SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
 
 
 def level_shares(total: int, levels) -> list[tuple[int, int]]:
@@ -179,6 +185,7 @@ class SelfPlay:
             raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
         try:
             check_learnability(cfg.generator.reward.learnability)
+            Mixer(cfg.mixer)
         except ValueError as exc:
             raise UserError(str(exc)) from exc
         if cfg.ppo.replay_source not in REPLAY_SOURCES:
@@ -587,6 +594,10 @@ class SelfPlay:
         n_props = len(flat)
         validity = sum(o.valid for o in outcomes) / n_props if n_props else None
         diversity = proposal_diversity(outcomes)  # among the valid proposals: few valid ones is no repetition
+        served = list({x.id: x for x in batch}.values())  # the solver batch's distinct tasks, with their rates
+        task_rates = [rates_all[x.id] for x in served if x.id in rates_all]
+        procedural_rates = [rates_all[x.id] for x in served if x.id in plan["new_ids"] and x.id in rates_all]
+        generator_in_band = in_band_share([o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None])
         if self.main:
             for task in valid_generator:
                 rate = rates_all.get(task.id)
@@ -603,12 +614,17 @@ class SelfPlay:
             self._flush_corpus()
             if t.mode == "selfplay":
                 self.mixer.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
-                                                  kl=metrics.get("ppo/solver/kl")))
+                                                  kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
+                                                  procedural_rates=procedural_rates,
+                                                  generator_in_band=generator_in_band))
         self.mixer = D.broadcast_object(self.mixer if self.main else None) if self.world > 1 else self.mixer
 
         # 7. logs ----------------------------------------------------------------------------------------------
         rewards = [r.reward for r in train_rollouts]
         metrics["solver/pass_rate"] = solve_rate
+        # tasks solved (every hidden test passed) by some but not all of their samples: what PPO can learn from
+        solver_in_band = in_band_share(task_rates)
+        metrics["solver/in_band_rate"] = solver_in_band if solver_in_band is not None else float("nan")
         metrics["solver/reward_mean"] = D.all_reduce_mean(statistics.mean(rewards) if rewards else 0.0)
         for name in train_rollouts[0].result.terms if train_rollouts else []:
             metrics[f"solver/reward/{name}"] = D.all_reduce_mean(
@@ -617,6 +633,9 @@ class SelfPlay:
             metrics["generator/reward_mean"] = statistics.mean(g_rewards_all) if g_rewards_all else 0.0
             metrics["generator/validity_rate"] = validity if validity is not None else 0.0
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
+            # valid proposals solved by some but not all of the solver's samples
+            metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
+            metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))
             measured = [o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]
             metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
             metrics["generator/diversity"] = diversity if diversity is not None else 0.0
@@ -743,9 +762,7 @@ class SelfPlay:
         while self.step < t.steps:
             self.step += 1
             metrics = self.iteration()
-            self.history.append({"step": self.step, "solve_rate": metrics["solver/pass_rate"],
-                                 "validity": metrics.get("generator/validity_rate"),
-                                 "level": metrics.get("mixer/level")})
+            self.history.append(history_entry(self.step, metrics))
             if bar:
                 bar.update(1)
                 bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
@@ -782,6 +799,7 @@ class SelfPlay:
             "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
             "corpus_by_source": self.corpus.counts("source"),
             "validity_rate": statistics.mean(validity) if validity else None,
+            **window_means(self.history),
         }
 
     def _print_summary(self, s: dict) -> None:
@@ -792,12 +810,40 @@ class SelfPlay:
         lines.append(f"  corpus by source: {s['corpus_by_source']}")
         if s["validity_rate"] is not None:
             lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")
+        first, last = s["first_iterations"], s["last_iterations"]
+        shown = [k for k in HISTORY if first.get(k) is not None or last.get(k) is not None]
+        if shown:
+            heads = f"first {first['n']}", f"last {last['n']}"
+            lines.append(f"  {'per iteration (mean)':<26} {heads[0]:>9} {heads[1]:>9}")
+            lines += [f"  {HISTORY[k]:<26} {_fmt(first.get(k)):>9} {_fmt(last.get(k)):>9}" for k in shown]
         print("\n".join(lines), flush=True)
 
     def close(self) -> None:
         self.tb.close()
         self.sb.close()
         self.corpus.close()
+
+
+def history_entry(step: int, metrics: dict) -> dict:
+    """One iteration's figures for the run's history: None where the iteration had none (or NaN)."""
+    entry = {"step": step}
+    for key, tag in HISTORY.items():
+        value = metrics.get(tag)
+        entry[key] = None if value is None or not np.isfinite(value) else float(value)
+    return entry
+
+
+def window_means(history: list[dict], n: int = SUMMARY_WINDOW) -> dict:
+    """Means of each history figure over the first and the last n iterations (they overlap in a run shorter than
+    2n), for the closing summary; None where no iteration of the window had the figure."""
+    out = {}
+    for name, part in (("first_iterations", history[:n]), ("last_iterations", history[-n:])):
+        means = {"n": len(part)}
+        for key in HISTORY:
+            values = [h[key] for h in part if h.get(key) is not None]
+            means[key] = statistics.fmean(values) if values else None
+        out[name] = means
+    return out
 
 
 def _fmt(x) -> str:

@@ -2,19 +2,28 @@
 
 Each iteration the loop asks the mixer for a `BatchPlan` (how many tasks from each source — fresh generator
 proposals, procedural tasks, replayed corpus tasks — and at which procedural level) and afterwards tells it
-what happened (`IterationStats`). The mixer then
+what happened (`IterationStats`, with each task's measured solve rate p over k attempts). The mixer then
+(formulas, defaults and reasons in docs/selfplay.md):
 
-1. **keeps the solver in a target band** (seed article: raise the difficulty when success passes 90 %, lower it when
-   success drops): an exponential moving average of the solver's solve rate moves a *fractional* procedural level
-   up or down by `level_step`; a level of 2.3 samples level 2 with probability 0.7 and level 3 with 0.3, so the
-   curriculum moves smoothly;
-2. **prefers replayed tasks near the learnability band**: replay weights peak where the measured solve rate
-   (1 − difficulty) is in the middle of the band, and never reach zero;
-3. **watches for collapse** and reacts, each detector with its own reaction:
-   - generator validity rate below `min_validity` → halve the generator share (down to `min_share_generator`),
-     the rest goes to procedural tasks; it recovers towards its base share once validity is back;
+1. **moves the procedural level to where the solver's tasks are learnable**: a task teaches PPO something only
+   when 0 < p < 1 (its answers then score differently). With `band=adaptive` the signal is the EMA of
+   (share of procedural tasks always solved) − (share never solved): above `level_margin` the level rises by
+   `level_step`, below −`level_margin` it falls, so the level settles where the two tails balance and most tasks
+   are in band, whatever the solver's ability. A fractional level 2.3 samples level 2 with probability 0.7 and
+   level 3 with 0.3. (`band=fixed`: the solve-rate EMA against the fixed band `target_low`..`target_high`.)
+2. **centres the target band on the solver's ability**: with `band=adaptive` the band's centre is the EMA of the
+   mean solve rate of the batch's in-band tasks (`target_low`/`target_high` give the initial centre and the
+   width); replayed tasks and the generator's references are chosen near it: a weak solver is shown the tasks it
+   sometimes solves, not tasks at a solve rate it never reaches. Replay weights never reach zero.
+3. **lets the generator earn its share of the solver batch**: the share moves (by `share_rate` of the gap per
+   iteration) towards `share_generator` while the generator is *trusted* and towards `min_share_generator`
+   while it is not, the rest going to procedural tasks. It becomes trusted when the EMAs of its validity rate
+   and of its in-band rate (share of valid proposals with 0 < p < 1) reach `earn_validity` and `earn_in_band`, and
+   loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in between, nothing changes);
+4. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
-   - solver collapse (solve-rate EMA falls `pass_drop` below its best) → more replay, lower learning rate;
+   - solver collapse (the solve-rate EMA falls `pass_drop` below its best since the level last rose) → more
+     replay, lower learning rate;
    - KL to the reference above `kl_max` → lower learning rate.
 
 Every decision is visible in `metrics()` under `mixer/…` and the whole state round-trips through
@@ -26,29 +35,39 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 SOURCES = ("generator", "procedural", "replay")
+BANDS = ("adaptive", "fixed")
 
 
 @dataclass
 class MixerConfig:
-    target_low: float = 0.4  # lower the procedural level when the solver's solve-rate EMA drops below this
-    target_high: float = 0.9  # raise it when the EMA passes this (the seed article's 90 %)
-    ema: float = 0.7  # smoothing of the solve rate (weight of the past)
+    # adaptive: the level follows where tasks are in band, the band's centre the in-band solve rates;
+    # fixed: the level keeps the solve-rate EMA inside target_low..target_high (the seed article's 90 % rule)
+    band: str = "adaptive"
+    target_low: float = 0.4  # fixed: lower the level below this solve-rate EMA; adaptive: initial band
+    target_high: float = 0.9  # fixed: raise the level above this (the seed article's 90 %); adaptive: initial band
+    level_margin: float = 0.1  # adaptive: move the level when EMA(always solved - never solved) leaves +-this
+    ema: float = 0.7  # smoothing of the measured rates (weight of the past)
     level_min: float = 1.0  # lowest procedural level
     level_max: float = 4.0  # highest procedural level
     level_start: float = 1.0  # where the curriculum starts
     level_step: float = 0.25  # level change per iteration when out of band
-    share_generator: float = 0.4  # base share of fresh generator proposals in a solver batch
+    share_generator: float = 0.4  # share of fresh generator proposals in a solver batch while the generator is trusted
     share_procedural: float = 0.4  # base share of procedural tasks
     share_replay: float = 0.2  # base share of replayed corpus tasks
-    min_share_generator: float = 0.05  # the generator share never falls below this (it must stay observable)
+    min_share_generator: float = 0.05  # ... while it is not (it must stay observable); where it starts
+    share_rate: float = 0.25  # per-iteration move of the generator share towards its target (share of the gap)
+    earn_validity: float = 0.5  # the generator becomes trusted when its validity-rate EMA reaches this ...
+    earn_in_band: float = 0.2  # ... and its in-band-rate EMA this
     max_share_replay: float = 0.6  # cap on the replay share when the solver collapses
-    recover: float = 0.1  # per-iteration pull of shares, penalty weight and lr scale back to their base values
-    min_validity: float = 0.2  # generator validity-rate EMA below this = generator collapse
-    min_diversity: float = 0.3  # proposal diversity (unique clusters / proposals) below this = diversity collapse
+    recover: float = 0.1  # per-iteration pull of the replay share, penalty weight and lr scale back to their base
+    min_validity: float = 0.2  # validity-rate EMA below this = generator collapse: trust lost
+    min_in_band: float = 0.1  # in-band-rate EMA below this = the generator's tasks teach nothing: trust lost
+    min_diversity: float = 0.3  # diversity (unique clusters / valid proposals) below this = diversity collapse
     repetition_weight: float = 1.0  # base weight of the generator's repetition penalty
     repetition_weight_max: float = 4.0  # cap when diversity collapses
     pass_drop: float = 0.25  # solver collapse when the solve-rate EMA falls this far below its best
@@ -68,16 +87,23 @@ class BatchPlan:
 class IterationStats:
     solve_rate: float  # solver solve rate on this iteration's batch (all sources)
     validity_rate: float | None = None  # share of generator proposals that passed every check (None: none made)
-    diversity: float | None = None  # unique near-duplicate clusters / proposals (None: none made)
+    diversity: float | None = None  # unique near-duplicate clusters / valid proposals (None: none valid)
     kl: float | None = None  # mean KL of the solver policy to its reference
+    task_rates: Sequence[float] | None = None  # measured solve rate p of each task of the solver batch
+    procedural_rates: Sequence[float] | None = None  # ... of each of its procedural tasks
+    generator_in_band: float | None = None  # share of valid proposals with 0 < p < 1 (None: none valid)
 
 
 @dataclass
 class _State:
     level: float
+    band_centre: float = 0.65
+    level_signal: float | None = None  # EMA of (always solved - never solved) over procedural tasks
     solve_ema: float | None = None
     best_ema: float = 0.0
     validity_ema: float | None = None
+    in_band_ema: float | None = None
+    trusted: bool = False  # the generator has earned its share
     shares: dict[str, float] = field(default_factory=dict)
     repetition_weight: float = 1.0
     lr_scale: float = 1.0
@@ -87,6 +113,11 @@ class _State:
 
 def _ema(old: float | None, new: float, w: float) -> float:
     return new if old is None else w * old + (1.0 - w) * new
+
+
+def in_band_share(rates: Sequence[float]) -> float | None:
+    """Share of rates strictly between 0 and 1 (None for none)."""
+    return sum(0.0 < p < 1.0 for p in rates) / len(rates) if rates else None
 
 
 def largest_remainder(shares: dict[str, float], n: int) -> dict[str, int]:
@@ -103,22 +134,39 @@ class Mixer:
     def __init__(self, cfg: MixerConfig | None = None, seed: int = 0):
         self.cfg = cfg or MixerConfig()
         c = self.cfg
+        if c.band not in BANDS:
+            raise ValueError(f"mixer.band must be one of {', '.join(BANDS)}, got {c.band!r}")
         if not 0.0 <= c.target_low < c.target_high <= 1.0:
             raise ValueError(f"mixer band must satisfy 0 <= target_low < target_high <= 1, got "
                              f"{c.target_low}, {c.target_high}")
         total = c.share_generator + c.share_procedural + c.share_replay
         if total <= 0 or min(c.share_generator, c.share_procedural, c.share_replay) < 0:
             raise ValueError("mixer shares must be non-negative and not all zero")
+        if not c.min_validity <= c.earn_validity or not c.min_in_band <= c.earn_in_band:
+            raise ValueError("mixer thresholds must satisfy min_validity <= earn_validity and "
+                             "min_in_band <= earn_in_band (the generator's trust has hysteresis)")
+        if not 0.0 < c.share_rate <= 1.0:
+            raise ValueError(f"mixer.share_rate must be in (0, 1], got {c.share_rate}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
                             "replay": c.share_replay / total}
+        self.min_generator = min(c.min_share_generator, self.base_shares["generator"])
+        shares = dict(self.base_shares, generator=self.min_generator)
+        shares["procedural"] = 1.0 - shares["generator"] - shares["replay"]
         self.rng = random.Random(seed)
         self.s = _State(level=min(max(c.level_start, c.level_min), c.level_max),
-                        shares=dict(self.base_shares), repetition_weight=c.repetition_weight)
+                        band_centre=0.5 * (c.target_low + c.target_high), shares=shares,
+                        repetition_weight=c.repetition_weight)
 
     # ---- what to train on -------------------------------------------------------------------------------
     @property
     def target_solve_rate(self) -> float:
-        return 0.5 * (self.cfg.target_low + self.cfg.target_high)
+        return self.s.band_centre
+
+    @property
+    def band(self) -> tuple[float, float]:
+        """(low, high): the band's edges, its width that of target_low..target_high, clipped to [0, 1]."""
+        half = 0.5 * (self.cfg.target_high - self.cfg.target_low)
+        return max(0.0, self.s.band_centre - half), min(1.0, self.s.band_centre + half)
 
     @property
     def level(self) -> float:
@@ -135,6 +183,10 @@ class Mixer:
     @property
     def shares(self) -> dict[str, float]:
         return dict(self.s.shares)
+
+    @property
+    def trusted(self) -> bool:
+        return self.s.trusted
 
     def sample_level(self) -> int:
         lo = math.floor(self.s.level)
@@ -185,34 +237,33 @@ class Mixer:
     def observe(self, stats: IterationStats) -> None:
         c, s = self.cfg, self.s
         s.steps += 1
-        s.solve_ema = _ema(s.solve_ema, stats.solve_rate, c.ema)
+        # the procedural tasks' solve rate when there are some: the generator's share (and its tasks' difficulty)
+        # must not read as the solver getting better or worse
+        rate = statistics.fmean(stats.procedural_rates) if stats.procedural_rates else stats.solve_rate
+        s.solve_ema = _ema(s.solve_ema, rate, c.ema)
         s.best_ema = max(s.best_ema, s.solve_ema)
+        level = s.level
+        self._follow_the_solver(stats)
+        if s.level > level:  # harder tasks are solved less often: the best so far was on easier ones
+            s.best_ema = s.solve_ema
+        self._trust_the_generator(stats)
 
-        # 1. curriculum: keep the solver inside the band
-        if s.solve_ema > c.target_high:
-            s.level = min(c.level_max, s.level + c.level_step)
-        elif s.solve_ema < c.target_low:
-            s.level = max(c.level_min, s.level - c.level_step)
-
-        # 2. collapse detectors, each with its reaction (or a slow recovery once it is quiet)
-        if stats.validity_rate is not None:
-            s.validity_ema = _ema(s.validity_ema, stats.validity_rate, c.ema)
         alarms = {
             "generator_validity": s.validity_ema is not None and s.validity_ema < c.min_validity,
+            "generator_in_band": s.in_band_ema is not None and s.in_band_ema < c.min_in_band,
             "generator_diversity": stats.diversity is not None and stats.diversity < c.min_diversity,
             "solver_collapse": s.steps > 3 and s.solve_ema < s.best_ema - c.pass_drop,
             "kl_blowup": stats.kl is not None and stats.kl > c.kl_max,
         }
         s.alarms = alarms
         shares = s.shares
-        if alarms["generator_validity"]:
-            shares["generator"] = max(c.min_share_generator, 0.5 * shares["generator"])
+        target = self.base_shares["generator"] if s.trusted else self.min_generator
+        shares["generator"] += c.share_rate * (target - shares["generator"])
         if alarms["solver_collapse"]:
             shares["replay"] = min(c.max_share_replay, 1.5 * shares["replay"] + 0.05)
-        for src in ("generator", "replay"):
-            quiet = not (alarms["generator_validity"] if src == "generator" else alarms["solver_collapse"])
-            if quiet:
-                shares[src] += c.recover * (self.base_shares[src] - shares[src])
+        else:
+            shares["replay"] += c.recover * (self.base_shares["replay"] - shares["replay"])
+        shares["replay"] = min(shares["replay"], 1.0 - shares["generator"])
         shares["procedural"] = max(0.0, 1.0 - shares["generator"] - shares["replay"])
 
         if alarms["generator_diversity"]:
@@ -225,13 +276,57 @@ class Mixer:
         else:
             s.lr_scale += c.recover * (1.0 - s.lr_scale)
 
+    def _follow_the_solver(self, stats: IterationStats) -> None:
+        """The level (and, adaptive, the band's centre) after this iteration's measured solve rates."""
+        c, s = self.cfg, self.s
+        if c.band == "adaptive" and stats.task_rates:
+            in_band = [p for p in stats.task_rates if 0.0 < p < 1.0]
+            if in_band:  # none in band says nothing about where the band is: the level moves instead
+                s.band_centre = _ema(s.band_centre, statistics.fmean(in_band), c.ema)
+        if c.band == "adaptive" and stats.procedural_rates is not None:
+            rates = stats.procedural_rates
+            if rates:
+                tails = (sum(p >= 1.0 for p in rates) - sum(p <= 0.0 for p in rates)) / len(rates)
+                s.level_signal = _ema(s.level_signal, tails, c.ema)
+                if s.level_signal > c.level_margin:
+                    s.level = min(c.level_max, s.level + c.level_step)
+                elif s.level_signal < -c.level_margin:
+                    s.level = max(c.level_min, s.level - c.level_step)
+            return
+        low, high = self.band  # fixed (or no per-task rates): keep the solve-rate EMA inside the band
+        if s.solve_ema > high:
+            s.level = min(c.level_max, s.level + c.level_step)
+        elif s.solve_ema < low:
+            s.level = max(c.level_min, s.level - c.level_step)
+
+    def _trust_the_generator(self, stats: IterationStats) -> None:
+        c, s = self.cfg, self.s
+        if stats.validity_rate is not None:
+            s.validity_ema = _ema(s.validity_ema, stats.validity_rate, c.ema)
+        if stats.generator_in_band is not None:
+            s.in_band_ema = _ema(s.in_band_ema, stats.generator_in_band, c.ema)
+        if s.validity_ema is None or s.in_band_ema is None:
+            return
+        if s.trusted:
+            s.trusted = s.validity_ema >= c.min_validity and s.in_band_ema >= c.min_in_band
+        else:
+            s.trusted = s.validity_ema >= c.earn_validity and s.in_band_ema >= c.earn_in_band
+
     def metrics(self) -> dict[str, float]:
-        """Scalars for TensorBoard, under the `mixer/` prefix (DESIGN.md §4)."""
+        """Scalars for TensorBoard, under the `mixer/` prefix."""
         s = self.s
+        nan = float("nan")
+        low, high = self.band
         out = {
             "mixer/target_solve_rate": self.target_solve_rate,
+            "mixer/target_low": low,
+            "mixer/target_high": high,
             "mixer/level": s.level,
-            "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else float("nan"),
+            "mixer/level_signal": s.level_signal if s.level_signal is not None else nan,
+            "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else nan,
+            "mixer/validity_ema": s.validity_ema if s.validity_ema is not None else nan,
+            "mixer/in_band_ema": s.in_band_ema if s.in_band_ema is not None else nan,
+            "mixer/generator_trusted": float(s.trusted),
             "mixer/repetition_weight": s.repetition_weight,
             "mixer/lr_scale": s.lr_scale,
         }
@@ -244,7 +339,10 @@ class Mixer:
         return {"state": asdict(self.s), "rng": self.rng.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.s = _State(**state["state"])
+        """A state saved before a field existed keeps that field's starting value."""
+        fields = asdict(self.s)
+        fields.update(state["state"])
+        self.s = _State(**fields)
         rng_state = state["rng"]
         # JSON turns the RNG's tuples into lists; random.setstate needs tuples back
         self.rng.setstate((rng_state[0], tuple(rng_state[1]), rng_state[2]))
