@@ -259,7 +259,7 @@ def check_json_values(task: Task, outputs: list | None) -> CheckResult:
 def check_outputs_match(task: Task, outputs: list) -> CheckResult:
     """Stored outputs (if the record came with them) equal what the reference computes now."""
     for i, (test, out) in enumerate(zip(task.tests, outputs)):
-        if "output" in test and not sandbox.outputs_equal(test["output"], out):
+        if "output" in test and not sandbox.outputs_equal(out, test["output"]):  # the stored one is expected
             return fail(f"{_test_name(task, i)}: stored output {_short(test['output'])} but the reference "
                         f"returns {_short(out)}")
     return OK

@@ -116,18 +116,25 @@ def normalize(value: Any) -> Any:
                                  f"bool and None") from None
 
 
-def outputs_equal(a: Any, b: Any) -> bool:
-    """Compare two normalised JSON values: floats with math.isclose(rel_tol=1e-6, abs_tol=1e-9), NaN == NaN,
-    bool only equals bool, everything else exactly."""
+def outputs_equal(output: Any, expected: Any) -> bool:
+    """Compare a normalised output with a normalised expectation, exactly where the expectation is exact:
+    - a float expectation accepts an int or float within math.isclose(rel_tol=1e-6, abs_tol=1e-9) (NaN == NaN):
+      the tolerance exists only where the reference itself produced a float;
+    - an int expectation accepts only an int of the same value (12345678.0 is not 12345679, nor is 12345679.0);
+    - bool only equals bool (True is not 1), strings and None exactly;
+    - lists element by element, dicts by equal keys and values, each by the same rules."""
+    a, b = output, expected
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if isinstance(a, int) and isinstance(b, int):
-            return a == b
+    if isinstance(b, float):
+        if not isinstance(a, (int, float)):
+            return False
         a, b = float(a), float(b)
         if math.isnan(a) or math.isnan(b):
             return math.isnan(a) and math.isnan(b)
         return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
+    if isinstance(b, int):
+        return type(a) is int and a == b
     if isinstance(a, list) and isinstance(b, list):
         return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
     if isinstance(a, dict) and isinstance(b, dict):

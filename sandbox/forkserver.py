@@ -78,7 +78,9 @@ child that resumes at the next test (unless stop_on_error).
 from __future__ import annotations
 
 import argparse
+import array
 import ctypes
+import fcntl
 import gc
 import io
 import json
@@ -93,14 +95,18 @@ import stat
 import struct
 import sys
 import tempfile
+import termios
 import time
 import traceback
 
 PROTOCOL = 1
 MAX_FRAME = 256 * 1024 * 1024           # largest request/response frame accepted (bytes)
-EXIT_ERROR = 1                          # harness exit code: the program raised
-EXIT_MEMORY = 113                       # harness exit code: the program raised MemoryError
-EXIT_HARNESS = 114                      # harness exit code: our own code failed before the program ran
+EXIT_ERROR = 1                          # harness exit code: the program raised (an exit code means nothing else:
+EXIT_HARNESS = 114                      # the program can choose any); set-up failed (never read as a status)
+END_ASK, END_SAY = b"?", b"!"           # run: after the last statement the child asks for the nonce, says it back
+NONCE_BYTES = 32                        # the end-of-program nonce, sent only when asked for, after the job
+MEMORY_EVIDENCE = 0.5                   # "memory" needs a peak resident set >= this share of memory_mb
+CPU_SLACK_S = 0.5                       # "timeout" by RLIMIT_CPU needs used CPU >= the limit minus this
 ACCEPT_TIMEOUT_S = 120                  # a server nobody connects to exits after this
 RESULT_FD = 3                           # the result pipe's descriptor in a grading child
 FRAME_SLACK = 64 * 1024                 # result frame bytes allowed beyond output_limit (error text, calls)
@@ -118,7 +124,7 @@ DEFAULT_FSIZE_MB = 64                   # largest file a child may write
 DEFAULT_NOFILE = 64                     # open descriptors per child process
 DEFAULT_TMPFS_MB = 512                  # size of each private tmpfs (root only)
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
-TEST_STATUSES = ("ok", "error", "memory", "unserializable", "output_limit")  # what a child may claim
+TEST_STATUSES = ("ok", "error", "unserializable", "output_limit")  # what a child may claim for its own test
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _print_exception = sys.__excepthook__  # the interpreter's own printer, whatever a program does to sys later
@@ -381,14 +387,13 @@ def child_job() -> None:
         payload = _read_fd(JOB_FD, size)
     except EOFError:  # the server went away without a job for us
         os._exit(0)
-    os.close(JOB_FD)
     memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
     if start < 0:
-        os.close(RESULT_FD)
         child_run(payload.decode("utf-8", "surrogatepass"))
     else:
+        os.close(JOB_FD)
         child_tests(json.loads(payload), start)
 
 
@@ -412,15 +417,17 @@ def _wait_threads() -> None:
 
 
 def _report_exception(exc: BaseException) -> int:
+    """Print what an uncaught exception prints and return the exit code. SystemExit keeps its code (0 included):
+    an exit is never the end of the program, whatever its code (the server reads the end from END_SAY)."""
     if isinstance(exc, MemoryError):
         try:
             os.write(2, b"MemoryError\n")
         except OSError:
             pass
-        return EXIT_MEMORY
+        return EXIT_ERROR
     if isinstance(exc, SystemExit):
         code = exc.code
-        if code is None or code == 0:
+        if code is None:
             return 0
         if not isinstance(code, int):
             try:
@@ -428,7 +435,7 @@ def _report_exception(exc: BaseException) -> int:
             except BaseException:
                 pass
             return EXIT_ERROR
-        return EXIT_ERROR if code in (EXIT_MEMORY, EXIT_HARNESS) else code & 0xFF
+        return code & 0xFF
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:  # hide the harness's own frames
         tb = tb.tb_next
@@ -438,6 +445,25 @@ def _report_exception(exc: BaseException) -> int:
     except BaseException:
         pass
     return EXIT_ERROR
+
+
+_os_write, _os_read, _os_exit = os.write, os.read, os._exit  # the harness's own, whatever a program rebinds
+
+
+def _end_report() -> None:
+    """After the program's last statement: ask the server for this run's nonce (it exists only in the server
+    until asked for, and is asked for only here) and say it back; the server counts "ok" only after that."""
+    try:
+        _os_write(RESULT_FD, END_ASK)
+        nonce = b""
+        while len(nonce) < NONCE_BYTES:
+            data = _os_read(JOB_FD, NONCE_BYTES - len(nonce))
+            if not data:
+                break
+            nonce += data
+        _os_write(RESULT_FD, END_SAY + nonce)
+    except OSError:
+        _os_exit(EXIT_ERROR)
 
 
 def child_run(source: str) -> None:
@@ -451,10 +477,15 @@ def child_run(source: str) -> None:
         code = compile(source, "<program>", "exec")
         exec(code, main.__dict__)
         _wait_threads()
-        rc = 0
     except BaseException as exc:  # noqa: BLE001 - the program's exception is the verdict
-        rc = _report_exception(exc)
-    _flush_and_exit(rc)
+        _flush_and_exit(_report_exception(exc))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    _end_report()
+    _os_exit(0)
 
 
 def _short_error(exc: BaseException) -> str:
@@ -469,7 +500,7 @@ def child_tests(req: dict, start: int) -> None:
     """Import the solution, run tests start.., write one frame per test to RESULT_FD, exit."""
     import types
 
-    dumps, pack, write, clock = json.dumps, struct.pack, os.write, time.perf_counter
+    dumps, pack, write = json.dumps, struct.pack, _os_write
     limit = int(req["output_limit"])
 
     def emit(obj: dict) -> None:
@@ -510,41 +541,36 @@ def child_tests(req: dict, start: int) -> None:
                 calls.add(name)
 
     inputs = req["inputs"]
+    setprofile = sys.setprofile
     for i in range(start, len(inputs)):
         calls.clear()
-        status, output, error = "ok", None, None
-        t0 = clock()
+        status, output, error, text = "ok", None, None, None
+        if record:  # on until the answer is serialised: __str__, items() of a returned subclass count as calls
+            setprofile(profiler)
         try:
-            if record:
-                sys.setprofile(profiler)
-            try:
-                output = fn(*inputs[i])
-            finally:
-                if record:
-                    sys.setprofile(None)
-        except MemoryError:
-            status, error = "memory", "MemoryError"
+            output = fn(*inputs[i])
         except BaseException as exc:  # noqa: BLE001 - SystemExit and KeyboardInterrupt fail the test too
             status, error = "error", _short_error(exc)
-        duration = clock() - t0
-        frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
-                 "duration_s": duration, "calls": sorted(calls) if record else None}
-        text = None
         if status == "ok":
             try:
                 text = dumps(output)
                 if len(text) > limit:
-                    frame.update(status="output_limit", error=f"output of {len(text)} bytes exceeds {limit}")
-                    text = None
+                    status, error, text = "output_limit", f"output of {len(text)} bytes exceeds {limit}", None
             except BaseException as exc:  # noqa: BLE001 - a set, an object, a cycle: not an answer
-                frame.update(status="unserializable", error=_short_error(exc))
+                status, error = "unserializable", _short_error(exc)
+        if record:
+            setprofile(None)
+        frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
+                 "calls": sorted(calls) if record else None}
         if text is None:
             emit(frame)
         else:  # splice the serialised output in rather than parse and dump it again
             del frame["output"]
             emit_raw(dumps(frame, separators=(",", ":"))[:-1] + ',"output":' + text + "}")
         output = None
-        if frame["status"] != "ok" and req.get("stop_on_error"):
+        if error is not None and error.startswith("MemoryError"):
+            _flush_and_exit(EXIT_ERROR)  # end this child: the server judges from its memory use, resumes in a new one
+        if status != "ok" and req.get("stop_on_error"):
             break
     emit({"t": "done"})
     _flush_and_exit(0)
@@ -554,10 +580,11 @@ def child_tests(req: dict, start: int) -> None:
 class _Child:
     """A forked child and the server's ends of its pipes."""
 
-    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w")
+    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w", "job_sent", "job_failed")
 
     def __init__(self, pid: int, workdir: str, out_r: int, err_r: int, res_r: int, job_w: int):
         self.pid, self.workdir, self.out_r, self.err_r, self.res_r, self.job_w = pid, workdir, out_r, err_r, res_r, job_w
+        self.job_sent, self.job_failed = 0.0, False
 
 
 class ProtocolViolation(Exception):
@@ -714,24 +741,21 @@ class Server:
         if child is None:
             child = self._fork_child(workdir or self._workdir())
         data = job_bytes(req, raw, start)
+        child.job_sent = time.monotonic()
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(child.job_w, view):]
         except OSError:
-            pass  # the child died during set-up: _collect sees how
-        os.close(child.job_w)
+            child.job_failed = True  # the child died during set-up, before it read its job: _collect sees how
         return child
 
     def _collect(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
         """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened."""
-        pid, out_r, err_r = child.pid, child.out_r, child.err_r
-        res_r = child.res_r if tests is not None else None
+        pid, out_r, err_r, res_r = child.pid, child.out_r, child.err_r, child.res_r
         pidfd = os.pidfd_open(pid)
         poller = select.poll()
-        names = {out_r: "stdout", err_r: "stderr", pidfd: "exit"}
-        if res_r is not None:
-            names[res_r] = "result"
+        names = {out_r: "stdout", err_r: "stderr", pidfd: "exit", res_r: "result"}
         for fd in names:
             poller.register(fd, select.POLLIN)
         now = time.monotonic()
@@ -740,8 +764,11 @@ class Server:
         deadline = load_deadline
         limit = int(req["output_limit"])
         res_buf = bytearray()
-        state = {"reason": None, "next": start, "loaded": res_r is None, "done": False, "load_error": None,
-                 "violation": None, "max_frame": limit + FRAME_SLACK}  # an honest frame holds <= limit of output
+        state = {"reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
+                 "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
+                 "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
+                 "t_mark": child.job_sent, "load_s": None, "after_memory_error": False}
+        n = len(req["inputs"]) if tests is not None else 0
         open_fds = set(names)
         exited = False
         while not exited and state["reason"] is None:
@@ -762,7 +789,7 @@ class Server:
                 if name == "result":
                     res_buf += data
                     try:
-                        if self._frames(res_buf, state, tests, len(req["inputs"])):
+                        if self._result_bytes(res_buf, state, tests, n, child):
                             deadline = time.monotonic() + test_timeout
                     except ProtocolViolation as exc:
                         state["violation"] = str(exc)
@@ -779,7 +806,7 @@ class Server:
                 kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        _, wstatus = os.waitpid(pid, 0)
+        _, wstatus, rusage = os.wait4(pid, 0)
         try:  # fast path: no child left means no descendant survived (orphans are re-parented to us)
             os.waitpid(-1, os.WNOHANG)
             self._sweep()
@@ -801,7 +828,7 @@ class Server:
                     if state["reason"] is None:
                         res_buf += data
                         try:
-                            self._frames(res_buf, state, tests, len(req["inputs"]))
+                            self._result_bytes(res_buf, state, tests, n, child)
                         except ProtocolViolation as exc:
                             state["violation"] = str(exc)
                             state["reason"] = "protocol"
@@ -814,11 +841,47 @@ class Server:
         if res_buf and state["reason"] is None:
             state["violation"] = "trailing bytes on the result pipe"
             state["reason"] = "protocol"
-        state["wstatus"] = wstatus
+        # The program runs only after its child read the whole job: bytes of it still unread (or a job that could
+        # not be written) mean the child died during our set-up, the one end that is our fault.
+        unread = array.array("i", [0])
+        try:
+            fcntl.ioctl(child.job_w, termios.FIONREAD, unread)
+        except OSError:
+            unread[0] = 0
+        os.close(child.job_w)
+        state["setup_failed"] = child.job_failed or (unread[0] > 0 and not state["asked"])
+        state["wstatus"], state["rusage"] = wstatus, rusage
+        state["memory_mb"] = int(req["memory_mb"])
+        state["cpu_limit_s"] = int(math.ceil(cpu_budget_s(req))) + 1
         return state
 
-    def _frames(self, buf: bytearray, state: dict, tests: list, n: int) -> bool:
-        """Decode complete frames from buf (strictly). Returns True when a test or load frame arrived."""
+    def _result_bytes(self, buf: bytearray, state: dict, tests: list | None, n: int, child: "_Child") -> bool:
+        """What arrived on the result pipe: test frames (see _frames), or for a run the end-of-program exchange:
+        END_ASK, to which we answer with the nonce, then END_SAY + nonce. Anything else is a violation."""
+        if tests is not None:
+            return self._frames(buf, state, tests, n, time.monotonic())
+        if not state["asked"] and buf:
+            if buf[:1] != END_ASK:
+                raise ProtocolViolation("unexpected bytes on the result pipe")
+            del buf[:1]
+            state["asked"] = True
+            try:
+                os.write(child.job_w, state["nonce"])
+            except OSError:
+                pass
+        if state["asked"] and not state["ended"] and len(buf) >= 1 + NONCE_BYTES:
+            if bytes(buf[:1 + NONCE_BYTES]) != END_SAY + state["nonce"]:
+                raise ProtocolViolation("a wrong end-of-program report")
+            del buf[:1 + NONCE_BYTES]
+            state["ended"] = True
+        if state["ended"] and buf:
+            raise ProtocolViolation("bytes after the end-of-program report")
+        return False
+
+    def _frames(self, buf: bytearray, state: dict, tests: list, n: int, now: float) -> bool:
+        """Decode complete frames from buf (strictly). Returns True when a test or load frame arrived. A test's
+        duration is ours: from the arrival of the previous frame ("loaded" for the first) to the arrival of its
+        own; the load's from handing the job over to "loaded"."""
         progressed = False
         while len(buf) >= 4:
             (size,) = struct.unpack(">I", buf[:4])
@@ -837,6 +900,7 @@ class Server:
             kind = frame.get("t")
             if kind == "loaded" and not state["loaded"]:
                 state["loaded"] = True
+                state["load_s"], state["t_mark"] = now - state["t_mark"], now
                 progressed = True
             elif kind == "load_error" and not state["loaded"] and state["load_error"] is None:
                 state["load_error"] = str(frame.get("error"))[:500]
@@ -845,17 +909,20 @@ class Server:
                 status = frame.get("status")
                 if type(i) is not int or i != state["next"] or i >= n or status not in TEST_STATUSES:
                     raise ProtocolViolation("result frame for a test that was not asked for")
-                if set(frame) != {"t", "i", "status", "output", "error", "duration_s", "calls"}:
+                if set(frame) != {"t", "i", "status", "output", "error", "calls"}:
                     raise ProtocolViolation("result frame with unexpected fields")
-                error, duration, calls = frame["error"], frame["duration_s"], frame["calls"]
-                if not (error is None or isinstance(error, str)) or type(duration) not in (int, float):
+                error, calls = frame["error"], frame["calls"]
+                if not (error is None or isinstance(error, str)):
                     raise ProtocolViolation("result frame with wrong field types")
                 if calls is not None and not (isinstance(calls, list) and all(isinstance(c, str) for c in calls)):
                     raise ProtocolViolation("result frame with wrong calls")
                 if status != "ok" and frame["output"] is not None:
                     raise ProtocolViolation("output on a failed test")
                 tests[i] = {"status": status, "output": frame["output"], "error": error,
-                            "duration_s": float(duration), "calls": calls}
+                            "duration_s": now - state["t_mark"], "calls": calls}
+                state["t_mark"] = now
+                state["after_memory_error"] = status == "error" and error is not None \
+                    and error.startswith("MemoryError")
                 state["next"] = i + 1
                 progressed = True
             elif kind == "done" and state["loaded"] and state["next"] == n:
@@ -867,30 +934,45 @@ class Server:
         return progressed
 
     @staticmethod
-    def _exit_status(state: dict, out: dict) -> str:
-        """Map how a child ended to an ExecResult status."""
-        reason, wstatus = state["reason"], state["wstatus"]
+    def _exit_status(state: dict) -> tuple[str, dict]:
+        """How a child ended, as (status, facts for meta), from what this server observed: its own deadlines and
+        output accounting, the kernel's wait status and resource usage, the end-of-program nonce (run) or the
+        frames (tests). Never from the program's stderr or its choice of exit code or signal:
+            ok            exit code 0 after the end report (run) / after "done" (tests);
+            timeout       our wall-clock deadline, or a CPU signal when the CPU time used reached the limit;
+            output_limit  our count of stdout+stderr bytes;
+            memory        any other abnormal end with a peak resident set >= MEMORY_EVIDENCE of memory_mb;
+            killed        any other signal (whoever sent it);
+            sandbox_error the child died before it read its whole job (our set-up failed; no program ran);
+            error         everything else: an exception, an exit with any code before the end, bad frames."""
+        reason, wstatus, ru = state["reason"], state["wstatus"], state["rusage"]
         if reason == "timeout":
-            return "timeout"
+            return "timeout", {"reason": "wall-clock timeout"}
         if reason == "output_limit":
-            return "output_limit"
+            return "output_limit", {"reason": "stdout+stderr exceeded output_limit"}
         if reason == "protocol":
-            return "error"
+            return "error", {"reason": f"protocol violation: {state['violation']}"}
+        if state["setup_failed"]:
+            return "sandbox_error", {"reason": "the sandbox child died during set-up, before the program ran"}
+        memory = ru.ru_maxrss * 1024 >= MEMORY_EVIDENCE * state["memory_mb"] * 1024 * 1024
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
-            if sig == signal.SIGXCPU:
-                return "timeout"
-            if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and b"MemoryError" in out["stderr"][-4096:]:
-                return "memory"
-            return "killed"
+            facts = {"signal": sig}
+            if sig in (signal.SIGXCPU, signal.SIGKILL) and \
+                    ru.ru_utime + ru.ru_stime >= state["cpu_limit_s"] - CPU_SLACK_S:
+                return "timeout", {**facts, "reason": "CPU time limit"}
+            if memory:
+                return "memory", {**facts, "reason": f"signal {sig} at a peak of {ru.ru_maxrss // 1024} MiB"}
+            return "killed", {**facts, "reason": f"killed by signal {sig}"}
         code = os.WEXITSTATUS(wstatus)
+        if code == 0 and (state["ended"] or state["done"]):
+            return "ok", {}
+        facts = {"exit_code": code}
+        if memory:
+            return "memory", {**facts, "reason": f"exit code {code} at a peak of {ru.ru_maxrss // 1024} MiB"}
         if code == 0:
-            return "ok"
-        if code == EXIT_MEMORY:
-            return "memory"
-        if code == EXIT_HARNESS:
-            return "sandbox_error"
-        return "error"
+            return "error", {**facts, "reason": "exited before its end (exit code 0)"}
+        return "error", {**facts, "reason": f"exit code {code} (an uncaught exception exits with 1)"}
 
     @staticmethod
     def _text(data: bytearray, cap: int) -> str:
@@ -913,27 +995,23 @@ class Server:
             state = self._collect(req, child, out, None, 0)
         finally:
             self._clean_tmp(child.workdir)
-        if os.WIFEXITED(state["wstatus"]) and os.WEXITSTATUS(state["wstatus"]) not in (0, EXIT_MEMORY,
-                                                                                        EXIT_HARNESS):
-            extra = {"exit_code": os.WEXITSTATUS(state["wstatus"])}
-        elif os.WIFSIGNALED(state["wstatus"]) and state["reason"] is None:
-            extra = {"signal": os.WTERMSIG(state["wstatus"])}
-        else:
-            extra = None
-        return self._finish(t0, out, self._exit_status(state, out), req, extra)
+        status, facts = self._exit_status(state)
+        return self._finish(t0, out, status, req, facts)
 
     def handle_tests(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
         n = len(req["inputs"])
         tests: list = [None] * n
         out = {"stdout": bytearray(), "stderr": bytearray()}
-        overall, extra, start, workdir = "ok", {}, 0, None
+        overall, extra, start, workdir = "ok", {"timing": "parent"}, 0, None
         try:
             while start < n or start == 0:
                 child = self._start(req, raw, start, workdir)
                 workdir = child.workdir  # tests that resume in a new child share the work dir
                 state = self._collect(req, child, out, tests, start)
-                status = self._exit_status(state, out)
+                status, facts = self._exit_status(state)
+                if "load_s" not in extra and state["load_s"] is not None:
+                    extra["load_s"] = state["load_s"]
                 if state["violation"]:
                     for i in range(start, n):
                         tests[i] = {"status": "error", "output": None, "calls": None, "duration_s": 0.0,
@@ -943,15 +1021,25 @@ class Server:
                 if not state["loaded"]:  # the module did not load: nothing ran
                     overall = status if status != "ok" else "error"
                     extra["load_error"] = state["load_error"] or f"module did not load ({status})"
+                    extra["reason"] = facts.get("reason")
                     break
                 i = state["next"]
+                if state["after_memory_error"] and not state["done"]:
+                    # the child ended itself after a MemoryError in test i - 1: that test is "memory" when we saw
+                    # the memory used, and the next test starts in a fresh child (nothing of it ran yet)
+                    if status == "memory":
+                        tests[i - 1]["status"] = "memory"
+                        overall = "memory" if overall == "ok" else overall
+                    if i >= n or req.get("stop_on_error"):
+                        break
+                    start = i
+                    continue
                 if i >= n or (state["done"] and status == "ok"):
                     break  # all ran, or stop_on_error stopped the child after a failing test
                 # the child ended abnormally inside test i
                 tstatus = status if status not in ("ok", "sandbox_error") else "error"
-                error = {"timeout": "timeout", "memory": "MemoryError", "output_limit": "output limit exceeded",
-                         "killed": "killed by a signal"}.get(tstatus, "the program exited during the test")
-                tests[i] = {"status": tstatus, "output": None, "error": error, "duration_s": 0.0, "calls": None}
+                tests[i] = {"status": tstatus, "output": None, "duration_s": time.monotonic() - state["t_mark"],
+                            "calls": None, "error": f"{facts.get('reason', tstatus)} during the test"}
                 if tstatus != "error" and overall == "ok":
                     overall = tstatus
                 if tstatus == "output_limit" or req.get("stop_on_error"):
@@ -963,8 +1051,6 @@ class Server:
         for i in range(n):
             if tests[i] is None:
                 tests[i] = {"status": "not_run", "output": None, "error": None, "duration_s": 0.0, "calls": None}
-            elif overall == "ok" and tests[i]["status"] in ("memory", "output_limit"):
-                overall = tests[i]["status"]
         result = self._finish(t0, out, overall, req, extra)
         result["tests"] = tests
         return result

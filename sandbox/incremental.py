@@ -93,13 +93,30 @@ UNSOUND_MODULES = frozenset({
     "sysconfig", "site", "pkgutil", "zipimport", "trace", "tracemalloc", "weakref", "fcntl", "mmap", "locale",
     "getpass", "numpy",
 })
+# Reuse trusts the child's record of which functions a test called, so it needs a proof that the program can
+# neither switch the recording off nor reach the result channel: only these modules may be imported (anything
+# else, e.g. logging, posix, _random, falls back), `sys` only for SAFE_SYS_ATTRS, no dunder but SAFE_DUNDERS is
+# named, and a class may derive only from object, exceptions, its module's own classes and SAFE_BASES.
+SOUND_MODULES = frozenset({
+    "math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "string", "re", "operator",
+    "typing", "dataclasses", "fractions", "decimal", "statistics", "numbers", "abc", "enum", "copy", "array",
+    "textwrap", "unicodedata", "hashlib", "difflib", "json", "sys",
+})
+SAFE_SYS_ATTRS = frozenset({"maxsize", "setrecursionlimit", "getrecursionlimit", "maxunicode", "float_info",
+                            "int_info", "version_info", "byteorder", "hexversion", "getsizeof"})
+SAFE_DUNDERS = frozenset({"__init__", "__name__", "__doc__", "__len__", "__iter__", "__next__", "__eq__", "__ne__",
+                          "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__repr__", "__str__", "__contains__",
+                          "__getitem__", "__setitem__", "__add__", "__sub__", "__mul__", "__bool__", "__main__"})
+SAFE_BASES = frozenset({"object", "ABC", "abc.ABC", "Enum", "enum.Enum", "NamedTuple", "typing.NamedTuple",
+                        "Generic", "typing.Generic", "Protocol", "typing.Protocol"})
 DYNAMIC_NAMES = frozenset({"eval", "exec", "compile", "globals", "locals", "vars", "__import__", "breakpoint",
                            "setattr", "delattr", "open", "input", "__builtins__", "__dict__", "__loader__",
                            "__spec__", "id"})  # id(): object addresses differ between a full and a partial run
 DYNAMIC_ATTRS = frozenset({"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__defaults__",
                            "__kwdefaults__", "__subclasses__", "f_globals", "f_locals", "f_back", "f_code",
                            "gi_frame", "cr_frame", "tb_frame", "setprofile", "settrace", "_getframe", "modules",
-                           "__import__", "__setattr__", "__delattr__"})
+                           "__import__", "__setattr__", "__delattr__", "attrgetter", "methodcaller",
+                           "get_type_hints", "monitoring"})
 # Decorators that do nothing observable at import beyond wrapping the function (with constant arguments).
 PURE_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "cache", "lru_cache", "cached_property",
                              "total_ordering", "dataclass", "wraps", "abstractmethod", "functools.cache",
@@ -315,6 +332,52 @@ class ModuleDigest:
                     [(n, self.light_binders[n]) for n in sorted(light)])
 
 
+def _dunder(name: str) -> bool:
+    return name.startswith("__") and name.endswith("__") and name not in SAFE_DUNDERS
+
+
+def _untrusted_reason(tree: ast.Module) -> str | None:
+    """What could let a program tamper with the call record or the result channel (None when nothing could):
+    an import outside SOUND_MODULES, `sys` beyond SAFE_SYS_ATTRS, a dunder name or attribute, getattr & co by a
+    dunder or introspective constant, a class derived from a builtin type, three-argument type()."""
+    sys_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
+                 for a in n.names if a.name == "sys"}
+    classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            for mod in mods:
+                if mod.split(".")[0] not in SOUND_MODULES:
+                    return f"imports {mod} (not known to leave the call record alone)"
+            if isinstance(node, ast.ImportFrom) and node.module == "sys" and \
+                    any(a.name not in SAFE_SYS_ATTRS for a in node.names):
+                return "imports from sys beyond " + ", ".join(sorted(SAFE_SYS_ATTRS))
+        elif isinstance(node, ast.Name) and node.id in sys_names:
+            parent = parents.get(node)
+            if not (isinstance(parent, ast.Attribute) and parent.value is node and parent.attr in SAFE_SYS_ATTRS):
+                return f"uses sys beyond {', '.join(sorted(SAFE_SYS_ATTRS))}"
+        elif isinstance(node, ast.Name) and _dunder(node.id):
+            return f"dunder name {node.id}"
+        elif isinstance(node, ast.Attribute) and _dunder(node.attr):
+            return f"dunder attribute .{node.attr}"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            if node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2 and \
+                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
+                    (_dunder(node.args[1].value) or node.args[1].value in DYNAMIC_ATTRS):
+                return f"{node.func.id} of {node.args[1].value}"
+            if node.func.id == "type" and len(node.args) > 1:
+                return "a class made by type()"
+        elif isinstance(node, ast.ClassDef):
+            if node.keywords:
+                return f"class {node.name} with keywords (a metaclass)"
+            for base in node.bases:
+                name = _decorator_name(base)
+                if not (name in classes or name in SAFE_BASES or name.endswith(("Error", "Exception"))):
+                    return f"class {node.name} derives from {name or 'an expression'}"
+    return None
+
+
 def _unsound_reason(tree: ast.Module, top_names: set[str]) -> str | None:
     """Static checks for nondeterminism, shared mutable state and dynamic code (None when none was found)."""
     for node in ast.walk(tree):
@@ -351,7 +414,7 @@ def _unsound_reason(tree: ast.Module, top_names: set[str]) -> str | None:
                 value = inner.value if isinstance(inner, (ast.Assign, ast.AnnAssign, ast.AugAssign)) else None
                 if value is not None and not _is_constant(value):  # shared by every instance, in every test
                     return f"mutable or computed class attribute in {node.name}"
-    return _mutable_state_reason(tree)
+    return _untrusted_reason(tree) or _mutable_state_reason(tree)
 
 
 def _touches_class(node: ast.AST) -> bool:

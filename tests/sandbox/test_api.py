@@ -21,7 +21,8 @@ def test_ok_error_and_output(sb):
     assert r.meta["backend"] == sb.backend and r.duration_s > 0
     r = sb.run("assert 1 + 1 == 3, 'arithmetic'\n")
     assert r.status == "error" and "AssertionError: arithmetic" in r.stderr
-    assert sb.run("import sys\nsys.exit(0)\n").status == "ok"
+    r = sb.run("import sys\nsys.exit(0)\n")  # an exit, even with 0, is not the program's end
+    assert r.status == "error" and r.meta["exit_code"] == 0 and "before its end" in r.meta["reason"]
     r = sb.run("import sys\nsys.exit(3)\n")
     assert r.status == "error" and r.meta["exit_code"] == 3
     assert sb.run("import sys\nsys.exit('bye')\n").stderr == "bye\n"

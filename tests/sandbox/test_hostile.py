@@ -48,9 +48,14 @@ def test_memory_bomb(sb):
 
 
 def test_memory_limit_is_per_call(sb):
-    src = "x = bytearray(200 * 1024 * 1024); print(len(x))"
+    src = "x = [bytearray(1024 * 1024) for _ in range(200)]; print(len(x))"  # 200 MiB, a MiB at a time
     assert sb.run(src, memory_mb=128, timeout_s=10).status == "memory"
     assert sb.run(src, memory_mb=512, timeout_s=10).status == "ok"
+
+
+def test_one_allocation_beyond_the_limit_is_a_memory_error_exception(sb):
+    r = sb.run("x = bytearray(200 * 1024 * 1024)", memory_mb=128, timeout_s=10)
+    assert r.status == "error" and "MemoryError" in r.stderr, r  # nothing was used: no evidence of exhaustion
 
 
 def test_infinite_loop(sb):

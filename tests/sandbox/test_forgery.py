@@ -1,0 +1,223 @@
+"""Verdicts a program cannot forge: early exits are never "ok", statuses come from what the parent observed, the
+result channel carries nothing but the program's own answers (durations are the parent's), incremental reuse
+never outlives an edit, and exact expectations compare exactly. Every test runs on both backends (conftest.py)."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+import sandbox
+from sandbox.incremental import IncrementalRunner, analyse
+from sandbox_testlib import assert_healthy
+
+
+def dedent(source: str) -> str:
+    return textwrap.dedent(source).lstrip()
+
+
+# ------------------------------------------------------------------------------------------ early exits
+EARLY_EXITS = {
+    "sys.exit(0)": "import sys\nsys.exit(0)",
+    "sys.exit()": "import sys\nsys.exit()",
+    "raise SystemExit": "raise SystemExit",
+    "SystemExit(3)": "raise SystemExit(3)",
+    "os._exit(0)": "import os\nos._exit(0)",
+    "os._exit(7)": "import os\nos._exit(7)",
+    "posix._exit(0)": "import posix\nposix._exit(0)",
+    "ctypes _exit(0)": "import ctypes\nctypes.CDLL(None)._exit(0)",
+    "SIGTERM to itself": "import os, signal\nos.kill(os.getpid(), signal.SIGTERM)",
+    "SIGKILL to its group": "import os, signal\nos.killpg(0, signal.SIGKILL)",
+    "abort": "import os\nos.abort()",
+    "exec /bin/true": "import os\nos.execv('/bin/true', ['true'])",
+    "exit in a finally": "try:\n    pass\nfinally:\n    import os\n    os._exit(0)",
+    "atexit": "import atexit, os\natexit.register(lambda: None)\nos._exit(0)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(EARLY_EXITS))
+def test_an_early_exit_is_never_ok(sb, name):
+    r = sb.run(EARLY_EXITS[name] + "\nprint('the end')\n")
+    assert r.status in ("error", "killed"), r
+    assert "the end" not in r.stdout
+    assert r.meta.get("reason"), r
+
+
+def test_a_program_that_runs_to_its_end_is_ok_whatever_it_did_on_the_way(sb):
+    r = sb.run(dedent("""
+        import sys
+        try:
+            sys.exit(3)
+        except SystemExit:
+            pass
+        print("the end")
+    """))
+    assert r.status == "ok" and r.stdout == "the end\n", r
+
+
+def test_garbage_on_the_harness_descriptors_is_not_an_end(sb):
+    for source in ("import os\nos.write(3, b'?')\nos._exit(0)", "import os\nos.close(3)\nos.close(4)",
+                   "import os\nos.write(3, b'!' + b'0' * 32)\nos._exit(0)"):
+        r = sb.run(source)
+        assert r.status == "error", (source, r)
+
+
+# ------------------------------------------------------------------------------------ self-chosen statuses
+def test_exit_code_114_is_the_program_s_error_not_ours(sb):
+    r = sb.run("import os\nos._exit(114)")
+    assert r.status == "error" and r.meta["exit_code"] == 114, r
+
+
+def test_exit_code_113_is_not_a_memory_verdict(sb):
+    assert sb.run("import os\nos._exit(113)").status == "error"
+
+
+def test_printing_memoryerror_and_aborting_is_not_a_memory_verdict(sb):
+    r = sb.run("import os, sys\nsys.stderr.write('MemoryError\\n')\nsys.stderr.flush()\nos.abort()")
+    assert r.status == "killed" and r.meta["signal"] == 6, r
+
+
+def test_raising_memoryerror_without_using_memory_is_an_error(sb):
+    r = sb.run("raise MemoryError")
+    assert r.status == "error" and "MemoryError" in r.stderr, r
+
+
+def test_sigxcpu_sent_to_itself_is_not_a_timeout(sb):
+    r = sb.run("import os, signal\nos.kill(os.getpid(), signal.SIGXCPU)")
+    assert r.status == "killed", r
+
+
+def test_a_test_that_exits_with_114_is_the_program_s_failure(sb):
+    rep = sb.run_tests("import os\ndef f(x):\n    if x == 1:\n        os._exit(114)\n    return x\n", "f",
+                       [[0], [1], [2]], [0, 1, 2])
+    assert rep.status == "ok" and [t.passed for t in rep.tests] == [True, False, True], rep
+    assert rep.tests[1].status == "error"
+
+
+def test_a_fake_memory_error_in_a_test_is_not_a_memory_verdict(sb):
+    rep = sb.run_tests("def f(x):\n    raise MemoryError('fake')\n", "f", [[0], [1]], [0, 1])
+    assert [t.status for t in rep.tests] == ["error", "error"] and rep.status == "ok", rep
+    assert rep.tests[0].error.startswith("MemoryError")
+
+
+def test_no_self_chosen_status_reaches_the_cache():
+    with sandbox.open_sandbox(workers=1, timeout_s=2.0, cache=True) as box:
+        fresh = box.run("import os\nos._exit(114)")
+        again = box.run("import os\nos._exit(114)")
+    assert fresh.status == again.status == "error" and again.cached
+
+
+# ------------------------------------------------------------------------------------- the result channel
+FORGER = dedent('''
+    import json, os, struct, sys
+
+    def f(x):
+        frame = sys._getframe(1)
+        while frame is not None and "req" not in frame.f_locals:
+            frame = frame.f_back
+        req = frame.f_locals["req"]
+        for i, args in enumerate(req["inputs"]):
+            answer = {"t": "test", "i": i, "status": "ok", "output": args[0] * 2, "error": None,
+                      "duration_s": 3e-12, "calls": ["forged"]}
+            data = json.dumps(answer).encode()
+            os.write(3, struct.pack(">I", len(data)) + data)
+        done = json.dumps({"t": "done"}).encode()
+        os.write(3, struct.pack(">I", len(done)) + done)
+        os._exit(0)
+''')
+
+
+def test_forged_result_frames_cannot_set_durations_or_calls(sb):
+    rep = sb.run_tests(FORGER, "f", [[1], [2], [3]], [2, 4, 6], record_calls=True)
+    assert all(t.duration_s != 3e-12 for t in rep.tests), rep
+    assert all(t.calls != ["forged"] for t in rep.tests), rep
+
+
+def test_durations_are_the_parent_s(sb):
+    rep = sb.run_tests("def f(x):\n    return x\n", "f", [[1], [2]], [1, 2])
+    assert rep.meta["timing"] == "parent" and "load_s" in rep.meta, rep
+    assert all(t.duration_s >= 0 for t in rep.tests) and rep.meta["load_s"] > 0
+
+
+# ------------------------------------------------------------------------------------- incremental reuse
+SQUARE_PROFILE_OFF = dedent('''
+    import sys
+
+    def helper(x):
+        return x * x
+
+    def solve(x):
+        getattr(sys, "setprofile")(None)
+        return helper(x)
+''')
+
+SQUARE_IN_SERIALISATION = dedent('''
+    def helper(x):
+        return x * x
+
+    class Lazy(dict):
+        def items(self):
+            return [("v", helper(self["x"]))]
+
+    def solve(x):
+        return Lazy(x=x)
+''')
+
+
+@pytest.mark.parametrize("source,wrong", [
+    (SQUARE_PROFILE_OFF, SQUARE_PROFILE_OFF.replace("x * x", "-1")),
+    (SQUARE_IN_SERIALISATION, SQUARE_IN_SERIALISATION.replace("x * x", "-1")),
+], ids=["profile-switched-off", "helper-runs-while-serialising"])
+def test_incremental_reuse_never_outlives_an_edit(sb, source, wrong):
+    inputs = [[2], [3]]
+    expected = [t.output for t in sb.run_tests(source, "solve", inputs).tests]
+    runner = IncrementalRunner(sb)
+    assert runner.run_tests(source, "solve", inputs, expected).passed == 2
+    fresh = sb.run_tests(wrong, "solve", inputs, expected)
+    again = runner.run_tests(wrong, "solve", inputs, expected)
+    assert [t.passed for t in again.tests] == [t.passed for t in fresh.tests] == [False, False], again.meta
+
+
+@pytest.mark.parametrize("code", [
+    "import posix\ndef f(x):\n    return x",
+    "import _random\ndef f(x):\n    return x",
+    "import sys as s\ndef f(x):\n    return s.stdout",
+    "def f(x):\n    return x.__class__",
+    "def f(x):\n    return getattr(x, '__class__')",
+    "import operator\ndef f(x):\n    return operator.attrgetter('real')(x)",
+    "import logging\ndef f(x):\n    return x",
+    "class D(dict):\n    pass\ndef f(x):\n    return D(x=x)",
+    "from collections import OrderedDict\nclass D(OrderedDict):\n    pass\ndef f(x):\n    return D(x=x)",
+])
+def test_unprovable_programs_are_never_reused(code):
+    assert analyse(code).unsound, code
+
+
+# -------------------------------------------------------------------------------------- exact comparison
+@pytest.mark.parametrize("output,expected,equal", [
+    (12345678.0, 12345679, False),
+    (12345679.0, 12345679, False),
+    (3, 3, True),
+    (True, 1, False),
+    (1, True, False),
+    ("a", "a", True),
+    (0.1 + 0.2, 0.3, True),
+    (3, 3.0, True),
+    (12345678.0, 12345679.0, True),
+    ([1, 2.0000000001], [1, 2.0], True),
+    ([1.0, 2], [1, 2], False),
+    ({"a": 1}, {"a": 1.0}, True),
+    (float("nan"), float("nan"), True),
+])
+def test_exact_expectations_compare_exactly(output, expected, equal):
+    assert sandbox.outputs_equal(output, expected) is equal
+
+
+def test_an_integer_task_rejects_an_approximate_float(sb):
+    rep = sb.run_tests("def f(n):\n    return float(n) - 1\n", "f", [[12345679]], [12345679])
+    assert rep.tests[0].passed is False
+
+
+def test_pool_is_healthy_after_the_forgeries(sb):
+    assert_healthy(sb)
