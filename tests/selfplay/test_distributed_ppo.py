@@ -1,0 +1,66 @@
+"""PPO updates on 2 real ranks (torchrun, gloo, DeepSpeed on the CPU): plain torch and DeepSpeed ZeRO-2 give the same
+update for any micro-batch size, take one optimiser step per minibatch, and keep the adaptive beta equal on all ranks."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.selfplay.test_distributed import free_port
+
+pytestmark = pytest.mark.distributed
+SCRIPT = Path(__file__).with_name("ppo_ranks.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    from tests.selfplay import ppo_ranks
+
+    out = tmp_path_factory.mktemp("ppo_ranks")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+           str(SCRIPT), str(out)]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, output[-4000:]
+    return [torch.load(out / f"rank_{r}.pt", weights_only=False) for r in (0, 1)], ppo_ranks
+
+
+def test_torch_and_deepspeed_updates_agree_for_any_micro_batch_size(ranks):
+    results, _ = ranks
+    reference = results[0]["torch/1"]["delta"]
+    assert reference.norm() > 0
+    for r in results:
+        for key, res in r.items():
+            cos = torch.nn.functional.cosine_similarity(res["delta"], reference, dim=0).item()
+            assert cos > 0.9999, (key, cos)
+            assert torch.allclose(res["delta"], reference, rtol=1e-4, atol=1e-6), key
+
+
+def test_one_optimiser_step_per_minibatch_on_both_backends(ranks):
+    results, script = ranks
+    expected = script.EPOCHS * math.ceil(script.BATCH / script.MINI)  # 6 rollouts, minibatches of 4: 2 per epoch
+    for r in results:
+        for key, res in r.items():
+            assert res["steps"] == [expected] * script.UPDATES, key
+
+
+def test_adaptive_beta_is_the_same_on_every_rank(ranks):
+    results, _ = ranks
+    for key in results[0]:
+        betas = [r[key]["beta"] for r in results]
+        assert betas[0] == betas[1], (key, betas)
+        assert betas[0] != pytest.approx(0.1)  # it adapted
