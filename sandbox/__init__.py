@@ -6,34 +6,56 @@
         rs = sb.run_many([src1, src2])          # parallel over the workers, input order
         rep = sb.run_tests(solution, "f", [[1, 2], [3, 4]], expected=[3, 7])   # TestReport
         reps = sb.run_tests_many([dict(solution=..., entry_point=..., inputs=..., expected=...), ...])
+        c = sb.run_check(module, "f", "def check(candidate):\n    assert candidate(2) == 4\n")  # "ok" = passed
 
 Options of open_sandbox: output_limit= (bytes of stdout+stderr, default 1 MB), cache_path= (on-disk cache),
 trace_path= (log of every run); the docker backend takes its own (image=, ...) and is opened through
 `sandbox.docker_backend.open_docker_backend(workers=, limits=, **options) -> sandbox.pool.Pool`.
 
-Statuses (ExecResult.status, TestReport.status)
-    ok            the program finished without an exception (sys.exit(0) included)
-    error         an exception (a failed assert included) or a non-zero exit code
-    timeout       wall-clock timeout_s passed, or the CPU-seconds limit hit
-    memory        MemoryError (the address-space limit memory_mb was hit)
+Statuses (ExecResult.status, TestReport.status), each decided from what the worker's server observed (its own
+deadlines and byte counts, the kernel's wait status and resource usage, the end-of-program report), never from
+what the program printed or which exit code or signal it chose (details and the reasoning: docs/sandbox.md):
+    ok            the program ran to its end: after its last statement the harness asked the server for a
+                  nonce that exists nowhere else and said it back; an exit before that (sys.exit, exit(),
+                  raise SystemExit, os._exit, exec, an exit code 0 included) is never "ok"
+    error         an uncaught exception (a failed assert included), or an exit with any code before the end
+                  (meta["reason"] says which, meta["exit_code"] the code)
+    timeout       wall-clock timeout_s passed, or the CPU-seconds limit hit (CPU time used >= the limit)
+    memory        an abnormal end after the program's resident memory reached half of memory_mb (kernel
+                  accounting); a single allocation beyond the limit fails before it uses anything: that is a
+                  MemoryError exception, "error"
     output_limit  stdout+stderr exceeded output_limit bytes (what came before is kept)
-    killed        any other abnormal end: a signal (segfault), or the program killed its worker
-    sandbox_error our fault, never the program's (a worker that could not start or stopped answering)
-Per test (TestOutcome.status) the same, plus "not_run" (after stop_on_failure, or after the module failed to
-load) and "unserializable" (the return value is not JSON). TestReport.status is "ok" when the module loaded and
+    killed        any other signal (a segfault, os.abort(), a signal the program sent itself), or the program
+                  killed its worker
+    sandbox_error our fault, never the program's: the child died before it read its job (so no program ran),
+                  or a worker could not start or stopped answering
+Every non-ok result has meta["reason"]. Per test (TestOutcome.status) the same, plus "not_run" (after
+stop_on_failure, or after the module failed to load) and "unserializable" (the return value is not JSON); the
+child may claim only "ok" (with its answer), "error", "unserializable" or "output_limit" for a test, all of which
+fail it but "ok", and a claim never sets TestReport.status. TestReport.status is "ok" when the module loaded and
 every test ran to an answer (right or wrong); a test that timed out, ran out of memory or crashed its process
-makes it that status, and the remaining tests still run in a fresh child.
+makes it that status, and the remaining tests still run in a fresh child (so does the test after a MemoryError).
 
 Grading without trusting the child: the solution is imported as module `solution` in a forked child, which
 calls entry_point(*input) per test and sends each return value JSON-serialised on a pipe. The expected outputs
-never enter the child (nor the worker); this process compares `normalize(output)` with `normalize(expected)`
-using `outputs_equal` (floats: math.isclose(rel_tol=1e-6, abs_tol=1e-9), NaN == NaN, bool only equals bool,
-the rest exactly). The worker accepts only well-formed frames for exactly the next test; anything else fails
-every test of that child. So os._exit, sys.exit, `__eq__` overrides, gc walks or forged frames cannot turn a
-failure into a pass: the best a program can do is return values, which is what is graded. With
-stop_on_failure the worker stops at the first test that raises; a wrong answer is found here, so later tests
-may have run but are reported "not_run". record_calls=True gives, per test, the qualified names of top-level
-solution functions/methods that were called (sys.setprofile), for incremental re-execution.
+never enter the child (nor the worker); this process compares with `outputs_equal(output, expected)`: exactly
+where the expectation is exact (an int expectation needs an int, strings, bools and None exactly), within
+math.isclose(rel_tol=1e-6, abs_tol=1e-9) only where the expectation is a float (NaN == NaN). The worker accepts
+only well-formed frames for exactly the next test; anything else fails every test of that child. So os._exit,
+sys.exit, `__eq__` overrides, gc walks or forged frames cannot turn a failure into a pass: the best a program can
+do is return values, which is what is graded. TestOutcome.duration_s is the server's clock (the previous answer,
+or the load, to this answer; meta["load_s"] the load; TestReport.compute_s both), never a number the child sent.
+With stop_on_failure the worker stops at the first test that raises; a wrong answer is found here, so later
+tests may have run but are reported "not_run". record_calls=True gives, per test, the qualified names of
+top-level solution functions/methods that ran while the test was called and its answer serialised
+(sys.setprofile in the child: a claim, which incremental reuse trusts only for programs it can prove cannot
+touch it, sandbox/incremental.py).
+
+Trusted checks (`sb.run_check(module, entry_point, check_code)`, HumanEval's form: check_code defines
+check(candidate)): the check code runs in a checker process, never next to the program; the module is loaded
+in a process of its own that only answers calls (candidate(...) and any module function the check code names)
+with values; "ok" means check(entry_point) returned. The program can fail its check (exit, die, raise, hang,
+kill the checker) but no byte it writes can pass it. `selfplay.evaluate.grade_humaneval` grades this way.
 
 Isolation model of the process backend (details in sandbox/forkserver.py)
     - each worker is a small fork server (not a fork of the trainer) that preloads common modules; one forked

@@ -27,7 +27,7 @@ class ExecResult:
     status: str                     # one of STATUSES
     stdout: str = ""                # captured, capped at output_limit bytes (stdout+stderr together)
     stderr: str = ""
-    duration_s: float = 0.0         # wall-clock seconds the run took in the worker
+    duration_s: float = 0.0         # wall-clock seconds the run took, measured by the worker's server
     cached: bool = False            # True when this came from the result cache
     meta: dict = field(default_factory=dict)  # backend, network_isolated, user_isolated, exit_code, signal, ...
 
@@ -52,7 +52,7 @@ class TestOutcome:
     output: Any = None              # the normalised JSON value the entry point returned (None if it did not)
     error: str | None = None        # short "ExcType: message"
     passed: bool | None = None      # compared with the expected output in the parent; None without expected
-    duration_s: float = 0.0         # as measured in the child (informational)
+    duration_s: float = 0.0         # measured by the server: previous answer (or the load) to this answer
     calls: list[str] | None = None  # solution functions that ran during this test (record_calls=True)
 
     def to_dict(self) -> dict:
@@ -91,6 +91,12 @@ class TestReport:
     @property
     def outputs(self) -> list:
         return [t.output for t in self.tests]
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds the module load and the tests took as the server measured them (meta["load_s"] plus each
+        test's duration_s): a clock the program cannot set, and work moved into import time still counts."""
+        return float(self.meta.get("load_s") or 0.0) + sum(t.duration_s for t in self.tests)
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -238,6 +244,37 @@ class Sandbox:
         ld = limits.as_dict()
         jobs = [(_check_source(s), None, ld, {"op": "run", "source": s, **ld}) for s in sources]
         return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, [use_cache] * len(jobs))]
+
+    # -- trusted checks
+    def run_check(self, source: str, entry_point: str, check: str, *, timeout_s: float | None = None,
+                  memory_mb: int | None = None, use_cache: bool = True) -> ExecResult:
+        """Grade module `source` with trusted test code `check` that defines `check(candidate)` (HumanEval's
+        form). The test code runs in a checker process the program cannot reach; every call of `candidate` (and of
+        any module function the test code names) is answered by the module in its own process, as a value.
+        status "ok" means check(entry_point) returned; "error" that it raised (meta["check"]["error"]), or that
+        the module did not load, raised, exited or died where an answer was due; otherwise how the run ended."""
+        return self.run_check_many([dict(source=source, entry_point=entry_point, check=check)],
+                                   timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
+
+    def run_check_many(self, jobs: Sequence[dict], *, timeout_s: float | None = None, memory_mb: int | None = None,
+                       use_cache: bool = True) -> list[ExecResult]:
+        """Many run_check calls (dicts with source, entry_point, check) in parallel over the workers."""
+        limits = self._limits(timeout_s, memory_mb)
+        ld = limits.as_dict()
+        prepared = []
+        for job in jobs:
+            if not isinstance(job, dict) or set(job) != {"source", "entry_point", "check"}:
+                raise SandboxConfigError("each check job is a dict with exactly source, entry_point and check")
+            _check_source(job["source"], "module")
+            _check_source(job["check"], "check code")
+            if not isinstance(job["entry_point"], str) or not job["entry_point"].isidentifier():
+                raise SandboxConfigError(f"entry_point={job['entry_point']!r}: pass the name of a module function")
+            payload = {"entry_point": job["entry_point"], "check": job["check"]}
+            prepared.append((job["source"], payload, ld, {"op": "check", "source": job["source"],
+                                                          "entry_point": job["entry_point"], "test": job["check"],
+                                                          **ld}))
+        out = self._cached_execute("check", prepared, [use_cache] * len(prepared))
+        return [ExecResult.from_dict(r) for r in out]
 
     # -- gradings
     def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls):

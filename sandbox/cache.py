@@ -22,7 +22,8 @@ returns a fresh dict (callers cannot corrupt the cache by mutating a result) wit
 What is cached (`put`'s rule): only deterministic outcomes, i.e. results whose `status` is in `CACHEABLE_STATUSES`
 (ok / error / timeout / memory / output_limit) and none of whose per-test outcomes (`value["tests"]`, for test
 reports) is "killed" or "sandbox_error". "killed" and "sandbox_error" may be the pool's doing (a recycled worker,
-a crash of our own code), so they are never stored. Timeouts are cached under the limits in the key (a caller on an
+a crash of our own code), so they are never stored. No stored status is the program's choice: every status is
+what the server observed (docs/sandbox.md), so a cached verdict is one a fresh run of the same program gives. Timeouts are cached under the limits in the key (a caller on an
 overloaded machine that distrusts its timeouts should not `put` them).
 """
 
@@ -42,7 +43,9 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
-SANDBOX_VERSION = "sandbox-1"  # bump when a program's result could change for the same code, inputs and limits
+SANDBOX_VERSION = "sandbox-2"  # bump when a program's result could change for the same code, inputs and limits
+# sandbox-2: statuses only from what the server observed (an exit before the end is never "ok"), parent-measured
+# durations, exact integer comparison, trusted checks
 KEY_VERSION = f"{SANDBOX_VERSION}/py{sys.version_info[0]}.{sys.version_info[1]}"  # ast.dump differs by version
 CACHEABLE_STATUSES = frozenset({"ok", "error", "timeout", "memory", "output_limit"})
 UNCACHEABLE_TEST_STATUSES = frozenset({"killed", "sandbox_error"})  # per-test outcomes that may be our fault

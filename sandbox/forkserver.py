@@ -35,11 +35,15 @@ single connection and exits when it closes, so a client that dies leaves no serv
                         (leftovers of past programs, and the pre-forked child waiting for the next job)
     {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
+    {"op": "check", "source": str, "entry_point": str, "test": str (defines check(candidate)), "timeout_s",
+     "memory_mb", "output_limit"}
+                     -> as "run", meta["check"] = {"passed": bool, "error": str | None} (see child_check)
     {"op": "tests", "source": str, "entry_point": str, "inputs": [[arg, ...], ...],
      "timeout_s": float (module load), "test_timeout_s": float (each test), "stop_on_error": bool,
      "record_calls": bool, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...},
                          "tests": [{"status", "output", "error", "duration_s", "calls"}, ...]}
+                        (meta["timing"] = "parent", meta["load_s"]: durations are this server's clock)
     {"op": "shutdown"} -> {"ok": true}, then the server exits.
 A malformed request gets {"status": "sandbox_error", "stderr": reason}.
 
@@ -66,13 +70,26 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   program cannot reach the client connection;
 - it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability.
 
+Statuses come from what this server observed (Server._exit_status): its deadlines and output count, the wait
+status and rusage of the child (CPU time for "timeout" by signal, peak resident set for "memory"), whether the
+child read its whole job (only a child that did not may be "sandbox_error"), and for "ok" of a run the
+end-of-program exchange: after the program's last statement (and its threads) the harness writes END_ASK on the
+result pipe, the server answers with a fresh random nonce on the job pipe, the harness writes END_SAY + nonce. An
+exit of any code before that, a signal, or other bytes on the result pipe is never "ok". (The harness shares the
+program's process, so a program that drives this exchange itself, deliberately, can still end early as "ok";
+nothing is graded on a run's "ok" for that reason: gradings compare answers, and HumanEval uses "check".)
+
 Grading ("tests"): the child imports the solution as module `solution`, calls entry_point(*input) per test and
-writes one frame per test to a result pipe: {"t": "test", "i": i, "status", "output", "error", "duration_s",
-"calls"}, preceded by {"t": "loaded"} (or {"t": "load_error", "error"}) and followed by {"t": "done"}. The server
+writes one frame per test to a result pipe: {"t": "test", "i": i, "status", "output", "error", "calls"},
+preceded by {"t": "loaded"} (or {"t": "load_error", "error"}) and followed by {"t": "done"}. The server
 accepts only well-formed frames, for exactly the next expected test, in order; anything else is a protocol
-violation that fails every test of that child. Expected outputs never reach the server or the child: the
-client compares. A test that kills its child (timeout, crash, os._exit) is recorded and the server forks a new
-child that resumes at the next test (unless stop_on_error).
+violation that fails every test of that child. A test's duration is the server's (between arrivals); nothing
+in a frame but the answer is believed, and "calls" only by incremental reuse of programs proven unable to touch
+it. Expected outputs never reach the server or the child: the client compares. A test that kills its child
+(timeout, crash, os._exit) is recorded and the server forks a new child that resumes at the next test (unless
+stop_on_error); after a MemoryError the child ends itself so the server can judge it, and the next test resumes.
+
+Checking ("check"): see child_check; the verdict comes from a checker process that runs only trusted code.
 """
 
 from __future__ import annotations
@@ -112,7 +129,8 @@ RESULT_FD = 3                           # the result pipe's descriptor in a grad
 FRAME_SLACK = 64 * 1024                 # result frame bytes allowed beyond output_limit (error text, calls)
 DRAIN_S = 1.0                           # how long to read what killed children left in their pipes
 JOB_FD = 4                              # where a (pre-forked) child reads its job
-JOB_HEADER = ">iIII"                    # job: start test (-1: a "run"), memory MiB, CPU s, payload bytes
+JOB_HEADER = ">iIII"                    # job: start test (JOB_RUN, JOB_CHECK), memory MiB, CPU s, payload bytes
+JOB_RUN, JOB_CHECK = -1, -2             # the "start test" of a run and of a check job
 PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
     "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
     "functools hashlib heapq io itertools json math numbers operator random re statistics string "
@@ -131,6 +149,7 @@ _print_exception = sys.__excepthook__  # the interpreter's own printer, whatever
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
+PR_SET_DUMPABLE = 4
 CAP_DAC_READ_SEARCH = 2
 
 
@@ -375,7 +394,7 @@ def job_bytes(req: dict, raw: bytes, start: int) -> bytes:
     """What the server writes down a child's job pipe: JOB_HEADER (start, memory MiB, CPU seconds, payload size),
     then the payload: for "run" (start -1) the source as UTF-8, else the request's JSON. A program's source goes
     as is so that its child parses no JSON (fewer pages written: less copy-on-write)."""
-    payload = req["source"].encode("utf-8", "surrogatepass") if start < 0 else raw
+    payload = req["source"].encode("utf-8", "surrogatepass") if start == JOB_RUN else raw
     cpu = int(math.ceil(cpu_budget_s(req))) + 1
     return struct.pack(JOB_HEADER, start, int(req["memory_mb"]), cpu, len(payload)) + payload
 
@@ -390,7 +409,10 @@ def child_job() -> None:
     memory = memory_mb * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
-    if start < 0:
+    if start == JOB_CHECK:
+        os.close(JOB_FD)
+        child_check(json.loads(payload))
+    elif start < 0:
         child_run(payload.decode("utf-8", "surrogatepass"))
     else:
         os.close(JOB_FD)
@@ -574,6 +596,201 @@ def child_tests(req: dict, start: int) -> None:
             break
     emit({"t": "done"})
     _flush_and_exit(0)
+
+
+# ------------------------------------------------------------------------------------ trusted checks
+# A "check" grades a module with trusted test code (HumanEval's `check(candidate)`) that never runs next to the
+# program: the job's child becomes the checker, forks the candidate process, and runs the test code itself, with
+# the module's functions as proxies whose every call goes to the candidate process and comes back as a value.
+# Values cross in VALUE tags so tuples, sets and dict keys survive; the checker builds only plain builtin values
+# from them, so a program's answers are data there, never objects with behaviour of their own.
+VALUE_TAGS = {"l": list, "t": tuple, "s": set, "f": frozenset}
+
+
+class Unencodable(TypeError):
+    """A value with no VALUE form (an object, a generator, a cycle)."""
+
+
+def encode_value(v, depth: int = 0):
+    """A value as JSON: scalars as themselves, containers and bytes/complex as one-key tagged objects."""
+    if depth > 200:
+        raise Unencodable("nested too deep")
+    if v is None or type(v) in (bool, str):
+        return v
+    if isinstance(v, str):
+        return str.__str__(v)
+    if isinstance(v, int):
+        return int.__index__(v)
+    if isinstance(v, float):
+        return float.__float__(v)
+    if isinstance(v, dict):
+        return {"d": [[encode_value(k, depth + 1), encode_value(x, depth + 1)] for k, x in dict.items(v)]}
+    for tag, kind in VALUE_TAGS.items():
+        if isinstance(v, kind):
+            items = [encode_value(x, depth + 1) for x in kind.__iter__(v)]
+            return {tag: sorted(items, key=json.dumps) if tag in "sf" else items}
+    if isinstance(v, (bytes, bytearray)):
+        return {"b": bytes(v).hex()}
+    if isinstance(v, complex):
+        return {"c": [v.real, v.imag]}
+    raise Unencodable(f"a {type(v).__name__} cannot leave the candidate process")
+
+
+def decode_value(v):
+    """The inverse of encode_value, building plain builtin values only; ValueError for anything else."""
+    if v is None or type(v) in (bool, int, float, str):
+        return v
+    if type(v) is not dict or len(v) != 1:
+        raise ValueError("not a value")
+    (tag, body), = v.items()
+    if tag == "d" and type(body) is list:
+        return {decode_value(k): decode_value(x) for k, x in body}
+    if tag in VALUE_TAGS and type(body) is list:
+        return VALUE_TAGS[tag](decode_value(x) for x in body)
+    if tag == "b" and type(body) is str:
+        return bytes.fromhex(body)
+    if tag == "c" and type(body) is list and len(body) == 2:
+        return complex(float(body[0]), float(body[1]))
+    raise ValueError("not a value")
+
+
+def write_frame(fd: int, obj: dict) -> None:
+    data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    while view:
+        view = view[_os_write(fd, view):]
+
+
+def read_frame(fd: int, limit: int) -> dict:
+    """One frame from a pipe; EOFError when it closes, ValueError when the frame is malformed or too big."""
+    (size,) = struct.unpack(">I", _read_fd(fd, 4))
+    if size > limit:
+        raise ValueError("oversized frame")
+    frame = json.loads(_read_fd(fd, size))
+    if type(frame) is not dict:
+        raise ValueError("frame is not an object")
+    return frame
+
+
+def candidate_process(req: dict, call_fd: int, answer_fd: int) -> None:
+    """The program's side of a check: import the module, then answer calls until the checker hangs up."""
+    import types
+
+    module = types.ModuleType("solution")
+    module.__dict__["__builtins__"] = __builtins__
+    sys.modules["solution"] = module
+    try:
+        exec(compile(req["source"], "<solution>", "exec"), module.__dict__)
+    except BaseException as exc:  # noqa: BLE001
+        rc = _report_exception(exc)
+        write_frame(answer_fd, {"t": "load_error", "error": _short_error(exc)})
+        _flush_and_exit(rc or EXIT_ERROR)
+    names = [k for k, v in list(module.__dict__.items())
+             if isinstance(k, str) and not k.startswith("__") and isinstance(v, types.FunctionType)]
+    write_frame(answer_fd, {"t": "loaded", "names": names})
+    while True:
+        try:
+            call = read_frame(call_fd, MAX_FRAME)
+        except EOFError:
+            _flush_and_exit(0)
+        try:
+            fn = module.__dict__[call["fn"]]
+            value = fn(*decode_value(call["args"]), **decode_value(call["kwargs"]))
+            answer = {"t": "value", "value": encode_value(value)}
+        except BaseException as exc:  # noqa: BLE001 - the candidate's exception is its answer
+            answer = {"t": "raised", "type": type(exc).__name__, "error": _short_error(exc)}
+        write_frame(answer_fd, answer)
+
+
+class CandidateGone(BaseException):
+    """The candidate process died, exited, or broke the protocol: the check fails whatever the test code does."""
+
+
+def child_check(req: dict) -> None:
+    """The checker: fork the candidate process, run the trusted test code against proxies of its functions,
+    send the verdict on RESULT_FD (which the candidate never holds), exit."""
+    import builtins
+
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the candidate (same uid) cannot ptrace us or open our descriptors
+    call_r, call_w = os.pipe()
+    answer_r, answer_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(answer_w, RESULT_FD)  # the candidate's fd 3 is its answer pipe to us, not our verdict pipe
+            os.dup2(call_r, JOB_FD)
+            os.closerange(JOB_FD + 1, 1 << 20)
+            candidate_process(req, JOB_FD, RESULT_FD)
+        finally:
+            _os_exit(EXIT_ERROR)
+    os.close(call_r)
+    os.close(answer_w)
+    limit = int(req["output_limit"]) + FRAME_SLACK
+    gone: list = []
+
+    def answer() -> dict:
+        if gone:
+            raise CandidateGone(gone[0])
+        try:
+            return read_frame(answer_r, limit)
+        except (EOFError, ValueError, OSError) as exc:
+            gone.append(f"the candidate process ended or broke the protocol ({type(exc).__name__})")
+            raise CandidateGone(gone[0]) from None
+
+    class Proxy:
+        __slots__ = ("name",)
+
+        def __init__(self, name: str):
+            self.name = name
+
+        def __call__(self, *args, **kwargs):
+            if gone:
+                raise CandidateGone(gone[0])
+            try:
+                write_frame(call_w, {"fn": self.name, "args": encode_value(list(args)),
+                                     "kwargs": encode_value(dict(kwargs))})
+            except OSError:
+                gone.append("the candidate process ended")
+                raise CandidateGone(gone[0]) from None
+            reply = answer()
+            if reply.get("t") == "value":
+                try:
+                    return decode_value(reply.get("value"))
+                except (ValueError, TypeError):
+                    gone.append("the candidate sent a malformed value")
+                    raise CandidateGone(gone[0]) from None
+            if reply.get("t") == "raised":
+                kind = getattr(builtins, str(reply.get("type")), None)
+                if kind in (SystemExit, KeyboardInterrupt, GeneratorExit):
+                    gone.append(f"the candidate raised {kind.__name__}")
+                    raise CandidateGone(gone[0])
+                if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                    kind = Exception
+                raise kind(str(reply.get("error")))
+            gone.append("the candidate sent an unexpected frame")
+            raise CandidateGone(gone[0])
+
+    verdict = {"t": "verdict", "passed": False, "error": None}
+    try:
+        first = answer()
+        if first.get("t") != "loaded" or not isinstance(first.get("names"), list):
+            raise CandidateGone(f"the module did not load: {str(first.get('error'))[:300]}")
+        namespace = {"__name__": "check", "__builtins__": builtins}
+        namespace.update({name: Proxy(name) for name in first["names"] if isinstance(name, str)})
+        exec(compile(req["test"], "<check>", "exec"), namespace)
+        namespace["check"](Proxy(req["entry_point"]))
+        verdict["passed"] = not gone
+    except BaseException as exc:  # noqa: BLE001 - a failed assert, a candidate that raised or died
+        verdict["error"] = _short_error(exc)
+    if gone:
+        verdict["passed"], verdict["error"] = False, gone[0]
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except OSError:
+        pass
+    write_frame(RESULT_FD, verdict)
+    _os_exit(0)
 
 
 # ------------------------------------------------------------------------------------- the server
@@ -767,7 +984,10 @@ class Server:
         state = {"reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
                  "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
                  "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
-                 "t_mark": child.job_sent, "load_s": None, "after_memory_error": False}
+                 "t_mark": child.job_sent, "load_s": None, "after_memory_error": False,
+                 "check": req.get("op") == "check", "verdict": None}
+        if state["check"]:
+            state["nonce"] = b""
         n = len(req["inputs"]) if tests is not None else 0
         open_fds = set(names)
         exited = False
@@ -856,10 +1076,25 @@ class Server:
         return state
 
     def _result_bytes(self, buf: bytearray, state: dict, tests: list | None, n: int, child: "_Child") -> bool:
-        """What arrived on the result pipe: test frames (see _frames), or for a run the end-of-program exchange:
-        END_ASK, to which we answer with the nonce, then END_SAY + nonce. Anything else is a violation."""
+        """What arrived on the result pipe: test frames (see _frames); for a check the checker's one verdict
+        frame; for a run the end-of-program exchange: END_ASK, to which we answer with the nonce, then
+        END_SAY + nonce. Anything else is a violation."""
         if tests is not None:
             return self._frames(buf, state, tests, n, time.monotonic())
+        if state["check"]:
+            while len(buf) >= 4:
+                (size,) = struct.unpack(">I", buf[:4])
+                if size > state["max_frame"] or state["ended"]:
+                    raise ProtocolViolation("unexpected checker frame")
+                if len(buf) < 4 + size:
+                    break
+                frame = json.loads(bytes(buf[4:4 + size]))
+                del buf[:4 + size]
+                if type(frame) is not dict or frame.get("t") != "verdict" or type(frame.get("passed")) is not bool:
+                    raise ProtocolViolation("malformed verdict")
+                state["verdict"] = {"passed": frame["passed"], "error": str(frame.get("error") or "")[:500] or None}
+                state["ended"] = True
+            return False
         if not state["asked"] and buf:
             if buf[:1] != END_ASK:
                 raise ProtocolViolation("unexpected bytes on the result pipe")
@@ -998,6 +1233,24 @@ class Server:
         status, facts = self._exit_status(state)
         return self._finish(t0, out, status, req, facts)
 
+    def handle_check(self, req: dict, raw: bytes) -> dict:
+        """A trusted check (see child_check): "ok" only when the checker's test code passed; "error" when it
+        failed (meta["check"]["error"] says why); otherwise how the checker's process group ended."""
+        t0 = time.monotonic()
+        out = {"stdout": bytearray(), "stderr": bytearray()}
+        child = self._start(req, raw, JOB_CHECK, None)
+        try:
+            state = self._collect(req, child, out, None, 0)
+        finally:
+            self._clean_tmp(child.workdir)
+        status, facts = self._exit_status(state)
+        if status == "ok":
+            verdict = state["verdict"]
+            facts = {"check": verdict}
+            if not verdict["passed"]:
+                status, facts["reason"] = "error", f"the check failed: {verdict['error']}"
+        return self._finish(t0, out, status, req, facts)
+
     def handle_tests(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
         n = len(req["inputs"])
@@ -1078,13 +1331,13 @@ class Server:
             kids = [pid for pid in self._children() if not (self._ready and pid == self._ready.pid)]
             return {"ok": True, "workdirs": len(dirs), "children": kids,
                     "ready": self._ready.pid if self._ready else None}
-        if op in ("run", "tests"):
+        if op in ("run", "tests", "check"):
             error = _validate(req)
             if error:
                 return {"status": "sandbox_error", "stdout": "", "stderr": error, "duration_s": 0.0,
                         "meta": dict(self.meta)}
             raw = raw if raw is not None else json.dumps(req).encode()
-            return self.handle_run(req, raw) if op == "run" else self.handle_tests(req, raw)
+            return {"run": self.handle_run, "tests": self.handle_tests, "check": self.handle_check}[op](req, raw)
         return {"status": "sandbox_error", "stdout": "", "stderr": f"unknown op {op!r}", "duration_s": 0.0,
                 "meta": dict(self.meta)}
 
@@ -1136,6 +1389,8 @@ def _validate(req: dict) -> str | None:
             return "tests need entry_point (str) and inputs (list)"
         if not all(isinstance(x, list) for x in req["inputs"]):
             return "each test input must be a list of positional arguments"
+    if req.get("op") == "check" and not (isinstance(req.get("entry_point"), str) and isinstance(req.get("test"), str)):
+        return "checks need entry_point (str) and test (str: code that defines check(candidate))"
     return None
 
 

