@@ -22,8 +22,8 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in between, nothing changes);
 4. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
-   - solver collapse (the solve-rate EMA falls `pass_drop` below its best since the level last rose) → more
-     replay, lower learning rate;
+   - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
+     level resets) → more replay, lower learning rate;
    - KL to the reference above `kl_max` → lower learning rate.
 
 Every decision is visible in `metrics()` under `mixer/…` and the whole state round-trips through
@@ -70,7 +70,8 @@ class MixerConfig:
     min_diversity: float = 0.3  # diversity (unique clusters / valid proposals) below this = diversity collapse
     repetition_weight: float = 1.0  # base weight of the generator's repetition penalty
     repetition_weight_max: float = 4.0  # cap when diversity collapses
-    pass_drop: float = 0.25  # solver collapse when the solve-rate EMA falls this far below its best
+    pass_drop: float = 0.25  # solver collapse when the solve-rate EMA falls this far below its baseline ...
+    baseline_ema: float = 0.95  # ... a slower EMA of it (weight of the past), reset to it when the level rises
     kl_max: float = 1.0  # KL to the reference above this = policy drifting too fast
     lr_scale_min: float = 0.1  # the learning-rate multiplier never goes below this
     replay_width: float = 0.2  # width of the replay preference around the band's centre (in solve rate)
@@ -100,7 +101,7 @@ class _State:
     band_centre: float = 0.65
     level_signal: float | None = None  # EMA of (always solved - never solved) over procedural tasks
     solve_ema: float | None = None
-    best_ema: float = 0.0
+    baseline: float | None = None  # slow EMA of solve_ema: what a sudden drop is measured against
     validity_ema: float | None = None
     in_band_ema: float | None = None
     trusted: bool = False  # the generator has earned its share
@@ -241,18 +242,18 @@ class Mixer:
         # must not read as the solver getting better or worse
         rate = statistics.fmean(stats.procedural_rates) if stats.procedural_rates else stats.solve_rate
         s.solve_ema = _ema(s.solve_ema, rate, c.ema)
-        s.best_ema = max(s.best_ema, s.solve_ema)
+        s.baseline = _ema(s.baseline, s.solve_ema, c.baseline_ema)
         level = s.level
         self._follow_the_solver(stats)
-        if s.level > level:  # harder tasks are solved less often: the best so far was on easier ones
-            s.best_ema = s.solve_ema
+        if s.level > level:  # harder tasks are solved less often: that is the curriculum, not a collapse
+            s.baseline = s.solve_ema
         self._trust_the_generator(stats)
 
         alarms = {
             "generator_validity": s.validity_ema is not None and s.validity_ema < c.min_validity,
             "generator_in_band": s.in_band_ema is not None and s.in_band_ema < c.min_in_band,
             "generator_diversity": stats.diversity is not None and stats.diversity < c.min_diversity,
-            "solver_collapse": s.steps > 3 and s.solve_ema < s.best_ema - c.pass_drop,
+            "solver_collapse": s.steps > 3 and s.solve_ema < s.baseline - c.pass_drop,
             "kl_blowup": stats.kl is not None and stats.kl > c.kl_max,
         }
         s.alarms = alarms
@@ -339,9 +340,10 @@ class Mixer:
         return {"state": asdict(self.s), "rng": self.rng.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
-        """A state saved before a field existed keeps that field's starting value."""
+        """A state saved before a field existed keeps that field's starting value (one that no longer exists is
+        dropped)."""
         fields = asdict(self.s)
-        fields.update(state["state"])
+        fields.update({k: v for k, v in state["state"].items() if k in fields})
         self.s = _State(**fields)
         rng_state = state["rng"]
         # JSON turns the RNG's tuples into lists; random.setstate needs tuples back
