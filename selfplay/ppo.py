@@ -28,8 +28,8 @@ replay rows are split over the micro-batches of each minibatch and scored in the
 (one forward per backward, as DDP and DeepSpeed expect); the chunks' losses add up to the whole replay batch's mean.
 
 The model is an `ActorCritic` with a torch optimiser, or a DeepSpeed engine wrapping one (then the engine does the
-optimiser step and clipping from its JSON config, at the accumulation boundaries the trainer sets). `generate(...)` samples batched answers
-with their log-probs. `python -m selfplay.ppo --bench` measures throughput on the tiny model.
+optimiser step and clipping from its JSON config, at the accumulation boundaries the trainer sets). `generate(...)`
+samples batched answers with their log-probs. `python -m selfplay.ppo --bench` measures throughput on the tiny model.
 """
 
 from __future__ import annotations

@@ -20,25 +20,31 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.distributed
-@pytest.mark.parametrize("zero_config", ["zero2_cpu.json", "zero3_cpu.json", None], ids=["zero2", "zero3", "ddp"])
-def test_two_ranks_train_and_stay_identical(tmp_path, zero_config):
-    """ZeRO-2 (the brief's check), ZeRO-3 (partitioned parameters: generation must run in lockstep) and plain DDP."""
-    out = tmp_path / "ranks"
+def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) -> str:
+    """`torchrun --nproc_per_node 2 ARGS` on the CPU (gloo, DeepSpeed's CPU accelerator); its output. Fails the test
+    on a non-zero exit; a hung run is killed with its launcher (the first DeepSpeed run JIT-builds for ~50 s)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           "-m", "selfplay.distributed", "--smoke", str(out), "--steps", "2"]
-    cmd += ["--zero-config", zero_config] if zero_config else ["--no-deepspeed"]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-    # own process group, so a hung rank can be killed with its launcher (first DeepSpeed run JIT-builds ~50 s)
+           *args]
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True)  # its own process group, so that a hung rank can be killed
     try:
-        output, _ = proc.communicate(timeout=400)
+        output, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, output[-3000:]
+    return output
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("zero_config", ["zero2_cpu.json", "zero3_cpu.json", None], ids=["zero2", "zero3", "ddp"])
+def test_two_ranks_train_and_stay_identical(tmp_path, zero_config):
+    """ZeRO-2 (the brief's check), ZeRO-3 (partitioned parameters: generation must run in lockstep) and plain DDP."""
+    out = tmp_path / "ranks"
+    args = ["-m", "selfplay.distributed", "--smoke", str(out), "--steps", "2"]
+    two_ranks(args + (["--zero-config", zero_config] if zero_config else ["--no-deepspeed"]))
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
     assert ranks[0]["before"] == ranks[1]["before"]  # same start

@@ -1,17 +1,15 @@
-"""PPO updates on 2 real ranks (torchrun, gloo, DeepSpeed on the CPU): plain torch and DeepSpeed ZeRO-2 give the same
-update for any micro-batch size, take one optimiser step per minibatch, and keep the adaptive beta equal on all ranks."""
+"""PPO updates on 2 real ranks (torchrun, gloo, DeepSpeed on the CPU): plain torch and DeepSpeed ZeRO-2 give the
+same update for any micro-batch size, take one optimiser step per minibatch, and keep the adaptive beta equal on all
+ranks (tests/selfplay/ppo_ranks.py runs on each rank)."""
 
 import math
 import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.selfplay.test_distributed import free_port
+from tests.selfplay.test_distributed import two_ranks
 
 pytestmark = pytest.mark.distributed
 SCRIPT = Path(__file__).with_name("ppo_ranks.py")
@@ -23,19 +21,8 @@ def ranks(tmp_path_factory):
     from tests.selfplay import ppo_ranks
 
     out = tmp_path_factory.mktemp("ppo_ranks")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(SCRIPT), str(out)]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=600)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, output[-4000:]
+    two_ranks([str(SCRIPT), str(out)], timeout=600,
+              env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
     return [torch.load(out / f"rank_{r}.pt", weights_only=False) for r in (0, 1)], ppo_ranks
 
 
