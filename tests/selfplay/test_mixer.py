@@ -153,6 +153,9 @@ def test_levels_go_up_with_a_learning_solver_and_down_with_a_forgetting_one():
     assert trace.level[0] <= 1.25
     assert max(trace.level[:200]) >= 3.5
     assert trace.level[-1] <= 2.0
+    # climbing is the curriculum working, not a collapse; forgetting is one
+    collapse = [a["mixer/alarm/solver_collapse"] for a in trace.alarms]
+    assert not any(collapse[:200]) and all(collapse[201:205])
 
 
 # ---- the band follows the solver ----------------------------------------------------------------------------
