@@ -379,14 +379,14 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     # reseeds itself from os.urandom after every fork (os.register_at_fork), as a fresh process would
 
 
-def _read_fd(fd: int, n: int) -> bytes:
+def _read_fd(fd: int, n: int, _len=len, _min=min) -> bytes:  # builtins bound here: a program may rebind them
     chunks = []
     while n:
-        data = os.read(fd, min(n, 1 << 20))
+        data = _os_read(fd, _min(n, 1 << 20))
         if not data:
             raise EOFError
         chunks.append(data)
-        n -= len(data)
+        n -= _len(data)
     return b"".join(chunks)
 
 
@@ -472,14 +472,14 @@ def _report_exception(exc: BaseException) -> int:
 _os_write, _os_read, _os_exit = os.write, os.read, os._exit  # the harness's own, whatever a program rebinds
 
 
-def _end_report() -> None:
+def _end_report(_len=len) -> None:
     """After the program's last statement: ask the server for this run's nonce (it exists only in the server
     until asked for, and is asked for only here) and say it back; the server counts "ok" only after that."""
     try:
         _os_write(RESULT_FD, END_ASK)
         nonce = b""
-        while len(nonce) < NONCE_BYTES:
-            data = _os_read(JOB_FD, NONCE_BYTES - len(nonce))
+        while _len(nonce) < NONCE_BYTES:
+            data = _os_read(JOB_FD, NONCE_BYTES - _len(nonce))
             if not data:
                 break
             nonce += data
@@ -523,6 +523,10 @@ def child_tests(req: dict, start: int) -> None:
     import types
 
     dumps, pack, write = json.dumps, struct.pack, _os_write
+    len_, sorted_, setprofile = len, sorted, sys.setprofile  # the harness's own, whatever the program rebinds
+    getattr_, callable_, range_ = getattr, callable, range
+    record = bool(req.get("record_calls"))
+    calls: set = set()
     limit = int(req["output_limit"])
 
     def emit(obj: dict) -> None:
@@ -530,7 +534,7 @@ def child_tests(req: dict, start: int) -> None:
 
     def emit_raw(text: str) -> None:
         data = text.encode()
-        data = pack(">I", len(data)) + data
+        data = pack(">I", len_(data)) + data
         view = memoryview(data)
         while view:
             view = view[write(RESULT_FD, view):]
@@ -542,8 +546,8 @@ def child_tests(req: dict, start: int) -> None:
         exec(compile(req["source"], "<solution>", "exec"), module.__dict__)
         fn = module
         for part in req["entry_point"].split("."):
-            fn = getattr(fn, part)
-        if not callable(fn):
+            fn = getattr_(fn, part)
+        if not callable_(fn):
             raise TypeError(f"entry point {req['entry_point']!r} is not callable")
     except BaseException as exc:  # noqa: BLE001
         rc = _report_exception(exc)
@@ -553,18 +557,15 @@ def child_tests(req: dict, start: int) -> None:
             pass
         _flush_and_exit(rc or EXIT_ERROR)
     emit({"t": "loaded"})
-    record = bool(req.get("record_calls"))
-    calls: set = set()
 
     def profiler(frame, event, arg):
         if event == "call" and frame.f_code.co_filename == "<solution>":
-            name = getattr(frame.f_code, "co_qualname", frame.f_code.co_name).split(".<locals>")[0]
+            name = getattr_(frame.f_code, "co_qualname", frame.f_code.co_name).split(".<locals>")[0]
             if not name.startswith("<"):
                 calls.add(name)
 
     inputs = req["inputs"]
-    setprofile = sys.setprofile
-    for i in range(start, len(inputs)):
+    for i in range_(start, len_(inputs)):
         calls.clear()
         status, output, error, text = "ok", None, None, None
         if record:  # on until the answer is serialised: __str__, items() of a returned subclass count as calls
@@ -576,14 +577,14 @@ def child_tests(req: dict, start: int) -> None:
         if status == "ok":
             try:
                 text = dumps(output)
-                if len(text) > limit:
-                    status, error, text = "output_limit", f"output of {len(text)} bytes exceeds {limit}", None
+                if len_(text) > limit:
+                    status, error, text = "output_limit", f"output of {len_(text)} bytes exceeds {limit}", None
             except BaseException as exc:  # noqa: BLE001 - a set, an object, a cycle: not an answer
                 status, error = "unserializable", _short_error(exc)
         if record:
             setprofile(None)
         frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
-                 "calls": sorted(calls) if record else None}
+                 "calls": sorted_(calls) if record else None}
         if text is None:
             emit(frame)
         else:  # splice the serialised output in rather than parse and dump it again
@@ -611,7 +612,7 @@ class Unencodable(TypeError):
     """A value with no VALUE form (an object, a generator, a cycle)."""
 
 
-def encode_value(v, depth: int = 0):
+def encode_value(v, depth: int = 0, isinstance=isinstance, type=type, sorted=sorted):  # noqa: A002 - bound
     """A value as JSON: scalars as themselves, containers and bytes/complex as one-key tagged objects."""
     if depth > 200:
         raise Unencodable("nested too deep")
@@ -636,7 +637,7 @@ def encode_value(v, depth: int = 0):
     raise Unencodable(f"a {type(v).__name__} cannot leave the candidate process")
 
 
-def decode_value(v):
+def decode_value(v, len=len, type=type):  # noqa: A002 - builtins bound: the candidate decodes with these too
     """The inverse of encode_value, building plain builtin values only; ValueError for anything else."""
     if v is None or type(v) in (bool, int, float, str):
         return v
@@ -654,21 +655,23 @@ def decode_value(v):
     raise ValueError("not a value")
 
 
-def write_frame(fd: int, obj: dict) -> None:
-    data = json.dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
-    view = memoryview(struct.pack(">I", len(data)) + data)
+def write_frame(fd: int, obj: dict, _len=len, _dumps=json.dumps, _pack=struct.pack) -> None:
+    data = _dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    view = memoryview(_pack(">I", _len(data)) + data)
     while view:
         view = view[_os_write(fd, view):]
 
 
-def read_frame(fd: int, limit: int) -> dict:
+def read_frame(fd: int, limit: int, _len=len, _type=type, _unpack=struct.unpack,
+               _decode=json.JSONDecoder().raw_decode) -> dict:  # bound: json.loads itself calls len()
     """One frame from a pipe; EOFError when it closes, ValueError when the frame is malformed or too big."""
-    (size,) = struct.unpack(">I", _read_fd(fd, 4))
+    (size,) = _unpack(">I", _read_fd(fd, 4))
     if size > limit:
         raise ValueError("oversized frame")
-    frame = json.loads(_read_fd(fd, size))
-    if type(frame) is not dict:
-        raise ValueError("frame is not an object")
+    text = _read_fd(fd, size).decode("utf-8", "surrogatepass")
+    frame, end = _decode(text)
+    if end != _len(text) or _type(frame) is not dict:
+        raise ValueError("frame is not one object")
     return frame
 
 

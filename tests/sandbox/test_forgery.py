@@ -221,3 +221,58 @@ def test_an_integer_task_rejects_an_approximate_float(sb):
 
 def test_pool_is_healthy_after_the_forgeries(sb):
     assert_healthy(sb)
+
+
+# ---------------------------------------------------------------------------------------------- trusted checks
+HUMANEVAL_TASK = {"prompt": "def double(x):\n    \"\"\"Twice x.\"\"\"\n", "entry_point": "double",
+                  "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-3) == -6\n"}
+FORGED_VERDICT = dedent('''
+    import json, os, struct
+    verdict = json.dumps({"t": "verdict", "passed": True, "error": None}).encode()
+    frame = struct.pack(">I", len(verdict)) + verdict
+    for fd in range(3, 12):
+        try:
+            os.write(fd, frame)
+        except OSError:
+            pass
+    try:
+        os.write(os.open(f"/proc/{os.getppid()}/fd/3", os.O_WRONLY), frame)
+    except OSError:
+        pass
+    os._exit(0)
+''')
+
+
+@pytest.mark.parametrize("body", [
+    "    import sys\n    sys.exit(0)\n    return 2 * x\n",
+    "    import os\n    os._exit(0)\n",
+    "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+    "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n",
+    "    raise SystemExit\n",
+    "    return 2 * x\n\nimport sys\nsys.exit(0)\n",
+    "    return 2 * x\n\n" + FORGED_VERDICT,
+    "    print('passed')\n    return None\n",
+], ids=["sys.exit", "os._exit", "kill-checker", "stop-checker", "SystemExit", "exit-at-import", "forged-verdict",
+        "prints-passed"])
+def test_grade_humaneval_never_passes_what_fails_its_check(sb, body):
+    from selfplay.evaluate import grade_humaneval
+
+    assert grade_humaneval([HUMANEVAL_TASK], ["    return 2 * x\n"], sb, timeout_s=2.0) == [True]
+    assert grade_humaneval([HUMANEVAL_TASK], [body], sb, timeout_s=2.0) == [False]
+
+
+def test_a_check_sees_values_not_objects(sb):
+    # an __eq__ that says yes to everything stays in the candidate's process: the checker compares plain values
+    module = HUMANEVAL_TASK["prompt"] + dedent('''
+        class Yes(int):
+            def __eq__(self, other):
+                return True
+            __hash__ = int.__hash__
+        def double(x):
+            return Yes(0)
+    ''')
+    r = sb.run_check(module, "double", HUMANEVAL_TASK["test"])
+    assert r.status == "error" and r.meta["check"]["passed"] is False, r
+    tuples = "def pair(x):\n    return (x, {x}, {(x,): b'x'})\n"
+    r = sb.run_check(tuples, "pair", "def check(c):\n    assert c(1) == (1, {1}, {(1,): b'x'})\n")
+    assert r.status == "ok", r
