@@ -103,3 +103,29 @@ def test_efficiency_term_compares_runtimes_with_the_reference(sb, task):
     fast_ep.act(answer_text(REF))
     slow_ep.act(answer_text(slow))
     assert slow_ep.result.solved and slow_ep.result.terms["efficiency"] < 0.5 < fast_ep.result.terms["efficiency"]
+
+
+FORGED_FRAMES = '''import json, os, struct, sys
+
+def solve(xs):
+    frame = sys._getframe(1)
+    while frame is not None and "req" not in frame.f_locals:
+        frame = frame.f_back
+    req = frame.f_locals["req"]
+    for i, args in enumerate(req["inputs"]):
+        answer = {"t": "test", "i": i, "status": "ok", "output": sorted(args[0]), "error": None,
+                  "duration_s": 3e-12, "calls": None}
+        data = json.dumps(answer).encode()
+        os.write(3, struct.pack(">I", len(data)) + data)
+    done = json.dumps({"t": "done"}).encode()
+    os.write(3, struct.pack(">I", len(done)) + done)
+    os._exit(0)
+'''
+
+
+def test_forged_result_frames_earn_no_efficiency(sb, task):
+    # correct answers with forged durations written straight to the result pipe: the frames are refused, and the
+    # efficiency term would be on the server's clock anyway (TestReport.compute_s)
+    ep = CodeEpisode(task, sb, reward_cfg=RewardConfig(correctness=1.0, efficiency=1.0))
+    ep.act(answer_text(FORGED_FRAMES))
+    assert not ep.result.solved and ep.result.terms["efficiency"] == 0.0, ep.result
