@@ -205,8 +205,18 @@ def build_mutation_prompt(references: Sequence[Task], instruction: str) -> str:
     return "\n".join(parts) + "\n"
 
 
-def choose_mutation_instruction(rng: random.Random, n_references: int) -> str:
-    return choose_instruction(rng, n_references, INSTRUCTIONS)
+def feasible_instructions(references: Sequence[Task], cfg: BuildConfig = BuildConfig()) -> list[str]:
+    """The instructions some edit of these references can follow (no drop or swap for one-step programs, no
+    compose with one reference, no type change that no step survives, ...): found by drawing edits."""
+    rng = random.Random(0)
+    names = [n for n in INSTRUCTIONS if n != "compose" or len(references) >= 2]
+    return [n for n in names if random_mutation(rng, references, n, cfg=cfg, tries=12) is not None]
+
+
+def choose_mutation_instruction(rng: random.Random, references: Sequence[Task],
+                                cfg: BuildConfig = BuildConfig()) -> str:
+    """An instruction the references allow (uniformly among those), "mutate" when none is found."""
+    return choose_instruction(rng, len(references), feasible_instructions(references, cfg) or ["mutate"])
 
 
 # ---- edits ----------------------------------------------------------------------------------------------------

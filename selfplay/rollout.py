@@ -134,7 +134,7 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
         raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     mutation = fmt == "mutation"
     if mutation:
-        instructions = [choose_mutation_instruction(rng, len(refs)) for refs in references]
+        instructions = [choose_mutation_instruction(rng, refs, build_cfg or BuildConfig()) for refs in references]
         texts = [build_mutation_prompt(refs, instr) for refs, instr in zip(references, instructions)]
         max_new_tokens = min(max_new_tokens or MAX_ANSWER_TOKENS, MAX_ANSWER_TOKENS)
     else:

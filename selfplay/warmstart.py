@@ -61,9 +61,10 @@ def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int, fmt: str =
 
 
 def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
-                      per_task: int = 1) -> list[tuple[str, str]]:
+                      per_task: int = 3) -> list[tuple[str, str]]:
     """Mutation-format pairs: `per_task` draws per task, each K references (the task and K - 1 others), an
-    instruction and a random edit that follows it; kept when the edited task passes every validity check in the
+    instruction they allow and a random edit that follows it (several per task: a tiny model memorises a few
+    hundred answers instead of learning the grammar); kept when the edited task passes every validity check in the
     sandbox, novelty against `corpus_index` and the earlier kept ones included (what a proposal must pass)."""
     from generator.build import BuildConfig
     from generator.families.grammar import program_of
@@ -79,7 +80,7 @@ def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_
             others = [r for r in rng.sample(pool, min(len(pool), k_refs + 1)) if r.id != t.id][: k_refs - 1]
             refs = others + [t]
             rng.shuffle(refs)
-            instruction = choose_mutation_instruction(rng, len(refs))
+            instruction = choose_mutation_instruction(rng, refs, build_cfg)
             found = random_mutation(rng, refs, instruction, cfg=build_cfg)
             if found is not None:
                 drawn.append((build_mutation_prompt(refs, instruction), format_mutation(found[0]), found[1]))
