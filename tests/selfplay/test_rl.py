@@ -203,3 +203,24 @@ def test_rloo_advantages_sum_to_zero_per_group_and_ignore_a_shared_shift(rows):
             assert torch.allclose(adv[members], shifted[members])  # a constant added to a task's returns cancels
         else:
             assert float(adv[members[0]]) == float(values[members[0]])
+
+
+def test_token_means_of_micro_batches_add_up_to_the_minibatch_mean():
+    x, mask = t([1.0, 2.0, 0.0], [4.0, 0.0, 0.0]), t([1, 1, 0], [1, 0, 0])
+    assert rl.token_mean(x, mask).item() == pytest.approx(7 / 3)
+    parts = [rl.token_mean(x[i:i + 1], mask[i:i + 1], 3).item() for i in range(2)]  # 3 tokens in the minibatch
+    assert parts == pytest.approx([3 / 3, 4 / 3]) and sum(parts) == pytest.approx(7 / 3)
+    # a loss given the minibatch's count is that share: (per micro-batch token means would give 1.5 and 4)
+    adv, zero = t([1.0, -1.0, 0.0], [2.0, 0.0, 0.0]), torch.zeros(2, 3, dtype=torch.float64)
+    assert rl.clipped_policy_loss(zero, zero, adv, mask, 0.2, n_tokens=3).item() == pytest.approx(-2 / 3)
+
+
+def test_sampling_logprobs_is_the_tempered_log_softmax():
+    logits = t([0.0, math.log(3.0)])
+    assert torch.exp(rl.sampling_logprobs(logits, 1.0)).tolist() == pytest.approx([0.25, 0.75])
+    # temperature 0.5 squares the odds: 1 : 9
+    assert torch.exp(rl.sampling_logprobs(logits, 0.5)).tolist() == pytest.approx([0.1, 0.9])
+    assert rl.gather_tokens(rl.sampling_logprobs(logits[None, None], 0.5), torch.tensor([[1]])).item() == \
+        pytest.approx(math.log(0.9))
+    with pytest.raises(ValueError, match="temperature"):
+        rl.sampling_logprobs(logits, 0.0)
