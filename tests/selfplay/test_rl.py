@@ -216,7 +216,7 @@ def test_token_means_of_micro_batches_add_up_to_the_minibatch_mean():
 
 
 def test_sampling_logprobs_is_the_tempered_log_softmax():
-    logits = t([0.0, math.log(3.0)])
+    logits = torch.tensor([0.0, math.log(3.0)], dtype=torch.float64)
     assert torch.exp(rl.sampling_logprobs(logits, 1.0)).tolist() == pytest.approx([0.25, 0.75])
     # temperature 0.5 squares the odds: 1 : 9
     assert torch.exp(rl.sampling_logprobs(logits, 0.5)).tolist() == pytest.approx([0.1, 0.9])
