@@ -159,7 +159,7 @@ class DockerLauncher:
             os.chmod(folder, 0o777)
         path = os.path.join(folder, "worker.sock")
         server_args = ["--socket", f"{SOCKET_DIR}/worker.sock", "--work-dir", WORK_DIR, "--no-netns",
-                       "--no-private-tmp"]
+                       "--no-private-tmp", "--wipe-tmp"]
         try:
             container = self.client.containers.run(
                 self.image, ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args], detach=True,
@@ -195,8 +195,9 @@ class DockerPool(Pool):
     def __init__(self, launchers: list[DockerLauncher], max_programs: int):
         self.max_programs = max_programs
         # why containers were replaced: program count, found dead while idle, no answer to a ping after an
-        # abnormal end, connection broken during a program (the pool's own restart)
-        self.recycled = {"max_programs": 0, "dead_idle": 0, "failed_ping": 0, "broken": 0}
+        # abnormal end, connection broken during a program (the pool's own restart), the server asked for it
+        # (it could not remove what a program left, or failed itself)
+        self.recycled = {"max_programs": 0, "dead_idle": 0, "failed_ping": 0, "broken": 0, "server_asked": 0}
         with ThreadPoolExecutor(max_workers=min(8, len(launchers))) as ex:  # start containers in parallel
             errors = [f.exception() for f in [ex.submit(launcher.prestart) for launcher in launchers]]
         try:
@@ -242,6 +243,9 @@ class DockerPool(Pool):
         resp = super()._broken(w, req, exc, hung)
         resp["meta"].update(w.launcher.meta)  # container facts (network_isolated) over the server's hello
         return resp
+
+    def _replace(self, w: Worker) -> None:
+        self._recycle(w, "server_asked")
 
     def _recycle(self, w: Worker, why: str) -> None:
         self.recycled[why] += 1

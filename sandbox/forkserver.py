@@ -31,8 +31,9 @@ single connection and exits when it closes, so a client that dies leaves no serv
                          "network_isolated": bool, "user_isolated": bool, "read_all_files": bool,
                          "private_tmp": bool, "server_pid": int}
     {"op": "ping"}   -> {"ok": true}
-    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null}
-                        (leftovers of past programs, and the pre-forked child waiting for the next job)
+    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null, "fds": int}
+                        (leftovers of past programs, the pre-forked child waiting for the next job, and the
+                        server's open descriptors)
     {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
     {"op": "check", "source": str, "entry_point": str, "test": str (defines check(candidate)), "timeout_s",
@@ -45,7 +46,10 @@ single connection and exits when it closes, so a client that dies leaves no serv
                          "tests": [{"status", "output", "error", "duration_s", "calls"}, ...]}
                         (meta["timing"] = "parent", meta["load_s"]: durations are this server's clock)
     {"op": "shutdown"} -> {"ok": true}, then the server exits.
-A malformed request gets {"status": "sandbox_error", "stderr": reason}.
+A malformed request gets {"status": "sandbox_error", "stderr": reason}. A response with "recycle": reason is the
+server's last: it could not remove what the program left, or failed itself; it exits after sending it and the
+pool replaces it before the next program (Pool._received). Whatever fails while the server watches a child (a
+frame it cannot decode included), the child's process group is killed and reaped and its pipes closed.
 
 Isolation of each child (see sandbox/__init__.py for the whole model)
 ---------------------------------------------------------------------
@@ -59,7 +63,8 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   mount namespace, by an empty tmpfs into which only the installation is bind-mounted back; only where that
   fails does the child keep CAP_DAC_READ_SEARCH (meta "read_all_files": true: it may read, never write, any
   file); no_new_privs is always set;
-- a private temporary working directory (cwd, HOME, TMPDIR), removed after the request; as root the server
+- a private temporary working directory (cwd, HOME, TMPDIR), new for every request (no timestamps, extended
+  attributes or inode carried over), removed after it without recursion (remove_tree: any depth); as root the server
   also mounts private tmpfs over /tmp, /var/tmp and /dev/shm in its own mount namespace (size-capped, wiped
   after every request, invisible to the host);
 - no network: the server enters a new network namespace once at start (as root, or through an unprivileged
@@ -68,7 +73,11 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   output_limit bytes together (more ends the program with status "output_limit");
 - every descriptor except stdio (and, for tests, the result pipe) is closed before the program runs, so the
   program cannot reach the client connection;
-- it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability.
+- it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability;
+- the server ignores the signals a program could send it (ignore_signals: in a container, pid 1 with the
+  program's uid, an ignored signal is dropped); the child restores a fresh process's handlers;
+- answers nest at most MAX_DEPTH lists/dicts deep: a deeper one is "unserializable", a frame nested deeper is a
+  protocol violation, decided without a recursive parser (json_too_deep), and clients refuse deeper responses.
 
 Statuses come from what this server observed (Server._exit_status): its deadlines and output count, the wait
 status and rusage of the child (CPU time for "timeout" by signal, peak resident set for "memory"), whether the
@@ -103,6 +112,7 @@ import io
 import json
 import math
 import os
+import re
 import resource
 import select
 import shutil
@@ -141,6 +151,9 @@ DEFAULT_NPROC = 64                      # processes+threads a child may have (pe
 DEFAULT_FSIZE_MB = 64                   # largest file a child may write
 DEFAULT_NOFILE = 64                     # open descriptors per child process
 DEFAULT_TMPFS_MB = 512                  # size of each private tmpfs (root only)
+MAX_DEPTH = 100                         # deepest answer (lists/dicts) a test may return; deeper is "unserializable"
+SERVER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
+                  "SIGTTIN", "SIGTTOU", "SIGVTALRM", "SIGPROF")  # ignored by the server (see main)
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
 TEST_STATUSES = ("ok", "error", "unserializable", "output_limit")  # what a child may claim for its own test
 
@@ -177,11 +190,92 @@ def recv_frame_bytes(sock: socket.socket) -> bytes:
     return recv_exact(sock, n)
 
 
-def recv_frame(sock: socket.socket) -> dict:
-    obj = json.loads(recv_frame_bytes(sock))
+def recv_frame(sock: socket.socket, max_depth: int | None = None) -> dict:
+    """One frame as a dict; ValueError when it is not one JSON object, or (max_depth) nested deeper than that."""
+    raw = recv_frame_bytes(sock)
+    if max_depth is not None and json_too_deep(raw, max_depth):
+        raise ValueError(f"frame nested deeper than {max_depth}")
+    try:
+        obj = json.loads(raw)
+    except RecursionError:
+        raise ValueError("frame nested too deep to decode") from None
     if not isinstance(obj, dict):
         raise ValueError("frame is not a JSON object")
     return obj
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)  # compiled here: a program cannot rebind them
+_JSON_LEAF = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_too_deep(data, limit: int, _count=bytes.count, _len=len) -> bool:
+    """Whether JSON text nests lists/objects deeper than `limit`, decided without parsing it (so without
+    recursion, whatever its depth): strip strings, keep only brackets, then remove innermost pairs one level
+    per pass (a pass is one C-level regex substitution; at most limit + 1 passes)."""
+    if isinstance(data, str):
+        data = data.encode("utf-8", "surrogatepass")
+    if _count(data, b"[") + _count(data, b"{") <= limit:  # the common case: too few brackets to be too deep
+        return False
+    data = _JSON_STRING.sub(b"", data).translate(None, _NOT_BRACKET)
+    for _ in range(limit):
+        if not data:
+            return False
+        data, n = _JSON_LEAF.subn(b"", data)
+        if n == 0:  # unbalanced brackets: not JSON; let the parser refuse it, at a depth we now know is bounded
+            return _len(data) > limit
+    return _len(data) > 0
+
+
+def remove_tree(path: str) -> bool:
+    """Remove `path` and everything under it, iteratively (any depth, any path length: it walks by descriptors,
+    one open at a time, up through ".."), making closed directories accessible first. Symlinks are removed, never
+    followed. True when nothing is left; never raises."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = -1
+    try:
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return True
+        if not stat.S_ISDIR(st.st_mode):
+            os.unlink(path)
+            return True
+        if os.geteuid() != 0:
+            os.chmod(path, 0o700)
+        fd = os.open(path, flags)
+        names: list[str] = []
+        while True:
+            sub = None
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        sub = entry.name
+                        break
+                    os.unlink(entry.name, dir_fd=fd)
+            if sub is not None:
+                if os.geteuid() != 0:
+                    os.chmod(sub, 0o700, dir_fd=fd)
+                down = os.open(sub, flags, dir_fd=fd)
+                os.close(fd)
+                fd = down
+                names.append(sub)
+                continue
+            if not names:
+                break
+            up = os.open("..", flags, dir_fd=fd)
+            os.close(fd)
+            fd = up
+            os.rmdir(names.pop(), dir_fd=fd)
+        os.close(fd)
+        fd = -1
+        os.rmdir(path)
+        return True
+    except Exception:  # noqa: BLE001 - the caller recycles the worker when something is left
+        return not os.path.lexists(path)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 # ------------------------------------------------------------------------------------- server set-up
@@ -314,6 +408,19 @@ def scrub_environment() -> None:
     os.environ.update({"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", **keep})
 
 
+def ignore_signals() -> None:
+    """The server ignores every signal a program could send it (in a container, where the program shares its
+    uid, and the server is pid 1, an ignored signal is dropped by the kernel: even SIGKILL and SIGSTOP from inside
+    are). Children restore the defaults (_child_setup) before anything of theirs runs."""
+    for name in SERVER_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+
+
+def _default_signals(_signal=signal.signal, _dfl=signal.SIG_DFL) -> None:
+    for name in SERVER_SIGNALS:
+        _signal(getattr(signal, name), signal.default_int_handler if name == "SIGINT" else _dfl)
+
+
 def ready_for_children() -> None:
     """Once, before the first fork: the interpreter state a program finds, as in a fresh process. Set here in the
     server, not in each child, because each page a child writes is a copy-on-write fault (~3 us here); children
@@ -345,6 +452,7 @@ def cpu_budget_s(req: dict) -> float:
 def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, job_r: int) -> None:
     """Runs in the forked child before it knows its job: isolation and fixed limits."""
     os.setsid()
+    _default_signals()  # the server ignores them (ignore_signals); a program gets what a fresh process has
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if the program kills the server, it dies too
     os.dup2(cfg["null"], 0)
     os.dup2(out_w, 1)
@@ -524,7 +632,7 @@ def child_tests(req: dict, start: int) -> None:
 
     dumps, pack, write = json.dumps, struct.pack, _os_write
     len_, sorted_, setprofile = len, sorted, sys.setprofile  # the harness's own, whatever the program rebinds
-    getattr_, callable_, range_ = getattr, callable, range
+    getattr_, callable_, range_, too_deep = getattr, callable, range, json_too_deep
     record = bool(req.get("record_calls"))
     calls: set = set()
     limit = int(req["output_limit"])
@@ -579,6 +687,8 @@ def child_tests(req: dict, start: int) -> None:
                 text = dumps(output)
                 if len_(text) > limit:
                     status, error, text = "output_limit", f"output of {len_(text)} bytes exceeds {limit}", None
+                elif too_deep(text, MAX_DEPTH):
+                    status, error, text = "unserializable", f"answer nested deeper than {MAX_DEPTH}", None
             except BaseException as exc:  # noqa: BLE001 - a set, an object, a cycle: not an answer
                 status, error = "unserializable", _short_error(exc)
         if record:
@@ -839,7 +949,8 @@ class Server:
         self.cfg["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
         self.cfg["null"] = os.open(os.devnull, os.O_RDONLY)  # every child's stdin (dup2'd onto 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"
-        self._spare: str | None = None  # an empty work dir left by the previous program, reused
+        self.wipe_tmp = self.private_tmp or args.wipe_tmp  # empty /tmp, /var/tmp, /dev/shm after each program
+        self.recycle: str | None = None  # why this server must be replaced after its current answer
         self._ready: _Child | None = None  # the pre-forked child waiting for the next job
         self._env_workdir: str | None = None  # HOME and TMPDIR in our environment, which children inherit
         self.preforking = not args.no_prefork
@@ -871,35 +982,29 @@ class Server:
                     pass
 
     def _clean_tmp(self, workdir: str) -> None:
-        """Empty the work dir (kept for the next program when the program left it as it found it)."""
+        """Remove the program's work dir (never reused: the next program gets a new one, with no timestamps,
+        extended attributes or inode of this one), anything else in the work base, and with private or wiped
+        temporary dirs what it left there. Anything left over (remove_tree failed) recycles the worker."""
+        left = []
+        if not remove_tree(workdir):
+            left.append(workdir)
         try:
-            st = os.lstat(workdir)
-            if stat.S_IMODE(st.st_mode) == 0o700 and not os.listdir(workdir) and \
-                    st.st_uid == (self.cfg["uid"] if self.cfg["uid"] is not None else os.geteuid()):
-                self._spare = workdir
-                workdir = None
+            names = os.listdir(self.work_base)  # without a uid of its own the program could write here
         except OSError:
-            pass
-        if workdir is not None:
-            self._rmtree(workdir)
-        for name in os.listdir(self.work_base):  # without a uid of its own the program could write here
+            names, left = [], left + [self.work_base]
+        for name in names:
             path = os.path.join(self.work_base, name)
-            if path != self._spare and not (self._ready and path == self._ready.workdir):
-                self._rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
-        if self.private_tmp:
-            self._wipe_shared_tmp()
+            if not (self._ready and path == self._ready.workdir) and not remove_tree(path):
+                left.append(path)
+        if self.wipe_tmp:
+            left += self._wipe_shared_tmp()
+        if left:
+            self.recycle = f"could not remove what a program left: {left[:3]}"
 
-    @staticmethod
-    def _rmtree(workdir: str) -> None:
-        shutil.rmtree(workdir, ignore_errors=True)
-        if os.path.exists(workdir):  # the program made a directory unreadable: restore permissions and retry
-            for root, dirs, _ in os.walk(workdir):
-                for d in dirs:
-                    os.chmod(os.path.join(root, d), 0o700)
-            shutil.rmtree(workdir, ignore_errors=True)
-
-    def _wipe_shared_tmp(self) -> None:
-        """Remove what the program left in the private /tmp, /var/tmp, /dev/shm (our tmpfs mounts)."""
+    def _wipe_shared_tmp(self) -> list[str]:
+        """Remove what the program left in /tmp, /var/tmp, /dev/shm (our private tmpfs mounts, or in a container
+        its own); returns what could not be removed."""
+        left = []
         for base in ("/tmp", "/var/tmp", "/dev/shm"):
             try:
                 entries = os.listdir(base)
@@ -907,15 +1012,9 @@ class Server:
                 continue
             for name in entries:
                 path = os.path.join(base, name)
-                if path == self.work_base:
-                    continue
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, ignore_errors=True)
-                else:
-                    try:
-                        os.unlink(path)
-                    except OSError:
-                        pass
+                if path != self.work_base and not remove_tree(path):
+                    left.append(path)
+        return left
 
     # -- one child
     def _fork_child(self, workdir: str) -> "_Child":
@@ -994,35 +1093,39 @@ class Server:
         n = len(req["inputs"]) if tests is not None else 0
         open_fds = set(names)
         exited = False
-        while not exited and state["reason"] is None:
-            wait = deadline - time.monotonic()
-            if wait <= 0:
-                state["reason"] = "timeout"
-                break
-            for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
-                name = names[fd]
-                if name == "exit":
-                    exited = True
-                    continue
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                    continue
-                if name == "result":
-                    res_buf += data
-                    try:
-                        if self._result_bytes(res_buf, state, tests, n, child):
-                            deadline = time.monotonic() + test_timeout
-                    except ProtocolViolation as exc:
-                        state["violation"] = str(exc)
-                        state["reason"] = "protocol"
-                        break
-                else:
-                    out[name] += data
-                    if len(out["stdout"]) + len(out["stderr"]) > limit:
-                        state["reason"] = "output_limit"
-                        break
+        try:  # whatever goes wrong here (ours or a frame we cannot handle), the kill-and-reap below runs
+            while not exited and state["reason"] is None:
+                wait = deadline - time.monotonic()
+                if wait <= 0:
+                    state["reason"] = "timeout"
+                    break
+                for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
+                    name = names[fd]
+                    if name == "exit":
+                        exited = True
+                        continue
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                        continue
+                    if name == "result":
+                        res_buf += data
+                        try:
+                            if self._result_bytes(res_buf, state, tests, n, child):
+                                deadline = time.monotonic() + test_timeout
+                        except ProtocolViolation as exc:
+                            state["violation"] = str(exc)
+                            state["reason"] = "protocol"
+                            break
+                    else:
+                        out[name] += data
+                        if len(out["stdout"]) + len(out["stderr"]) > limit:
+                            state["reason"] = "output_limit"
+                            break
+        except Exception as exc:  # noqa: BLE001 - our failure: the program is killed, the worker recycled
+            state["reason"], state["internal"] = "internal", f"{type(exc).__name__}: {exc}"[:300]
+            self.recycle = f"failed while watching a program: {state['internal']}"
         # Kill the group while the child (alive or zombie) still pins its pid, reap it, then every escapee.
         for kill in (os.killpg, os.kill):
             try:
@@ -1040,25 +1143,30 @@ class Server:
             poller.unregister(pidfd)
             open_fds.discard(pidfd)
         os.close(pidfd)
-        drain_deadline = time.monotonic() + DRAIN_S
-        while open_fds and time.monotonic() < drain_deadline:
-            for fd, _ in poller.poll(100):
-                data = os.read(fd, 1 << 16)
-                if not data:
-                    poller.unregister(fd)
-                    open_fds.discard(fd)
-                elif fd == res_r:
-                    if state["reason"] is None:
-                        res_buf += data
-                        try:
-                            self._result_bytes(res_buf, state, tests, n, child)
-                        except ProtocolViolation as exc:
-                            state["violation"] = str(exc)
-                            state["reason"] = "protocol"
-                elif len(out["stdout"]) + len(out["stderr"]) <= limit:
-                    out[names[fd]] += data
-                    if len(out["stdout"]) + len(out["stderr"]) > limit and state["reason"] is None:
-                        state["reason"] = "output_limit"
+        try:
+            drain_deadline = time.monotonic() + DRAIN_S
+            while open_fds and time.monotonic() < drain_deadline:
+                for fd, _ in poller.poll(100):
+                    data = os.read(fd, 1 << 16)
+                    if not data:
+                        poller.unregister(fd)
+                        open_fds.discard(fd)
+                    elif fd == res_r:
+                        if state["reason"] is None:
+                            res_buf += data
+                            try:
+                                self._result_bytes(res_buf, state, tests, n, child)
+                            except ProtocolViolation as exc:
+                                state["violation"] = str(exc)
+                                state["reason"] = "protocol"
+                    elif len(out["stdout"]) + len(out["stderr"]) <= limit:
+                        out[names[fd]] += data
+                        if len(out["stdout"]) + len(out["stderr"]) > limit and state["reason"] is None:
+                            state["reason"] = "output_limit"
+        except Exception as exc:  # noqa: BLE001
+            if state["reason"] is None:
+                state["reason"], state["internal"] = "internal", f"{type(exc).__name__}: {exc}"[:300]
+            self.recycle = f"failed while draining a program's pipes: {exc}"[:300]
         for fd in (out_r, err_r, child.res_r):
             os.close(fd)
         if res_buf and state["reason"] is None:
@@ -1091,8 +1199,12 @@ class Server:
                     raise ProtocolViolation("unexpected checker frame")
                 if len(buf) < 4 + size:
                     break
-                frame = json.loads(bytes(buf[4:4 + size]))
+                raw = bytes(buf[4:4 + size])
                 del buf[:4 + size]
+                try:
+                    frame = None if json_too_deep(raw, 2) else json.loads(raw)
+                except (ValueError, RecursionError, MemoryError):
+                    frame = None
                 if type(frame) is not dict or frame.get("t") != "verdict" or type(frame.get("passed")) is not bool:
                     raise ProtocolViolation("malformed verdict")
                 state["verdict"] = {"passed": frame["passed"], "error": str(frame.get("error") or "")[:500] or None}
@@ -1129,9 +1241,11 @@ class Server:
                 break
             raw = bytes(buf[4:4 + size])
             del buf[:4 + size]
+            if json_too_deep(raw, MAX_DEPTH + 1):  # the frame object itself is one level
+                raise ProtocolViolation(f"result frame nested deeper than {MAX_DEPTH}")
             try:
                 frame = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError, MemoryError):
                 raise ProtocolViolation("result frame is not JSON") from None
             if not isinstance(frame, dict) or state["done"]:
                 raise ProtocolViolation("unexpected result frame")
@@ -1190,6 +1304,8 @@ class Server:
             return "output_limit", {"reason": "stdout+stderr exceeded output_limit"}
         if reason == "protocol":
             return "error", {"reason": f"protocol violation: {state['violation']}"}
+        if reason == "internal":
+            return "sandbox_error", {"reason": f"the sandbox server failed ({state['internal']}); worker recycled"}
         if state["setup_failed"]:
             return "sandbox_error", {"reason": "the sandbox child died during set-up, before the program ran"}
         memory = ru.ru_maxrss * 1024 >= MEMORY_EVIDENCE * state["memory_mb"] * 1024 * 1024
@@ -1266,6 +1382,12 @@ class Server:
                 workdir = child.workdir  # tests that resume in a new child share the work dir
                 state = self._collect(req, child, out, tests, start)
                 status, facts = self._exit_status(state)
+                if state.get("internal"):  # our failure: no verdict on this or any later test
+                    for i in range(start, n):
+                        tests[i] = {"status": "sandbox_error", "output": None, "calls": None, "duration_s": 0.0,
+                                    "error": facts["reason"]}
+                    overall, extra["reason"] = "sandbox_error", facts["reason"]
+                    break
                 if "load_s" not in extra and state["load_s"] is not None:
                     extra["load_s"] = state["load_s"]
                 if state["violation"]:
@@ -1312,9 +1434,6 @@ class Server:
         return result
 
     def _workdir(self) -> str:
-        if self._spare is not None:
-            workdir, self._spare = self._spare, None
-            return workdir
         workdir = tempfile.mkdtemp(prefix="run-", dir=self.work_base)
         if self.cfg["uid"] is not None:
             os.chown(workdir, self.cfg["uid"], self.cfg["uid"])
@@ -1329,11 +1448,11 @@ class Server:
         if op == "ping":
             return {"ok": True}
         if op == "stats":
-            ours = {self._spare, self._ready and self._ready.workdir}
+            ours = {self._ready and self._ready.workdir}
             dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) not in ours]
             kids = [pid for pid in self._children() if not (self._ready and pid == self._ready.pid)]
             return {"ok": True, "workdirs": len(dirs), "children": kids,
-                    "ready": self._ready.pid if self._ready else None}
+                    "ready": self._ready.pid if self._ready else None, "fds": len(os.listdir("/proc/self/fd"))}
         if op in ("run", "tests", "check"):
             error = _validate(req)
             if error:
@@ -1371,12 +1490,17 @@ class Server:
                     return
                 try:
                     resp = self.handle(req, raw)
-                except Exception:  # noqa: BLE001 - our fault: report it, keep serving
+                except Exception:  # noqa: BLE001 - our fault: report it, then let the pool replace us
                     resp = {"status": "sandbox_error", "stdout": "", "stderr": traceback.format_exc()[-4000:],
                             "duration_s": 0.0, "meta": dict(self.meta)}
+                    self.recycle = self.recycle or "a request failed inside the server"
+                if self.recycle:  # the pool replaces this worker before its next program (Pool._received)
+                    resp["recycle"] = self.recycle
                 try:
                     send_frame(conn, resp)
-                except OSError:
+                except (OSError, ValueError, RecursionError):
+                    break
+                if self.recycle:
                     break
                 self.prefork()
 
@@ -1421,6 +1545,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prefork", action="store_true", help="fork each child only when its job comes")
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
+    parser.add_argument("--wipe-tmp", action="store_true",
+                        help="empty /tmp, /var/tmp, /dev/shm after every program (a container's own)")
     args = parser.parse_args(argv)
     if sys.flags.no_site:
         add_site_packages()
@@ -1442,6 +1568,7 @@ def main(argv: list[str] | None = None) -> int:
     os.rename(tmp_path, args.socket)  # appears when it accepts connections (they wait in the backlog)
     scrub_environment()
     install_stdio()
+    ignore_signals()
     server = Server(args)
     ready_for_children()
     gc.collect()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import queue
 import selectors
-import shutil
 import socket
 import subprocess
 import sys
@@ -116,7 +115,7 @@ class LocalLauncher:
             self.proc.wait()
             self.proc = None
         if self.dir is not None:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            forkserver.remove_tree(self.dir)  # iterative: a program's 1,200-deep tree cannot make it raise
             self.dir = None
 
 
@@ -163,7 +162,7 @@ class Worker:
         if self.sock is None:
             raise ConnectionError("sandbox worker is not running")
         self.sock.settimeout(timeout)
-        return forkserver.recv_frame(self.sock)
+        return forkserver.recv_frame(self.sock, RESPONSE_DEPTH)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -173,6 +172,9 @@ class Worker:
                 pass
             self.sock = None
         self.launcher.stop()
+
+
+RESPONSE_DEPTH = forkserver.MAX_DEPTH + 8  # a response nests answers a few levels down ({"tests": [{"output":..}]})
 
 
 def budget_s(req: dict) -> float:
@@ -269,7 +271,24 @@ class Pool:
             return self._broken(w, req, exc, hung=True)
         except (OSError, EOFError, ValueError) as exc:
             return self._broken(w, req, exc, hung=False)
-        return self._stamp(w, resp)
+        return self._received(w, resp)
+
+    def _received(self, w: Worker, resp: dict) -> dict:
+        """A response: stamped with the worker's facts; a server that asked to be replaced (it could not clean up
+        after the program, or failed itself) is, now, so the next program starts on a fresh one."""
+        why = resp.pop("recycle", None)
+        if why:
+            self._replace(w)
+        resp = self._stamp(w, resp)
+        if why:
+            resp["meta"]["worker_recycled"] = str(why)[:300]
+        return resp
+
+    def _replace(self, w: Worker) -> None:
+        try:
+            w.restart()
+        except SandboxUnavailable:
+            w.close()  # _down tries again before its next request
 
     @staticmethod
     def _stamp(w: Worker, resp: dict) -> dict:
@@ -311,7 +330,7 @@ class Pool:
                     i, _ = busy.pop(w)
                     sel.unregister(w.sock)
                     try:
-                        results[i] = self._stamp(w, w.receive(GRACE_S))
+                        results[i] = self._received(w, w.receive(GRACE_S))
                     except socket.timeout as exc:
                         results[i] = self._broken(w, reqs[i], exc, hung=True)
                     except (OSError, EOFError, ValueError) as exc:
@@ -340,7 +359,7 @@ class Pool:
                     stats = {"ok": False}
                 out.append({"alive": w.launcher.alive() and bool(stats.get("ok")), "restarts": w.restarts,
                             "workdirs": stats.get("workdirs"), "children": stats.get("children"),
-                            "ready": stats.get("ready"),
+                            "ready": stats.get("ready"), "fds": stats.get("fds"),
                             "info": dict(w.info)})
             return out
         finally:
