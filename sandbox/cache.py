@@ -43,6 +43,8 @@ import warnings
 from collections import OrderedDict
 from typing import Any
 
+from sandbox.files import owner_file
+
 SANDBOX_VERSION = "sandbox-2"  # bump when a program's result could change for the same code, inputs and limits
 # sandbox-2: statuses only from what the server observed (an exit before the end is never "ok"), parent-measured
 # durations, exact integer comparison, trusted checks
@@ -128,12 +130,14 @@ class ResultCache:
     def _db(self) -> sqlite3.Connection:
         if self._conn is None or self._conn_pid != os.getpid():  # a forked child must not reuse the parent's handle
             try:
+                if self.path != ":memory:":
+                    owner_file(self.path, sqlite=True)  # expected outputs: never readable by a sandboxed program
                 conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL,"
                              " created REAL NOT NULL)")
-            except sqlite3.Error as exc:
+            except (sqlite3.Error, OSError) as exc:
                 raise CacheError(f"cannot open the result cache {self.path!r}: {exc}") from None
             self._conn, self._conn_pid = conn, os.getpid()
         return self._conn

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any
 
+from sandbox.files import FILE_MODE, owner_dir
+
 DEFAULT_MAX_OUTPUT = 2000  # characters of stdout/stderr kept per record (the tail: that is where tracebacks are)
 # "ZeroDivisionError: division by zero", "mod.CustomError: ...", a bare "KeyboardInterrupt" on its own line
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_]\w*\.)*([A-Z]\w*)(?::|$)")
@@ -64,14 +66,14 @@ class TraceLog:
         self._lock = threading.Lock()
         folder = os.path.dirname(os.path.abspath(self.path))
         try:
-            os.makedirs(folder, exist_ok=True)
+            owner_dir(folder)
             self._open()
         except OSError as exc:
             raise TraceError(f"cannot open the trace file {self.path!r}: {exc.strerror}") from None
 
     def _open(self) -> int:
         if self._fd < 0 or self._pid != os.getpid():  # after fork, open our own descriptor
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
             self._pid = os.getpid()
         return self._fd
 

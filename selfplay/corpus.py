@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from generator.schema import SchemaError, Task
+from sandbox.files import owner_dir, owner_file
 
 CORPUS_SCHEMA_VERSION = 2  # 2: the `reserved` table
 CORPUS_FILE = "corpus.sqlite"
@@ -116,8 +117,9 @@ class Corpus:
             self.path = self.path / CORPUS_FILE  # a run folder
         if not self.path.exists() and not create:
             raise CorpusError(f"no corpus at {self.path}")
-        if create:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        if create:  # hidden tests: readable by their owner only (never by a sandboxed program)
+            owner_dir(self.path.parent)
+            owner_file(self.path, sqlite=True)
         try:
             self.db = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None)
             self.db.execute("PRAGMA journal_mode=WAL")

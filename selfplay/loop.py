@@ -54,6 +54,7 @@ import numpy as np
 import torch
 
 import sandbox
+from sandbox.files import owner_dir
 from generator.rewards import ProposalOutcome, check_learnability, generator_rewards
 from generator.rewards import diversity as proposal_diversity
 from generator.schema import Task
@@ -212,7 +213,7 @@ class SelfPlay:
         token, error = os.urandom(8).hex(), None
         if self.main:
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
+                owner_dir(self.run_dir)  # the corpus, checkpoints, traces: readable by their owner only
                 (self.run_dir / f".rank_probe_{token}").write_text(str(os.getpid()))
             except OSError as exc:
                 error = f"run.dir {self.run_dir} cannot be written by rank 0 on {os.uname().nodename}: {exc}"

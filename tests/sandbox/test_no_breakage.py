@@ -83,7 +83,8 @@ def test_a_forged_deeply_nested_result_frame_fails_the_program_only(sb, depth):
 FORGED_DEEP_ANSWER = textwrap.dedent("""
     import json, os, struct
     def f(x):
-        frame = '{{"t":"test","i":0,"status":"ok","error":null,"calls":null,"output":' + "[" * {depth} + "]" * {depth} + '}}'
+        deep = "[" * {depth} + "]" * {depth}
+        frame = '{{"t":"test","i":0,"status":"ok","error":null,"calls":null,"output":' + deep + '}}'
         data = frame.encode()
         os.write(3, struct.pack(">I", len(data)) + data)
         os._exit(0)
