@@ -15,8 +15,10 @@ re-run by several checks, multi-turn episodes resubmit unchanged solutions). A r
 - *payload*: whatever else the child receives (entry point, test inputs) — JSON values only.
 - *limits*: everything about the environment that can change the outcome (timeout, memory, output caps, backend).
 
-Storage: an in-process LRU (bounded by `max_items`) in front of an optional SQLite file (WAL mode, busy timeout),
-which several processes — workers of several ranks — may share. Values are stored as JSON, so a `get` always
+Storage: an in-process LRU (bounded by `max_items` and `max_bytes`) in front of an optional SQLite file (WAL mode,
+busy timeout, bounded by `max_disk_items` and `max_disk_bytes`), which several processes — workers of several
+ranks — may share. A result larger than `max_entry_bytes` is not stored (a wrong program's many large outputs cost
+a re-run, never the cache's memory or disk): every bound is in bytes as well as entries. Values are stored as JSON, so a `get` always
 returns a fresh dict (callers cannot corrupt the cache by mutating a result) with `"cached": True`.
 
 What is cached (`put`'s rule): only deterministic outcomes, i.e. results whose `status` is in `CACHEABLE_STATUSES`
@@ -51,7 +53,10 @@ SANDBOX_VERSION = "sandbox-2"  # bump when a program's result could change for t
 KEY_VERSION = f"{SANDBOX_VERSION}/py{sys.version_info[0]}.{sys.version_info[1]}"  # ast.dump differs by version
 CACHEABLE_STATUSES = frozenset({"ok", "error", "timeout", "memory", "output_limit"})
 UNCACHEABLE_TEST_STATUSES = frozenset({"killed", "sandbox_error"})  # per-test outcomes that may be our fault
-_PRUNE_EVERY = 1000  # on-disk puts between two prunes to max_disk_items
+_PRUNE_EVERY = 1000  # on-disk puts between two prunes to max_disk_items / max_disk_bytes
+MAX_ENTRY_BYTES = 1 << 20  # default largest stored result (UTF-8 JSON bytes)
+MAX_BYTES = 256 << 20  # default bytes of results kept in memory
+MAX_DISK_BYTES = 2 << 30  # default bytes of results kept on disk (approximately: pruned every so often)
 
 
 class CacheError(ValueError):
@@ -104,9 +109,23 @@ class ResultCache:
         path: SQLite file shared by processes; None or "" = memory only.
         max_items: entries kept in the in-memory LRU.
         max_disk_items: entries kept on disk (the oldest are pruned, approximately, every 1000 puts); None = no bound.
+        max_entry_bytes: a result whose JSON exceeds this many bytes is not stored (`skipped`).
+        max_bytes: bytes of results kept in the in-memory LRU.
+        max_disk_bytes: bytes of results kept on disk: the oldest are pruned every 1000 puts or after
+            max_disk_bytes / 16 bytes of puts by this process, so the file holds at most about 1/16 more (plus
+            SQLite's overhead and what other processes sharing the file added since their last prune).
     """
 
-    def __init__(self, path: str | None = None, max_items: int = 100_000, max_disk_items: int | None = 1_000_000):
+    def __init__(self, path: str | None = None, max_items: int = 100_000, max_disk_items: int | None = 1_000_000,
+                 *, max_entry_bytes: int = MAX_ENTRY_BYTES, max_bytes: int = MAX_BYTES,
+                 max_disk_bytes: int = MAX_DISK_BYTES):
+        for name, v in (("max_entry_bytes", max_entry_bytes), ("max_bytes", max_bytes),
+                        ("max_disk_bytes", max_disk_bytes)):
+            if not isinstance(v, int) or v < 1:
+                raise CacheError(f"{name} must be a positive int, got {v!r}")
+        self.max_entry_bytes, self.max_bytes, self.max_disk_bytes = max_entry_bytes, max_bytes, max_disk_bytes
+        self._mem_bytes = 0
+        self._bytes_since_prune = 0
         if not isinstance(max_items, int) or max_items < 1:
             raise CacheError(f"max_items must be a positive int, got {max_items!r}")
         if max_disk_items is not None and (not isinstance(max_disk_items, int) or max_disk_items < 1):
@@ -150,10 +169,47 @@ class ResultCache:
             warnings.warn(f"result cache {self.path!r}: {exc} (continuing without it for this entry)", stacklevel=3)
 
     def _remember(self, key: str, text: str) -> None:
+        old = self._mem.pop(key, None)
+        if old is not None:
+            self._mem_bytes -= _size(old)
         self._mem[key] = text
-        self._mem.move_to_end(key)
-        while len(self._mem) > self.max_items:
-            self._mem.popitem(last=False)
+        self._mem_bytes += _size(text)
+        while len(self._mem) > self.max_items or (self._mem_bytes > self.max_bytes and len(self._mem) > 1):
+            self._mem_bytes -= _size(self._mem.popitem(last=False)[1])
+        if self._mem_bytes > self.max_bytes:  # a single entry over the memory bound: keep nothing
+            self._mem.clear()
+            self._mem_bytes = 0
+
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes of results held in memory (UTF-8 JSON)."""
+        return self._mem_bytes
+
+    def disk_bytes(self) -> int:
+        """Bytes of results stored on disk (0 without a file)."""
+        if not self.path:
+            return 0
+        with self._lock:
+            return int(self._db().execute(
+                "SELECT COALESCE(SUM(LENGTH(CAST(value AS BLOB))), 0) FROM results").fetchone()[0])
+
+    def _prune(self, db: sqlite3.Connection) -> None:
+        """Drop the oldest entries beyond max_disk_items, then beyond max_disk_bytes."""
+        if self.max_disk_items:
+            db.execute("DELETE FROM results WHERE rowid <= (SELECT MAX(rowid) FROM results) - ?",
+                       (self.max_disk_items,))
+        total = db.execute("SELECT COALESCE(SUM(LENGTH(CAST(value AS BLOB))), 0) FROM results").fetchone()[0]
+        excess = int(total) - self.max_disk_bytes
+        if excess <= 0:
+            return
+        cutoff = None
+        for rowid, size in db.execute("SELECT rowid, LENGTH(CAST(value AS BLOB)) FROM results ORDER BY rowid"):
+            excess -= size
+            cutoff = rowid
+            if excess <= 0:
+                break
+        if cutoff is not None:
+            db.execute("DELETE FROM results WHERE rowid <= ?", (cutoff,))
 
     def get(self, key: str) -> dict | None:
         """The stored result with `"cached": True`, or None."""
@@ -187,6 +243,10 @@ class ResultCache:
                 self.skipped += 1
             return False
         text = canonical_json({**value, "cached": False}, "value")
+        if _size(text) > self.max_entry_bytes:
+            with self._lock:
+                self.skipped += 1
+            return False
         with self._lock:
             self.puts += 1
             self._remember(key, text)
@@ -196,10 +256,10 @@ class ResultCache:
                     db.execute("INSERT OR REPLACE INTO results (key, value, created) VALUES (?, ?, ?)",
                                (key, text, time.time()))
                     self._puts_since_prune += 1
-                    if self.max_disk_items and self._puts_since_prune >= _PRUNE_EVERY:
-                        self._puts_since_prune = 0
-                        db.execute("DELETE FROM results WHERE rowid <= (SELECT MAX(rowid) FROM results) - ?",
-                                   (self.max_disk_items,))
+                    self._bytes_since_prune += _size(text)
+                    if self._puts_since_prune >= _PRUNE_EVERY or self._bytes_since_prune > self.max_disk_bytes // 16:
+                        self._puts_since_prune = self._bytes_since_prune = 0
+                        self._prune(db)
                 except sqlite3.Error as exc:
                     self._disk_failed(exc)
         return True
@@ -223,6 +283,10 @@ class ResultCache:
         """Counters since construction; `hit_rate` feeds the `sandbox/cache_hit_rate` TensorBoard tag."""
         return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate, "puts": self.puts,
                 "skipped": self.skipped, "disk_errors": self.disk_errors, "items": len(self._mem)}
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def measure_hit_cost(sb, source: str, n: int = 50) -> dict:
