@@ -18,8 +18,9 @@ re-run by several checks, multi-turn episodes resubmit unchanged solutions). A r
 Storage: an in-process LRU (bounded by `max_items` and `max_bytes`) in front of an optional SQLite file (WAL mode,
 busy timeout, bounded by `max_disk_items` and `max_disk_bytes`), which several processes — workers of several
 ranks — may share. A result larger than `max_entry_bytes` is not stored (a wrong program's many large outputs cost
-a re-run, never the cache's memory or disk): every bound is in bytes as well as entries. Values are stored as JSON, so a `get` always
-returns a fresh dict (callers cannot corrupt the cache by mutating a result) with `"cached": True`.
+a re-run, never the cache's memory or disk): every bound is in bytes as well as entries. Values are stored as JSON,
+so a `get` always returns a fresh dict (callers cannot corrupt the cache by mutating a result) with
+`"cached": True`.
 
 What is cached (`put`'s rule): only deterministic outcomes, i.e. results whose `status` is in `CACHEABLE_STATUSES`
 (ok / error / timeout / memory / output_limit) and none of whose per-test outcomes (`value["tests"]`, for test

@@ -159,7 +159,7 @@ class DockerLauncher:
             os.chmod(folder, 0o777)
         path = os.path.join(folder, "worker.sock")
         server_args = ["--socket", f"{SOCKET_DIR}/worker.sock", "--work-dir", WORK_DIR, "--no-netns",
-                       "--no-private-tmp", "--wipe-tmp"]
+                       "--no-private-tmp", "--wipe-tmp", "--wipe-ipc"]
         try:
             container = self.client.containers.run(
                 self.image, ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args], detach=True,

@@ -29,7 +29,7 @@ single connection and exits when it closes, so a client that dies leaves no serv
 
     {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "python": "3.11.7", "child_uid": int,
                          "network_isolated": bool, "user_isolated": bool, "read_all_files": bool,
-                         "private_tmp": bool, "server_pid": int}
+                         "private_tmp": bool, "private_dirs": [str], "ipc_isolated": bool, "server_pid": int}
     {"op": "ping"}   -> {"ok": true}
     {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null, "fds": int}
                         (leftovers of past programs, the pre-forked child waiting for the next job, and the
@@ -65,8 +65,12 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   file); no_new_privs is always set;
 - a private temporary working directory (cwd, HOME, TMPDIR), new for every request (no timestamps, extended
   attributes or inode carried over), removed after it without recursion (remove_tree: any depth); as root the server
-  also mounts private tmpfs over /tmp, /var/tmp and /dev/shm in its own mount namespace (size-capped, wiped
-  after every request, invisible to the host);
+  also mounts private tmpfs over /tmp, /var/tmp, /dev/shm and every other world-writable directory two levels
+  under /run, /var, /dev (/run/lock, ...) in its own mount namespace (size-capped, wiped after every request,
+  invisible to the host); in a container (--wipe-tmp) the container's own /tmp and /dev/shm are wiped instead;
+- private IPC: the server enters an IPC namespace of its own (as root, or inside its user namespace) and removes
+  every SysV shared-memory segment, semaphore set and message queue after each request (in a container, with
+  --wipe-ipc, those of the container's namespace): none is seen by the host, another pool or the next program;
 - no network: the server enters a new network namespace once at start (as root, or through an unprivileged
   user namespace); where neither is allowed, results say "network_isolated": false;
 - scrubbed environment (PATH, LANG, PYTHONHASHSEED, and HOME=TMPDIR=the work dir); stdin is /dev/null; stdout/stderr are captured up to
@@ -159,7 +163,9 @@ TEST_STATUSES = ("ok", "error", "unserializable", "output_limit")  # what a chil
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _print_exception = sys.__excepthook__  # the interpreter's own printer, whatever a program does to sys later
-CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET = 0x00020000, 0x10000000, 0x40000000
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x10000000, 0x40000000, 0x08000000
+IPC_RMID = 0
+SHARED_DIR_ROOTS = ("/run", "/var", "/dev")  # where private_tmp looks for other world-writable dirs (2 levels)
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 PR_SET_DUMPABLE = 4
@@ -304,18 +310,69 @@ def isolate_network() -> bool:
     return True
 
 
-def private_tmp(size_mb: int) -> bool:
-    """Give this server private tmpfs mounts over /tmp, /var/tmp, /dev/shm (root only). True when it worked."""
+def isolate_ipc() -> bool:
+    """Enter a new IPC namespace (SysV shared memory, semaphores, message queues and POSIX message queues of our
+    own: nothing a program creates is visible outside this server, and the server removes it after each program).
+    Works as root, or inside the user namespace isolate_network made. True when it worked."""
+    return _unshare(CLONE_NEWIPC)
+
+
+def remove_sysv_ipc() -> int:
+    """Remove every SysV shared-memory segment, semaphore set and message queue of this IPC namespace (the
+    server's own, or a container's); returns how many. Only ever called where the namespace is ours."""
+    removed = 0
+    for kind, ctl in (("shm", _libc.shmctl), ("sem", _libc.semctl), ("msg", _libc.msgctl)):
+        try:
+            with open(f"/proc/sysvipc/{kind}") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                ipc_id = int(fields[1])
+                if (ctl(ipc_id, 0, IPC_RMID, None) if kind == "sem" else ctl(ipc_id, IPC_RMID, None)) == 0:
+                    removed += 1
+    return removed
+
+
+def shared_dirs() -> list[str]:
+    """World-writable directories through which programs could leave notes for later ones: /tmp, /var/tmp,
+    /dev/shm, and any other within two levels of SHARED_DIR_ROOTS (such as /run/lock)."""
+    found = ["/tmp", "/var/tmp", "/dev/shm"]
+    level = list(SHARED_DIR_ROOTS)
+    for _ in range(2):
+        below = []
+        for base in level:
+            try:
+                entries = list(os.scandir(base))
+            except OSError:
+                continue
+            for e in entries:
+                try:
+                    if e.is_dir(follow_symlinks=False):
+                        below.append(e.path)
+                        if e.stat(follow_symlinks=False).st_mode & stat.S_IWOTH and e.path not in found:
+                            found.append(e.path)
+                except OSError:
+                    pass
+        level = below
+    return [p for p in found if os.path.isdir(p) and not os.path.islink(p)]
+
+
+def private_tmp(size_mb: int) -> list[str]:
+    """Give this server private tmpfs mounts over every shared (world-writable) directory (root only): returns
+    those mounted (empty when it did not work)."""
     if os.geteuid() != 0 or not _unshare(CLONE_NEWNS):
-        return False
+        return []
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
-        return False
-    ok = False
-    for path in ("/tmp", "/var/tmp", "/dev/shm"):
-        if os.path.isdir(path):
-            opts = f"size={size_mb}m,mode=1777".encode()
-            ok |= _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0
-    return ok
+        return []
+    mounted = []
+    for path in shared_dirs():
+        opts = f"size={size_mb}m,mode=1777".encode()
+        if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0:
+            mounted.append(path)
+    return mounted
 
 
 def _blocking_ancestor(path: str) -> str | None:
@@ -925,7 +982,9 @@ class Server:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.network_isolated = False if args.no_netns else isolate_network()
-        self.private_tmp = False if args.no_private_tmp else private_tmp(args.tmpfs_mb)
+        self.ipc_isolated = isolate_ipc()  # after isolate_network: without root, inside its user namespace
+        self.private_dirs = [] if args.no_private_tmp else private_tmp(args.tmpfs_mb)
+        self.private_tmp = bool(self.private_dirs)
         base = None if self.private_tmp else args.work_dir
         self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
         os.chmod(self.work_base, 0o711)
@@ -942,14 +1001,17 @@ class Server:
                     "nofile": args.nofile, "cap_args": _cap_args(read_cap)}
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
                      "read_all_files": read_cap,
-                     "private_tmp": self.private_tmp, "server_pid": os.getpid()}
+                     "private_tmp": self.private_tmp, "private_dirs": self.private_dirs,
+                     "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid()}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it
         # here, once, takes nothing from the server and spares each child the call (a failure: children set it)
         self.cfg["no_new_privs"] = _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0
         self.cfg["null"] = os.open(os.devnull, os.O_RDONLY)  # every child's stdin (dup2'd onto 0)
         self.children_file = f"/proc/self/task/{os.getpid()}/children"
-        self.wipe_tmp = self.private_tmp or args.wipe_tmp  # empty /tmp, /var/tmp, /dev/shm after each program
+        self.wipe_tmp = self.private_tmp or args.wipe_tmp  # empty the shared dirs after each program
+        self.wipe_dirs = self.private_dirs or ["/tmp", "/var/tmp", "/dev/shm"]
+        self.wipe_ipc = self.ipc_isolated or args.wipe_ipc  # the IPC namespace is ours (or the container's)
         self.recycle: str | None = None  # why this server must be replaced after its current answer
         self._ready: _Child | None = None  # the pre-forked child waiting for the next job
         self._env_workdir: str | None = None  # HOME and TMPDIR in our environment, which children inherit
@@ -998,14 +1060,16 @@ class Server:
                 left.append(path)
         if self.wipe_tmp:
             left += self._wipe_shared_tmp()
+        if self.wipe_ipc:
+            remove_sysv_ipc()
         if left:
             self.recycle = f"could not remove what a program left: {left[:3]}"
 
     def _wipe_shared_tmp(self) -> list[str]:
-        """Remove what the program left in /tmp, /var/tmp, /dev/shm (our private tmpfs mounts, or in a container
-        its own); returns what could not be removed."""
+        """Remove what the program left in the shared dirs (our private tmpfs mounts: /tmp, /var/tmp, /dev/shm,
+        /run/lock, ...; or in a container its own /tmp, /dev/shm); returns what could not be removed."""
         left = []
-        for base in ("/tmp", "/var/tmp", "/dev/shm"):
+        for base in self.wipe_dirs:
             try:
                 entries = os.listdir(base)
             except OSError:
@@ -1545,6 +1609,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-prefork", action="store_true", help="fork each child only when its job comes")
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
+    parser.add_argument("--wipe-ipc", action="store_true",
+                        help="remove every SysV IPC object after every program (a container's own namespace)")
     parser.add_argument("--wipe-tmp", action="store_true",
                         help="empty /tmp, /var/tmp, /dev/shm after every program (a container's own)")
     args = parser.parse_args(argv)

@@ -29,7 +29,7 @@ from sandbox.errors import SandboxError, SandboxUnavailable
 
 FORKSERVER_PATH = os.path.abspath(forkserver.__file__)
 START_TIMEOUT_S = 30.0          # how long a worker may take to create its socket
-META_KEYS = ("network_isolated", "user_isolated", "private_tmp")  # from a worker's hello, into results
+META_KEYS = ("network_isolated", "user_isolated", "private_tmp", "ipc_isolated")  # from a worker's hello, into results
 GRACE_S = 10.0                  # beyond a request's own budget before a silent worker counts as hung
 
 
