@@ -67,7 +67,8 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   attributes or inode carried over), removed after it without recursion (remove_tree: any depth); as root the server
   also mounts private tmpfs over /tmp, /var/tmp, /dev/shm and every other world-writable directory two levels
   under /run, /var, /dev (/run/lock, ...) in its own mount namespace (size-capped, wiped after every request,
-  invisible to the host); in a container (--wipe-tmp) the container's own /tmp and /dev/shm are wiped instead;
+  invisible to the host), after hiding /run (host unix sockets) under an empty tmpfs; in a container
+  (--wipe-tmp) the container's own /tmp and /dev/shm are wiped instead;
 - private IPC: the server enters an IPC namespace of its own (as root, or inside its user namespace) and removes
   every SysV shared-memory segment, semaphore set and message queue after each request (in a container, with
   --wipe-ipc, those of the container's namespace): none is seen by the host, another pool or the next program;
@@ -360,15 +361,27 @@ def shared_dirs() -> list[str]:
     return [p for p in found if os.path.isdir(p) and not os.path.islink(p)]
 
 
+HIDDEN_DIRS = ("/run",)  # host sockets (munge, docker, dbus), pid files: replaced by an empty tmpfs (root only)
+
+
 def private_tmp(size_mb: int) -> list[str]:
-    """Give this server private tmpfs mounts over every shared (world-writable) directory (root only): returns
-    those mounted (empty when it did not work)."""
+    """Give this server private tmpfs mounts over every shared (world-writable) directory (root only), after
+    hiding HIDDEN_DIRS under empty ones (so no host unix socket there can be reached: the network namespace does
+    not cover sockets in the file system); world-writable dirs that were inside them (/run/lock) come back as
+    private tmpfs. Returns the shared dirs mounted (empty when it did not work)."""
     if os.geteuid() != 0 or not _unshare(CLONE_NEWNS):
         return []
     if _libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None) != 0:
         return []
+    shared = shared_dirs()
+    for hidden in HIDDEN_DIRS:
+        if os.path.isdir(hidden) and not os.path.islink(hidden) and \
+                _libc.mount(b"tmpfs", hidden.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") == 0:
+            for path in shared:
+                if path.startswith(hidden + os.sep):
+                    os.makedirs(path, mode=0o755, exist_ok=True)
     mounted = []
-    for path in shared_dirs():
+    for path in shared:
         opts = f"size={size_mb}m,mode=1777".encode()
         if _libc.mount(b"tmpfs", path.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, opts) == 0:
             mounted.append(path)

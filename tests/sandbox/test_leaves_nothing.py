@@ -116,3 +116,34 @@ def test_each_program_gets_a_new_work_dir(one_worker):
     assert (marked, listing.strip()) == ("False", "[]"), second
     assert cwd != first.stdout.split()[0]
     assert_healthy(one_worker)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the process backend hides /run only when its server runs as root")
+def test_host_unix_sockets_under_run_are_out_of_reach():
+    """The network namespace does not cover unix sockets in the file system: the server hides /run."""
+    import socket
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="sandbox-sock-test-", dir="/run")
+    os.chmod(folder, 0o755)
+    path = os.path.join(folder, "host.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    os.chmod(path, 0o777)
+    listener.listen(1)
+    box = open_backend("process", workers=1)
+    try:
+        probe = ("import os, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                 f"try:\n    s.connect({path!r})\n    print('connected')\n"
+                 "except OSError as exc:\n    print(type(exc).__name__)\n"
+                 "print(sorted(os.listdir('/run')))\n")
+        result = box.run(probe)
+        assert result.status == "ok", result
+        assert result.stdout.splitlines()[0] == "FileNotFoundError", result
+        assert os.path.basename(folder) not in result.stdout and "docker.sock" not in result.stdout, result
+        assert_healthy(box)
+    finally:
+        box.close()
+        listener.close()
+        os.unlink(path)
+        os.rmdir(folder)

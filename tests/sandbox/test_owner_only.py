@@ -62,8 +62,8 @@ def test_a_run_folder_and_its_corpus_are_owner_only(tmp_path, umask_022):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="children have a uid of their own only when the server runs as root")
 def test_a_sandboxed_program_cannot_read_a_corpus_it_can_see(umask_022):
-    # a folder every user may enter, outside the private /tmp of the process backend: the file's mode decides
-    shared = tempfile.mkdtemp(prefix="sandbox-owner-test-", dir="/run")
+    # a folder every user may enter, outside the private or hidden dirs of the process backend: the mode decides
+    shared = tempfile.mkdtemp(prefix="sandbox-owner-test-", dir="/var/lib")
     os.chmod(shared, 0o755)
     try:
         corpus = Corpus(os.path.join(shared, "corpus.sqlite"))
