@@ -352,6 +352,24 @@ class Sandbox:
         """Per worker: alive, restarts, leftovers of the last program (work dirs, child processes), info."""
         return self._pool.health()
 
+    def missing_isolation(self) -> list[str]:
+        """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):
+        "network" when a worker has no network namespace, "files" when programs share the server's uid or may
+        read every file (the process backend without root), "fresh_state" when the shared temporary dirs and IPC
+        are not private. The docker backend lacks none: the container is the boundary. An RL run should refuse to
+        start when this is not empty unless its configuration says otherwise."""
+        if self.backend == "docker":
+            return []
+        infos = [h["info"] for h in self.health()]
+        missing = []
+        if not all(i.get("network_isolated") for i in infos):
+            missing.append("network")
+        if not all(i.get("user_isolated") and not i.get("read_all_files") for i in infos):
+            missing.append("files")
+        if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
+            missing.append("fresh_state")
+        return missing
+
     def stats(self) -> dict:
         """Counters since opening: runs, cache_hits, exec_s (seconds spent waiting on workers)."""
         with self._lock:

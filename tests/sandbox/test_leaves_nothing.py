@@ -147,3 +147,14 @@ def test_host_unix_sockets_under_run_are_out_of_reach():
         listener.close()
         os.unlink(path)
         os.rmdir(folder)
+
+
+def test_missing_isolation_is_reported(one_worker):
+    """What a run could check before it starts: nothing missing on Docker, or as root on the process backend."""
+    if one_worker.backend == "docker" or os.geteuid() == 0:
+        assert one_worker.missing_isolation() == []
+    shared_uid = open_backend("process", workers=1, isolate_user=False)
+    try:
+        assert "files" in shared_uid.missing_isolation()
+    finally:
+        shared_uid.close()
