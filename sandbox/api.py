@@ -356,7 +356,7 @@ class Sandbox:
         """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):
         "network" when a worker has no network namespace, "files" when programs share the server's uid or may
         read every file (the process backend without root), "fresh_state" when the shared temporary dirs and IPC
-        are not private. The docker backend lacks none: the container is the boundary. An RL run should refuse to
+        are not private, "processes" when programs see the host's processes in /proc. The docker backend lacks none: the container is the boundary. An RL run should refuse to
         start when this is not empty unless its configuration says otherwise."""
         if self.backend == "docker":
             return []
@@ -368,6 +368,8 @@ class Sandbox:
             missing.append("files")
         if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
             missing.append("fresh_state")
+        if not all(i.get("private_proc") for i in infos):
+            missing.append("processes")
         return missing
 
     def stats(self) -> dict:

@@ -29,7 +29,8 @@ single connection and exits when it closes, so a client that dies leaves no serv
 
     {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "python": "3.11.7", "child_uid": int,
                          "network_isolated": bool, "user_isolated": bool, "read_all_files": bool,
-                         "private_tmp": bool, "private_dirs": [str], "ipc_isolated": bool, "server_pid": int}
+                         "private_tmp": bool, "private_dirs": [str], "private_proc": bool, "ipc_isolated": bool,
+                         "server_pid": int}
     {"op": "ping"}   -> {"ok": true}
     {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null, "fds": int}
                         (leftovers of past programs, the pre-forked child waiting for the next job, and the
@@ -69,6 +70,7 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   under /run, /var, /dev (/run/lock, ...) in its own mount namespace (size-capped, wiped after every request,
   invisible to the host), after hiding /run (host unix sockets) under an empty tmpfs; in a container
   (--wipe-tmp) the container's own /tmp and /dev/shm are wiped instead;
+- as root, a /proc of its own with hidepid=2: a child under its own uid sees only its worker's processes;
 - private IPC: the server enters an IPC namespace of its own (as root, or inside its user namespace) and removes
   every SysV shared-memory segment, semaphore set and message queue after each request (in a container, with
   --wipe-ipc, those of the container's namespace): none is seen by the host, another pool or the next program;
@@ -168,6 +170,7 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x10000000,
 IPC_RMID = 0
 SHARED_DIR_ROOTS = ("/run", "/var", "/dev")  # where private_tmp looks for other world-writable dirs (2 levels)
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
+MS_NOEXEC = 8
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 PR_SET_DUMPABLE = 4
 CAP_DAC_READ_SEARCH = 2
@@ -362,6 +365,13 @@ def shared_dirs() -> list[str]:
 
 
 HIDDEN_DIRS = ("/run",)  # host sockets (munge, docker, dbus), pid files: replaced by an empty tmpfs (root only)
+
+
+def private_proc() -> bool:
+    """Mount a /proc of our own with hidepid=2 in our mount namespace (root only, after private_tmp entered it): a
+    child under a uid of its own then sees only its own worker's processes, not the host's command lines,
+    environments or open files; the server (root) still sees all. True when it worked."""
+    return _libc.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2") == 0
 
 
 def private_tmp(size_mb: int) -> list[str]:
@@ -998,6 +1008,7 @@ class Server:
         self.ipc_isolated = isolate_ipc()  # after isolate_network: without root, inside its user namespace
         self.private_dirs = [] if args.no_private_tmp else private_tmp(args.tmpfs_mb)
         self.private_tmp = bool(self.private_dirs)
+        self.private_proc = self.private_tmp and private_proc()
         base = None if self.private_tmp else args.work_dir
         self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
         os.chmod(self.work_base, 0o711)
@@ -1015,6 +1026,7 @@ class Server:
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
                      "read_all_files": read_cap,
                      "private_tmp": self.private_tmp, "private_dirs": self.private_dirs,
+                     "private_proc": self.private_proc,
                      "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid()}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it

@@ -158,3 +158,19 @@ def test_missing_isolation_is_reported(one_worker):
         assert "files" in shared_uid.missing_isolation()
     finally:
         shared_uid.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the process backend has a /proc of its own only as root")
+def test_host_processes_are_invisible_on_the_process_backend():
+    box = open_backend("process", workers=1)
+    try:
+        probe = ("import os\npids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+                 f"print(os.path.exists('/proc/1'), os.path.exists('/proc/{os.getpid()}'), "
+                 "all(os.stat(f'/proc/{p}').st_uid == os.getuid() for p in pids if os.path.exists(f'/proc/{p}')))\n")
+        result = box.run(probe)
+        assert (result.status, result.stdout) == ("ok", "False False True\n"), result
+        assert result.meta["private_proc"] is True, result.meta
+        assert "processes" not in box.missing_isolation()
+        assert_healthy(box)
+    finally:
+        box.close()
