@@ -356,8 +356,9 @@ class Sandbox:
         """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):
         "network" when a worker has no network namespace, "files" when programs share the server's uid or may
         read every file (the process backend without root), "fresh_state" when the shared temporary dirs and IPC
-        are not private, "processes" when programs see the host's processes in /proc. The docker backend lacks none: the container is the boundary. An RL run should refuse to
-        start when this is not empty unless its configuration says otherwise."""
+        are not private, "processes" when programs see the host's processes in /proc. The docker backend lacks
+        none: the container is the boundary. An RL run should refuse to start when this is not empty unless its
+        configuration says otherwise."""
         if self.backend == "docker":
             return []
         infos = [h["info"] for h in self.health()]
