@@ -83,6 +83,7 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
 - it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability;
 - the server ignores the signals a program could send it (ignore_signals: in a container, pid 1 with the
   program's uid, an ignored signal is dropped); the child restores a fresh process's handlers;
+- answers of one request total at most MAX_RESULT_BYTES: tests beyond keep no answer ("output_limit");
 - answers nest at most MAX_DEPTH lists/dicts deep: a deeper one is "unserializable", a frame nested deeper is a
   protocol violation, decided without a recursive parser (json_too_deep), and clients refuse deeper responses.
 
@@ -158,6 +159,7 @@ DEFAULT_NPROC = 64                      # processes+threads a child may have (pe
 DEFAULT_FSIZE_MB = 64                   # largest file a child may write
 DEFAULT_NOFILE = 64                     # open descriptors per child process
 DEFAULT_TMPFS_MB = 512                  # size of each private tmpfs (root only)
+MAX_RESULT_BYTES = 64 << 20            # answers kept per request; tests beyond get "output_limit", no answer
 MAX_DEPTH = 100                         # deepest answer (lists/dicts) a test may return; deeper is "unserializable"
 SERVER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
                   "SIGTTIN", "SIGTTOU", "SIGVTALRM", "SIGPROF")  # ignored by the server (see main)
@@ -1174,6 +1176,7 @@ class Server:
         res_buf = bytearray()
         state = {"reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
                  "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
+                 "result_bytes": 0,
                  "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
                  "t_mark": child.job_sent, "load_s": None, "after_memory_error": False,
                  "check": req.get("op") == "check", "verdict": None}
@@ -1359,6 +1362,10 @@ class Server:
                     raise ProtocolViolation("result frame with wrong calls")
                 if status != "ok" and frame["output"] is not None:
                     raise ProtocolViolation("output on a failed test")
+                state["result_bytes"] += size
+                if state["result_bytes"] > MAX_RESULT_BYTES and status == "ok":  # bounded whatever the test count
+                    status, error, frame["output"] = \
+                        "output_limit", f"answers exceeded {MAX_RESULT_BYTES} bytes in total", None
                 tests[i] = {"status": status, "output": frame["output"], "error": error,
                             "duration_s": now - state["t_mark"], "calls": calls}
                 state["t_mark"] = now

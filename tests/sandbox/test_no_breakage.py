@@ -166,3 +166,18 @@ def test_the_server_ignores_signals_from_its_programs(same_uid_box):
                   "except KeyboardInterrupt:\n    print('interrupted')\n")
     assert (own.status, own.stdout) == ("ok", "interrupted\n"), own
     assert_serves_the_next_programs(box)
+
+
+def test_answers_are_bounded_in_total_bytes(sb):
+    """Each answer under output_limit, 80 of them over the server's total: later tests keep no answer."""
+    from sandbox.forkserver import MAX_RESULT_BYTES
+
+    size = 900_000
+    n = MAX_RESULT_BYTES // size + 8
+    report = sb.run_tests("def f(i):\n    return 'z' * 900_000\n", "f", [[i] for i in range(n)], ["z" * size] * n,
+                          timeout_s=60)
+    statuses = [t.status for t in report.tests]
+    kept = statuses.count("ok")
+    assert 0 < kept <= MAX_RESULT_BYTES // size and statuses[kept:] == ["output_limit"] * (n - kept), statuses
+    assert all(t.output is None for t in report.tests[kept:])
+    assert_serves_the_next_programs(sb)
