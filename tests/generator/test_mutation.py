@@ -284,3 +284,12 @@ def test_procedural_programs_are_all_in_the_grammar(task_pool):
         assert [parse_step(line.split()[1:]) for line in lines[1:]] == steps
     assert {s["kind"] for t in task_pool for s in t.params["steps"]} <= set(KINDS)
     assert set(AGGREGATES)  # the group aggregates the expr edit may name
+
+
+def test_an_unknown_format_is_named_before_any_work():
+    from selfplay.config import load_config
+    from selfplay.errors import UserError
+
+    assert load_config(overrides=["generator.format=free"]).generator.format == "free"
+    with pytest.raises(UserError, match="generator.format must be one of free, mutation"):
+        load_config(overrides=["generator.format=prose"])
