@@ -373,6 +373,17 @@ class Sandbox:
             missing.append("processes")
         return missing
 
+    def require_isolation(self, allow: bool = False) -> list[str]:
+        """missing_isolation(), refused (SandboxConfigError) unless `allow`: what an RL run calls before it starts,
+        since a policy that can read hidden tests or the host learns to."""
+        missing = self.missing_isolation()
+        if missing and not allow:
+            raise SandboxConfigError(
+                f"the {self.backend} sandbox lacks isolation: {', '.join(missing)} (docs/sandbox.md, 'What isolation "
+                f"holds where'): programs could read hidden tests or the host; run the process backend as root or "
+                f"use the docker backend, or set sandbox.allow_unisolated: true to accept it")
+        return missing
+
     def stats(self) -> dict:
         """Counters since opening: runs, cache_hits, exec_s (seconds spent waiting on workers)."""
         with self._lock:

@@ -45,6 +45,7 @@ class SandboxConfig:
     cache_path: str = ""  # on-disk SQLite cache shared by workers; "" = in memory only
     trace_path: str = ""  # JSONL log of every execution; "" = off
     image: str = "selfplay-sandbox:latest"  # Docker image for the docker backend
+    allow_unisolated: bool = False  # start even when the sandbox lacks isolation (docs/sandbox.md); off for RL
 
 
 @dataclass

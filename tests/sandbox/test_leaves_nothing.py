@@ -10,6 +10,7 @@ import os
 
 import pytest
 
+import sandbox
 from sandbox_testlib import BACKENDS, assert_healthy, open_backend
 
 KEY = 0x5E1F0019
@@ -174,3 +175,19 @@ def test_host_processes_are_invisible_on_the_process_backend():
         assert_healthy(box)
     finally:
         box.close()
+
+
+def test_a_run_is_refused_without_isolation_unless_allowed():
+    box = open_backend("process", workers=1, isolate_user=False)
+    try:
+        with pytest.raises(sandbox.SandboxConfigError, match="files"):
+            box.require_isolation()
+        assert "files" in box.require_isolation(allow=True)
+    finally:
+        box.close()
+    if os.geteuid() == 0:
+        isolated = open_backend("process", workers=1)
+        try:
+            assert isolated.require_isolation() == []
+        finally:
+            isolated.close()
