@@ -992,11 +992,13 @@ def child_check(req: dict) -> None:
 class _Child:
     """A forked child and the server's ends of its pipes."""
 
-    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w", "job_sent", "job_failed")
+    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w", "job_sent", "job_failed", "pidfd",
+                 "pipes_closed", "job_closed")
 
     def __init__(self, pid: int, workdir: str, out_r: int, err_r: int, res_r: int, job_w: int):
         self.pid, self.workdir, self.out_r, self.err_r, self.res_r, self.job_w = pid, workdir, out_r, err_r, res_r, job_w
         self.job_sent, self.job_failed = 0.0, False
+        self.pidfd, self.pipes_closed, self.job_closed = None, False, False
 
 
 class ProtocolViolation(Exception):
@@ -1145,12 +1147,12 @@ class Server:
 
     def _start(self, req: dict, raw: bytes, start: int, workdir: str | None) -> "_Child":
         """Hand a job to the pre-forked child (or a new one in `workdir`)."""
+        data = job_bytes(req, raw, start)  # first: should it fail, no child has been handed a job
         child = None
         if workdir is None and self._ready is not None:
             child, self._ready = self._ready, None
         if child is None:
             child = self._fork_child(workdir or self._workdir())
-        data = job_bytes(req, raw, start)
         child.job_sent = time.monotonic()
         try:
             view = memoryview(data)
@@ -1161,9 +1163,41 @@ class Server:
         return child
 
     def _collect(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
-        """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened."""
+        """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened. Should
+        anything fail outside the watch itself (which handles its own failures), the child's group is killed and
+        reaped and its descriptors closed before the failure goes on (the server then asks to be replaced)."""
+        try:
+            return self._watch(req, child, out, tests, start)
+        except Exception:
+            self._abandon(child)
+            raise
+
+    def _abandon(self, child: "_Child") -> None:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(child.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        try:
+            os.waitpid(child.pid, 0)
+        except ChildProcessError:
+            pass
+        self._sweep()
+        fds = [] if child.pipes_closed else [child.out_r, child.err_r, child.res_r]
+        fds += [] if child.job_closed else [child.job_w]
+        fds += [child.pidfd] if child.pidfd is not None else []
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        child.pipes_closed = child.job_closed = True
+        child.pidfd = None
+        self.recycle = self.recycle or "failed while collecting a program"
+
+    def _watch(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
         pid, out_r, err_r, res_r = child.pid, child.out_r, child.err_r, child.res_r
-        pidfd = os.pidfd_open(pid)
+        pidfd = child.pidfd = os.pidfd_open(pid)
         poller = select.poll()
         names = {out_r: "stdout", err_r: "stderr", pidfd: "exit", res_r: "result"}
         for fd in names:
@@ -1235,6 +1269,7 @@ class Server:
             poller.unregister(pidfd)
             open_fds.discard(pidfd)
         os.close(pidfd)
+        child.pidfd = None
         try:
             drain_deadline = time.monotonic() + DRAIN_S
             while open_fds and time.monotonic() < drain_deadline:
@@ -1261,6 +1296,7 @@ class Server:
             self.recycle = f"failed while draining a program's pipes: {exc}"[:300]
         for fd in (out_r, err_r, child.res_r):
             os.close(fd)
+        child.pipes_closed = True
         if res_buf and state["reason"] is None:
             state["violation"] = "trailing bytes on the result pipe"
             state["reason"] = "protocol"
@@ -1272,6 +1308,7 @@ class Server:
         except OSError:
             unread[0] = 0
         os.close(child.job_w)
+        child.job_closed = True
         state["setup_failed"] = child.job_failed or (unread[0] > 0 and not state["asked"])
         state["wstatus"], state["rusage"] = wstatus, rusage
         state["memory_mb"] = int(req["memory_mb"])

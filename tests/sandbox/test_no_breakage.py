@@ -181,3 +181,18 @@ def test_answers_are_bounded_in_total_bytes(sb):
     assert 0 < kept <= MAX_RESULT_BYTES // size and statuses[kept:] == ["output_limit"] * (n - kept), statuses
     assert all(t.output is None for t in report.tests[kept:])
     assert_serves_the_next_programs(sb)
+
+
+def test_a_request_the_server_fails_on_is_answered_and_the_worker_recycled(sb):
+    """Our own failure on a request (here a memory limit too large for the job header, which only a buggy client
+    sends): the answer is sandbox_error, the worker is replaced before the next program, nothing is left."""
+    pool = sb._pool
+    restarts = sum(h["restarts"] for h in sb.health())
+    req = {"op": "tests", "source": "import time\ntime.sleep(30)\ndef f():\n    return 1\n", "entry_point": "f",
+           "inputs": [[]], "timeout_s": 5, "memory_mb": 1 << 33,
+           "output_limit": 10_000}
+    (resp,) = pool.execute([req])
+    assert resp["status"] == "sandbox_error", resp
+    assert resp["meta"].get("worker_recycled"), resp["meta"]
+    assert sum(h["restarts"] for h in sb.health()) == restarts + 1
+    assert_serves_the_next_programs(sb)
