@@ -1,4 +1,4 @@
-"""Held-out splits: which procedural tasks are for training and which test generalisation (seed article §4.3).
+"""Held-out splits: which procedural tasks are for training and which test generalisation (docs/design.md).
 
     train                 input element types not held out, no held-out pair of steps, depth <= train_max_depth,
                           clean description

@@ -9,7 +9,7 @@ first seed: the seeds then vary only the RL phase, and the warm-start arm has no
 copy of that folder, so the arms of one seed differ only in what happens after the warm start:
 
     warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
-    curriculum   PPO on procedural tasks only, on the seed article's fixed level schedule (`train.mode=curriculum`)
+    curriculum   PPO on procedural tasks only, on a fixed level schedule (`train.mode=curriculum`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
     fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 

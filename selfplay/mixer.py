@@ -46,10 +46,10 @@ BANDS = ("adaptive", "fixed")
 @dataclass
 class MixerConfig:
     # adaptive: the level follows where tasks are in band, the band's centre the in-band solve rates;
-    # fixed: the level keeps the solve-rate EMA inside target_low..target_high (the seed article's 90 % rule)
+    # fixed: the level keeps the solve-rate EMA inside target_low..target_high (the classic 90 % promotion rule)
     band: str = "adaptive"
     target_low: float = 0.4  # fixed: lower the level below this solve-rate EMA; adaptive: initial band
-    target_high: float = 0.9  # fixed: raise the level above this (the seed article's 90 %); adaptive: initial band
+    target_high: float = 0.9  # fixed: raise the level above this (the classic 90 %); adaptive: initial band
     level_margin: float = 0.1  # adaptive: move the level when EMA(always solved - never solved) leaves +-this
     ema: float = 0.7  # smoothing of the measured rates (weight of the past)
     level_min: float = 1.0  # lowest procedural level

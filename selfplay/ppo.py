@@ -1,4 +1,4 @@
-"""Token-level PPO with a value head, shared by the solver and the generator (DESIGN.md §5).
+"""Token-level PPO with a value head, shared by the solver and the generator (docs/rl.md).
 
 `PPOTrainer.step(queries, responses, scores)` takes a batch of rollouts (prompt token ids, response token ids, one
 scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.py uses:

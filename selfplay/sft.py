@@ -1,6 +1,6 @@
 """Supervised fine-tuning on (prompt, answer) token pairs, loss on the answer tokens only.
 
-The warm start of both agents is behaviour cloning (seed article §4.1): the solver imitates reference solutions
+The warm start of both agents is behaviour cloning: the solver imitates reference solutions
 of procedural tasks, the generator imitates procedural tasks written as proposals. Examples are grouped by length
 so that batches carry little padding; the learning rate warms up linearly and decays with a cosine.
 """

@@ -1,4 +1,4 @@
-"""Solver episodes: single-turn (write, graded) and multi-turn with the seed article's hybrid action space.
+"""Solver episodes: single-turn (write, graded) and multi-turn with a hybrid action space.
 
 Multi-turn: each turn the solver answers with one action,
 

@@ -1,4 +1,4 @@
-"""The solver's hybrid reward (seed article §2.2): each term computed on its own, weighted in config, logged
+"""The solver's hybrid reward: each term computed on its own, weighted in config, logged
 under its own name so ablations can switch terms on and off.
 
     correctness  share of hidden tests passed                                     in [0, 1]

@@ -6,7 +6,7 @@ A task's `params` (plain JSON) say everything needed to rebuild it:
 `sample_pipeline` draws the steps (each step's output type feeds the next), `render_reference` writes the
 reference solution in one simple, consistent style, and `render_signature` its signature.
 
-Levels (the seed article's curriculum):
+Levels (the curriculum):
     1  one step, fixed small input size, no edge cases
     2  one step, variable sizes, edge cases (empty, single, sorted, reversed, duplicates, negatives, unicode)
     3  pipelines of 2-3 steps, edge cases
@@ -31,7 +31,7 @@ FAMILIES = {
     "string": "text",
     "record_pipeline": "csv",
 }
-# How often each family is drawn (list transforms dominate, like the seed article's examples).
+# How often each family is drawn (list transforms dominate, as in typical list exercises).
 FAMILY_WEIGHTS = {"list_int": 4, "list_float": 2, "list_str": 3, "list_record": 2, "list_tuple": 2,
                   "string": 2, "record_pipeline": 2}
 LEVELS = (1, 2, 3, 4)

@@ -4,7 +4,7 @@ Two recipes give an equivalent image (a Python 3.11 interpreter with its full st
 - "debootstrap": `debootstrap --variant=minbase --include=python3 bookworm` into a folder, trimmed, packed as a
   tarball cached under `/var/cache/selfplay`, then `docker import`ed. Needs root, `debootstrap` and a Debian mirror
   (the apt mirror a machine installs packages from), but no container registry. Debian's `python3`, not
-  `python3-minimal`, because the latter lacks stdlib modules such as `resource` (DESIGN.md §6).
+  `python3-minimal`, because the latter lacks stdlib modules such as `resource`.
 - "dockerfile": `sandbox/image/Dockerfile` (`FROM python:3.11-slim`), for machines that can pull from a registry.
 "auto" picks "dockerfile" when the registry answers and "debootstrap" otherwise.
 
