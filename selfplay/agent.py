@@ -29,6 +29,7 @@ class Answer:
     tokens: list[int]
     text: str
     finished: bool
+    allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each answer token
 
 
 class LMAgent:
@@ -43,6 +44,15 @@ class LMAgent:
                                   seed=seed)
         self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
+        self.constraint = None  # a compiled grammar (selfplay.constrained): sample() then decodes under it
+
+    def constrain(self, fmt: str) -> None:
+        """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
+        the key, a grammar that cannot be compiled for this tokenizer."""
+        from selfplay.constrained import compile_constraint
+
+        vocab = policy_of(self.model).get_output_embeddings().weight.shape[0]
+        self.constraint = compile_constraint(self.tokenizer, fmt, vocab, self.eos_ids)
 
     @property
     def zero3(self) -> bool:
@@ -99,9 +109,9 @@ class LMAgent:
             samples: list[Sample] = generate(
                 self.model, chunk, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
                 max_new_tokens=room, temperature=self.cfg.temperature, top_k=self.cfg.top_k, top_p=self.cfg.top_p,
-                do_sample=not greedy, synced_gpus=self.zero3)
+                do_sample=not greedy, synced_gpus=self.zero3, constraint=self.constraint)
             for p, s in zip(chunk, samples):
-                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished))
+                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished, s.allowed))
         return out
 
     # ---- learning -------------------------------------------------------------------------------------
@@ -126,8 +136,10 @@ class LMAgent:
         if replay:
             replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
                         [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
+        allowed = [getattr(a, "allowed", None) for a in answers]  # the grammar's masks, when answers were constrained
         return self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
-                                 response_masks=masks, replay=replayed, groups=groups)
+                                 response_masks=masks, replay=replayed, groups=groups,
+                                 allowed=allowed if any(x is not None for x in allowed) else None)
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def save(self, folder: Path, write_hf: bool = True) -> None:

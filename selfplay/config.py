@@ -187,6 +187,9 @@ class GeneratorConfig:
     # reference task and one edit of its program, compiled by the procedural families (generator/mutation.py).
     # The warm start teaches the generator this format: set it for the warm start and keep it for training.
     format: str = "mutation"
+    # grammar-constrained decoding of the answer (the format's grammar, generator/grammars.py, compiled with xgrammar
+    # by selfplay/constrained.py); PPO scores each token under the mask it was drawn with (docs/rl.md)
+    constrained: bool = False
 
 
 @dataclass

@@ -307,6 +307,8 @@ class SelfPlay:
             agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
                             seed=self.cfg.run.seed)
             agent.load_training_state(folder / name)
+            if name == "generator" and self.cfg.generator.constrained:  # refused here if it cannot compile
+                agent.constrain(self.cfg.generator.format)
             scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
             agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
             agents.append(agent)

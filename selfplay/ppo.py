@@ -98,6 +98,34 @@ def _pad_right(x: torch.Tensor, width: int, value: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, width - x.shape[1]), value=value)
 
 
+def pack_allowed(allowed: Sequence[torch.Tensor | None], action_mask: torch.Tensor) -> torch.Tensor | None:
+    """Per-rollout packed allowed-token bits ([actions, W] int32 each, or None) laid on the batch's shifted axis:
+    [B, T, W] on the CPU, row b's k-th action position holding its k-th step's bits; every other position (prompt,
+    padding, observations, unconstrained rows) allows every token (all bits set). None when no row has bits."""
+    rows = [a for a in allowed if a is not None]
+    if not rows:
+        return None
+    mask = action_mask.bool().cpu()
+    out = torch.full((*mask.shape, rows[0].shape[-1]), -1, dtype=torch.int32)
+    for b, bits in enumerate(allowed):
+        if bits is None:
+            continue
+        positions = mask[b].nonzero().squeeze(-1)
+        if len(positions) != len(bits):
+            raise ValueError(f"rollout {b}: {len(bits)} steps of allowed-token bits for {len(positions)} actions")
+        out[b, positions] = bits.to(torch.int32)
+    return out
+
+
+def _unpacked(bits: torch.Tensor | None, logits: torch.Tensor) -> torch.Tensor | None:
+    """Packed bits [B, T, W] -> bool [B, T, V] on the logits' device (None stays None)."""
+    if bits is None:
+        return None
+    from selfplay.constrained import unpack_bits
+
+    return unpack_bits(bits.to(logits.device), logits.shape[-1])
+
+
 # ---------------------------------------------------------------------------- the trainer
 
 
@@ -113,6 +141,7 @@ class _Rollout:
     old_values: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
+    allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits [B, T, ceil(V/32)] (CPU)
 
 
 @dataclass
@@ -172,38 +201,43 @@ class PPOTrainer:
 
     # -- forward passes
 
-    def _policy_forward(self, input_ids, attention_mask, start: int = 0):
+    def _policy_forward(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None):
         """Log-probs of the taken tokens, values and the sampling log-distribution (rl.sampling_logprobs) for
         shifted positions start..L-2: [B, L-1-start] (the last [.., V]): the logits at position i score token i+1;
-        positions before `start` are prompt-only and skipped."""
+        positions before `start` are prompt-only and skipped. `allowed`: packed allowed-token bits of those
+        positions ([B, L-1-start, ceil(V/32)], constrained decoding): the masked distribution is scored."""
         logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start)
-        logdist = rl.sampling_logprobs(logits[:, :-1], self.cfg.temperature)
+        logdist = rl.sampling_logprobs(logits[:, :-1], self.cfg.temperature, _unpacked(allowed, logits))
         return rl.gather_tokens(logdist, input_ids[:, start + 1:]), values[:, :-1].float(), logdist
 
     @torch.no_grad()
-    def _ref_logprobs(self, input_ids, attention_mask, start: int = 0):
+    def _ref_logprobs(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None):
         keep = input_ids.shape[1] - start
         extra = {"logits_to_keep": keep} if self._ref_keeps_logits else {}
         logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
-        return rl.gather_tokens(rl.sampling_logprobs(logits[:, -keep:-1], self.cfg.temperature),
+        logits = logits[:, -keep:-1]
+        return rl.gather_tokens(rl.sampling_logprobs(logits, self.cfg.temperature, _unpacked(allowed, logits)),
                                 input_ids[:, start + 1:])
 
     # -- stage 1-3: rollout quantities, rewards, advantages
 
     @torch.no_grad()
-    def _prepare(self, queries, responses, scores, response_masks, groups=None) -> tuple[_Rollout, dict]:
+    def _prepare(self, queries, responses, scores, response_masks, groups=None, allowed=None
+                 ) -> tuple[_Rollout, dict]:
         cfg, device = self.cfg, self.device
         input_ids, attention_mask, action_mask = (
             t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
         )
         start, action_mask = first_action(action_mask)
+        packed = pack_allowed(allowed, action_mask) if allowed is not None else None
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
         old_logp, old_values, ref_logp = [], [], []
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
-            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start)
+            bits = None if packed is None else packed[idx.cpu()]
+            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits)
             old_logp.append(logp)
             old_values.append(values)
-            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx], start))
+            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx], start, bits))
         old_logp, old_values, ref_logp = torch.cat(old_logp), torch.cat(old_values), torch.cat(ref_logp)
 
         # per-token reward: KL penalty everywhere, the scalar reward on the last response token
@@ -244,7 +278,7 @@ class PPOTrainer:
             "tokens": int(action_mask.sum().item()),
         })
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
-                        returns), stats
+                        returns, packed), stats
 
     def _prepare_replay(self, replay) -> _Replay | None:
         """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
@@ -264,10 +298,14 @@ class PPOTrainer:
         ids = torch.cat([_pad_right(a_ids, width, self.pad_token_id), _pad_right(b_ids, width, self.pad_token_id)])
         att = torch.cat([_pad_right(r.attention_mask[idx], width, 0), _pad_right(rep.attention_mask[ridx], width, 0)])
         start = min(r.start, rep.start)
-        logp, values, logits = self._policy_forward(ids, att, start)
         n, a0, b0 = len(idx), r.start - start, rep.start - start
         a = slice(a0, a0 + a_ids.shape[1] - 1 - r.start)
         b = slice(b0, b0 + b_ids.shape[1] - 1 - rep.start)
+        bits = None
+        if r.allowed is not None:  # the PPO rows' recorded bits on the joint axis; replay rows allow every token
+            bits = torch.full((len(ids), width - 1 - start, r.allowed.shape[-1]), -1, dtype=torch.int32)
+            bits[:n, a] = r.allowed[idx.cpu()]
+        logp, values, logits = self._policy_forward(ids, att, start, bits)
         return (logp[:n, a], values[:n, a], logits[:n, a]), logp[n:, b]
 
     # -- stage 4: minibatch updates
@@ -284,7 +322,8 @@ class PPOTrainer:
             (logp, values, logits), replay_logp = self._joint_forward(r, idx, rep, ridx)
             replay_nll = rl.nll_loss(replay_logp, rep.action_mask[ridx], rep.tokens)
         else:
-            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start)
+            bits = None if r.allowed is None else r.allowed[idx.cpu()]
+            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits)
         old_logp = r.old_logp[idx]
         policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip, n_tokens)
         value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip, n_tokens)
@@ -360,12 +399,16 @@ class PPOTrainer:
 
     def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
              scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None,
-             replay: tuple[Sequence, Sequence, Sequence | None] | None = None, groups: Sequence | None = None) -> dict:
+             replay: tuple[Sequence, Sequence, Sequence | None] | None = None, groups: Sequence | None = None,
+             allowed: Sequence[torch.Tensor | None] | None = None) -> dict:
         """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
         (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
-        ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo)."""
+        ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo).
+        `allowed`: per rollout, the packed allowed-token bits its action tokens were sampled under ([actions,
+        ceil(V/32)] int32, `Sample.allowed`; None: unconstrained); old, new and reference log-probs are then scored
+        under the same masks (docs/rl.md)."""
         t0 = time.perf_counter()
-        rollout, stats = self._prepare(queries, responses, scores, response_masks, groups)
+        rollout, stats = self._prepare(queries, responses, scores, response_masks, groups, allowed)
         entropy_coef = self.entropy_coef
         stats.update(self._optimise(rollout, entropy_coef, self._prepare_replay(replay)))
         # stage 5: coefficients for the next update; an adaptive beta follows the KL of every rank's samples (a
@@ -399,6 +442,7 @@ class Sample:
     tokens: list[int]
     logprobs: list[float]
     finished: bool
+    allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each step [T, W]
 
 
 def policy_of(model):
@@ -424,13 +468,18 @@ def check_sampling(top_k: int, top_p: float, prefix: str = "") -> None:
                         f"tempered distribution); set {prefix}top_p=1.0 and tune {prefix}temperature instead")
 
 
-def _sampling_processor(temperature: float):
-    """A Hugging Face logits processor whose output is rl.sampling_logprobs: the only one `generate` uses."""
+def _sampling_processor(temperature: float, decoding=None, prompt_width: int = 0):
+    """A Hugging Face logits processor whose output is rl.sampling_logprobs: the only one `generate` uses. With a
+    grammar's `decoding` (selfplay.constrained), each step's allowed tokens mask the distribution (and are
+    recorded for the trainer)."""
     from transformers import LogitsProcessor
 
     class SamplingDistribution(LogitsProcessor):
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            return rl.sampling_logprobs(scores, temperature)
+            if decoding is None:
+                return rl.sampling_logprobs(scores, temperature)
+            last = input_ids[:, -1].cpu() if input_ids.shape[1] > prompt_width else None
+            return rl.sampling_logprobs(scores, temperature, decoding.step(last).to(scores.device))
 
     return SamplingDistribution()
 
@@ -438,7 +487,7 @@ def _sampling_processor(temperature: float):
 @torch.no_grad()
 def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_token_id: int | Sequence[int],
              max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             do_sample: bool = True, synced_gpus: bool = False, return_scores: bool = False):
+             do_sample: bool = True, synced_gpus: bool = False, return_scores: bool = False, constraint=None):
     """Batched sampling (left-padded prompts, HF `generate` with a KV cache) from rl.sampling_logprobs.
 
     The generation configuration is explicit: the model's own `generation_config` (a checkpoint's repetition
@@ -446,7 +495,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
     the sampling distribution the PPO trainer scores, so each Sample's log-probs are the trainer's. top_k / top_p
     other than 0 / 1 are refused (`check_sampling`). Greedy decoding takes the argmax of the same distribution.
     Under ZeRO-3 with several ranks synced_gpus is switched on by itself. With return_scores, also returns the
-    [B, new, V] log-distributions sampled from (padded steps included).
+    [B, new, V] log-distributions sampled from (padded steps included). `constraint`: a compiled grammar
+    (selfplay.constrained.GrammarConstraint): tokens are drawn from the masked, renormalised distribution and each
+    Sample carries the packed allowed-token bits of its steps (`Sample.allowed`) for the trainer.
     """
     from transformers import GenerationConfig, LogitsProcessorList
 
@@ -466,13 +517,15 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
     config = GenerationConfig(do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0, num_beams=1,
                               max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=sorted(eos_ids),
                               return_dict_in_generate=True, output_scores=True)
+    decoding = constraint.start(len(prompts)) if constraint is not None else None
     was_training, own_config = policy.training, policy.generation_config
     policy.eval()
     policy.generation_config = GenerationConfig()  # HF fills what `config` leaves unset from the model's own
     try:
         out = policy.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                               generation_config=config, synced_gpus=synced_gpus,
-                              logits_processor=LogitsProcessorList([_sampling_processor(temperature)]))
+                              logits_processor=LogitsProcessorList([_sampling_processor(temperature, decoding,
+                                                                                        width)]))
     finally:
         policy.generation_config = own_config
         policy.train(was_training)
@@ -488,7 +541,8 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
             if tok in eos_ids:
                 finished = True
                 break
-        samples.append(Sample(tokens, lps, finished))
+        samples.append(Sample(tokens, lps, finished,
+                              decoding.recorded(b, len(tokens)) if decoding is not None else None))
     return (samples, scores) if return_scores else samples
 
 

@@ -238,14 +238,19 @@ class AdaptiveKLController(FixedKLController):
 # ---------------------------------------------------------------------------- the sampling distribution
 
 
-def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0,
+                      allowed: torch.Tensor | None = None) -> torch.Tensor:
     """The log-distribution answers are sampled from, at every position: log softmax(logits / temperature), [..., V]
     in float32. The sampler draws from it (selfplay.ppo.SamplingDistribution turns it into Hugging Face's only
     logits processor) and the trainer scores the sampled tokens under it (old, new and reference log-probs), so the
-    PPO ratio compares the distribution the tokens really came from. A token mask (e.g. a grammar) would go here."""
+    PPO ratio compares the distribution the tokens really came from. `allowed` ([..., V] bool, e.g. a grammar's
+    tokens at each step): the masked, renormalised distribution log softmax(mask(logits / temperature)), -inf on
+    every token not allowed (docs/rl.md); a position must allow at least one token."""
     if temperature <= 0:
         raise ValueError(f"sampling temperature must be > 0, got {temperature}")
-    return torch.log_softmax(logits.float() / temperature, dim=-1)
+    if allowed is None:
+        return torch.log_softmax(logits.float() / temperature, dim=-1)
+    return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
 
 
 def gather_tokens(logdist: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -266,6 +271,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     log-distribution alike)."""
     logits = logits.float()
     probs = torch.softmax(logits, dim=-1)
+    if torch.isneginf(logits).any():  # a masked distribution: excluded tokens add 0 (and no NaN gradient)
+        return torch.logsumexp(logits, dim=-1) - (probs * logits.masked_fill(torch.isneginf(logits), 0.0)).sum(-1)
     return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(-1)
 
 

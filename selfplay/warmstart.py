@@ -113,6 +113,8 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
         reference.to(device)
         agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
                               seed=cfg.run.seed))
+    if cfg.generator.constrained:  # the probe samples under the format's grammar (SFT itself is not sampled)
+        agents[1].constrain(cfg.generator.format)
     return agents
 
 

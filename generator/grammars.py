@@ -1,0 +1,94 @@
+"""Grammars of the generator's answers, for grammar-constrained decoding (`generator.constrained`).
+
+Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted literals, character classes, `?`, `*`,
+`+`); selfplay/constrained.py compiles it for the model's tokenizer. Nothing here imports torch.
+
+- `mutation_grammar()`: the exact three lines of generator/mutation.py (`REF n`, `EDIT ...`, `END`), with the edit
+  kinds of `mutation.OPS`, the step kinds of the program grammar, and the names of the catalogue (every expression,
+  key, group value and aggregate name some element type offers; constants named as the catalogue names them).
+  Numbers are bounded (step and reference numbers 1-9, values of at most three digits, strings of at most eight
+  characters) so that every answer the grammar accepts fits in `mutation.MAX_ANSWER_TOKENS` tokens of a byte-level
+  tokenizer. Only training input kinds are offered to `type` (held-out `float` and `tup` are not).
+- `free_grammar()`: the sections of generator/agent.py (DESCRIPTION line, SIGNATURE `def name(...)` line, CODE
+  starting with the signature's `def` and indented body lines, INPUTS as JSON lists one per line, END). It fixes
+  the shape; that the code parses as Python is still checked by `parse_proposal`.
+"""
+
+from __future__ import annotations
+
+from generator.families.catalogue import AGGREGATES, GROUP_VALUES
+from generator.families.grammar import EXPR_TABLES, KEY_TABLES, WINDOW_AGGS
+
+TRAIN_INPUTS = ("int", "str", "rec", "text", "csv")  # `type` targets (the held-out element types float, tup left out)
+
+
+def _alt(words) -> str:
+    return " | ".join(f'"{w}"' for w in sorted(set(words), key=lambda w: (-len(w), w)))
+
+
+def _names(tables) -> list[str]:
+    return sorted({e.name for table in tables for exprs in table.values() for e in exprs})
+
+
+def _arg_names(tables) -> list[str]:
+    return sorted({a for table in tables for exprs in table.values() for e in exprs for a in e.args})
+
+
+def mutation_grammar() -> str:
+    """EBNF of a whole mutation answer, `REF n\nEDIT ...\nEND\n`."""
+    exprs = {kind: _names([table]) for kind, table in EXPR_TABLES.items()}
+    keys = _names([KEY_TABLES["sort"], KEY_TABLES["top_k"]])
+    group_keys = _names([KEY_TABLES["group"]])
+    args = _arg_names(list(EXPR_TABLES.values()) + list(KEY_TABLES.values()))
+    return "\n".join([
+        'root ::= "REF " digit "\\nEDIT " edit "\\nEND\\n"',
+        'digit ::= [1-9]',
+        'edit ::= "const " digit " " assign | "key " digit " " key args | "expr " digit " " exprname args'
+        ' | "order " digit | "type " input | "add " digit " " step | "set " digit " " step | "drop " digit'
+        ' | "swap " digit " " digit | "splice " digit " " digit " " digit',
+        f'input ::= {_alt(TRAIN_INPUTS)}',
+        'args ::= "" | " " assign | ' + " | ".join(f'" {a}=" value " {b}=" value' for a in args for b in args
+                                                   if a != b),  # at most two constants, never one twice
+        f'assign ::= argname "=" value',
+        f'argname ::= {_alt(args)}',
+        'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',
+        'chars ::= "" | char | char char | char char char | char char char char | char char char char char char'
+        ' | char char char char char char char char',
+        'char ::= [a-z0-9_]',
+        f'exprname ::= {_alt(n for names in exprs.values() for n in names)}',
+        f'key ::= {_alt(keys + group_keys)}',
+        'step ::= "filter " filtername args | "map " mapname args | "sink " sinkname args'
+        ' | "sort " sortkey args " " ("asc" | "desc") (" inplace")? | "top_k " sortkey args " " digit " "'
+        ' ("largest" | "smallest") | "take " ("first" | "last") " " digit | "window " digit " " windowagg'
+        ' | "group " groupkey " " groupvalue " " aggregate | "reverse" | "dedup"',
+        f'filtername ::= {_alt(exprs["filter"])}',
+        f'mapname ::= {_alt(exprs["map"])}',
+        f'sinkname ::= {_alt(exprs["sink"])}',
+        f'sortkey ::= {_alt(keys)}',
+        f'groupkey ::= {_alt(group_keys)}',
+        f'groupvalue ::= {_alt(e.name for exprs_ in GROUP_VALUES.values() for e in exprs_)}',
+        f'windowagg ::= {_alt(WINDOW_AGGS)}',
+        f'aggregate ::= {_alt(AGGREGATES)}',
+    ]) + "\n"
+
+
+def free_grammar() -> str:
+    """EBNF of a whole free-format proposal (DESCRIPTION, SIGNATURE, CODE, INPUTS, END)."""
+    return "\n".join([
+        'root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body "INPUTS:\\n" inputs'
+        ' "END\\n"',
+        'def ::= "def " name "(" params ")" (" -> " type)?',
+        'name ::= [a-z_] [a-z0-9_]*',
+        'params ::= "" | param (", " param)*',
+        'param ::= name (": " type)?',
+        'type ::= name ("[" type (", " type)* "]")?',
+        'line ::= [^\\n]+',
+        'body ::= ("    " line "\\n")+',
+        'inputs ::= ("[" (json (", " json)*)? "]\\n")+',
+        'json ::= number | string | "[" (json (", " json)*)? "]" | "true" | "false" | "null"',
+        'number ::= "-"? [0-9]+ ("." [0-9]+)?',
+        'string ::= "\\"" [^"\\\\\\n]* "\\""',
+    ]) + "\n"
+
+
+GRAMMARS = {"mutation": mutation_grammar, "free": free_grammar}  # generator.format -> its grammar
