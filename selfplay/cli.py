@@ -21,6 +21,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from selfplay.errors import UserError
 
@@ -69,7 +70,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def quiet_model_code() -> None:
+    """Model-written code is parsed in this process (`ast.parse`, filename "<unknown>"); the SyntaxWarnings its
+    oddities raise ("invalid decimal literal", ...) are about the model's answer, which the parse judges anyway,
+    not about this program: keep them off the console. Warnings from the project's own code still show."""
+    warnings.filterwarnings("ignore", category=SyntaxWarning, module="<unknown>")
+
+
 def main(argv: list[str] | None = None) -> int:
+    quiet_model_code()
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # key=value overrides may also follow a command's options (`selfplay compare --seeds 0 1 train.steps=5`)
