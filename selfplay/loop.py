@@ -157,6 +157,7 @@ class SelfPlay:
         self.fixed: list[Task] | None = None  # fixed mode: the task set (RUN_DIR/fixed_tasks.jsonl)
         self.stop_requested = False
         self.t_start = time.perf_counter()
+        self.warmstart_s: float | None = None  # the warm start's wall time (in elapsed_s too)
         self.solver: LMAgent | None = None
         self.generator: LMAgent | None = None
         workers = cfg.sandbox.workers or max(1, (os.cpu_count() or 1) // max(1, self._local_world()))
@@ -273,6 +274,7 @@ class SelfPlay:
     def _warm_start(self) -> None:
         from selfplay.warmstart import level_counts, warm_start
 
+        t0 = time.perf_counter()
         counts = level_counts(self.cfg.warmstart, self.cfg.tasks.max_level)
         self.log(f"no checkpoint in {self.run_dir}: warm start ({sum(counts.values())} tasks)")
         # held-out tasks first, reserved in the corpus: training never sees their programs
@@ -290,6 +292,7 @@ class SelfPlay:
         self.warm_report = report
         heldout = self._evaluate(0)
         self.tb.hparams(flatten(to_dict(self.cfg)))
+        self.warmstart_s = time.perf_counter() - t0
         self._save(0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
 
     def _load(self, folder: Path) -> None:
@@ -325,6 +328,7 @@ class SelfPlay:
         self.history = state.get("history", [])
         self.evals = state.get("evals", {})
         self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
+        self.warmstart_s = state.get("warmstart_s")
         if self.step > 0 or "eval_before" in state:
             self.evals.setdefault("0", state.get("eval_before", {}))
         ahead = len(self.corpus) - int(state.get("corpus_size", len(self.corpus)))
@@ -357,6 +361,7 @@ class SelfPlay:
                 "history": self.history,
                 "evals": self.evals,
                 "elapsed_s": time.perf_counter() - self.t_start,
+                "warmstart_s": self.warmstart_s,
                 "corpus_size": len(self.corpus),
                 "world_size": self.world,
                 "config": to_dict(self.cfg),
@@ -800,21 +805,29 @@ class SelfPlay:
         before = self.evals.get(steps[0], {}) if steps else {}
         after = self.evals.get(steps[-1], {}) if steps else {}
         validity = [h["validity"] for h in self.history if h.get("validity") is not None]
+        seconds = time.perf_counter() - self.t_start
         return {
             "run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "steps": self.step,
-            "seconds": time.perf_counter() - self.t_start,
+            "seconds": seconds, "warmstart_seconds": self.warmstart_s,
+            "selfplay_seconds": seconds - (self.warmstart_s or 0.0),
             "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s not in BREAKDOWNS},
             "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
+            "heldout_change": heldout_changes(before, after) if len(steps) > 1 else {},
             "corpus_by_source": self.corpus.counts("source"),
             "validity_rate": statistics.mean(validity) if validity else None,
             **window_means(self.history),
         }
 
     def _print_summary(self, s: dict) -> None:
-        lines = [f"run {s['run_dir']} ({s['mode']}): {s['steps']} iterations in {s['seconds'] / 60:.1f} min"]
+        ws = s["warmstart_seconds"]
+        took = (f"warm start {ws / 60:.1f} min, " if ws is not None else "") + f"{s['steps']} iterations"
+        lines = [f"run {s['run_dir']} ({s['mode']}): {took} (self-play {s['selfplay_seconds'] / 60:.1f} min)"]
         for split in s["heldout_after"]:
             b, a = s["heldout_before"].get(split), s["heldout_after"][split]
-            lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}")
+            change = s["heldout_change"].get(split)
+            paired = (f" ({change['tasks']} tasks; change {change['delta']:+.3f}, 95 % CI "
+                      f"[{change['ci95'][0]:+.3f}, {change['ci95'][1]:+.3f}])" if change else "")
+            lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}")
         lines.append(f"  corpus by source: {s['corpus_by_source']}")
         if s["validity_rate"] is not None:
             lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")
@@ -839,6 +852,16 @@ def history_entry(step: int, metrics: dict) -> dict:
         value = metrics.get(tag)
         entry[key] = None if value is None or not np.isfinite(value) else float(value)
     return entry
+
+
+def heldout_changes(before: dict, after: dict) -> dict:
+    """Per held-out split, the paired change of greedy pass@1 between two evaluations with its task count and a
+    bootstrap 95 % interval over the tasks (compare.paired_delta); splits without per-task outcomes are left out."""
+    from selfplay.compare import paired_delta
+
+    b, a = before.get("per_task", {}), after.get("per_task", {})
+    return {split: paired_delta(b[split], a[split], "pass@1_greedy")
+            for split in sorted(set(b) & set(a)) if set(b[split]) & set(a[split])}
 
 
 def window_means(history: list[dict], n: int = SUMMARY_WINDOW) -> dict:

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from selfplay.loop import HISTORY, SUMMARY_WINDOW, history_entry, window_means
+from selfplay.loop import HISTORY, SUMMARY_WINDOW, heldout_changes, history_entry, window_means
 from selfplay.tb import read_scalars
 
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
@@ -43,6 +43,19 @@ def test_window_means_compare_the_first_and_last_iterations():
 
 
 @pytest.mark.slow
+def test_heldout_changes_are_paired_with_their_task_count_and_interval():
+    # per task [greedy solved, n, c]; split "a": 4 shared tasks, one more solved after; split "b" only before
+    before = {"per_task": {"a": {"t1": [0, 1, 0], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [0, 1, 0]},
+                           "b": {"t9": [1, 1, 1]}}}
+    after = {"per_task": {"a": {"t1": [1, 1, 1], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [0, 1, 0], "t5": [1, 1, 1]}}}
+    change = heldout_changes(before, after)
+    assert set(change) == {"a"}
+    a = change["a"]
+    assert a["tasks"] == 4 and a["before"] == 0.25 and a["after"] == 0.5 and a["delta"] == 0.25
+    lo, hi = a["ci95"]
+    assert 0.0 <= lo <= 0.25 <= hi <= 0.75  # one task of four changed: the interval spans 0 and 1/4 at least
+
+
 def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2")
@@ -57,3 +70,9 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
         assert summary[window]["n"] == 2
         assert summary[window]["solver_in_band"] == pytest.approx(sum(v for _, v in tags["solver/in_band_rate"]) / 2)
     assert "solver/in_band_rate" in proc.stdout and "mixer/share/generator" in proc.stdout
+    # the closing summary separates the warm start's time and gives each held-out change with its tasks and interval
+    assert summary["warmstart_seconds"] > 0 and summary["selfplay_seconds"] < summary["seconds"]
+    assert "warm start" in proc.stdout and "self-play" in proc.stdout
+    assert summary["heldout_change"] and all(c["tasks"] >= 1 and len(c["ci95"]) == 2
+                                             for c in summary["heldout_change"].values())
+    assert "95 % CI" in proc.stdout
