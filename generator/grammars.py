@@ -43,7 +43,7 @@ def mutation_grammar() -> str:
     return "\n".join([
         'root ::= "REF " digit "\\nEDIT " edit "\\nEND\\n"',
         'digit ::= [1-9]',
-        'edit ::= "const " digit " " assign | "key " digit " " key args | "expr " digit " " exprname args'
+        'edit ::= "const " digit " " constname "=" value | "key " digit " " key args | "expr " digit " " exprname args'
         ' | "order " digit | "type " input | "add " digit " " step | "set " digit " " step | "drop " digit'
         ' | "swap " digit " " digit | "splice " digit " " digit " " digit',
         f'input ::= {_alt(TRAIN_INPUTS)}',
@@ -51,6 +51,7 @@ def mutation_grammar() -> str:
                                                    if a != b),  # at most two constants, never one twice
         f'assign ::= argname "=" value',
         f'argname ::= {_alt(args)}',
+        f'constname ::= {_alt(args + ["k", "w"])}',  # const also sets K of take/top_k and W of window
         'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',
         'chars ::= "" | char | char char | char char char | char char char char | char char char char char char'
         ' | char char char char char char char char',
@@ -85,7 +86,9 @@ def free_grammar() -> str:
         'line ::= [^\\n]+',
         'body ::= ("    " line "\\n")+',
         'inputs ::= ("[" (json (", " json)*)? "]\\n")+',
-        'json ::= number | string | "[" (json (", " json)*)? "]" | "true" | "false" | "null"',
+        'json ::= number | string | "[" (json (", " json)*)? "]" | "{" (member (", " member)*)? "}" | "true"'
+        ' | "false" | "null"',
+        'member ::= string ": " json',
         'number ::= "-"? [0-9]+ ("." [0-9]+)?',
         'string ::= "\\"" [^"\\\\\\n]* "\\""',
     ]) + "\n"

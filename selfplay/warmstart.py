@@ -299,8 +299,19 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}")
     if ws.generator_probe > 0:
         report.update(probe_generator(cfg, generator, tasks, sb, corpus))
-        log(f"warm start: generator ({cfg.generator.format} format) on {ws.generator_probe} proposals: parse rate "
-            f"{report['generator_probe_parse_rate']:.3f}, validity rate {report['generator_probe_validity_rate']:.3f}")
+        mode = ", constrained" if generator.constraint is not None else ""
+        log(f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
+            f"rate {report['generator_probe_parse_rate']:.3f}, validity rate "
+            f"{report['generator_probe_validity_rate']:.3f}")
+        if generator.constraint is not None:  # the same weights and references without the grammar, for comparison
+            constraint, generator.constraint = generator.constraint, None
+            try:
+                free = probe_generator(cfg, generator, tasks, sb, corpus)
+            finally:
+                generator.constraint = constraint
+            report.update({k.replace("generator_probe_", "generator_probe_unconstrained_"): v for k, v in free.items()})
+            log(f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
+                f"validity rate {free['generator_probe_validity_rate']:.3f}")
     if ws.critic_steps > 0:
         report.update(critic_warm_start(cfg, solver, tasks, sb))
         log(f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "

@@ -1,6 +1,8 @@
 """Grammar-constrained decoding (generator.constrained): the sampler draws from the masked, renormalised
 distribution, and the trainer scores every token under the same mask (old, new, reference)."""
 
+import random
+
 import pytest
 import torch
 
@@ -123,3 +125,29 @@ def test_a_grammar_that_cannot_be_compiled_is_refused_naming_the_key(tok):
         compile_constraint(tok, "prose", 400)
     with pytest.raises(UserError, match="generator.constrained"):
         compile_grammar(object(), 'root ::= "a"', 400)  # not a tokenizer
+
+
+def test_every_warm_start_target_is_in_its_grammar(tok):
+    """The grammars are not tighter than the formats: the warm start's targets (procedural tasks in the free format,
+    drawn mutations) are all accepted, to their end."""
+    import xgrammar as xgr
+
+    from generator.agent import format_proposal
+    from generator.build import materialise, sample_params
+    from generator.mutation import choose_mutation_instruction, format_mutation, random_mutation
+
+    rng = random.Random(0)
+    tasks = [materialise(sample_params(rng, 1 + i % 4), "train") for i in range(60)]
+    mutations = []
+    for _ in range(120):
+        refs = rng.sample(tasks, 3)
+        found = random_mutation(rng, refs, choose_mutation_instruction(rng, refs))
+        if found is not None:
+            mutations.append(format_mutation(found[0]))
+    assert len(mutations) > 60
+    for fmt, texts in (("free", [format_proposal(t) for t in tasks]), ("mutation", mutations)):
+        compiled = compile_constraint(tok, fmt, len(tok)).compiled
+        for text in texts:
+            matcher = xgr.GrammarMatcher(compiled)
+            assert matcher.accept_string(text), (fmt, text)
+            assert matcher.accept_token(tok.eos_token_id) and matcher.is_terminated(), (fmt, text)
