@@ -51,7 +51,7 @@ class LMAgent:
         the key, a grammar that cannot be compiled for this tokenizer."""
         from selfplay.constrained import compile_constraint
 
-        vocab = policy_of(self.model).get_output_embeddings().weight.shape[0]
+        vocab = policy_of(self.model).config.vocab_size  # the logits' width (weights may be partitioned)
         self.constraint = compile_constraint(self.tokenizer, fmt, vocab, self.eos_ids)
 
     @property
