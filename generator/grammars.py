@@ -49,7 +49,7 @@ def mutation_grammar() -> str:
         f'input ::= {_alt(TRAIN_INPUTS)}',
         'args ::= "" | " " assign | ' + " | ".join(f'" {a}=" value " {b}=" value' for a in args for b in args
                                                    if a != b),  # at most two constants, never one twice
-        f'assign ::= argname "=" value',
+        'assign ::= argname "=" value',
         f'argname ::= {_alt(args)}',
         f'constname ::= {_alt(args + ["k", "w"])}',  # const also sets K of take/top_k and W of window
         'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',

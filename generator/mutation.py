@@ -315,7 +315,8 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
     if op == "const":
         if edit.name in step.get("args", {}):
             step["args"][edit.name] = edit.value
-        elif (edit.name == "k" and step["kind"] in ("take", "top_k")) or (edit.name == "w" and step["kind"] == "window"):
+        elif ((edit.name == "k" and step["kind"] in ("take", "top_k"))
+              or (edit.name == "w" and step["kind"] == "window")):
             step[edit.name] = edit.value
         else:
             names = sorted(step.get("args", {})) + (["k"] if step["kind"] in ("take", "top_k") else []) + (

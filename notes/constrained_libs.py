@@ -28,7 +28,7 @@ def mutation_regex() -> str:
         rules[name.strip()] = body.strip()
 
     def expand(body: str, depth: int = 0) -> str:
-        out, i = [], 0
+        out = []
         tokens = re.findall(r'"(?:[^"\\]|\\.)*"|\[[^\]]*\]|[A-Za-z_]+|[()|?*+]', body)
         for tok in tokens:
             if tok.startswith('"'):

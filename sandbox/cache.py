@@ -22,12 +22,12 @@ a re-run, never the cache's memory or disk): every bound is in bytes as well as 
 so a `get` always returns a fresh dict (callers cannot corrupt the cache by mutating a result) with
 `"cached": True`.
 
-What is cached (`put`'s rule): only deterministic outcomes, i.e. results whose `status` is in `CACHEABLE_STATUSES`
-(ok / error / timeout / memory / output_limit) and none of whose per-test outcomes (`value["tests"]`, for test
-reports) is "killed" or "sandbox_error". "killed" and "sandbox_error" may be the pool's doing (a recycled worker,
-a crash of our own code), so they are never stored. No stored status is the program's choice: every status is
-what the server observed (docs/sandbox.md), so a cached verdict is one a fresh run of the same program gives. Timeouts are cached under the limits in the key (a caller on an
-overloaded machine that distrusts its timeouts should not `put` them).
+What is cached (`put`'s rule): only deterministic outcomes, i.e. results whose `status` is in `CACHEABLE_STATUSES` (ok
+/ error / timeout / memory / output_limit) and none of whose per-test outcomes (`value["tests"]`, for test reports) is
+"killed" or "sandbox_error". "killed" and "sandbox_error" may be the pool's doing (a recycled worker, a crash of our
+own code), so they are never stored. No stored status is the program's choice: every status is what the server
+observed (docs/sandbox.md), so a cached verdict is one a fresh run of the same program gives. Timeouts are cached
+under the limits in the key (a caller on an overloaded machine that distrusts its timeouts should not `put` them).
 """
 
 from __future__ import annotations

@@ -76,8 +76,8 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   --wipe-ipc, those of the container's namespace): none is seen by the host, another pool or the next program;
 - no network: the server enters a new network namespace once at start (as root, or through an unprivileged
   user namespace); where neither is allowed, results say "network_isolated": false;
-- scrubbed environment (PATH, LANG, PYTHONHASHSEED, and HOME=TMPDIR=the work dir); stdin is /dev/null; stdout/stderr are captured up to
-  output_limit bytes together (more ends the program with status "output_limit");
+- scrubbed environment (PATH, LANG, PYTHONHASHSEED, and HOME=TMPDIR=the work dir); stdin is /dev/null;
+  stdout/stderr are captured up to output_limit bytes together (more ends the program with status "output_limit");
 - every descriptor except stdio (and, for tests, the result pipe) is closed before the program runs, so the
   program cannot reach the client connection;
 - it dies with the server (PR_SET_PDEATHSIG), and as root without --uid it drops every capability;
@@ -996,7 +996,8 @@ class _Child:
                  "pipes_closed", "job_closed")
 
     def __init__(self, pid: int, workdir: str, out_r: int, err_r: int, res_r: int, job_w: int):
-        self.pid, self.workdir, self.out_r, self.err_r, self.res_r, self.job_w = pid, workdir, out_r, err_r, res_r, job_w
+        self.pid, self.workdir = pid, workdir
+        self.out_r, self.err_r, self.res_r, self.job_w = out_r, err_r, res_r, job_w
         self.job_sent, self.job_failed = 0.0, False
         self.pidfd, self.pipes_closed, self.job_closed = None, False, False
 

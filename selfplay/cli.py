@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # key=value overrides may also follow a command's options (`selfplay compare --seeds 0 1 train.steps=5`)
-        if isinstance(getattr(args, "overrides", None), list) and all("=" in e and not e.startswith("-") for e in extra):
+        overrides_only = all("=" in e and not e.startswith("-") for e in extra)
+        if isinstance(getattr(args, "overrides", None), list) and overrides_only:
             args.overrides += extra
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

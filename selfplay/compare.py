@@ -139,7 +139,8 @@ def run_result(folder: Path, arm: str) -> dict:
             raise ValueError(f"{folder} has no held-out evaluation")
         step = max(map(int, evals))
         final = evals[str(step)]
-    heldout = {split: {m: res[m] for m in METRICS if m in res} for split, res in final.items() if split not in BREAKDOWNS}
+    heldout = {split: {m: res[m] for m in METRICS if m in res}
+               for split, res in final.items() if split not in BREAKDOWNS}
     later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
     by_level = (final.get("by_level") or later.get("by_level") or {}).get(TEST_SPLIT, {})
     # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
@@ -147,7 +148,8 @@ def run_result(folder: Path, arm: str) -> dict:
     curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
              for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
-            "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res} for lv, res in by_level.items()},
+            "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res}
+                              for lv, res in by_level.items()},
             "test_per_task": per_task, "test_curve": curve,
             "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
 

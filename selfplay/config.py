@@ -31,7 +31,7 @@ DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 class RunConfig:
     dir: str = "runs/tiny"  # run folder: checkpoints/, tb/, corpus.sqlite; resuming if it holds a checkpoint
     seed: int = 0  # global seed (python, numpy, torch, task generation)
-    torch_threads: int = 0  # torch intra-op threads per process (0 = torch's default); 1 helps when the sandbox shares cores
+    torch_threads: int = 0  # torch intra-op threads per process (0 = torch's default); 1 helps beside the sandbox
     keep_last: int = 3  # checkpoints kept (older step_N folders are removed after a new one is complete)
 
 
@@ -136,7 +136,7 @@ class DistributedConfig:
 @dataclass
 class WarmstartConfig:
     tasks: int = 6000  # procedural training tasks generated for behaviour cloning (levels 1..max_level)
-    max_level: int = 4  # highest level of those tasks (<= tasks.max_level); level 4's vague text teaches a tiny model little
+    max_level: int = 4  # highest level of those tasks (<= tasks.max_level); level 4's vague text teaches little
     # tasks of level 1, 2, ... each (replaces `tasks` and `max_level` when not empty), e.g. [100, 100, 1800]: levels 1
     # and 2 share the ~720 one-step programs, so fewer of them here leaves more fresh ones for train.fixed_source=fresh
     level_tasks: list[int] = field(default_factory=list)
@@ -162,9 +162,9 @@ class TrainConfig:
     samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
     proposals: int = 8  # generator proposals per iteration
     references: int = 2  # K reference tasks shown in each generator prompt
-    generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs: longer than a solution)
-    generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); the solver uses ppo.temperature
-    max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = hybrid actions (write/run/check/submit)
+    generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs)
+    generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); solver: ppo.temperature
+    max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
@@ -209,7 +209,8 @@ class Config:
     mixer: MixerConfig = field(default_factory=MixerConfig)  # adaptive difficulty mixer (selfplay/mixer.py)
     model: ModelConfig = field(default_factory=ModelConfig)  # model factory (selfplay/models.py)
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO trainer (selfplay/ppo.py, selfplay/rl.py)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # torch.distributed / DeepSpeed (selfplay/distributed.py)
+    # torch.distributed / DeepSpeed (selfplay/distributed.py)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # solver hybrid reward weights (solver/rewards.py)
     warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)  # behaviour cloning of both agents
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the task proposer (generator/)

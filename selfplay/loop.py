@@ -463,7 +463,8 @@ class SelfPlay:
                 found = [x for x in reserved if x.level == level][:share]
             elif t.fixed_source == "fresh":
                 found = generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed * 100_003 + 99_991,
-                                       sb=self.sb, corpus_index=self.corpus, cfg=BuildConfig.from_config(self.cfg.tasks))
+                                       sb=self.sb, corpus_index=self.corpus,
+                                       cfg=BuildConfig.from_config(self.cfg.tasks))
                 self.pending_tasks += found
             else:
                 found = self.corpus.query(split="train", source="procedural", level=level, order="random",
@@ -473,8 +474,8 @@ class SelfPlay:
                          f"not {share}; using those")
             tasks += found
         if len(tasks) < t.solver_tasks:
-            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, fewer than "
-                            f"train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
+            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, "
+                            f"fewer than train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
         write_tasks(path, tasks)
         self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
         self.fixed = tasks

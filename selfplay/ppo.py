@@ -72,7 +72,8 @@ def pad_rollouts(
             raise ValueError(f"rollout {b}: empty query or response (every response needs at least one token)")
         input_ids[b, : lengths[b]] = torch.tensor(list(q) + list(r), dtype=torch.long)
         attention_mask[b, : lengths[b]] = 1
-        rmask = torch.ones(len(r)) if response_masks is None else torch.as_tensor(response_masks[b], dtype=torch.float32)
+        rmask = (torch.ones(len(r)) if response_masks is None
+                 else torch.as_tensor(response_masks[b], dtype=torch.float32))
         action_mask[b, len(q) - 1 : lengths[b] - 1] = rmask
     return input_ids, attention_mask, action_mask
 

@@ -296,7 +296,8 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         report[f"{agent.name}_sft_loss_first"] = losses[0]
         report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
         report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
-        log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}")
+        log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> "
+            f"{report[agent.name + '_sft_loss_last']:.3f}")
     if ws.generator_probe > 0:
         report.update(probe_generator(cfg, generator, tasks, sb, corpus))
         mode = ", constrained" if generator.constraint is not None else ""

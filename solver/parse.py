@@ -1,9 +1,10 @@
 """Code extraction from a model's answer, robust to whatever the model wraps around its code.
 
-Accepted: fenced blocks (```python, ```py, ``` or ~~~; a closed block must parse whole, an unclosed one runs to
-the end and loses its partial tail; the block that defines the entry point wins, else the first block that parses), or bare code with prose before/after (the longest run of
-lines starting at a `def`/`import`/`class`/`from`/`@` line that parses, trimmed line by line from the end until it
-does, trailing bare words such as "Done" dropped), or truncated code (a trailing partial line or block is dropped).
+Accepted: fenced blocks (```python, ```py, ``` or ~~~; a closed block must parse whole, an unclosed one runs to the
+end and loses its partial tail; the block that defines the entry point wins, else the first block that parses), or
+bare code with prose before/after (the longest run of lines starting at a `def`/`import`/`class`/`from`/`@` line that
+parses, trimmed line by line from the end until it does, trailing bare words such as "Done" dropped), or truncated
+code (a trailing partial line or block is dropped).
 
 Never raises. The outcome is typed: `ParsedAnswer.status` is "ok" (code found and parses), "empty" (blank answer),
 "no_code" (nothing that looks like code) or "syntax_error" (code-like text that does not parse; `candidate` holds

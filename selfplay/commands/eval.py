@@ -39,7 +39,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature of the sampled answers (default: the run's eval.temperature; "
                              "another one is not logged to TensorBoard)")
     parser.add_argument("--seed", type=int,
-                        help="sampling seed (default: the run's run.seed; the same seed and weights give the same samples)")
+                        help="sampling seed (default: the run's run.seed; the same seed and weights give the same "
+                             "samples)")
 
 
 def suites_of(name: str) -> list[str]:

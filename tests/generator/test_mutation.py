@@ -29,8 +29,8 @@ numbers = st.integers(0, 99)
 
 
 def steps_strategy():
-    named = st.builds(lambda kind, e, a: {"kind": kind, "expr": e, "args": a}, st.sampled_from(["filter", "map", "sink"]),
-                      names, arg_dicts)
+    named = st.builds(lambda kind, e, a: {"kind": kind, "expr": e, "args": a},
+                      st.sampled_from(["filter", "map", "sink"]), names, arg_dicts)
     sort = st.builds(lambda k, a, d, i: {"kind": "sort", "key": k, "args": a, "desc": d, "in_place": i}, names,
                      arg_dicts, st.booleans(), st.booleans())
     top_k = st.builds(lambda key, a, k, big: {"kind": "top_k", "key": key, "args": a, "k": k, "largest": big}, names,

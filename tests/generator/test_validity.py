@@ -166,7 +166,9 @@ def test_static_checks_explain_themselves(task_pool):
 
 def test_tasks_that_trivial_programs_solve_are_rejected(task_sb, task_pool):
     task = task_pool[0]
-    identity = dataclasses.replace(task, id="", reference_solution=f"def {task.entry_point}({task.signature.split('(')[1].split(':')[0]}):\n    return {task.signature.split('(')[1].split(':')[0]}\n",
+    arg = task.signature.split('(')[1].split(':')[0]
+    identity = dataclasses.replace(task, id="",
+                                   reference_solution=f"def {task.entry_point}({arg}):\n    return {arg}\n",
                                    visible_tests=without_outputs(task.visible_tests),
                                    hidden_tests=without_outputs(task.hidden_tests))
     report = validate(identity, task_sb)

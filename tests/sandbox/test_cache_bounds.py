@@ -3,7 +3,6 @@ a wrong program's large outputs cost a re-run, not the trainer's memory or the r
 
 from __future__ import annotations
 
-import os
 
 from sandbox.cache import MAX_ENTRY_BYTES, ResultCache
 from sandbox_testlib import open_backend

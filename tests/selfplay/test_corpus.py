@@ -7,7 +7,6 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
@@ -145,7 +144,8 @@ def test_reserved_programs_are_duplicates_but_never_corpus_rows(tmp_path):
         assert all(c.get(t.id) is None for t in held_out)
         for probe, reason in ((make_task(100), "reserved: same id"),
                               (make_task(7, fingerprints={"ast": "a101", "behaviour": "x"}), "reserved: same program"),
-                              (make_task(8, fingerprints={"ast": "y", "behaviour": "b102"}), "reserved: same behaviour")):
+                              (make_task(8, fingerprints={"ast": "y", "behaviour": "b102"}),
+                               "reserved: same behaviour")):
             result = c.insert(probe)
             assert (result.inserted, result.reason) == (False, reason)
         assert c.find_duplicate("new", "a103", None) == "t000103"

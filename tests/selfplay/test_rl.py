@@ -133,7 +133,8 @@ def test_kl_controllers():
     ctl = rl.AdaptiveKLController(0.1, target=6.0, horizon=10_000)
     assert ctl.update(12.0, 100) == pytest.approx(0.1 * (1 + 0.2 * 100 / 10_000))  # error clipped at +0.2
     before = ctl.value
-    assert ctl.update(4.5, 100) == pytest.approx(before * (1 - 0.2 * 100 / 10_000))  # 4.5/6 - 1 = -0.25, clipped at -0.2
+    # 4.5/6 - 1 = -0.25, clipped at -0.2
+    assert ctl.update(4.5, 100) == pytest.approx(before * (1 - 0.2 * 100 / 10_000))
     ctl2 = rl.AdaptiveKLController(0.1, 6.0, 10_000)
     ctl2.load_state_dict(ctl.state_dict())
     assert ctl2.value == ctl.value

@@ -14,7 +14,8 @@ from solver.rewards import (
 )
 
 SIMPLE = "def f(xs):\n    return sorted(xs)\n"
-BRANCHY = ("def f(xs):\n    out = []\n    for x in xs:\n        if x > 0:\n            if x % 2:\n                out.append(x)\n"
+BRANCHY = ("def f(xs):\n    out = []\n    for x in xs:\n        if x > 0:\n            if x % 2:\n"
+           "                out.append(x)\n"
            "            elif x > 10:\n                out.append(-x)\n    return sorted(out)\n")
 
 
