@@ -1,5 +1,5 @@
 """What the solver gets wrong on the held-out `test` split: its greedy answers, each failure classified by how far
-its program is from the task's reference solution (session 6, notes/ppo_fixed.md).
+its program is from the task's reference solution (round 6, notes/ppo_fixed.md).
 
     python notes/failure_kinds.py runs/fixed/warmstart [runs/fixed_u/seed_0/fixed ...]
 

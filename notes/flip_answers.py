@@ -1,5 +1,5 @@
 """Greedy answers of two checkpoints on the held-out `test` tasks of one level that the first solves and the second
-does not: what a lost pass looks like (session 5, notes/ppo_fixed.md).
+does not: what a lost pass looks like (round 5, notes/ppo_fixed.md).
 
     python notes/flip_answers.py runs/fixed/warmstart runs/fixed_k/seed_0/fixed 1
 

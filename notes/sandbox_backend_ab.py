@@ -9,7 +9,7 @@ Debian's /usr/bin/python3.11 (the one the sandbox image runs), the Docker backen
 container and with 2, and the process backend with each server pinned to one core (what a 1-CPU container quota
 comes closest to).
 
-Session 5 (2-core VM, two PPO runs had just finished, load ~1 at the start; ms/program, median of 3 rounds):
+Round 5 (2-core VM, two PPO runs had just finished, load ~1 at the start; ms/program, median of 3 rounds):
 
     variant                       wall  machine CPU  client CPU
     process                       4.33         8.28        0.28

@@ -6,7 +6,7 @@ Each variant opens a pool of 2 fork servers and runs the bench's 478 programs (c
 round, 3 rounds interleaved; prints the median ms/program. Variants: the default (a uid per worker, a network
 namespace, private tmp mounts), without each of those, without all three, and with Debian's PGO-built
 /usr/bin/python3.11 as the servers' interpreter instead of this one (pyenv's 3.11.7, built --enable-shared without
-PGO). Session 4, idle 2-core VM: default 3.63, no uid 3.89, no netns 3.59, no private tmp 3.77, none of the three
+PGO). Round 4, idle 2-core VM: default 3.63, no uid 3.89, no netns 3.59, no private tmp 3.77, none of the three
 3.56, Debian's python 3.28 ms/program: the host-side isolation costs nothing measurable and the interpreter build
 ~10 %; neither explains the Docker backend's 2.80 ms in `selfplay bench sandbox` the same hour.
 """

@@ -1,5 +1,5 @@
 """Greedy pass@1 on a fixed-mode run's own training tasks beside the held-out `test` split, before and after RL:
-is a rise of the training pass rate a skill that transfers, or specific to the tasks trained on? (session 7)
+is a rise of the training pass rate a skill that transfers, or specific to the tasks trained on? (round 7)
 
     python notes/train_vs_heldout.py RUN_DIR WARMSTART_DIR [STEP]
 
