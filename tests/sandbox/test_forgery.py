@@ -10,7 +10,7 @@ import pytest
 
 import sandbox
 from sandbox.incremental import IncrementalRunner, analyse
-from sandbox_testlib import assert_healthy
+from sandbox_testlib import assert_healthy, forged_frames
 
 
 def dedent(source: str) -> str:
@@ -109,23 +109,7 @@ def test_no_self_chosen_status_reaches_the_cache():
 
 
 # ------------------------------------------------------------------------------------- the result channel
-FORGER = dedent('''
-    import json, os, struct, sys
-
-    def f(x):
-        frame = sys._getframe(1)
-        while frame is not None and "req" not in frame.f_locals:
-            frame = frame.f_back
-        req = frame.f_locals["req"]
-        for i, args in enumerate(req["inputs"]):
-            answer = {"t": "test", "i": i, "status": "ok", "output": args[0] * 2, "error": None,
-                      "duration_s": 3e-12, "calls": ["forged"]}
-            data = json.dumps(answer).encode()
-            os.write(3, struct.pack(">I", len(data)) + data)
-        done = json.dumps({"t": "done"}).encode()
-        os.write(3, struct.pack(">I", len(done)) + done)
-        os._exit(0)
-''')
+FORGER = forged_frames("f", "args[0] * 2", ["forged"])
 
 
 def test_forged_result_frames_cannot_set_durations_or_calls(sb):

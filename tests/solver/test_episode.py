@@ -11,6 +11,7 @@ from sandbox.incremental import IncrementalRunner
 from solver.episode import CodeEpisode, merge_module, parse_action
 from solver.prompts import answer_text
 from solver.rewards import RewardConfig
+from tests.sandbox.sandbox_testlib import forged_frames
 
 REF = "def solve(xs):\n    return sorted(xs)\n"
 
@@ -105,22 +106,7 @@ def test_efficiency_term_compares_runtimes_with_the_reference(sb, task):
     assert slow_ep.result.solved and slow_ep.result.terms["efficiency"] < 0.5 < fast_ep.result.terms["efficiency"]
 
 
-FORGED_FRAMES = '''import json, os, struct, sys
-
-def solve(xs):
-    frame = sys._getframe(1)
-    while frame is not None and "req" not in frame.f_locals:
-        frame = frame.f_back
-    req = frame.f_locals["req"]
-    for i, args in enumerate(req["inputs"]):
-        answer = {"t": "test", "i": i, "status": "ok", "output": sorted(args[0]), "error": None,
-                  "duration_s": 3e-12, "calls": None}
-        data = json.dumps(answer).encode()
-        os.write(3, struct.pack(">I", len(data)) + data)
-    done = json.dumps({"t": "done"}).encode()
-    os.write(3, struct.pack(">I", len(done)) + done)
-    os._exit(0)
-'''
+FORGED_FRAMES = forged_frames("solve", "sorted(args[0])", None)
 
 
 def test_forged_result_frames_earn_no_efficiency(sb, task):
