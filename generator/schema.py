@@ -1,6 +1,6 @@
 """The task record: one programming task, as stored in the corpus and exported as a dataset row.
 
-Fields follow the task record of docs/design.md. Every value is plain JSON (lists stand for tuples, dicts for
+Fields follow the task record of docs/architecture.md. Every value is plain JSON (lists stand for tuples, dicts for
 records), so a record round-trips through `to_json`/`from_json` unchanged. Test outputs are produced by running the
 reference solution in the sandbox (`generator.validity.validate` fills them in); a test whose "output" key is missing
 is "not yet computed".

@@ -1,4 +1,4 @@
-"""Held-out splits: which procedural tasks are for training and which test generalisation (docs/design.md).
+"""Held-out splits: which procedural tasks are for training and which test generalisation (docs/architecture.md).
 
     train                 input element types not held out, no held-out pair of steps, depth <= train_max_depth,
                           clean description

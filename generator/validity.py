@@ -1,4 +1,4 @@
-"""Validity checks (docs/design.md), shared by procedural and generator-proposed tasks.
+"""Validity checks (docs/architecture.md), shared by procedural and generator-proposed tasks.
 
 One function per check, each returning `CheckResult(passed, reason)`. `validate(task, sb, corpus_index)` runs
 them all and returns a `ValidationReport` whose `task` has its test outputs computed by the reference in the

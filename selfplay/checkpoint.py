@@ -1,7 +1,7 @@
 """Checkpoints: `RUN_DIR/checkpoints/step_N/` plus a `latest` marker, written so that a kill at any moment
 leaves either the previous complete checkpoint or the new one — never a half one that resume would trust.
 
-The order of a save (docs/design.md, run folder):
+The order of a save (docs/architecture.md, run folder):
 1. everything is written into `step_N.partial/` (models via `save_pretrained` or DeepSpeed, optimiser, mixer,
    RNG states, counters in `state.json`), each file flushed to disk;
 2. `step_N.partial/` is renamed to `step_N/` (atomic on one filesystem);

@@ -206,7 +206,7 @@ def per_task_outcomes(greedy: Sequence, sampled: Sequence) -> dict[str, list[int
 
 
 def heldout_scalars(results: dict) -> dict[str, float]:
-    """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (docs/design.md), the same
+    """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (docs/architecture.md), the same
     tags whether the loop or `selfplay eval` logs them."""
     return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split not in BREAKDOWNS
             for k, v in res.items() if isinstance(v, (int, float))}

@@ -19,10 +19,10 @@ One iteration (all sizes in the `train:` config section):
                          iteration (so iteration N sees every task of iterations < N, however the run was
                          checkpointed and resumed); the mixer observes solve rate, validity, diversity and KL and
                          adapts;
-7. logs                  TensorBoard scalars under the tags of docs/design.md, sample proposals and solutions as text.
+7. logs                  TensorBoard scalars (tags: docs/architecture.md), sample proposals and solutions as text.
 
-Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on the seed
-article's fixed level schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL at all: the
+Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on a fixed level
+schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL at all: the
 warm-started solver is only evaluated) — the two baselines of the research claim — and `fixed` (no generator: PPO
 on one fixed set of `fixed_tasks` corpus tasks at `fixed_levels`, chosen once and kept in RUN_DIR/fixed_tasks.jsonl,
 `solver_tasks` of them per iteration in a seeded order that depends only on the step; the plain RL setting of

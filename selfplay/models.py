@@ -51,7 +51,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, kind: str = "b
     """Train a small tokenizer on `texts` and wrap it as a `transformers` fast tokenizer (with a chat template).
 
     kind="bpe": byte-level BPE, any text round-trips exactly (no <unk>). kind="word": one token per
-    pre-tokenised piece seen in the corpus, <unk> for the rest (the feasibility point in docs/design.md).
+    pre-tokenised piece seen in the corpus, <unk> for the rest (the feasibility point in docs/architecture.md).
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast

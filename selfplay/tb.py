@@ -1,4 +1,4 @@
-"""TensorBoard logging for a run: scalars grouped by prefix (docs/design.md), text samples, hyperparameters.
+"""TensorBoard logging for a run: scalars grouped by prefix (docs/architecture.md), text samples, hyperparameters.
 
 Only rank 0 writes (`enabled=False` elsewhere turns every call into a no-op), so multi-rank runs produce one
 set of event files in `RUN_DIR/tb/`. Non-finite scalars are skipped rather than poisoning the plots.

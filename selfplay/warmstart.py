@@ -1,4 +1,4 @@
-"""Warm start of both agents by behaviour cloning (docs/design.md), the first stage of every run.
+"""Warm start of both agents by behaviour cloning (docs/architecture.md), the first stage of every run.
 
 1. procedural training tasks (levels 1..max) are generated, validated in the sandbox and stored in the corpus;
 2. the tokenizer and the tiny models are built from those texts (or a pretrained model is loaded: same path);

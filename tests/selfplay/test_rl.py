@@ -1,4 +1,4 @@
-"""The RL math against numbers computed by hand (the formulas of docs/design.md and docs/rl.md)."""
+"""The RL math against numbers computed by hand (the formulas of docs/architecture.md and docs/rl.md)."""
 
 import math
 
