@@ -1,7 +1,7 @@
 """Grammars of the generator's answers, for grammar-constrained decoding (`generator.constrained`).
 
 Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted literals, character classes, `?`, `*`,
-`+`); selfplay/constrained.py compiles it for the model's tokenizer. Nothing here imports torch.
+`+`); selfplay/rollout/constrained.py compiles it for the model's tokenizer. Nothing here imports torch.
 
 - `mutation_grammar()`: the exact three lines of generator/mutation.py (`REF n`, `EDIT ...`, `END`), with the edit
   kinds of `mutation.OPS`, the step kinds of the program grammar, and the names of the catalogue (every expression,

@@ -62,7 +62,7 @@ def walk(allowed_fn, advance_fn, steps: int, seed: int = 0) -> tuple[float, int]
 def bench_xgrammar(tok, grammar: str, vocab: int, eos: int, steps: int) -> dict:
     import xgrammar as xgr
 
-    from selfplay.constrained import unpack_bits
+    from selfplay.rollout.constrained import unpack_bits
 
     t0 = time.perf_counter()
     info = xgr.TokenizerInfo.from_huggingface(tok, vocab_size=vocab, stop_token_ids=[eos])

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import sandbox
 from generator.schema import Task
-from selfplay.commands.eval import config_of, load_solver
-from selfplay.rollout import prompt_options, solver_rollouts
+from selfplay.cli.eval import config_of, load_solver
+from selfplay.rollout.episodes import prompt_options, solver_rollouts
 from solver.parse import extract_code
 
 KINDS = ("solved", "syntax", "constant", "name", "other")

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import sandbox
 from generator.schema import Task
-from selfplay.commands.eval import config_of, load_solver
-from selfplay.rollout import prompt_options, solver_rollouts
+from selfplay.cli.eval import config_of, load_solver
+from selfplay.rollout.episodes import prompt_options, solver_rollouts
 from solver.prompts import task_prompt
 
 

@@ -5,11 +5,11 @@ before and after more SFT? Run from the repo root after `selfplay compare ... --
 """
 import random, time, torch, sys
 from pathlib import Path
-from selfplay.config import load_config
-from selfplay.corpus import Corpus
-from selfplay.agent import LMAgent, load_agent_parts
-from selfplay.warmstart import generator_examples, tokenize_pairs
-from selfplay.sft import sft
+from selfplay.runtime.config import load_config
+from selfplay.data.corpus import Corpus
+from selfplay.models.agent import LMAgent, load_agent_parts
+from selfplay.train.warmstart import generator_examples, tokenize_pairs
+from selfplay.rl.sft import sft
 from generator.agent import build_prompt, parse_proposal, ProposalError
 torch.set_num_threads(1)
 cfg = load_config("configs/tiny.yaml", [])

@@ -13,7 +13,7 @@ pass@1, sampled pass@1 and "any" (pass@n: solved by at least one of the n sample
 the warm start evaluated with the same sampling seed, read from WARMSTART/../ws_seed{k}.json (`selfplay eval
 WARMSTART --suite heldout --seed k --json ...`; seed 0 is the warm start's own evaluation), so the sampled changes
 are on common random numbers. The pooled line averages each task's change over the runs, then bootstraps over tasks
-(`selfplay.compare.paired_delta`'s method): it covers task sampling, with seed-to-seed variation averaged in; the
+(`selfplay.eval.compare.paired_delta`'s method): it covers task sampling, with seed-to-seed variation averaged in; the
 spread over seeds is printed beside it. With PLOT=OUT.png: each run's training pass rate (TensorBoard
 `solver/pass_rate`, 10-iteration mean) beside its held-out greedy pass@1 on levels 1-2 at every evaluation up to
 STEP. With AGAINST="RUN ...": each run is paired with the control run of its seed at the same STEP instead of the
@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
-from selfplay.compare import bootstrap_ci95, outcome_value
-from selfplay.evaluate import read_tasks
+from selfplay.eval.compare import bootstrap_ci95, outcome_value
+from selfplay.eval.evaluate import read_tasks
 
 METRICS = (("greedy", "pass@1_greedy"), ("sampled", "pass@1"), ("any", "pass@n"))
 SUBSETS = (("levels 1-2", {1, 2}), ("level 3", {3}), ("all", {1, 2, 3, 4}))
@@ -113,7 +113,7 @@ def main(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (),
         for subset, keep in groups:
             ids = [i for i in before if i in keep]
             cells = []
-            for name, metric in METRICS:  # paired over tasks, bootstrapped as selfplay.compare.paired_delta does
+            for name, metric in METRICS:  # paired over tasks, bootstrapped as selfplay.eval.compare.paired_delta does
                 b = np.array([value(before[i], metric) for i in ids])
                 a = np.array([value(after[i], metric) for i in ids])
                 lo, hi = bootstrap_ci95(a - b)
@@ -174,7 +174,7 @@ def plot(warmstart: Path, step: int, runs: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from selfplay.tb import read_scalars
+    from selfplay.runtime.tb import read_scalars
 
     levels = heldout_levels(warmstart)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))

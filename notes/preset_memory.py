@@ -1,5 +1,5 @@
 """Memory and speed of one PPO update micro-batch for the model shapes of the GPU presets (configs/gpu_*.yaml),
-measured through the PPO trainer itself (selfplay.ppo.PPOTrainer, in the update's own mode: evaluation mode with
+measured through the PPO trainer itself (selfplay.rl.ppo.PPOTrainer, in the update's own mode: evaluation mode with
 gradient checkpointing active where it is enabled, as `model.gradient_checkpointing` does in a run).
 
 The weights are random (Qwen2.5-Coder's architecture and sizes, built from a config: nothing is downloaded), so the
@@ -27,9 +27,9 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from selfplay.config import PPOConfig
-from selfplay.models import ActorCritic
-from selfplay.ppo import PPOTrainer
+from selfplay.runtime.config import PPOConfig
+from selfplay.models.factory import ActorCritic
+from selfplay.rl.ppo import PPOTrainer
 
 SHAPES = {
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from selfplay.tb import read_scalars
+from selfplay.runtime.tb import read_scalars
 
 PANELS = [("solver/pass_rate", "solver pass rate (training batch)"), ("solver/reward_mean", "solver reward"),
           ("ppo/solver/kl", "KL to the reference, per token"), ("ppo/solver/entropy", "entropy, per token"),

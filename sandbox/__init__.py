@@ -55,7 +55,7 @@ Trusted checks (`sb.run_check(module, entry_point, check_code)`, HumanEval's for
 check(candidate)): the check code runs in a checker process, never next to the program; the module is loaded
 in a process of its own that only answers calls (candidate(...) and any module function the check code names)
 with values; "ok" means check(entry_point) returned. The program can fail its check (exit, die, raise, hang,
-kill the checker) but no byte it writes can pass it. `selfplay.evaluate.grade_humaneval` grades this way.
+kill the checker) but no byte it writes can pass it. `selfplay.eval.evaluate.grade_humaneval` grades this way.
 
 Isolation model of the process backend (details in sandbox/forkserver.py)
     - each worker is a small fork server (not a fork of the trainer) that preloads common modules; one forked

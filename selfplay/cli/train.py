@@ -1,0 +1,34 @@
+"""`selfplay train [CONFIG] [key=value ...]`: self-play, resuming when run.dir holds a checkpoint."""
+
+from __future__ import annotations
+
+from selfplay.runtime.errors import UserError
+
+
+def configure(parser) -> None:
+    parser.add_argument("config", nargs="?", default=None,
+                        help="YAML config (default configs/tiny.yaml); key=value overrides may follow")
+    parser.add_argument("overrides", nargs="*", help="config overrides, e.g. run.dir=runs/x train.steps=50")
+
+
+def split_args(args) -> tuple[str | None, list[str]]:
+    """`selfplay train run.dir=x` has no config file: the first word is an override."""
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config and not config.endswith((".yaml", ".yml")):
+        config, overrides = None, [config] + overrides
+    return config, overrides
+
+
+def run(args) -> int:
+    from selfplay.runtime.config import load_config
+
+    config, overrides = split_args(args)
+    cfg = load_config(config, overrides)
+    from selfplay.train.loop import train
+
+    summary = train(cfg)
+    if summary.get("stopped"):
+        return 0
+    if summary["steps"] < cfg.train.steps:
+        raise UserError(f"run stopped at step {summary['steps']} of {cfg.train.steps}")
+    return 0

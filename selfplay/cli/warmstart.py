@@ -1,0 +1,29 @@
+"""`selfplay warmstart [CONFIG] [key=value ...]`: build and behaviour-clone both agents; writes step_0."""
+
+from __future__ import annotations
+
+from selfplay.cli.train import configure, split_args  # same arguments as train
+
+__all__ = ["configure", "run"]
+
+
+def run(args) -> int:
+    from selfplay.runtime.config import load_config
+    from selfplay.eval.evaluate import BREAKDOWNS
+    from selfplay.train.loop import SelfPlay
+
+    config, overrides = split_args(args)
+    cfg = load_config(config, overrides)
+    loop = SelfPlay(cfg)
+    try:
+        if loop.ckpt.latest_checkpoint() is not None:
+            print(f"{cfg.run.dir} already holds a checkpoint ({loop.ckpt.latest_checkpoint().name}); nothing to do")
+            return 0
+        loop.setup()
+        before = loop.evals.get("0", {})
+        for split, res in before.items():
+            if split not in BREAKDOWNS:
+                print(f"  held-out {split:<22} greedy pass@1 {res.get('pass@1_greedy', float('nan')):.3f}")
+    finally:
+        loop.close()
+    return 0

@@ -1,1 +1,0 @@
-"""One module per `selfplay` sub-command (see selfplay/cli.py)."""

@@ -1,0 +1,396 @@
+"""The research claim, measured: self-play against warm start only and against a fixed procedural curriculum.
+
+    selfplay compare                                       # configs/tiny.yaml, seeds 0 1 2, into runs/compare
+    selfplay compare configs/tiny.yaml --seeds 0 1 2 --out runs/compare train.steps=30
+
+Per seed, one warm start (`OUT/seed_S/warmstart`: procedural corpus, tokenizer, both agents behaviour-cloned, the
+held-out suite drawn and evaluated), or with `--shared-warmstart` one for all seeds (`OUT/warmstart`, made with the
+first seed: the seeds then vary only the RL phase, and the warm-start arm has no spread). Each RL arm starts from a
+copy of that folder, so the arms of one seed differ only in what happens after the warm start:
+
+    warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
+    curriculum   PPO on procedural tasks only, on a fixed level schedule (`train.mode=curriculum`)
+    selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
+    fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
+
+Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
+`train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
+for its generator on top. Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this
+command skips whatever is already done, so killing and restarting it loses at most the run in progress.
+
+Results (OUT/results.json, OUT/results.md, OUT/compare.png): per arm and held-out split, the mean and the sample
+standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed values, and per RL arm the curves
+that explain them (held-out test pass@1 at each evaluation, solver pass rate on its training batch, generator
+validity, the mixer's level). Where the warm start's evaluation has per-task outcomes, each RL run's change on the
+test split is also given paired over its tasks (`paired_delta`: the same tasks before and after, with a bootstrap
+95 % interval), which separates a real gain from the luck of which tasks were drawn. The per-task outcomes come from
+`selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
+per task lower the noise), else from the run's own evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
+
+ARMS = ("warmstart", "curriculum", "selfplay", "fixed")
+METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
+# what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
+COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl", "reserved_tasks.jsonl")
+
+
+SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)
+
+
+def run_folder(out: Path, seed: int, arm: str) -> Path:
+    """OUT/seed_S/ARM; the warm start of every seed is OUT/warmstart when the comparison shares one."""
+    if arm == "warmstart" and (out / SHARED_WARMSTART).exists():
+        return out / SHARED_WARMSTART
+    return out / f"seed_{seed}" / arm
+
+
+def _selfplay(args: Sequence[str], log_path: Path) -> None:
+    """One `selfplay` sub-process (a fresh interpreter per run), its output appended to log_path."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write(f"$ selfplay {' '.join(args)}\n")
+        log.flush()
+        proc = subprocess.run([sys.executable, "-m", "selfplay", *args], stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"selfplay {' '.join(args)} exited {proc.returncode}; see {log_path}")
+
+
+def _copy_warm_start(warm: Path, dst: Path) -> None:
+    """An arm's run folder: the warm start's checkpoint, models, corpus and held-out tasks (SQLite's WAL files too)."""
+    tmp = dst.with_name(dst.name + ".copying")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in COPIED:
+        src = warm / name
+        if src.is_dir():
+            shutil.copytree(src, tmp / name)
+        elif src.exists():
+            shutil.copy2(src, tmp / name)
+            for extra in warm.glob(name + "-*"):  # corpus.sqlite-wal / -shm
+                shutil.copy2(extra, tmp / extra.name)
+    tmp.rename(dst)
+
+
+def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
+            log=print, shared_warmstart: bool = False) -> dict:
+    """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results."""
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown:
+        raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+    base = ([config] if config else []) + list(overrides)
+    t0 = time.perf_counter()
+    for seed in seeds:
+        warm = out / SHARED_WARMSTART if shared_warmstart else run_folder(out, seed, "warmstart")
+        if not (warm / "checkpoints" / "latest").exists():
+            log(f"seed {seed}: warm start -> {warm}")
+            _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"],
+                      out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
+        for arm in arms:
+            if arm == "warmstart":
+                continue
+            folder = run_folder(out, seed, arm)
+            if (folder / "summary.json").exists():
+                continue
+            if not folder.exists():
+                _copy_warm_start(warm, folder)
+            log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
+            _selfplay(["train", *base, f"run.dir={folder}", f"run.seed={seed}", f"train.mode={arm}"],
+                      out / "logs" / f"seed_{seed}_{arm}.log")
+    results = collect(out, seeds, arms)
+    write_report(results, out)
+    return results
+
+
+# ---- results ----------------------------------------------------------------------------------------------------
+def _final_state(folder: Path) -> dict:
+    from selfplay.runtime.checkpoint import CheckpointManager
+
+    ckpt = CheckpointManager(folder)
+    latest = ckpt.latest_checkpoint()
+    if latest is None:
+        raise FileNotFoundError(f"{folder} holds no checkpoint")
+    return ckpt.load_state(latest)
+
+
+def run_result(folder: Path, arm: str) -> dict:
+    """{"heldout": {split: {metric: value}}, "test_by_level": {level: {metric: value}}, "history": [...],
+    "seconds": s} of one finished run."""
+    state = _final_state(folder)
+    evals = state.get("evals") or {}
+    if arm == "warmstart":
+        step, final = 0, state.get("eval_before") or evals.get("0", {})
+    else:
+        if not evals:
+            raise ValueError(f"{folder} has no held-out evaluation")
+        step = max(map(int, evals))
+        final = evals[str(step)]
+    heldout = {split: {m: res[m] for m in METRICS if m in res}
+               for split, res in final.items() if split not in BREAKDOWNS}
+    later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
+    by_level = (final.get("by_level") or later.get("by_level") or {}).get(TEST_SPLIT, {})
+    # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
+    per_task = (later.get("per_task") or final.get("per_task") or {}).get(TEST_SPLIT, {})
+    curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
+             for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
+    return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
+            "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res}
+                              for lv, res in by_level.items()},
+            "test_per_task": per_task, "test_curve": curve,
+            "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
+
+
+def _eval_json(folder: Path, step: int) -> dict:
+    """The held-out results `selfplay eval` wrote for `step` (RUN/eval/step_S.json), or {} (older runs' in-loop
+    evaluations have no per-level breakdown; `selfplay eval RUN --suite heldout` adds one)."""
+    path = folder / "eval" / f"step_{step}.json"
+    if not path.exists():
+        return {}
+    return json.loads(path.read_text()).get("heldout") or {}
+
+
+COST_TAGS = ("time/", "perf/", "sandbox/")  # where an iteration's time goes (TensorBoard tags)
+
+
+def per_iteration(folder: Path, state: dict) -> dict[str, float]:
+    """Median over iterations of each time/, perf/ and sandbox/ scalar of a run, plus solver episodes per second
+    of rollout time (`state`: the run's final checkpoint state, for its config)."""
+    from selfplay.runtime.tb import read_scalars
+
+    scalars = read_scalars(folder)
+    out = {tag: statistics.median(v for _, v in series) for tag, series in scalars.items()
+           if tag.startswith(COST_TAGS) and series}
+    train = (state.get("config") or {}).get("train", {})
+    if "time/rollout_s" in out and train:
+        episodes = train["solver_tasks"] * train["samples_per_task"]
+        out["perf/solver_episodes_per_rollout_s"] = episodes / max(1e-9, out["time/rollout_s"])
+    return out
+
+
+def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
+    runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
+    paired = {arm: {seed: paired_groups(warm[seed]["test_per_task"], run["test_per_task"],
+                                        _task_levels(run_folder(out, int(seed), "warmstart")))
+                    for seed, run in by_seed.items() if warm[seed]["test_per_task"] and run["test_per_task"]}
+              for arm, by_seed in runs.items() if arm != "warmstart"}
+    return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
+            "summary_test_by_level": summarize(runs, "test_by_level"),
+            "paired_test": {arm: v for arm, v in paired.items() if v}}
+
+
+def _task_levels(folder: Path) -> dict[str, int]:
+    """{task_id: level} of a run's held-out tasks (RUN/heldout.jsonl)."""
+    path = folder / "heldout.jsonl"
+    if not path.exists():
+        return {}
+    return {d["id"]: d["level"] for d in map(json.loads, path.read_text().splitlines()) if d}
+
+
+def paired_groups(before: dict, after: dict, levels: dict[str, int]) -> dict:
+    """{"all" | "level_L": {metric: paired_delta}}: the whole test split, then each level of it."""
+    groups = {"all": sorted(set(before) & set(after))}
+    for task_id in groups["all"]:
+        if task_id in levels:
+            groups.setdefault(f"level_{levels[task_id]}", []).append(task_id)
+    return {name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m) for m in METRICS}
+            for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
+
+
+def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
+    """The change of `metric` between two evaluations, paired over the tasks both saw.
+
+    `before`/`after`: {task_id: [greedy solved, n, c]} (evaluate.per_task_outcomes). Per task the value is the
+    greedy outcome (metric "pass@1_greedy") or the sampled solve share c/n ("pass@1", the unbiased pass@1). Returns
+    the means, their difference and a percentile bootstrap 95 % interval of it (tasks resampled with replacement,
+    `n_boot` times, seeded). The interval covers task sampling only: the evaluation's own sampling noise is in the
+    per-task values, and a second seed of the training run is a separate question."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    ids = sorted(set(before) & set(after))
+    if not ids:
+        raise ValueError("the two evaluations share no task")
+    b = np.array([outcome_value(before[i], metric) for i in ids])
+    a = np.array([outcome_value(after[i], metric) for i in ids])
+    diff = a - b
+    return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
+            "ci95": bootstrap_ci95(diff, n_boot, seed)}
+
+
+def outcome_value(row, metric: str) -> float:
+    """One task's value in a per-task row [greedy solved, n, c]: the greedy outcome or the sampled share c/n."""
+    return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
+
+
+def bootstrap_ci95(values, n_boot: int = 4000, seed: int = 0) -> list[float]:
+    """Percentile bootstrap 95 % interval of the mean of `values` (resampled with replacement, seeded)."""
+    values = np.asarray(values, dtype=float)
+    boot = np.random.default_rng(seed).choice(values, size=(n_boot, len(values)), replace=True).mean(axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return [float(lo), float(hi)]
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    values = list(values)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def summarize(runs: dict, key: str = "heldout") -> dict:
+    """{arm: {split: {metric: {"mean", "sd", "values"}}}} over seeds (key="test_by_level": levels of the test split
+    instead of splits)."""
+    out: dict = {}
+    for arm, by_seed in runs.items():
+        splits = sorted({s for r in by_seed.values() for s in r.get(key, {})})
+        for split in splits:
+            for metric in METRICS:
+                values = [r[key][split][metric] for r in by_seed.values()
+                          if metric in r.get(key, {}).get(split, {})]
+                if values:
+                    mean, sd = mean_sd(values)
+                    out.setdefault(arm, {}).setdefault(split, {})[metric] = {"mean": mean, "sd": sd, "values": values}
+    return out
+
+
+def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: str = "summary") -> str:
+    """Rows: arms; columns: held-out splits (or the test split's levels); cells: mean ± sd over seeds."""
+    summary = results.get(summary_key) or {}
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
+    what = "" if summary_key == "summary" else ", test split by level"
+    lines = [f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
+             "|---|" + "---|" * len(splits)]
+    for arm in results["arms"]:
+        cells = []
+        for split in splits:
+            cell = summary.get(arm, {}).get(split, {}).get(metric)
+            cells.append(f"{cell['mean']:.3f} ± {cell['sd']:.3f}" if cell else "n/a")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+COST_COLUMNS = ("time/generator_s", "time/rollout_s", "time/sandbox_s", "time/solver_update_s", "time/update_s",
+                "perf/solver_gen_tokens_per_s", "perf/solver_update_tokens_per_s",
+                "perf/solver_episodes_per_rollout_s")
+
+
+def cost_table(results: dict) -> str:
+    """Per RL arm: the median over seeds of each run's median per-iteration cost (seconds, tokens/s, episodes/s)."""
+    lines = ["| arm | " + " | ".join(c.split("/", 1)[1] for c in COST_COLUMNS) + " |",
+             "|---|" + "---|" * len(COST_COLUMNS)]
+    for arm in results["arms"]:
+        runs = [r.get("per_iteration") or {} for r in results["runs"][arm].values()]
+        if not any(runs):
+            continue
+        cells = []
+        for col in COST_COLUMNS:
+            values = [r[col] for r in runs if col in r]
+            cells.append(f"{statistics.median(values):.1f}" if values else "n/a")
+        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(results: dict) -> str:
+    """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`), for the
+    whole split and each of its levels."""
+    lines = ["Test split against the warm start, paired over tasks (bootstrap 95 % interval over tasks):", "",
+             "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
+    for arm, by_seed in results["paired_test"].items():
+        for seed, by_group in by_seed.items():
+            for group, by_metric in by_group.items():
+                for metric, d in by_metric.items():
+                    what = metric if group == "all" else f"{metric}, {group}"
+                    lines.append(f"| {arm} | {seed} | {d['tasks']} | {what} | {d['before']:.3f} | {d['after']:.3f} | "
+                                 f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+    return "\n".join(lines)
+
+
+def write_report(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
+    tables = [markdown_table(results, m) for m in METRICS]
+    if results.get("summary_test_by_level"):
+        tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
+    if results.get("paired_test"):
+        tables.append(paired_table(results))
+    tables.append("Per iteration (medians):\n\n" + cost_table(results))
+    (out / "results.md").write_text("\n\n".join(tables) + "\n")
+    plot(results, out / "compare.png")
+
+
+def plot(results: dict, path: Path) -> Path:
+    """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
+    Then, per RL arm and seed over iterations: the test split's greedy (o) and sampled (x) pass@1 at each held-out
+    evaluation, the solver's pass rate on its training batch, the procedural level (the curriculum's schedule or
+    the mixer's choice), the generator's validity rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary, arms = results["summary"], results["arms"]
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
+    fig, axes = plt.subplots(1, 5, figsize=(27, 4.5))
+    ax = axes[0]
+    width = 0.8 / max(1, len(arms))
+    for i, arm in enumerate(arms):
+        xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(splits))]
+        cells = [summary.get(arm, {}).get(s, {}).get("pass@1_greedy") for s in splits]
+        ax.bar(xs, [c["mean"] if c else 0 for c in cells], width, label=arm,
+               yerr=[c["sd"] if c else 0 for c in cells], capsize=3, alpha=0.8)
+        for x, c in zip(xs, cells):
+            if c:
+                ax.plot([x] * len(c["values"]), c["values"], "k.", markersize=4)
+    ax.set_xticks(range(len(splits)))
+    ax.set_xticklabels(splits, rotation=20)
+    ax.set_ylabel("greedy pass@1 (mean ± sd over seeds)")
+    ax.set_title("held-out pass@1 after training")
+    ax.legend()
+    ax = axes[1]
+    for arm in arms:
+        for seed, run in results["runs"][arm].items():
+            curve = run.get("test_curve") or {}
+            for metric, marker in (("pass@1_greedy", "o"), ("pass@1", "x")):
+                pts = [(int(k), v[metric]) for k, v in curve.items() if metric in v]
+                if pts:
+                    ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
+                            linestyle=("-", "--", ":", "-.")[int(seed) % 4], label=f"{arm} s{seed} {metric}")
+    ax.set_title("held-out test pass@1 at each evaluation")
+    ax.set_xlabel("iteration")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    for ax, key, title in ((axes[2], "solve_rate", "solver pass rate on its training batch"),
+                           (axes[3], "level", "procedural level"),
+                           (axes[4], "validity", "generator validity rate")):
+        drawn = False
+        for arm in arms:
+            for seed, run in results["runs"][arm].items():
+                pts = [(h["step"], h[key]) for h in run["history"] if h.get(key) is not None]
+                if pts:
+                    ax.plot(*zip(*pts), label=f"{arm} s{seed}", alpha=0.7,
+                            color=f"C{arms.index(arm)}", linestyle=("-", "--", ":", "-.")[int(seed) % 4])
+                    drawn = True
+        ax.set_title(title)
+        ax.set_xlabel("iteration")
+        if drawn:
+            ax.legend(fontsize=7)
+        else:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,202 @@
+"""One trainable LLM agent (the solver or the generator): policy + value head, frozen reference, tokenizer,
+optimiser or DeepSpeed engine, PPO trainer — and the few things the loop does with it: turn chat messages into
+token ids, sample answers, run a PPO update, save and load.
+
+Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
+    policy in HF `save_pretrained` format (loadable alone by `selfplay eval` or any HF code), `value_head.pt`,
+    tokenizer files, `reference/` (the frozen KL anchor), `trainer.pt` (PPO counters, KL controller, RNG),
+    and either `optimizer.pt` (plain torch) or `deepspeed/` (a DeepSpeed checkpoint, engine + optimiser shards).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from selfplay.models.factory import ActorCritic, _dtype, ensure_chat_template, frozen_copy
+from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
+
+
+@dataclass
+class Answer:
+    """A sampled answer: the prompt ids, the answer ids (eos included when it finished), the decoded text."""
+
+    prompt: list[int]
+    tokens: list[int]
+    text: str
+    finished: bool
+    allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each answer token
+
+
+class LMAgent:
+    def __init__(self, name: str, model: ActorCritic, reference, tokenizer, ppo_cfg, *, wrap=None, seed: int = 0):
+        """`wrap(model) -> (model_or_engine, optimizer_or_None)` puts the model under DeepSpeed/DDP (see
+        selfplay.runtime.distributed.wrap_model); without it a plain AdamW is used."""
+        self.name, self.tokenizer, self.cfg = name, tokenizer, ppo_cfg
+        self.reference = reference
+        self.module = model  # the ActorCritic itself (engines and DDP wrap it)
+        self.model, optimizer = wrap(model) if wrap is not None else (model, None)
+        self.trainer = PPOTrainer(self.model, reference, ppo_cfg, optimizer, pad_token_id=tokenizer.pad_token_id,
+                                  seed=seed)
+        self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
+                                                        if "<|end|>" in tokenizer.get_vocab() else [])})
+        self.constraint = None  # a compiled grammar (selfplay.rollout.constrained): sample() then decodes under it
+
+    def constrain(self, fmt: str) -> None:
+        """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
+        the key, a grammar that cannot be compiled for this tokenizer."""
+        from selfplay.rollout.constrained import compile_constraint
+
+        vocab = policy_of(self.model).config.vocab_size  # the logits' width (weights may be partitioned)
+        self.constraint = compile_constraint(self.tokenizer, fmt, vocab, self.eos_ids)
+
+    @property
+    def zero3(self) -> bool:
+        """ZeRO-3 partitions parameters: every rank must take part in each generation step."""
+        return is_deepspeed_engine(self.model) and self.model.zero_optimization_stage() == 3
+
+    @property
+    def max_positions(self) -> int | None:
+        """Longest sequence the model can take (prompt + answer), if its config says."""
+        config = policy_of(self.model).config
+        return getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+
+    # ---- text <-> ids ---------------------------------------------------------------------------------
+    def chat_ids(self, user: str, max_prompt_tokens: int | None = None) -> list[int]:
+        """The user message through the chat template, with the generation prompt. Prompts longer than
+        `max_prompt_tokens` (default: what leaves room for `max_new_tokens` in the model) lose their start."""
+        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False)
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        if self.max_positions is not None:
+            room = self.max_positions - self.cfg.max_new_tokens
+            max_prompt_tokens = room if max_prompt_tokens is None else min(max_prompt_tokens, room)
+        if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+            ids = ids[-max_prompt_tokens:]  # keep the end: the instruction and the generation prompt
+        return ids
+
+    def observation_ids(self, text: str) -> list[int]:
+        """Tokens of a user message inserted between two assistant turns (an observation), followed by the
+        assistant generation prompt: the chat template's rendering of that message in context, whatever the
+        template (some add a default system prompt to a conversation's first message only)."""
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
+        before = self.tokenizer.apply_chat_template(base, tokenize=False)
+        after = self.tokenizer.apply_chat_template(base + [{"role": "user", "content": text}], tokenize=False,
+                                                   add_generation_prompt=True)
+        delta = after[len(before):] if after.startswith(before) else after
+        return list(self.tokenizer(delta, add_special_tokens=False)["input_ids"])
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode([t for t in tokens if t not in self.eos_ids], skip_special_tokens=True)
+
+    # ---- sampling -------------------------------------------------------------------------------------
+    def sample(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
+               batch_size: int = 64) -> list[Answer]:
+        """One answer per prompt (repeat a prompt for k samples), batched."""
+        out: list[Answer] = []
+        max_new = max_new_tokens or self.cfg.max_new_tokens
+        limit = self.max_positions
+        if limit is not None and any(len(p) >= limit for p in prompts):
+            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
+                             f"{limit} positions")
+        for i in range(0, len(prompts), batch_size):
+            chunk = [list(p) for p in prompts[i: i + batch_size]]
+            room = max_new if limit is None else max(1, min(max_new, limit - max(len(p) for p in chunk)))
+            samples: list[Sample] = generate(
+                self.model, chunk, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
+                max_new_tokens=room, temperature=self.cfg.temperature, top_k=self.cfg.top_k, top_p=self.cfg.top_p,
+                do_sample=not greedy, synced_gpus=self.zero3, constraint=self.constraint)
+            for p, s in zip(chunk, samples):
+                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished, s.allowed))
+        return out
+
+    # ---- learning -------------------------------------------------------------------------------------
+    def set_learning_rate(self, lr: float) -> None:
+        """The base learning rate of every parameter group (`update` multiplies it by its lr_scale). Called after
+        loading a checkpoint: the optimiser state restores the learning rate it was saved with, and a run's
+        configured one must win (`ppo.lr`, `train.generator_lr_scale`)."""
+        for group in self.trainer.optimizer.param_groups if self.trainer.optimizer is not None else []:
+            group["lr"] = group["base_lr"] = float(lr)
+
+    def update(self, answers: Sequence, scores: Sequence[float], lr_scale: float = 1.0,
+               masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None,
+               groups: Sequence | None = None) -> dict:
+        """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;
+        `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
+        `replay`: past successes (selfplay.rl.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef);
+        `groups`: the task of each answer (the leave-one-out baseline of ppo.advantage=rloo)."""
+        for group in self.trainer.optimizer.param_groups:
+            group.setdefault("base_lr", group["lr"])
+            group["lr"] = group["base_lr"] * lr_scale
+        replayed = None
+        if replay:
+            replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
+                        [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
+        allowed = [getattr(a, "allowed", None) for a in answers]  # the grammar's masks, when answers were constrained
+        return self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
+                                 response_masks=masks, replay=replayed, groups=groups,
+                                 allowed=allowed if any(x is not None for x in allowed) else None)
+
+    # ---- checkpoints ----------------------------------------------------------------------------------
+    def save(self, folder: Path, write_hf: bool = True) -> None:
+        """Everything needed to resume (collective under DeepSpeed: call on every rank)."""
+        folder.mkdir(parents=True, exist_ok=True)
+        if is_deepspeed_engine(self.model):
+            self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent")
+        if self.zero3:  # partitioned weights: gather them (a collective: every rank comes here) for the HF copy
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(self.module.parameters())):
+                if write_hf:
+                    self.module.save_pretrained(folder)
+        elif write_hf:
+            self.module.save_pretrained(folder)
+        if write_hf:  # rank 0 only
+            self.tokenizer.save_pretrained(folder)
+            self.reference.save_pretrained(folder / "reference")
+            torch.save(self.trainer.state_dict(), folder / "trainer.pt")
+            if not is_deepspeed_engine(self.model):
+                torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def checksum(self) -> str:
+        """sha256 of the weights (a collective under ZeRO-3, which gathers the partitions: call on every rank)."""
+        from selfplay.runtime.distributed import param_checksum
+
+        return param_checksum(self.module)["sha256"]
+
+    def load_training_state(self, folder: Path) -> None:
+        """Optimiser (engine) and trainer state saved with the weights. A checkpoint written by the other kind of
+        optimiser (e.g. the single-process warm start, then a DeepSpeed run) keeps the weights and starts the
+        optimiser afresh."""
+        if is_deepspeed_engine(self.model):
+            if (folder / "deepspeed").is_dir():
+                self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
+        elif (folder / "optimizer.pt").exists():
+            self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
+        self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
+
+
+def agent_ppo_config(cfg, name: str):
+    """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
+    (`train.generator_temperature`; PPO scores its tokens at that temperature too) and GAE advantages (it writes
+    one proposal per prompt, so there is no group for `ppo.advantage=rloo`)."""
+    ppo = copy.deepcopy(cfg.ppo)
+    if name == "generator":
+        ppo.temperature = cfg.train.generator_temperature
+        ppo.advantage = "gae"
+    return ppo
+
+
+def load_agent_parts(folder: Path, dtype: str = "float32", value_model: str | None = None):
+    """(ActorCritic, reference, tokenizer) from an agent's checkpoint folder (value_model: see
+    ActorCritic.from_pretrained; the loop passes the config's, so a run may switch head <-> detached)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    model = ActorCritic.from_pretrained(folder, value_model, dtype=_dtype(dtype))
+    reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=_dtype(dtype)))
+    return model, reference, tokenizer

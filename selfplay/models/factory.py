@@ -1,0 +1,320 @@
+"""Model factory: any Hugging Face causal LM, or the tiny default built here, through one code path.
+
+- `load_model_and_tokenizer(name_or_path)` loads a causal LM + tokenizer from a local folder or a hub name; a model
+  that cannot be found (e.g. offline) raises `ModelNotFound` saying how to point at a local copy.
+- `train_tokenizer(texts)` builds a small code-aware tokenizer (byte-level BPE or word-level) with the `tokenizers`
+  library; `build_tiny_model(tokenizer, cfg)` a GPT-2 or Llama config from `transformers`; `build_tiny(...)` saves
+  both with `save_pretrained`, so the tiny default and a pretrained model are loaded the same way afterwards.
+- `ensure_chat_template(tokenizer)` gives every tokenizer a chat template, so prompts look the same everywhere.
+- `ActorCritic` = policy + value head (or a separate critic backbone); `frozen_copy` makes the reference model;
+  `update_mode` is the PPO update's mode (no dropout, gradient checkpointing on where it is enabled).
+- `build_models(cfg.model, run_dir, texts)` does all of it from the config.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from selfplay.runtime.errors import UserError
+
+# ---------------------------------------------------------------------------- tokenizer
+
+PAD, BOS, UNK = "<|pad|>", "<|endoftext|>", "<|unk|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+END = "<|end|>"  # closes every chat message; the tiny tokenizer's eos, so generation stops after an answer
+SPECIAL_TOKENS = [PAD, BOS, UNK, *ROLE_TOKENS, END]
+
+# Code-aware pre-tokenisation: identifiers/keywords (with their leading space), single digits (numbers generalise),
+# runs of punctuation, newlines, 4-space indentation units, other whitespace. Merges never cross these pieces.
+CODE_SPLIT = r" ?[A-Za-z_][A-Za-z_0-9]*| ?[0-9]| ?[^\sA-Za-z_0-9]+|\n| {4}|\s+"
+
+# The tiny tokenizer's template: role tokens are special tokens, each message ends with <|end|>.
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}<|end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# For pretrained base models that ship no template: plain text headers, answers end with the model's eos.
+PLAIN_CHAT_TEMPLATE = (
+    "{% for m in messages %}### {{ m['role'] | capitalize }}:\n{{ m['content'] }}"
+    "{% if m['role'] == 'assistant' %}{{ eos_token }}{% endif %}{{ '\\n\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}### Assistant:\n{% endif %}"
+)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, kind: str = "bpe"):
+    """Train a small tokenizer on `texts` and wrap it as a `transformers` fast tokenizer (with a chat template).
+
+    kind="bpe": byte-level BPE, any text round-trips exactly (no <unk>). kind="word": one token per
+    pre-tokenised piece seen in the corpus, <unk> for the rest (the feasibility point in docs/architecture.md).
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE())
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        )
+    elif kind == "word":
+        tok = Tokenizer(models.WordLevel(unk_token=UNK))
+        trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
+    else:
+        raise UserError(f"model.tokenizer must be 'bpe' or 'word', got {kind!r}")
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(CODE_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(list(texts), trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=END, unk_token=UNK)
+    hf.chat_template = TINY_CHAT_TEMPLATE
+    return hf
+
+
+def ensure_chat_template(tokenizer):
+    """Give a tokenizer without a chat template a plain one, and a pad token if it has none (uses eos)."""
+    if not getattr(tokenizer, "chat_template", None):
+        has_roles = all(t in tokenizer.get_vocab() for t in (*ROLE_TOKENS, END))
+        tokenizer.chat_template = TINY_CHAT_TEMPLATE if has_roles else PLAIN_CHAT_TEMPLATE
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------- models
+
+
+class ModelNotFound(UserError):
+    """A model or tokenizer named in the config cannot be loaded."""
+
+
+def _dtype(name: str) -> torch.dtype:
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if name not in dtypes:
+        raise UserError(f"model.dtype must be one of {sorted(dtypes)}, got {name!r}")
+    return dtypes[name]
+
+
+def load_model_and_tokenizer(
+    name_or_path: str, *, local_files_only: bool = False, dtype: str = "float32", trust_remote_code: bool = False
+):
+    """(causal LM, tokenizer) from a local folder or a hub name; `ModelNotFound` with a fix when neither works."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    local = Path(name_or_path).expanduser()
+    looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
+    if looks_like_path and not local.exists():
+        raise ModelNotFound(f"model folder {name_or_path} does not exist (set model.name_or_path to a saved model)")
+    offline = local_files_only or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+    kwargs = dict(local_files_only=offline or local.is_dir(), trust_remote_code=trust_remote_code)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name_or_path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            str(local) if local.is_dir() else name_or_path, dtype=_dtype(dtype), **kwargs
+        )
+    except (OSError, ValueError) as exc:
+        reason = str(exc).strip().split("\n")[0]
+        raise ModelNotFound(
+            f"cannot load model {name_or_path!r} ({reason}); offline, download it elsewhere "
+            f"(`huggingface-cli download {name_or_path} --local-dir DIR`), copy DIR here and set "
+            f"model.name_or_path=DIR, or use model.name_or_path=tiny"
+        ) from exc
+    return model, ensure_chat_template(tokenizer)
+
+
+def build_tiny_model(tokenizer, *, arch: str = "gpt2", n_layer: int = 4, n_embd: int = 128, n_head: int = 4,
+                     max_positions: int = 1024, seed: int = 0):
+    """A freshly initialised small causal LM sized to `tokenizer` (dropout off: PPO ratios must start at 1)."""
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    if n_embd % n_head:
+        raise UserError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
+    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+               pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    if arch == "gpt2":
+        config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=max_positions,
+                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+        return GPT2LMHeadModel(config)
+    if arch == "llama":
+        config = LlamaConfig(hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
+                             num_attention_heads=n_head, num_key_value_heads=n_head,
+                             max_position_embeddings=max_positions, tie_word_embeddings=True, **ids)
+        return LlamaForCausalLM(config)
+    raise UserError(f"model.arch must be 'gpt2' or 'llama', got {arch!r}")
+
+
+def build_tiny(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 2000, tokenizer_kind: str = "bpe",
+               seed: int = 0, **model_kwargs):
+    """Train the tokenizer on `texts`, build the tiny model, save both to `out_dir`; return (model, tokenizer)."""
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size, kind=tokenizer_kind)
+    model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(out_dir)
+    model.save_pretrained(out_dir)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------- value head, reference
+
+
+VALUE_MODELS = ("head", "detached", "separate")
+
+
+class ValueHead(nn.Module):
+    """A scalar value per position from the backbone's last hidden state."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.summary = nn.Linear(hidden_size, 1)
+        nn.init.normal_(self.summary.weight, std=1.0 / (hidden_size + 1) ** 0.5)
+        nn.init.zeros_(self.summary.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.summary(hidden.to(self.summary.weight.dtype)).squeeze(-1)
+
+
+class ActorCritic(nn.Module):
+    """The trainable agent: a causal LM policy and a value function, in one module (one optimiser / engine).
+
+    value_model="head": the value head reads the policy's last hidden state (value gradients reach the backbone);
+    value_model="detached": the same head on the same hidden state, with no gradient into the backbone: the
+    policy is trained by the policy loss alone (a small model's features are not pulled toward predicting value);
+    value_model="separate": a copy of the backbone feeds the head, so policy and value share no parameters.
+    """
+
+    def __init__(self, policy: nn.Module, value_model: str = "head"):
+        super().__init__()
+        if value_model not in VALUE_MODELS:
+            raise UserError(f"model.value_model must be one of {', '.join(VALUE_MODELS)}, got {value_model!r}")
+        self.value_model = value_model
+        self.policy = policy
+        self.critic = copy.deepcopy(policy) if value_model == "separate" else None
+        self.value_head = ValueHead(policy.config.hidden_size)
+        self.value_head.to(next(policy.parameters()).dtype)
+        self._keeps_logits = accepts_logits_to_keep(policy)
+
+    @property
+    def config(self):
+        return self.policy.config
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, T, V] and values [B, T] (value at t = value of the state before token t+1).
+
+        logits_to_keep=k > 0: only the last k positions (the answer; the prompt's logits are never needed and
+        dominate memory with a large vocabulary)."""
+        extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
+        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic is None,
+                          use_cache=False, **extra)
+        if self.critic is None:
+            hidden = out.hidden_states[-1]
+            if self.value_model == "detached":
+                hidden = hidden.detach()
+        else:
+            hidden = self.critic.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                            use_cache=False).last_hidden_state
+        logits = out.logits
+        if logits_to_keep:
+            logits, hidden = logits[:, -logits_to_keep:], hidden[:, -logits_to_keep:]
+        return logits, self.value_head(hidden)
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        """The policy in HF format at out_dir (loadable alone), value head (+ critic) beside it."""
+        out_dir = Path(out_dir)
+        self.policy.save_pretrained(out_dir)
+        torch.save(self.value_head.state_dict(), out_dir / "value_head.pt")
+        if self.critic is not None:
+            self.critic.save_pretrained(out_dir / "critic")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, value_model: str | None = None, **load_kwargs) -> "ActorCritic":
+        """Inverse of `save_pretrained`; a folder with only a policy gets a fresh value head.
+
+        value_model: the critic kind to use (default: what the folder holds, "separate" or "head"). "head" and
+        "detached" are the same parameters and may be switched at any checkpoint; "separate" is fixed when the
+        critic is first made (a folder without critic/ cannot become one, and one with it cannot drop it)."""
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        policy = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+        separate = (path / "critic").is_dir()
+        if value_model is not None and (value_model == "separate") != separate:
+            raise UserError(f"model.value_model={value_model} but {path} holds "
+                            f"{'a separate critic' if separate else 'a value head on the policy (no critic/)'}: "
+                            "a separate critic is chosen at warm start; use 'head' or 'detached' with this run")
+        model = cls(policy, value_model or ("separate" if separate else "head"))
+        if separate:
+            model.critic = AutoModelForCausalLM.from_pretrained(path / "critic", **load_kwargs)
+        if (path / "value_head.pt").exists():
+            model.value_head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
+        return model
+
+
+def accepts_logits_to_keep(model: nn.Module) -> bool:
+    """Whether a HF causal LM can compute logits for the last k positions only (`logits_to_keep`)."""
+    import inspect
+
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def update_mode(model: nn.Module) -> int:
+    """Put `model` in the mode of a PPO update: evaluation mode everywhere (no dropout: the ratios must be exactly 1
+    before the first optimiser step), except the flag of each module that does gradient checkpointing (Hugging Face
+    checkpoints only modules in training mode, and reads the flag of the checkpointing module itself, not of its
+    children). Returns how many modules checkpoint; `model.train(False)` ends the mode."""
+    model.train(False)
+    checkpointing = [m for m in model.modules() if getattr(m, "gradient_checkpointing", False) is True]
+    for m in checkpointing:
+        m.training = True  # this module alone: its children (attention, MLP, dropout) stay in evaluation mode
+    return len(checkpointing)
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen copy (eval mode, no gradients) for the KL reference policy."""
+    ref = copy.deepcopy(model)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    return ref
+
+
+# ---------------------------------------------------------------------------- from the config
+
+
+def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0):
+    """(ActorCritic, frozen reference policy, tokenizer) from a `model:` config section.
+
+    name_or_path="tiny": reuse the tiny model saved in `tiny_dir` (default RUN_DIR/models/tiny), or build it from
+    `texts` (the corpus the tokenizer learns from) when that folder is empty. Anything else: load it.
+    """
+    if model_cfg.name_or_path == "tiny":
+        tiny_dir = Path(model_cfg.tiny_dir or Path(run_dir) / "models" / "tiny")
+        if not (tiny_dir / "config.json").exists():
+            if texts is None:
+                raise UserError(f"no tiny model in {tiny_dir} and no corpus given to build one")
+            build_tiny(texts, tiny_dir, vocab_size=model_cfg.vocab_size, tokenizer_kind=model_cfg.tokenizer,
+                       seed=seed, arch=model_cfg.arch, n_layer=model_cfg.n_layer, n_embd=model_cfg.n_embd,
+                       n_head=model_cfg.n_head, max_positions=model_cfg.max_positions)
+        name, local_only = str(tiny_dir), True
+    else:
+        name, local_only = model_cfg.name_or_path, model_cfg.local_files_only
+    policy, tokenizer = load_model_and_tokenizer(name, local_files_only=local_only, dtype=model_cfg.dtype,
+                                                 trust_remote_code=model_cfg.trust_remote_code)
+    if model_cfg.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    reference = frozen_copy(policy)
+    return ActorCritic(policy, model_cfg.value_model), reference, tokenizer
+
+
+def param_count(model: nn.Module) -> int:
+    """Number of parameters (for logs and reports)."""
+    return sum(p.numel() for p in model.parameters())

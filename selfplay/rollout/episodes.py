@@ -1,0 +1,168 @@
+"""Rollouts: the solver's episodes on a batch of tasks, and the generator's proposals, as PPO-ready token data.
+
+Solver: every task gets k episodes. All episodes of a turn are sampled in one batch; the answers are applied to
+their episodes in parallel threads (the sandbox pool is thread-safe and each episode waits on its own runs).
+Between turns the observation is appended to the response as tokens the policy did not choose (mask 0), so one
+PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token.
+
+Generator: P prompts, each with K reference tasks and an instruction; answers parsed into proposals; the valid
+ones become tasks (outputs from the reference in the sandbox, every validity check run). Two proposal formats
+(`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
+its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
+invalid proposal, rejected as "edit" with its reason.
+"""
+
+from __future__ import annotations
+
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
+                             proposal_to_task)
+from generator.build import BuildConfig
+from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
+                                compile_mutation, parse_mutation)
+from generator.schema import Task
+from generator.validity import validate_many
+from sandbox.incremental import IncrementalRunner
+from selfplay.models.agent import Answer, LMAgent
+from solver.episode import CodeEpisode, EpisodeResult
+from solver.prompts import task_prompt
+from solver.rewards import RewardConfig
+
+
+def prompt_options(cfg) -> dict:
+    """task_prompt options from the `tasks:` config section."""
+    return {"max_examples": cfg.tasks.prompt_examples, "max_chars": cfg.tasks.prompt_value_chars}
+
+
+@dataclass
+class SolverRollout:
+    task: Task
+    prompt: list[int]
+    tokens: list[int]  # all answer turns and the observations between them
+    mask: list[int]  # 1 where the policy chose the token
+    text: str  # the answer text of every turn, joined
+    result: EpisodeResult
+
+    @property
+    def reward(self) -> float:
+        return self.result.reward
+
+
+def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_turns: int = 1,
+                    reward_cfg: RewardConfig | None = None, greedy: bool = False, threads: int = 8,
+                    max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> list[SolverRollout]:
+    """k episodes per task (task-major order: task 0's k episodes first). `prompt_kw` goes to
+    solver.prompts.task_prompt (max_examples, max_chars)."""
+    episodes, prompts = [], []
+    for task in tasks:
+        prompt = agent.chat_ids(task_prompt(task, multi_turn=max_turns > 1, **(prompt_kw or {})), max_prompt_tokens)
+        for _ in range(k):
+            runner = IncrementalRunner(sb) if max_turns > 1 else None
+            episodes.append(CodeEpisode(task, sb, max_turns=max_turns, reward_cfg=reward_cfg, runner=runner))
+            prompts.append(prompt)
+    tokens = [[] for _ in episodes]
+    masks = [[] for _ in episodes]
+    texts = [[] for _ in episodes]
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        limit = agent.max_positions
+        for _ in range(max_turns):
+            if limit is not None:  # a context with no room for another answer ends the episode (submit)
+                full = [i for i, ep in enumerate(episodes)
+                        if not ep.done and len(prompts[i]) + len(tokens[i]) + 16 > limit]
+                list(pool.map(lambda i: episodes[i].act("ACTION: submit"), full))
+            active = [i for i, ep in enumerate(episodes) if not ep.done]
+            if not active:
+                break
+            answers = agent.sample([prompts[i] + tokens[i] for i in active], greedy=greedy)
+            observations = list(pool.map(lambda pair: episodes[pair[0]].act(pair[1].text), zip(active, answers)))
+            for i, answer, obs in zip(active, answers, observations):
+                tokens[i] += answer.tokens
+                masks[i] += [1] * len(answer.tokens)
+                texts[i].append(answer.text)
+                if obs is not None:
+                    obs_ids = agent.observation_ids(obs)
+                    tokens[i] += obs_ids
+                    masks[i] += [0] * len(obs_ids)
+    for i in range(len(episodes)):  # an observation after the last answer carries no action: drop it
+        while masks[i] and masks[i][-1] == 0:
+            masks[i].pop()
+            tokens[i].pop()
+    return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result)
+            for i, ep in enumerate(episodes)]
+
+
+def solve_rates(rollouts: Sequence[SolverRollout]) -> dict[str, float]:
+    """Task id -> share of its episodes that passed every hidden test."""
+    counts: dict[str, list[int]] = {}
+    for r in rollouts:
+        c = counts.setdefault(r.task.id, [0, 0])
+        c[0] += r.result.solved
+        c[1] += 1
+    return {tid: s / n for tid, (s, n) in counts.items()}
+
+
+@dataclass
+class ProposalRollout:
+    prompt: list[int]
+    answer: Answer
+    references: list[Task]
+    instruction: str
+    task: Task | None = None  # the proposal as a task (None when unparsable or, in the mutation format, impossible)
+    parse_error: str | None = None
+    valid: bool = False
+    rejection: str | None = None  # first failed validity check, "edit" (an impossible mutation) or "unparsable"
+    reasons: dict = field(default_factory=dict)
+
+    @property
+    def parsed(self) -> bool:
+        return self.parse_error is None
+
+
+def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
+                       corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
+                       max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
+                       fmt: str = "free", build_cfg: BuildConfig | None = None) -> list[ProposalRollout]:
+    """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
+    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (a
+    mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
+    built with `build_cfg`, the `tasks:` section's)."""
+    if fmt not in FORMATS:
+        raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    mutation = fmt == "mutation"
+    if mutation:
+        instructions = [choose_mutation_instruction(rng, refs, build_cfg or BuildConfig()) for refs in references]
+        texts = [build_mutation_prompt(refs, instr) for refs, instr in zip(references, instructions)]
+        max_new_tokens = min(max_new_tokens or MAX_ANSWER_TOKENS, MAX_ANSWER_TOKENS)
+    else:
+        instructions = [choose_instruction(rng, len(refs)) for refs in references]
+        texts = [build_prompt(refs, instr) for refs, instr in zip(references, instructions)]
+    prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
+    answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
+    rollouts = []
+    for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
+        ro = ProposalRollout(prompt, answer, list(refs), instr)
+        parsed = parse_mutation(answer.text) if mutation else parse_proposal(answer.text)
+        if isinstance(parsed, ProposalError):
+            ro.parse_error, ro.rejection = parsed.reason, "unparsable"
+        elif mutation:
+            task = compile_mutation(parsed, refs, cfg=build_cfg or BuildConfig(), step=step,
+                                    generator_checkpoint=checkpoint)
+            if isinstance(task, MutationError):
+                ro.rejection, ro.reasons = "edit", {"reason": task.reason}
+            else:
+                ro.task = task
+        else:
+            ro.task = proposal_to_task(parsed, refs, step, n_visible=n_visible, generator_checkpoint=checkpoint)
+        rollouts.append(ro)
+    parsed = [ro for ro in rollouts if ro.task is not None]
+    for ro, report in zip(parsed, validate_many([ro.task for ro in parsed], sb, corpus_index)):
+        ro.task = report.task
+        ro.valid = report.ok
+        if not report.ok:
+            ro.rejection = report.rejection
+            ro.reasons = {"reason": report.reason}
+    return rollouts

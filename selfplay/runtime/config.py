@@ -1,0 +1,304 @@
+"""One typed config for everything: OmegaConf over dataclasses.
+
+Each section is a dataclass whose fields say what they are. `load_config` merges, in order, the
+defaults below, a YAML file (default `configs/tiny.yaml`) and `key=value` overrides, and rejects
+unknown keys or badly typed values with a one-line error naming the key, before any work starts.
+
+Sections are owned by the package that uses them; add a field here (with a comment) when you need one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from generator.rewards import GeneratorRewardConfig
+from selfplay.runtime.errors import UserError
+from selfplay.train.mixer import MixerConfig
+from solver.rewards import RewardConfig
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CONFIG_DIR = REPO_ROOT / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
+
+
+@dataclass
+class RunConfig:
+    dir: str = "runs/tiny"  # run folder: checkpoints/, tb/, corpus.sqlite; resuming if it holds a checkpoint
+    seed: int = 0  # global seed (python, numpy, torch, task generation)
+    torch_threads: int = 0  # torch intra-op threads per process (0 = torch's default); 1 helps beside the sandbox
+    keep_last: int = 3  # checkpoints kept (older step_N folders are removed after a new one is complete)
+
+
+@dataclass
+class SandboxConfig:
+    backend: str = "process"  # "process" (fork-server workers) or "docker" (warm containers)
+    workers: int = 0  # parallel workers; 0 = one per CPU core
+    timeout_s: float = 5.0  # wall-clock limit per program
+    memory_mb: int = 512  # address-space limit per program
+    cache: bool = True  # content-addressed result cache
+    cache_path: str = ""  # on-disk SQLite cache shared by workers; "" = in memory only
+    trace_path: str = ""  # JSONL log of every execution; "" = off
+    image: str = "selfplay-sandbox:latest"  # Docker image for the docker backend
+    allow_unisolated: bool = False  # start even when the sandbox lacks isolation (docs/sandbox.md); off for RL
+
+
+@dataclass
+class TasksConfig:
+    max_level: int = 4  # highest curriculum level procedural families generate (1..4)
+    n_visible: int = 3  # visible examples shown to the solver
+    n_hidden: int = 8  # hidden tests used for grading
+    heldout_splits: list[str] = field(default_factory=lambda: [  # held-out split names (see generator.splits)
+        "heldout_types", "heldout_compositions", "deeper", "noisy"])
+    heldout_types: list[str] = field(default_factory=lambda: ["float", "tuple"])  # input element types never trained on
+    heldout_pairs: list[str] = field(default_factory=lambda: [  # step kinds never together in one training task
+        "dedup+sort", "filter+group", "map+top_k"])
+    train_max_depth: int = 4  # most pipeline steps in a training task; the "deeper" split uses 1-2 more
+    n_visible_vague: int = 5  # visible examples for level-4 tasks (defined mostly by their examples)
+    prompt_examples: int = 5  # at most this many visible examples in a solver prompt
+    prompt_value_chars: int = 300  # example values longer than this are cut in the prompt (short contexts)
+    # range of the procedural steps' constants: "narrow" (~720 one-step programs in all) or "wide" (thresholds,
+    # offsets, divisors, letters and k's from wider ranges: ~1,700; steps without a constant are unchanged)
+    literals: str = "narrow"
+
+
+@dataclass
+class ModelConfig:
+    name_or_path: str = "tiny"  # "tiny" = build (or reuse) the tiny default; else a HF hub name or a local folder
+    local_files_only: bool = False  # never contact the hub (set on offline machines; a missing model fails fast)
+    dtype: str = "float32"  # parameter dtype when loading: float32 | bfloat16 | float16
+    trust_remote_code: bool = False  # allow model code shipped with a hub checkpoint
+    tiny_dir: str = ""  # where the tiny model + tokenizer are saved / reused; "" = RUN_DIR/models/tiny
+    arch: str = "gpt2"  # tiny default architecture: gpt2 | llama
+    n_layer: int = 4  # tiny: transformer blocks
+    n_embd: int = 128  # tiny: hidden width
+    n_head: int = 4  # tiny: attention heads (n_embd must divide by it)
+    max_positions: int = 1024  # tiny: longest prompt + answer in tokens
+    tokenizer: str = "bpe"  # tiny tokenizer model: bpe (byte-level, never <unk>) | word (word-level, <unk> for unseen)
+    vocab_size: int = 2000  # tiny tokenizer: target vocabulary size, special tokens included
+    # critic: "head" = linear value head on the policy's last hidden state; "detached" = the same head without
+    # gradients into the policy; "separate" = its own copy of the backbone (chosen at warm start)
+    value_model: str = "head"
+    gradient_checkpointing: bool = False  # trade compute for memory on large models
+
+
+@dataclass
+class PPOConfig:
+    lr: float = 5e-5  # AdamW learning rate (policy and value head)
+    weight_decay: float = 0.0  # AdamW weight decay
+    epochs: int = 4  # passes over each rollout batch
+    mini_batch_size: int = 8  # sequences per optimiser step
+    micro_batch_size: int = 8  # sequences per forward/backward (gradient accumulation = mini / micro)
+    clip: float = 0.2  # policy ratio clip epsilon
+    value_clip: float = 0.2  # value clip around the rollout-time values
+    vf_coef: float = 0.5  # weight of the value loss in the total loss
+    gamma: float = 1.0  # discount between tokens (1 within a response; the article suggests 0.99 across turns)
+    lam: float = 0.95  # GAE lambda
+    advantage: str = "gae"  # solver: "gae" (critic, per token) | "rloo" (baseline: the task's other samples; no critic)
+    kl_coef: float = 0.05  # beta: per-token KL penalty in the reward (initial value when adaptive)
+    kl_estimator: str = "k1"  # per-token KL estimator in the reward: k1 | k2 | k3
+    adaptive_kl: bool = False  # adapt beta to keep the per-sequence KL near kl_target (Ziegler et al.)
+    kl_target: float = 6.0  # adaptive KL: target KL per sequence (nats)
+    kl_horizon: float = 10000.0  # adaptive KL: horizon in samples
+    entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...
+    entropy_coef_end: float = 0.001  # ... decayed linearly to this value ...
+    entropy_decay_updates: int = 1000  # ... over this many PPO updates (trainer.step calls)
+    # solver: train only on the answers to tasks whose answers scored differently (DAPO's dynamic sampling): a
+    # uniform group's rloo advantages are zero but for KL noise; raise train.solver_tasks to keep the update's size
+    skip_uniform_groups: bool = False
+    whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
+    max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
+    temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature
+    top_k: int = 0  # sampling: must stay 0 (top-k truncation is refused: PPO scores the full tempered distribution)
+    top_p: float = 1.0  # sampling: must stay 1.0 (nucleus truncation is refused, as top_k; docs/rl.md)
+    max_new_tokens: int = 256  # longest answer sampled per turn
+    replay_coef: float = 0.0  # solver: weight of the NLL of replayed past successes added to the PPO loss (0 = off)
+    # what is replayed: "successes" (the buffer below) or "sft" (the warm start's SFT examples, uniformly: PPO-ptx)
+    replay_source: str = "successes"
+    replay_capacity: int = 512  # solver replay buffer: most successful episodes kept (unique by task and answer)
+    replay_batch: int = 8  # replayed successes per PPO update (per rank), drawn by priority (hard and recent tasks)
+    replay_half_life: float = 50.0  # replay priority halves every this many loop steps since a success was seen
+
+
+@dataclass
+class DistributedConfig:
+    deepspeed: bool = False  # wrap trainable models with deepspeed.initialize (else plain torch + AdamW)
+    zero_config: str = "zero2.json"  # DeepSpeed JSON: a file name in configs/deepspeed/ or a path
+    backend: str = ""  # torch.distributed backend: "" = nccl with CUDA, gloo otherwise
+    timeout_min: int = 30  # collective timeout before a hung rank fails
+
+
+@dataclass
+class WarmstartConfig:
+    tasks: int = 6000  # procedural training tasks generated for behaviour cloning (levels 1..max_level)
+    max_level: int = 4  # highest level of those tasks (<= tasks.max_level); level 4's vague text teaches little
+    # tasks of level 1, 2, ... each (replaces `tasks` and `max_level` when not empty), e.g. [100, 100, 1800]: levels 1
+    # and 2 share the ~720 one-step programs, so fewer of them here leaves more fresh ones for train.fixed_source=fresh
+    level_tasks: list[int] = field(default_factory=list)
+    solver_steps: int = 1500  # SFT optimiser steps for the solver (on reference solutions)
+    generator_steps: int = 600  # SFT optimiser steps for the generator (on tasks written as proposals)
+    batch_size: int = 32  # sequences per SFT step
+    lr: float = 2e-3  # peak SFT learning rate (linear warm-up, cosine decay to 10 %)
+    max_len: int = 768  # longest SFT sequence in tokens (prompts are cut from the left)
+    critic_steps: int = 0  # value-head pretraining steps after the solver SFT (0 = off; the policy stays frozen)
+    critic_tasks: int = 32  # critic pretraining: training tasks the solver attempts
+    critic_samples: int = 4  # critic pretraining: sampled answers per task, graded in the sandbox
+    critic_lr: float = 1e-3  # critic pretraining: AdamW learning rate of the value head (and separate critic)
+    generator_probe: int = 0  # proposals sampled after the generator's SFT to report its parse and validity rates
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 200  # total self-play iterations; raising it continues a finished run
+    # selfplay (generator + mixer) | curriculum (procedural level schedule) | fixed (PPO on a fixed task set) |
+    # warmstart (no RL)
+    mode: str = "selfplay"
+    solver_tasks: int = 16  # tasks in each solver batch (the mixer splits them over sources)
+    samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
+    proposals: int = 8  # generator proposals per iteration
+    references: int = 2  # K reference tasks shown in each generator prompt
+    generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs)
+    generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); solver: ppo.temperature
+    max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
+    train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
+    generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
+    curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
+    fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
+    fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
+    # fixed mode: "corpus" = the warm start's own tasks (their reference solutions were in its SFT data); "fresh" =
+    # new procedural tasks whose programs are in neither the corpus nor the held-out set (added to the corpus; what
+    # is left once those took their programs: the rarer ones); "reserved" = fixed_tasks tasks the warm start draws
+    # right after the held-out ones, the same way, and keeps out of its SFT corpus (set it for the warm start too)
+    fixed_source: str = "corpus"
+    checkpoint_every: int = 20  # iterations between checkpoints (and at the end, and on a stop request)
+    eval_every: int = 50  # iterations between held-out evaluations (0 = only before and after)
+    log_samples_every: int = 10  # iterations between text samples in TensorBoard
+
+
+@dataclass
+class GeneratorConfig:
+    reward: GeneratorRewardConfig = field(default_factory=GeneratorRewardConfig)  # generator/rewards.py
+    # proposal format: "free" = the whole task in text (description, signature, code, inputs); "mutation" = one
+    # reference task and one edit of its program, compiled by the procedural families (generator/mutation.py).
+    # The warm start teaches the generator this format: set it for the warm start and keep it for training.
+    format: str = "mutation"
+    # grammar-constrained decoding of the answer (the format's grammar, generator/grammars.py, compiled with xgrammar
+    # by selfplay/rollout/constrained.py); PPO scores each token under the mask it was drawn with (docs/rl.md)
+    constrained: bool = False
+
+
+@dataclass
+class EvalConfig:
+    tasks_per_split: int = 40  # held-out tasks per split (generated deterministically from run.seed)
+    samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
+    temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
+    humaneval_limit: int = 0  # HumanEval problems in `--suite humaneval` (0 = all 164)
+    generator_snapshot: int = 64  # generated tasks frozen (on first `selfplay eval`) to re-measure every checkpoint on
+
+
+@dataclass
+class Config:
+    run: RunConfig = field(default_factory=RunConfig)
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    tasks: TasksConfig = field(default_factory=TasksConfig)
+    mixer: MixerConfig = field(default_factory=MixerConfig)  # adaptive difficulty mixer (selfplay/train/mixer.py)
+    model: ModelConfig = field(default_factory=ModelConfig)  # model factory (selfplay/models/factory.py)
+    ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO trainer (selfplay/rl/ppo.py, selfplay/rl/core.py)
+    # torch.distributed / DeepSpeed (selfplay/runtime/distributed.py)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)  # solver hybrid reward weights (solver/rewards.py)
+    warmstart: WarmstartConfig = field(default_factory=WarmstartConfig)  # behaviour cloning of both agents
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the task proposer (generator/)
+    train: TrainConfig = field(default_factory=TrainConfig)  # the self-play loop (selfplay/train/loop.py)
+    eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (selfplay/eval/evaluate.py)
+
+
+def _schema():
+    return OmegaConf.structured(Config)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Any:
+    """Defaults <- YAML file <- `key=value` overrides. Returns a typed OmegaConf object (attribute access)."""
+    cfg = _schema()
+    path = Path(path) if path is not None else DEFAULT_CONFIG
+    if not path.exists():
+        raise UserError(f"config file not found: {path}")
+    try:
+        file_cfg = OmegaConf.load(path)
+    except Exception as exc:  # yaml errors carry the line number
+        raise UserError(f"cannot parse config {path}: {exc}".replace("\n", " ")) from exc
+    try:
+        cfg = OmegaConf.merge(cfg, file_cfg)
+    except OmegaConfBaseException as exc:
+        raise UserError(f"{path}: {_describe(exc)}") from exc
+    for item in overrides:
+        if "=" not in item:
+            raise UserError(f"override {item!r} is not key=value")
+    try:
+        cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except OmegaConfBaseException as exc:
+        raise UserError(f"override: {_describe(exc)}") from exc
+    _check_tasks(cfg.tasks)
+    _check_generator(cfg.generator)
+    check_ppo(cfg)
+    return cfg
+
+
+def check_ppo(cfg) -> None:
+    """`ppo:` settings, alone and with `train:`, that could never learn, or learn from another distribution than
+    the one sampled (docs/rl.md), stopped before any work with the keys named."""
+    p, t = cfg.ppo, cfg.train
+    if p.micro_batch_size < 1 or p.mini_batch_size % p.micro_batch_size:
+        raise UserError(f"ppo.mini_batch_size ({p.mini_batch_size}) must be a positive multiple of "
+                        f"ppo.micro_batch_size ({p.micro_batch_size})")
+    if p.temperature <= 0:
+        raise UserError(f"ppo.temperature must be > 0, got {p.temperature} (greedy answers are eval's business)")
+    if p.top_k != 0 or p.top_p != 1.0:
+        key, value = ("ppo.top_k", p.top_k) if p.top_k != 0 else ("ppo.top_p", p.top_p)
+        raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
+                        "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
+    if t.samples_per_task < 2 and t.mode != "warmstart":
+        if p.skip_uniform_groups:
+            raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
+                            "(a task with one answer never has answers that scored differently): set "
+                            "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false")
+        if p.advantage == "rloo":
+            raise UserError("train.samples_per_task=1 with ppo.advantage=rloo leaves every answer without a baseline "
+                            "(no other answer to its task): set train.samples_per_task >= 2 or ppo.advantage=gae")
+
+
+def _check_generator(gen_cfg) -> None:
+    from generator.agent import FORMATS
+    if gen_cfg.format not in FORMATS:
+        raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
+
+
+def _check_tasks(tasks_cfg) -> None:
+    """The `tasks:` values the generator checks (held-out splits, types and pairs, literal range), before any work."""
+    from generator.build import BuildConfig
+    from generator.splits import SplitError
+    try:
+        BuildConfig.from_config(tasks_cfg)
+    except SplitError as exc:
+        raise UserError(str(exc)) from exc
+
+
+def _describe(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None)
+    msg = str(exc).split("\n")[0]
+    if "not in struct" in msg or "Key '" in msg and "not" in msg:
+        return f"unknown config key '{key}'"
+    return f"bad value for config key '{key}': {msg}" if key else msg
+
+
+def to_dict(cfg: Any) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def field_names(section: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(section)]

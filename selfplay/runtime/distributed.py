@@ -1,0 +1,382 @@
+"""torch.distributed and DeepSpeed, or a single plain process, behind a few small functions.
+
+- `init_distributed()` joins the process group torchrun describes in the environment (RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR/PORT), or returns a single-process `DistInfo` when there is none;
+- `wrap_model(model, ppo_cfg, dist_cfg, info)` returns (engine, None) from `deepspeed.initialize` with a ZeRO config
+  from `configs/deepspeed/` (its "auto" fields filled from the `ppo:` section), or (model, AdamW) without DeepSpeed
+  (DistributedDataParallel when there are several processes);
+- `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_sum`, `all_reduce_mean`,
+  `weighted_mean_over_ranks`: no-ops in a single process;
+- `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
+  others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
+
+On a CPU (no CUDA) DeepSpeed runs with DS_ACCELERATOR=cpu over gloo; the CPU configs use `"torch_adam": true` so
+no fused optimiser is compiled (the first run still JIT-builds a small comm op, about 50 s, cached under ~/.cache).
+
+`python -m selfplay.runtime.distributed --smoke OUT` (under torchrun) runs a few PPO steps on a tiny model and writes
+each rank's parameter checksum to OUT/rank_N.json: a quick check that a cluster setup trains and stays in sync.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from selfplay.runtime.config import CONFIG_DIR
+from selfplay.runtime.errors import UserError
+
+DEEPSPEED_CONFIG_DIR = CONFIG_DIR / "deepspeed"
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process sits: global rank, number of processes, rank on this node, backend (None = single)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: str | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 owns logging, corpus writes and checkpoint markers."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def local_device(local_rank: int | None = None) -> torch.device:
+    """The device this process computes on: GPU `local_rank` (default: $LOCAL_RANK, else 0) when CUDA is there,
+    else the CPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if local_rank is None else local_rank)
+
+
+def _default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
+    """Join the torchrun process group (idempotent); a single process when WORLD_SIZE is unset or 1.
+    Starts the `Heartbeat` that names a dead or frozen rank and ends this one within `timeout_min`."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # must be set before deepspeed is imported
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if world_size <= 1:
+        return DistInfo()
+    backend = backend or _default_backend()
+    if not dist.is_initialized():
+        if backend == "nccl":
+            torch.cuda.set_device(local_rank)
+        try:
+            dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
+        except (dist.DistStoreError, dist.DistNetworkError) as exc:
+            where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+            raise UserError(f"rank {os.environ.get('RANK')}: not all {world_size} ranks met at {where} within "
+                            f"distributed.timeout_min ({timeout_min} min): start every rank (WORLD_SIZE = nodes x "
+                            f"processes per node) and let each node reach MASTER_ADDR ({exc})") from exc
+        Heartbeat.start_for(dist.get_rank(), dist.get_world_size(), timeout_min * 60.0)
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
+
+
+class RankLost(UserError):
+    """Another rank died or froze (raised in the main thread by the `Heartbeat`)."""
+
+
+class Heartbeat(threading.Thread):
+    """Rank liveness through the rendezvous store at MASTER_ADDR:MASTER_PORT, apart from the collectives.
+
+    Every rank bumps its own counter in the store every `BEAT_S`; rank 0 watches every rank's counter, the others
+    watch rank 0's. A watched counter that stands still for `timeout_s`, or a store that stops answering (it lives
+    in rank 0's process, or in its torchrun agent), ends this rank with a message naming the lost one: `RankLost`
+    in the main thread, and after `GRACE_S` a hard exit if the main thread is stuck in a collective (a lost store
+    is first given `LOST_S`: after a normal end rank 0 exits while the others are still closing). A collective
+    fails on its own sooner when a peer's process is gone; `sys.excepthook` then watches the counters for
+    `SETTLE_S` and adds to the error which ranks stopped beating (an uncaught error of a distributed run thus
+    exits `SETTLE_S` later)."""
+
+    BEAT_S, SETTLE_S, GRACE_S, LOST_S = 1.0, 8.0, 15.0, 30.0
+
+    def __init__(self, rank: int, world: int, timeout_s: float, store):
+        super().__init__(name="selfplay-heartbeat", daemon=True)
+        self.rank, self.timeout_s, self.store = rank, timeout_s, store
+        self.watched = list(range(1, world)) if rank == 0 else [0]
+        self.prefix = f"selfplay/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+        self.seen = {r: (-1, time.monotonic()) for r in self.watched}  # rank -> (counter, when it last moved)
+        self.store_lost = False
+        self.reporting = False  # the main thread is in the excepthook, naming the lost ranks itself
+        self.message = ""
+        self.can_interrupt = False  # SIGUSR2 raises RankLost in the main thread (set up from the main thread only)
+
+    @classmethod
+    def start_for(cls, rank: int, world: int, timeout_s: float) -> Heartbeat:
+        """A second client of the rendezvous store (not the process group's), the thread, the hooks."""
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=datetime.timedelta(seconds=min(timeout_s, 60.0)))
+        beat = cls(rank, world, timeout_s, store)
+        store.set(f"{beat.prefix}who/{rank}", f"{os.uname().nodename}, pid {os.getpid()}")
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGUSR2, beat._raise_in_main)
+            beat.can_interrupt = True
+        previous = sys.excepthook
+        sys.excepthook = lambda *exc: beat._excepthook(previous, *exc)
+        beat.start()
+        return beat
+
+    def name(self, rank: int) -> str:
+        key = f"{self.prefix}who/{rank}"
+        try:
+            if not self.store_lost and self.store.check([key]):
+                return f"rank {rank} ({self.store.get(key).decode()})"
+        except Exception:  # noqa: BLE001 - the store itself may be gone
+            pass
+        return f"rank {rank}"
+
+    def run(self) -> None:
+        while True:
+            time.sleep(self.BEAT_S)
+            try:
+                self.store.add(f"{self.prefix}beat/{self.rank}", 1)
+                for r in self.watched:
+                    count = self.store.add(f"{self.prefix}beat/{r}", 0)  # read without waiting for the key
+                    if count != self.seen[r][0]:
+                        self.seen[r] = (count, time.monotonic())
+            except Exception:  # noqa: BLE001 - any store failure means the rank holding it is gone
+                self.store_lost = True
+                time.sleep(self.LOST_S)
+                if not self.reporting:
+                    self._end(f"lost the rendezvous store at {os.environ['MASTER_ADDR']}:"
+                              f"{os.environ['MASTER_PORT']}: rank 0 (or its launcher) has ended")
+                return
+            stale = [r for r in self.watched if time.monotonic() - self.seen[r][1] > self.timeout_s]
+            if stale and not self.reporting:
+                self._end(f"{', '.join(map(self.name, stale))} gave no sign of life for {self.timeout_s:.0f} s "
+                          f"(dead or frozen; distributed.timeout_min)")
+                return
+
+    def silent_ranks(self) -> list[int]:
+        """The watched ranks that stop beating within `SETTLE_S` (called after a failed collective)."""
+        self.reporting = True
+        time.sleep(self.SETTLE_S)
+        if self.store_lost:
+            return [0] if self.rank else []
+        return [r for r, (_, moved) in self.seen.items() if time.monotonic() - moved > self.SETTLE_S / 2]
+
+    def _end(self, message: str) -> None:
+        self.message = f"rank {self.rank} on {os.uname().nodename} ends: {message}"
+        print(f"[selfplay] {self.message}", file=sys.stderr, flush=True)
+        if self.can_interrupt:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+        time.sleep(self.GRACE_S)
+        os._exit(1)  # the main thread is stuck (e.g. inside a collective) and did not take the RankLost
+
+    def _raise_in_main(self, _signum, _frame) -> None:
+        if not self.reporting:
+            raise RankLost(self.message)
+
+    def _excepthook(self, previous, exc_type, exc, tb) -> None:
+        lost = self.silent_ranks() if issubclass(exc_type, RuntimeError) else []
+        previous(exc_type, exc, tb)
+        if lost:
+            print(f"[selfplay] rank {self.rank} on {os.uname().nodename} failed because "
+                  f"{', '.join(map(self.name, lost))} stopped responding (dead or frozen)", file=sys.stderr,
+                  flush=True)
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """`obj` from rank `src` on every rank (any picklable object)."""
+    if not is_distributed():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's `obj`, in rank order, on every rank."""
+    if not is_distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_sum(*values: float) -> list[float]:
+    """Sums of floats over the ranks, in one collective."""
+    if not is_distributed():
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    if dist.get_backend() == "nccl":
+        t = t.cuda()
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def all_reduce_mean(value: float) -> float:
+    """Mean of a float over the ranks (e.g. a metric)."""
+    return all_reduce_sum(value)[0] / (dist.get_world_size() if is_distributed() else 1)
+
+
+def weighted_mean_over_ranks(value: float, weight: float) -> tuple[float, float]:
+    """(mean of `value` over the ranks weighted by `weight`, total weight): e.g. a per-sample statistic and each
+    rank's sample count, so that every rank gets the same figure as one process holding all samples would."""
+    total, weights = all_reduce_sum(value * weight, weight)
+    return (total / weights if weights else 0.0), weights
+
+
+# ---------------------------------------------------------------------------- DeepSpeed
+
+
+def load_deepspeed_config(name_or_path: str) -> dict:
+    """A DeepSpeed JSON config: a file name in configs/deepspeed/ or a path."""
+    path = Path(name_or_path)
+    if not path.exists():
+        path = DEEPSPEED_CONFIG_DIR / name_or_path
+    if not path.exists():
+        names = sorted(p.name for p in DEEPSPEED_CONFIG_DIR.glob("*.json"))
+        raise UserError(f"DeepSpeed config {name_or_path!r} not found (choose one of {names} or give a path)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UserError(f"DeepSpeed config {path} is not valid JSON: {exc}") from exc
+
+
+def fill_deepspeed_config(ds: dict, ppo_cfg, world_size: int) -> dict:
+    """Replace the "auto" fields with values from the `ppo:` section (batch sizes, clipping, optimiser)."""
+    ds = json.loads(json.dumps(ds))  # deep copy
+    gas = ppo_cfg.mini_batch_size // ppo_cfg.micro_batch_size
+    auto = {
+        "train_micro_batch_size_per_gpu": ppo_cfg.micro_batch_size,
+        "gradient_accumulation_steps": gas,
+        "train_batch_size": ppo_cfg.micro_batch_size * gas * world_size,
+        "gradient_clipping": ppo_cfg.max_grad_norm,
+    }
+    for key, value in auto.items():
+        if ds.get(key, "auto") == "auto":
+            ds[key] = value
+    params = ds.get("optimizer", {}).get("params", {})
+    for key, value in {"lr": ppo_cfg.lr, "weight_decay": ppo_cfg.weight_decay}.items():
+        if params.get(key) == "auto":
+            params[key] = value
+    return ds
+
+
+def wrap_model(model: torch.nn.Module, ppo_cfg, dist_cfg, info: DistInfo):
+    """(engine, None) through `deepspeed.initialize`, or (model, AdamW) without DeepSpeed (DDP across ranks)."""
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    if dist_cfg.deepspeed:
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
+        import deepspeed
+
+        ds_config = fill_deepspeed_config(load_deepspeed_config(dist_cfg.zero_config), ppo_cfg, info.world_size)
+        if info.distributed and not dist.is_initialized():
+            init_distributed(dist_cfg.backend, dist_cfg.timeout_min)
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=trainable, config=ds_config)
+        return engine, None
+    if torch.cuda.is_available():
+        model = model.to(f"cuda:{info.local_rank}")
+    optimizer = torch.optim.AdamW(trainable, lr=ppo_cfg.lr, weight_decay=ppo_cfg.weight_decay)
+    if info.distributed:
+        ids = [info.local_rank] if torch.cuda.is_available() else None
+        # a separate critic backbone never uses its LM head; otherwise every parameter takes part in each step
+        unused = getattr(model, "critic", None) is not None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids, find_unused_parameters=unused)
+    return model, optimizer
+
+
+def param_checksum(model: torch.nn.Module) -> dict:
+    """sha256 over every parameter's bytes (name order) and the float sum: equal models give equal checksums.
+    Collective under ZeRO-3 (the partitioned parameters are gathered): call it on every rank."""
+    import contextlib
+
+    named = sorted(getattr(model, "module", model).named_parameters())
+    gather = contextlib.nullcontext()
+    if named and hasattr(named[0][1], "ds_id"):  # ZeRO-3: each rank holds a shard; gather the full tensors
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for _, p in named])
+    h, total = hashlib.sha256(), 0.0
+    with gather:
+        for name, p in named:
+            data = p.detach().float().cpu().contiguous()
+            h.update(name.encode())
+            h.update(data.numpy().tobytes())
+            total += data.double().sum().item()
+    return {"sha256": h.hexdigest(), "sum": total}
+
+
+# ---------------------------------------------------------------------------- smoke run
+
+
+def smoke(out_dir: str, zero_config: str = "zero2_cpu.json", steps: int = 3, deepspeed_on: bool = True) -> dict:
+    """A few PPO steps on a tiny random GPT-2, each rank on its own rollouts; writes OUT/rank_N.json."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from selfplay.runtime.config import DistributedConfig, PPOConfig
+    from selfplay.models.factory import ActorCritic, frozen_copy
+    from selfplay.rl.ppo import PPOTrainer, generate
+
+    info = init_distributed()
+    torch.manual_seed(0)  # same initial weights on every rank
+    policy = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64, bos_token_id=63,
+                                        eos_token_id=63, pad_token_id=0,
+                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    model, ref = ActorCritic(policy), frozen_copy(policy)
+    ppo_cfg = PPOConfig(lr=1e-3, mini_batch_size=4, micro_batch_size=2, epochs=2)
+    engine, optimizer = wrap_model(model, ppo_cfg, DistributedConfig(deepspeed=deepspeed_on, zero_config=zero_config),
+                                   info)
+    before = param_checksum(engine)
+    trainer = PPOTrainer(engine, ref, ppo_cfg, optimizer, pad_token_id=0, seed=info.rank)
+    torch.manual_seed(1000 + info.rank)  # different rollouts per rank
+    metrics = {}
+    for _ in range(steps):
+        prompts = torch.randint(1, 64, (8, 5)).tolist()
+        samples = generate(engine, prompts, pad_token_id=0, eos_token_id=63, max_new_tokens=6)
+        scores = [float(s.tokens[0] % 2) for s in samples]
+        metrics = trainer.step(prompts, [s.tokens for s in samples], scores)
+    result = {"rank": info.rank, "world_size": info.world_size, "before": before, "after": param_checksum(engine),
+              "metrics": metrics}
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / f"rank_{info.rank}.json").write_text(json.dumps(result, indent=1))
+    barrier()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="distributed smoke check (run under torchrun)")
+    parser.add_argument("--smoke", metavar="OUT", required=True, help="folder for rank_N.json checksums")
+    parser.add_argument("--zero-config", default="zero2_cpu.json", help="file in configs/deepspeed/ or a path")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-deepspeed", action="store_true", help="plain torch (DDP across ranks)")
+    a = parser.parse_args()
+    smoke(a.smoke, a.zero_config, a.steps, not a.no_deepspeed)

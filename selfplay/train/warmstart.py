@@ -1,0 +1,322 @@
+"""Warm start of both agents by behaviour cloning (docs/architecture.md), the first stage of every run.
+
+1. procedural training tasks (levels 1..max) are generated, validated in the sandbox and stored in the corpus;
+2. the tokenizer and the tiny models are built from those texts (or a pretrained model is loaded: same path);
+3. the solver is fine-tuned on (task prompt -> reference solution), the generator on (K references +
+   instruction -> the task written as a proposal);
+4. each agent's frozen reference (the KL anchor of PPO) is a copy of its warm-started policy;
+5. optional critic pretraining (`warmstart.critic_steps` > 0): the solver attempts a few training tasks k times,
+   the answers are graded in the sandbox, and the value head is regressed (MSE) on the discounted outcome with the
+   policy frozen, so PPO starts with a critic that knows roughly how likely a task is to be solved.
+
+`selfplay warmstart` runs this alone; `selfplay train` runs it when the run folder has no checkpoint yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from collections import defaultdict
+from typing import Callable, Sequence
+
+import torch
+
+from generator.agent import build_prompt, format_proposal
+from generator.schema import Task
+from selfplay.models.agent import LMAgent, agent_ppo_config
+from selfplay.rl import core as rl
+from selfplay.runtime.distributed import local_device
+from selfplay.runtime.errors import UserError
+from selfplay.models.factory import build_models, frozen_copy
+from selfplay.rl.ppo import first_action, last_index, pad_rollouts
+from selfplay.rollout.episodes import generator_rollouts, prompt_options, solver_rollouts
+from selfplay.rl.sft import sft
+from solver.prompts import answer_text, task_prompt
+
+
+def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> list[tuple[str, str]]:
+    """(user prompt, answer text) pairs: the solver writes the reference solution."""
+    return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
+
+
+def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int, fmt: str = "free", sb=None, corpus_index=None,
+                       build_cfg=None) -> list[tuple[str, str]]:
+    """(user prompt, answer text) pairs. Free format: given K other tasks of the same family, the generator writes
+    a task; the instruction names what relates the target to its references (same family: mutate; a deeper
+    pipeline: harder). Mutation format: `mutation_examples`."""
+    if fmt == "mutation":
+        return mutation_examples(tasks, k_refs, seed, sb, corpus_index, build_cfg)
+    rng = random.Random(seed)
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_family[t.family].append(t)
+    out = []
+    for t in tasks:
+        pool = [r for r in by_family[t.family] if r.id != t.id]
+        refs = rng.sample(pool, min(k_refs, len(pool))) if pool else []
+        deeper = refs and t.level > max(r.level for r in refs)
+        out.append((build_prompt(refs, "harder" if deeper else "mutate"), format_proposal(t)))
+    return out
+
+
+def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
+                      per_task: int = 3) -> list[tuple[str, str]]:
+    """Mutation-format pairs: `per_task` draws per task, each K references (the task and K - 1 others), an
+    instruction they allow and a random edit that follows it (several per task: a tiny model memorises a few
+    hundred answers instead of learning the grammar); kept when the edited task passes every validity check in the
+    sandbox, novelty against `corpus_index` and the earlier kept ones included (what a proposal must pass)."""
+    from generator.build import BuildConfig
+    from generator.families.grammar import program_of
+    from generator.mutation import build_mutation_prompt, choose_mutation_instruction, format_mutation, random_mutation
+    from generator.validity import validate_many
+
+    build_cfg = build_cfg or BuildConfig()
+    rng = random.Random(f"mutation-examples:{seed}")
+    pool = [t for t in tasks if program_of(t) is not None]
+    drawn = []
+    for _ in range(per_task):
+        for t in pool:
+            others = [r for r in rng.sample(pool, min(len(pool), k_refs + 1)) if r.id != t.id][: k_refs - 1]
+            refs = others + [t]
+            rng.shuffle(refs)
+            instruction = choose_mutation_instruction(rng, refs, build_cfg)
+            found = random_mutation(rng, refs, instruction, cfg=build_cfg)
+            if found is not None:
+                drawn.append((build_mutation_prompt(refs, instruction), format_mutation(found[0]), found[1]))
+    reports = validate_many([task for *_, task in drawn], sb, corpus_index)
+    return [(prompt, answer) for (prompt, answer, _), report in zip(drawn, reports) if report.ok]
+
+
+def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: int):
+    """(prompt ids, answer ids + eos) per pair. Pairs whose answer takes more than half of `max_len` are dropped:
+    cut to fit, they would teach answers without their prompt."""
+    tok = agent.tokenizer
+    out = []
+    for prompt, answer in pairs:
+        ans = list(tok(answer, add_special_tokens=False)["input_ids"]) + [agent.eos_ids[0]]
+        if len(ans) > max_len // 2:
+            continue
+        ids = agent.chat_ids(prompt)
+        out.append((ids[-(max_len - len(ans)):], ans))
+    return out
+
+
+def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: torch.device | None = None):
+    """(solver, generator) LMAgents built from the `model:` section (tiny models are built from `texts`), on
+    `device` (default: this rank's GPU when there is one, else the CPU)."""
+    device = device or local_device()
+    agents = []
+    for name in ("solver", "generator"):
+        model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed)
+        model.to(device)
+        reference.to(device)
+        agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
+                              seed=cfg.run.seed))
+    if cfg.generator.constrained:  # the probe samples under the format's grammar (SFT itself is not sampled)
+        agents[1].constrain(cfg.generator.format)
+    return agents
+
+
+def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.device | str = "cpu"):
+    """Padded rollouts (anything with .prompt, .tokens, .mask, .reward) and their per-token discounted returns
+    (the reward on the last action token), on the shifted axis from the first action position, on `device`."""
+    ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
+                                 [r.mask for r in rollouts])
+    start, act = first_action(act)
+    rewards = torch.zeros_like(act)
+    rewards[torch.arange(len(rollouts)), last_index(act)] = torch.tensor([float(r.reward) for r in rollouts])
+    returns = rl.discounted_returns(rewards, act, gamma)
+    return ids.to(device), att.to(device), start, act.to(device), returns.to(device)
+
+
+def _squared_errors(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum of squared value errors over the action tokens, their count) for one `_critic_batch`."""
+    ids, att, start, act, returns = batch
+    _, values = model(ids, att, logits_to_keep=ids.shape[1] - start)
+    err = (values[:, :-1].float() - returns) ** 2
+    return rl.masked_sum(err, act), act.sum()
+
+
+def critic_value_loss(model, rollouts: Sequence, *, pad_id: int, gamma: float, batch_size: int = 16) -> float:
+    """Token-mean squared error of the value head against the discounted outcome over `rollouts`."""
+    total, count, device = 0.0, 0.0, next(model.parameters()).device
+    with torch.no_grad():
+        for i in range(0, len(rollouts), batch_size):
+            s, n = _squared_errors(model, _critic_batch(rollouts[i: i + batch_size], pad_id, gamma, device))
+            total, count = total + s.item(), count + n.item()
+    return total / max(count, 1.0)
+
+
+def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, lr: float, pad_id: int,
+                    gamma: float = 1.0, seed: int = 0) -> dict:
+    """Regress the value head (and a separate critic backbone, if any) of an ActorCritic on the outcomes of graded
+    rollouts for `steps` AdamW steps; the policy is frozen. Returns the value loss (MSE) before and after."""
+    if not rollouts:
+        raise ValueError("critic pretraining needs at least one rollout")
+    critic = list(model.value_head.parameters()) + (list(model.critic.parameters()) if model.critic is not None else [])
+    device = next(model.parameters()).device
+    frozen = [p for p in model.policy.parameters() if p.requires_grad]
+    for p in frozen:
+        p.requires_grad_(False)
+    was_training = model.training
+    model.train(False)
+    try:
+        before = critic_value_loss(model, rollouts, pad_id=pad_id, gamma=gamma, batch_size=batch_size)
+        optimizer = torch.optim.AdamW(critic, lr=lr, weight_decay=0.0)
+        rng, order, losses = random.Random(seed), [], []
+        for _ in range(steps):
+            if len(order) < batch_size:
+                order += rng.sample(range(len(rollouts)), len(rollouts))
+            idx, order = order[:batch_size], order[batch_size:]
+            s, n = _squared_errors(model, _critic_batch([rollouts[i] for i in idx], pad_id, gamma, device))
+            loss = s / n.clamp(min=1.0)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        for p in critic:
+            p.grad = None
+        after = critic_value_loss(model, rollouts, pad_id=pad_id, gamma=gamma, batch_size=batch_size)
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(was_training)
+    return {"before": before, "after": after, "losses": losses}
+
+
+def critic_warm_start(cfg, solver: LMAgent, tasks: Sequence[Task], sb) -> dict:
+    """Sample `critic_samples` answers on `critic_tasks` training tasks, grade them, pretrain the solver's critic."""
+    ws = cfg.warmstart
+    chosen = random.Random(cfg.run.seed).sample(list(tasks), min(ws.critic_tasks, len(tasks)))
+    t0 = time.perf_counter()
+    rollouts = solver_rollouts(solver, chosen, ws.critic_samples, sb, max_turns=cfg.train.max_turns,
+                               reward_cfg=cfg.reward, max_prompt_tokens=ws.max_len, prompt_kw=prompt_options(cfg))
+    result = pretrain_critic(solver.module, rollouts, steps=ws.critic_steps, batch_size=ws.batch_size,
+                             lr=ws.critic_lr, pad_id=solver.tokenizer.pad_token_id, gamma=cfg.ppo.gamma,
+                             seed=cfg.run.seed)
+    return {"solver_critic_episodes": len(rollouts),
+            "solver_critic_solve_rate": sum(r.result.solved for r in rollouts) / max(1, len(rollouts)),
+            "solver_critic_loss_before": result["before"], "solver_critic_loss_after": result["after"],
+            "solver_critic_s": time.perf_counter() - t0}
+
+
+def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) -> dict:
+    """Sample `warmstart.generator_probe` proposals as training would (K random references from `tasks`, the
+    configured format, prompt budget and temperature), parse and validate them against the corpus: the warm-started
+    generator's parse and validity rates, and the first rejection reasons."""
+    from collections import Counter
+
+    from generator.build import BuildConfig
+    from generator.families.grammar import program_of
+
+    t = cfg.train
+    rng = random.Random(f"probe:{cfg.run.seed}")
+    pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
+    groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(cfg.warmstart.generator_probe)]
+    positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
+    t0 = time.perf_counter()
+    rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
+                                  n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
+                                  max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
+                                                                positions - t.generator_max_new_tokens)),
+                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks))
+    n = max(1, len(rollouts))
+    rejections = Counter(r.rejection for r in rollouts if not r.valid)
+    return {"generator_probe_proposals": len(rollouts),
+            "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
+            "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
+            **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
+            "generator_probe_s": time.perf_counter() - t0}
+
+
+def level_counts(ws, max_level: int = 4) -> dict:
+    """{level (None = a mix of levels 1..max_level): tasks to draw} for the warm-start corpus, from `warmstart`."""
+    if not ws.level_tasks:
+        return {None: ws.tasks}
+    counts = list(ws.level_tasks)
+    if len(counts) > max_level or any(n < 0 for n in counts) or sum(counts) == 0:
+        raise UserError(f"warmstart.level_tasks must be 1 to {max_level} (tasks.max_level) counts >= 0 for levels 1, "
+                        f"2, ..., not all 0; got {counts}")
+    return {level: n for level, n in enumerate(counts, start=1) if n > 0}
+
+
+def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
+    """The warm start's procedural training tasks, drawn (after the held-out ones) and inserted into `corpus`."""
+    from generator.build import BuildConfig, generate_tasks
+
+    ws = cfg.warmstart
+    build_cfg = dataclasses.replace(BuildConfig.from_config(cfg.tasks),
+                                    max_level=min(ws.max_level, cfg.tasks.max_level))
+    tasks: list[Task] = []
+    # each level's tasks enter the corpus before the next level is drawn, so no program appears twice
+    for level, n in level_counts(ws, cfg.tasks.max_level).items():
+        new = generate_tasks(n, level=level, split="train", seed=cfg.run.seed, sb=sb, corpus_index=corpus,
+                             cfg=build_cfg, stats=stats, on_batch=on_batch)
+        corpus.insert_many(new)
+        tasks += new
+    return tasks
+
+
+def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None) -> dict:
+    """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report)."""
+    from generator.build import BuildConfig, BuildStats
+
+    t0 = time.perf_counter()
+    ws = cfg.warmstart
+    stats = BuildStats()
+    counts = level_counts(ws, cfg.tasks.max_level)
+    bar = progress(total=sum(counts.values()), desc="procedural tasks") if progress else None
+    tasks = warmstart_corpus(cfg, sb, corpus, stats, on_batch=(lambda new, _s: bar.update(len(new))) if bar else None)
+    if bar:
+        bar.close()
+    log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
+
+    s_pairs = solver_examples(tasks, prompt_options(cfg))
+    g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, sb, corpus,
+                                 BuildConfig.from_config(cfg.tasks))
+    log(f"warm start: {len(g_pairs)} {cfg.generator.format}-format generator examples")
+    texts = [x for pair in s_pairs + g_pairs for x in pair]
+    solver, generator = build_agents(cfg, run_dir, texts)
+
+    report = {"tasks": len(tasks), "task_gen_s": stats.seconds}
+    for agent, pairs, steps in ((solver, s_pairs, ws.solver_steps), (generator, g_pairs, ws.generator_steps)):
+        examples = tokenize_pairs(agent, pairs, ws.max_len)
+        report[f"{agent.name}_sft_examples"] = len(examples)
+        bar = progress(total=steps, desc=f"SFT {agent.name}") if progress else None
+        t1 = time.perf_counter()
+        losses = sft(agent.module.policy, examples, steps=steps, batch_size=ws.batch_size, lr=ws.lr,
+                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed,
+                     on_step=(lambda i, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"))) if bar else None)
+        if bar:
+            bar.close()
+        # the KL anchor of PPO is the warm-started policy
+        agent.reference = frozen_copy(agent.module.policy)
+        agent.trainer.ref_model = agent.reference
+        report[f"{agent.name}_sft_loss_first"] = losses[0]
+        report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
+        report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
+        log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> "
+            f"{report[agent.name + '_sft_loss_last']:.3f}")
+    if ws.generator_probe > 0:
+        report.update(probe_generator(cfg, generator, tasks, sb, corpus))
+        mode = ", constrained" if generator.constraint is not None else ""
+        log(f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
+            f"rate {report['generator_probe_parse_rate']:.3f}, validity rate "
+            f"{report['generator_probe_validity_rate']:.3f}")
+        if generator.constraint is not None:  # the same weights and references without the grammar, for comparison
+            constraint, generator.constraint = generator.constraint, None
+            try:
+                free = probe_generator(cfg, generator, tasks, sb, corpus)
+            finally:
+                generator.constraint = constraint
+            report.update({k.replace("generator_probe_", "generator_probe_unconstrained_"): v for k, v in free.items()})
+            log(f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
+                f"validity rate {free['generator_probe_validity_rate']:.3f}")
+    if ws.critic_steps > 0:
+        report.update(critic_warm_start(cfg, solver, tasks, sb))
+        log(f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
+            f"episodes (solved {report['solver_critic_solve_rate']:.2f}), value loss "
+            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}")
+    report["seconds"] = time.perf_counter() - t0
+    return solver, generator, report

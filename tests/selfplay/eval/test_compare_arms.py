@@ -1,0 +1,163 @@
+"""`selfplay compare`: the aggregation (pure, property-tested) and one real run of two arms from a warm start."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pytest
+
+from selfplay.eval.compare import _copy_warm_start, markdown_table, mean_sd, paired_delta, summarize
+from tests.conftest import SMOKE, selfplay
+
+rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
+
+
+@given(st.lists(rate, min_size=1, max_size=6))
+def test_mean_sd_matches_statistics(values):
+    mean, sd = mean_sd(values)
+    assert min(values) - 1e-12 <= mean <= max(values) + 1e-12
+    assert sd == (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+@settings(max_examples=50)
+@given(st.dictionaries(st.sampled_from(["warmstart", "curriculum", "selfplay"]),
+                       st.lists(st.dictionaries(st.sampled_from(["test", "deeper", "noisy"]), rate, min_size=1),
+                                min_size=1, max_size=4), min_size=1))
+def test_summary_keeps_every_seed_value(arms):
+    runs = {arm: {str(i): {"heldout": {s: {"pass@1_greedy": v} for s, v in per_split.items()}, "history": []}
+                  for i, per_split in enumerate(seeds)} for arm, seeds in arms.items()}
+    summary = summarize(runs)
+    for arm, seeds in arms.items():
+        for split in {s for per_split in seeds for s in per_split}:
+            cell = summary[arm][split]["pass@1_greedy"]
+            assert sorted(cell["values"]) == sorted(p[split] for p in seeds if split in p)
+            assert abs(cell["mean"] - statistics.mean(cell["values"])) < 1e-12
+    table = markdown_table({"seeds": [0], "arms": list(arms), "summary": summary})
+    assert len(table.splitlines()) == 2 + len(arms)
+
+
+def test_paired_delta_by_hand():
+    before = {"a": [1, 4, 1], "b": [0, 4, 0], "only_before": [1, 4, 4]}
+    after = {"a": [1, 4, 3], "b": [1, 4, 2], "only_after": [0, 4, 0]}
+    sampled = paired_delta(before, after, "pass@1")
+    assert sampled["tasks"] == 2  # tasks in one evaluation only are left out
+    assert (sampled["before"], sampled["after"], sampled["delta"]) == (0.125, 0.625, 0.5)
+    assert sampled["ci95"] == [0.5, 0.5]  # both tasks moved by +0.5: every resample says so
+    greedy = paired_delta(before, after, "pass@1_greedy")
+    assert (greedy["before"], greedy["after"], greedy["delta"]) == (0.5, 1.0, 0.5)
+    assert 0.0 <= greedy["ci95"][0] <= greedy["ci95"][1] <= 1.0
+    with pytest.raises(ValueError, match="share no task"):
+        paired_delta({"a": [1, 1, 1]}, {"b": [1, 1, 1]})
+    with pytest.raises(ValueError, match="metric"):
+        paired_delta(before, after, "pass@4")
+
+
+outcome = st.tuples(st.integers(0, 1), st.integers(1, 8), st.integers(0, 8)).map(
+    lambda t: [t[0], t[1], min(t[1], t[2])])  # [greedy solved, n, c <= n]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.tuples(outcome, outcome), min_size=1, max_size=30),
+       st.sampled_from(["pass@1", "pass@1_greedy"]))
+def test_paired_delta_properties(rows, metric):
+    before = {k: b for k, (b, _) in rows.items()}
+    after = {k: a for k, (_, a) in rows.items()}
+    d = paired_delta(before, after, metric, n_boot=300)
+    assert abs(d["delta"] - (d["after"] - d["before"])) < 1e-9
+    value = (lambda r: r[0]) if metric == "pass@1_greedy" else (lambda r: r[2] / r[1])
+    diffs = [value(after[k]) - value(before[k]) for k in rows]
+    lo, hi = d["ci95"]
+    assert min(diffs) - 1e-9 <= lo <= hi <= max(diffs) + 1e-9
+    same = paired_delta(before, before, metric, n_boot=50)
+    assert same["delta"] == 0.0 and same["ci95"] == [0.0, 0.0]
+
+
+def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
+    """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
+    iteration each."""
+    out = tmp_path / "compare"
+    shutil.copytree(warm_run, out / "seed_0" / "warmstart")
+    args = ["compare", *SMOKE, "train.steps=1", "train.fixed_tasks=8", "--seeds", "0",
+            "--arms", "warmstart", "curriculum", "fixed", "--out", str(out)]
+    selfplay(*args)
+    results = json.loads((out / "results.json").read_text())
+    assert results["arms"] == ["warmstart", "curriculum", "fixed"]
+    warm = results["runs"]["warmstart"]["0"]["heldout"]
+    trained = results["runs"]["curriculum"]["0"]
+    assert set(warm) == set(trained["heldout"]) and "test" in warm
+    assert all(0.0 <= v <= 1.0 for r in (warm, trained["heldout"]) for m in r.values() for v in m.values())
+    assert [h["step"] for h in trained["history"]] == [1]
+    n_test = sum(json.loads(line)["params"].get("eval_split") == "test"
+                 for line in (warm_run / "heldout.jsonl").read_text().splitlines())
+    for by_level in (results["runs"]["warmstart"]["0"]["test_by_level"], trained["test_by_level"]):
+        assert by_level and all(lv.startswith("level_") for lv in by_level)
+        assert sum(m["tasks"] for m in by_level.values()) == n_test
+    assert set(results["summary_test_by_level"]["curriculum"]) == set(trained["test_by_level"])
+    assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
+    assert (out / "seed_0" / "curriculum" / "summary.json").exists()
+    report = (out / "results.md").read_text()
+    paired_rows = 2 * len(results["paired_test"]["curriculum"]["0"])  # 2 metrics x (the split + each level)
+    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 4 + paired_rows
+    # each RL run against the warm start, paired over the test split's tasks
+    levels = results["runs"]["warmstart"]["0"]["test_by_level"]
+    for arm in ("curriculum", "fixed"):
+        paired = results["paired_test"][arm]["0"]
+        assert list(paired) == ["all", *sorted(levels)]
+        for group, by_metric in paired.items():
+            assert set(by_metric) == {"pass@1_greedy", "pass@1"}
+            for metric, d in by_metric.items():
+                whole = warm["test"] if group == "all" else levels[group]
+                after = results["runs"][arm]["0"]["heldout"]["test"] if group == "all" else \
+                    results["runs"][arm]["0"]["test_by_level"][group]
+                assert d["tasks"] == whole.get("tasks", n_test)
+                assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
+        assert report.count(f"| {arm} | 0 |") == 2 * len(paired)
+        assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
+    # no mixer in these modes: the curriculum's level is its schedule's, the fixed set has none
+    assert [h["level"] for h in trained["history"]] == [1]
+    assert [h["level"] for h in results["runs"]["fixed"]["0"]["history"]] == [None]
+    # the fixed arm trained on its task set: 8 warm-start tasks of levels 1-2, written once
+    fixed = [json.loads(line) for line in (out / "seed_0" / "fixed" / "fixed_tasks.jsonl").read_text().splitlines()]
+    assert len(fixed) == 8 and {t["level"] for t in fixed} <= {1, 2} and all(t["split"] == "train" for t in fixed)
+    # the warm start row is the warm start's own step-0 evaluation
+    before = json.loads((out / "seed_0" / "curriculum" / "summary.json").read_text())["heldout_before"]
+    assert {s: m["pass@1_greedy"] for s, m in warm.items()} == before
+    # a second call finds everything done: no new run, same results
+    log = out / "logs" / "seed_0_curriculum.log"
+    size = log.stat().st_size
+    selfplay(*args)
+    assert log.stat().st_size == size
+    assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
+
+
+def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
+    warm = tmp_path / "warm"
+    (warm / "checkpoints" / "step_0").mkdir(parents=True)
+    (warm / "models").mkdir()
+    for name in ("corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "reserved_tasks.jsonl", "train.log"):
+        (warm / name).write_text(name)
+    _copy_warm_start(warm, tmp_path / "arm")
+    assert sorted(p.name for p in (tmp_path / "arm").iterdir()) == [
+        "checkpoints", "corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "models", "reserved_tasks.jsonl"]
+    (warm / "reserved_tasks.jsonl").unlink()  # a warm start without a pool: nothing to copy, no error
+    _copy_warm_start(warm, tmp_path / "arm2")
+    assert not (tmp_path / "arm2" / "reserved_tasks.jsonl").exists()
+
+
+def test_compare_refuses_per_run_keys(tmp_path):
+    proc = selfplay("compare", "configs/smoke.yaml", "train.mode=selfplay", "--out", str(tmp_path), check=False)
+    assert proc.returncode == 2 and "train.mode is set per run" in proc.stderr
+
+
+def test_overrides_may_follow_the_options():
+    from selfplay.cli import build_parser
+
+    args, extra = build_parser().parse_known_args(["compare", "configs/smoke.yaml", "a.b=1", "--out", "x", "c.d=2"])
+    assert (args.config, args.overrides, extra) == ("configs/smoke.yaml", ["a.b=1"], ["c.d=2"])
+    proc = selfplay("compare", "configs/smoke.yaml", "--out", "/nonexistent/x", "bogus.key=1", check=False)
+    assert proc.returncode == 2 and "bogus" in proc.stderr  # the late override reached the config check

@@ -1,0 +1,31 @@
+"""Per-agent PPO settings (selfplay.models.agent.agent_ppo_config)."""
+
+from selfplay.models.agent import agent_ppo_config
+from selfplay.runtime.config import load_config
+
+
+def test_generator_samples_at_its_own_temperature_and_agents_do_not_share_settings():
+    cfg = load_config(None, ["ppo.temperature=1.0", "train.generator_temperature=0.4", "ppo.kl_coef=0.2"])
+    solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
+    assert (solver.temperature, generator.temperature) == (1.0, 0.4)
+    assert solver.kl_coef == generator.kl_coef == 0.2
+    solver.kl_coef = 0.9  # one agent's settings changing at run time (e.g. eval's temperature) leaves the other's
+    assert generator.kl_coef == cfg.ppo.kl_coef == 0.2 and cfg.ppo.temperature == 1.0
+
+
+def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
+    import pytest
+
+    from selfplay.runtime.errors import UserError
+
+    cases = {
+        ("train.samples_per_task=1", "ppo.skip_uniform_groups=true"): "train.samples_per_task.*ppo.skip_uniform_groups",
+        ("train.samples_per_task=1", "ppo.advantage=rloo"): "train.samples_per_task.*ppo.advantage",
+        ("ppo.top_k=5",): "ppo.top_k",
+        ("ppo.top_p=0.9",): "ppo.top_p",
+        ("ppo.mini_batch_size=6", "ppo.micro_batch_size=4"): "ppo.mini_batch_size",
+    }
+    for overrides, match in cases.items():
+        with pytest.raises(UserError, match=match):
+            load_config(None, list(overrides))
+    load_config(None, ["train.samples_per_task=2", "ppo.skip_uniform_groups=true", "ppo.advantage=rloo"])

@@ -1,0 +1,154 @@
+"""Grammar-constrained decoding (generator.constrained): the sampler draws from the masked, renormalised
+distribution, and the trainer scores every token under the same mask (old, new, reference)."""
+
+import random
+
+import pytest
+import torch
+
+from generator.agent import ProposalError
+from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
+from selfplay.rl import ppo
+from selfplay.rl import core as rl
+from selfplay.models.agent import LMAgent
+from selfplay.runtime.config import PPOConfig
+from selfplay.rollout.constrained import compile_constraint, compile_grammar, unpack_bits
+from selfplay.runtime.errors import UserError
+from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
+
+pytest.importorskip("xgrammar")
+
+TEXTS = ["REF 1\nEDIT add 3 take last 2\nEND\n", "REF 2\nEDIT const 1 k=5\nEND\n", "def solve(xs):\n    return xs\n",
+         "DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int]) -> list[int]\nINPUTS:\n[[1, 2]]\n",
+         "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type"] * 20
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(TEXTS, vocab_size=400, kind="bpe")
+
+
+def agent(tok, seed=0, temperature=1.0):
+    torch.manual_seed(seed)
+    policy = build_tiny_model(tok, n_layer=1, n_embd=32, n_head=2, max_positions=160)
+    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, max_new_tokens=MAX_ANSWER_TOKENS, temperature=temperature,
+                    epochs=1)
+    return LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=seed)
+
+
+def prompts(a, n):
+    return [a.chat_ids(f"Edit one reference task's program. {i}") for i in range(n)]
+
+
+def test_random_model_under_the_mutation_grammar_always_parses(tok):
+    a = agent(tok, temperature=1.0)
+    a.constrain("mutation")
+    answers = a.sample(prompts(a, 32), max_new_tokens=MAX_ANSWER_TOKENS)
+    parsed = [parse_mutation(x.text) for x in answers]
+    bad = [(x.text, p.reason) for x, p in zip(answers, parsed) if isinstance(p, ProposalError)]
+    assert not bad, bad[:3]
+    assert len({x.text for x in answers}) > 16  # the grammar leaves real choice
+    a.constraint = None  # the same model unconstrained parses (almost) never
+    free = [parse_mutation(x.text) for x in a.sample(prompts(a, 32), max_new_tokens=MAX_ANSWER_TOKENS)]
+    assert sum(not isinstance(p, ProposalError) for p in free) == 0
+
+
+def test_free_grammar_answers_follow_the_sections(tok):
+    a = agent(tok)
+    a.constrain("free")
+    answers = a.sample(prompts(a, 8), max_new_tokens=24)
+    for x in answers:  # a random model writes long lines: each (truncated) answer is a prefix of the shape
+        assert "DESCRIPTION: ".startswith(x.text[:13]) or x.text.startswith("DESCRIPTION: "), x.text
+
+
+def test_masked_positions_are_minus_inf_and_the_distribution_sums_to_one():
+    logits = torch.randn(3, 5, 50)
+    allowed = torch.rand(3, 5, 50) < 0.3
+    allowed[..., 0] = True
+    logdist = rl.sampling_logprobs(logits, 0.7, allowed)
+    assert torch.isneginf(logdist[~allowed]).all() and torch.isfinite(logdist[allowed]).all()
+    assert torch.allclose(logdist.exp().sum(-1), torch.ones(3, 5))
+    full = rl.sampling_logprobs(logits, 0.7, torch.ones_like(allowed))
+    assert torch.equal(full, rl.sampling_logprobs(logits, 0.7))
+    ent = rl.entropy_from_logits(logdist)  # entropy of the masked distribution, finite
+    p = logdist.exp()
+    assert torch.allclose(ent, -(p * logdist.masked_fill(~allowed, 0)).sum(-1), atol=1e-5)
+
+
+def test_unpack_bits_round_trips():
+    allowed = torch.rand(4, 70) < 0.5
+    packed = torch.zeros(4, 3, dtype=torch.int64)
+    for j in range(70):
+        packed[:, j // 32] |= allowed[:, j].long() << (j % 32)
+    packed = ((packed + 2**31) % 2**32 - 2**31).to(torch.int32)  # as int32 words
+    assert torch.equal(unpack_bits(packed, 70), allowed)
+
+
+def test_trainer_scores_equal_the_samplers_under_the_grammar_and_ratios_are_one(tok):
+    a = agent(tok, temperature=0.8)
+    a.constrain("mutation")
+    ps = prompts(a, 4)
+    samples, scores = ppo.generate(a.model, ps, pad_token_id=tok.pad_token_id, eos_token_id=a.eos_ids,
+                                   max_new_tokens=MAX_ANSWER_TOKENS, temperature=0.8, return_scores=True,
+                                   constraint=a.constraint)
+    assert all(s.allowed is not None and len(s.allowed) == len(s.tokens) for s in samples)
+    # the sampled distribution is masked: excluded tokens -inf, and it sums to 1
+    step0 = scores[:, 0]
+    assert torch.isneginf(step0).any() and torch.allclose(step0.exp().sum(-1), torch.ones(4), atol=1e-5)
+    t = a.trainer
+    queries, responses = ps, [s.tokens for s in samples]
+    packed = ppo.pack_allowed([s.allowed for s in samples],
+                              ppo.first_action(ppo.pad_rollouts(queries, responses, tok.pad_token_id)[2])[1])
+    r, _ = t._prepare(queries, responses, [1.0, 0.0, 0.5, 0.0], None, None, [s.allowed for s in samples])
+    for b, s in enumerate(samples):
+        pos = r.action_mask[b].bool()
+        assert torch.allclose(r.old_logp[b][pos], torch.tensor(s.logprobs), atol=1e-5)
+    # the reference is the policy's frozen copy: its masked scores equal them too (KL 0)
+    ids, att = r.input_ids, r.attention_mask
+    ref = t._ref_logprobs(ids, att, r.start, packed)
+    assert torch.allclose(ref[r.action_mask.bool()], r.old_logp[r.action_mask.bool()], atol=1e-5)
+    # the same tokens scored without the mask differ (the mask matters)
+    unmasked = t._ref_logprobs(ids, att, r.start)
+    assert not torch.allclose(unmasked[r.action_mask.bool()], ref[r.action_mask.bool()], atol=1e-3)
+    # one PPO step on constrained rollouts: new == old before the first optimiser step
+    answers = a.sample(ps)
+    before = [p.clone() for p in a.module.parameters()]
+    stats = a.update(answers, [1.0, 0.0, 0.5, 0.0])
+    assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0 and stats["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in stats.items() if isinstance(v, float) and k != "lr")
+    assert any(not torch.equal(p, q) for p, q in zip(before, a.module.parameters()))
+
+
+def test_a_grammar_that_cannot_be_compiled_is_refused_naming_the_key(tok):
+    with pytest.raises(UserError, match="generator.constrained"):
+        compile_grammar(tok, 'root ::= "REF " undefined_rule', 400)
+    with pytest.raises(UserError, match="generator.constrained"):
+        compile_constraint(tok, "prose", 400)
+    with pytest.raises(UserError, match="generator.constrained"):
+        compile_grammar(object(), 'root ::= "a"', 400)  # not a tokenizer
+
+
+def test_every_warm_start_target_is_in_its_grammar(tok):
+    """The grammars are not tighter than the formats: the warm start's targets (procedural tasks in the free format,
+    drawn mutations) are all accepted, to their end."""
+    import xgrammar as xgr
+
+    from generator.agent import format_proposal
+    from generator.build import materialise, sample_params
+    from generator.mutation import choose_mutation_instruction, format_mutation, random_mutation
+
+    rng = random.Random(0)
+    tasks = [materialise(sample_params(rng, 1 + i % 4), "train") for i in range(60)]
+    mutations = []
+    for _ in range(120):
+        refs = rng.sample(tasks, 3)
+        found = random_mutation(rng, refs, choose_mutation_instruction(rng, refs))
+        if found is not None:
+            mutations.append(format_mutation(found[0]))
+    assert len(mutations) > 60
+    for fmt, texts in (("free", [format_proposal(t) for t in tasks]), ("mutation", mutations)):
+        compiled = compile_constraint(tok, fmt, len(tok)).compiled
+        for text in texts:
+            matcher = xgr.GrammarMatcher(compiled)
+            assert matcher.accept_string(text), (fmt, text)
+            assert matcher.accept_token(tok.eos_token_id) and matcher.is_terminated(), (fmt, text)

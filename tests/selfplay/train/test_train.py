@@ -1,0 +1,129 @@
+"""`selfplay train` end to end on the smoke config (CPU, real models, real sandbox, real PPO, real self-play).
+
+The warm start runs once per session (slowest part); each test continues from a copy of that run folder, which is
+exactly what `selfplay train` does on a folder that holds a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from selfplay.runtime.config import load_config
+from selfplay.runtime.tb import read_scalars
+
+from tests.conftest import REPO, SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
+
+
+def corpus_ids(run: Path) -> list[str]:
+    with sqlite3.connect(run / "corpus.sqlite") as db:
+        return [r[0] for r in db.execute("SELECT id FROM tasks")]
+
+
+def latest_state(run: Path) -> dict:
+    name = (run / "checkpoints" / "latest").read_text().strip()
+    return json.loads((run / "checkpoints" / name / "state.json").read_text())
+
+
+@pytest.mark.slow
+def test_warm_start_writes_step_0(warm_run):
+    assert (warm_run / "checkpoints" / "latest").read_text().strip() == "step_0"
+    state = latest_state(warm_run)
+    assert state["step"] == 0 and state["corpus_size"] == 160 == len(corpus_ids(warm_run))
+    assert state["warmstart"]["solver_sft_loss_last"] < state["warmstart"]["solver_sft_loss_first"]
+    for agent in ("solver", "generator"):
+        folder = warm_run / "checkpoints" / "step_0" / agent
+        assert (folder / "config.json").exists() and (folder / "value_head.pt").exists()
+        assert (folder / "reference" / "config.json").exists() and (folder / "optimizer.pt").exists()
+    assert set(state["eval_before"]) >= {"test", "deeper", "noisy", "heldout_types", "heldout_compositions"}
+
+
+@pytest.mark.slow
+def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
+    assert "held-out test" in proc.stdout and "corpus by source" in proc.stdout
+    ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
+    assert ckpts == ["step_2", "step_3"]  # keep_last=2 in the smoke config
+    state = latest_state(run)
+    assert state["step"] == 3 and [h["step"] for h in state["history"]] == [1, 2, 3]
+    assert state["corpus_size"] == len(corpus_ids(run)) == len(set(corpus_ids(run)))
+
+    tags = read_scalars(run)
+    for tag in ("solver/pass_rate", "solver/reward_mean", "generator/reward_mean", "generator/validity_rate",
+                "generator/diversity", "mixer/target_solve_rate", "mixer/share/generator", "mixer/share/replay",
+                "ppo/solver/policy_loss", "ppo/solver/value_loss", "ppo/solver/kl", "ppo/solver/entropy",
+                "ppo/solver/clipfrac", "ppo/solver/explained_var", "ppo/generator/policy_loss",
+                "sandbox/execs_per_s", "sandbox/cache_hit_rate", "time/rollout_s", "time/update_s",
+                "time/sandbox_s", "eval/heldout/test/pass@1_greedy", "eval/heldout/deeper/pass@1"):
+        assert tag in tags, tag
+    assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3]
+    assert all(0.0 <= v <= 1.0 for _, v in tags["generator/validity_rate"])
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 3 and summary["corpus_by_source"]["procedural"] >= 160
+
+    # train.steps is the total: the same command again has nothing to do, a larger one continues
+    again = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
+    assert "nothing to do" in again.stdout
+    # ... and a learning rate or KL coefficient given for the continuation is the one used (not the one saved with
+    # the optimiser or the trainer)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5",
+             "ppo.kl_coef=0.321")
+    assert latest_state(run)["step"] == 4
+    tags = read_scalars(run)
+    assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
+    solver_lr, generator_lr = tags["ppo/solver/lr"][-1], tags["ppo/generator/lr"][-1]
+    assert solver_lr[0] == generator_lr[0] == 4 and generator_lr[1] == pytest.approx(0.5 * solver_lr[1])
+    assert 0.0123 * 0.1 <= solver_lr[1] <= 0.0123 + 1e-9  # times the mixer's lr_scale, in [0.1, 1]
+    assert tags["ppo/solver/lr"][0][1] <= 1e-4 + 1e-12  # the smoke config's own ppo.lr before
+    assert tags["ppo/solver/kl_coef"][-1] == (4, pytest.approx(0.321))
+    assert tags["ppo/solver/kl_coef"][0][1] == pytest.approx(load_config(REPO / "configs" / "smoke.yaml").ppo.kl_coef)
+
+
+@pytest.mark.slow
+def test_sigkill_mid_run_resumes_with_the_corpus_intact(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)
+    args = [sys.executable, "-m", "selfplay", "train", *SMOKE, f"run.dir={run}", "train.steps=5",
+            "train.checkpoint_every=1"]
+    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 600
+    latest = run / "checkpoints" / "latest"
+    while time.time() < deadline and latest.read_text().strip() in ("step_0", "step_1"):
+        assert proc.poll() is None, "the run ended before it could be killed"
+        time.sleep(0.2)
+    time.sleep(1.0)  # somewhere inside the next iteration
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    killed_at = latest_state(run)["step"]
+    assert 2 <= killed_at < 5
+
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=5", "train.checkpoint_every=1")
+    state = latest_state(run)
+    assert state["step"] == 5 and [h["step"] for h in state["history"]] == [1, 2, 3, 4, 5]
+    ids = corpus_ids(run)
+    assert len(ids) == len(set(ids)) == state["corpus_size"]
+    assert not list((run / "checkpoints").glob("*.partial"))
+
+
+def test_bad_config_key_fails_before_any_work(tmp_path):
+    run = tmp_path / "never"
+    proc = selfplay("train", "configs/smoke.yaml", f"run.dir={run}", "train.stepz=3", check=False, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == ["selfplay train: error: override: unknown config key 'train.stepz'"]
+    assert not run.exists()
+    proc = selfplay("train", "configs/nope.yaml", check=False, timeout=120)
+    assert proc.returncode == 2 and "config file not found" in proc.stderr
+
+
+def test_bad_mode_and_batch_sizes_are_named(tmp_path):
+    proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "train.mode=magic", check=False,
+                    timeout=120)
+    assert proc.returncode == 2 and "train.mode" in proc.stderr
