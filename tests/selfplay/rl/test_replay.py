@@ -209,7 +209,10 @@ def test_the_replay_term_moves_parameters_by_coef_times_its_gradient():
         assert torch.equal(zero[name], plain[name]), name  # coef 0: bit-identical to no replay
         assert torch.allclose(replayed[name] - plain[name], -coef * grad[name], atol=2e-5, rtol=1e-3), name
     assert max((replayed[n] - plain[n]).abs().max().item() for n in plain) > 1e-3  # and it is not nothing
-    assert torch.equal(replayed["value_head.summary.weight"], plain["value_head.summary.weight"])
+    # the replay term has no value loss: the value head moves as in plain PPO, up to float rounding of the joint
+    # forward over a differently padded batch (~3e-8 here, against ~1e-3 for the replay gradient above)
+    head = "value_head.summary.weight"
+    assert torch.allclose(replayed[head], plain[head], rtol=0, atol=1e-6)
 
 
 def test_replay_raises_the_likelihood_of_the_replayed_answers():
