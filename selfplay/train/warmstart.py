@@ -108,7 +108,7 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
     device = device or local_device()
     agents = []
     for name in ("solver", "generator"):
-        model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed)
+        model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed, agent=name)
         model.to(device)
         reference.to(device)
         agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,

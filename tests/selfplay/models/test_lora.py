@@ -1,0 +1,103 @@
+"""LoRA through peft: the warm start's checkpoint asks for a fresh adapter, later loads train it over the frozen
+reference weights, saves write merged full weights beside the adapter, and a reload gives the same model."""
+
+import json
+
+import pytest
+import torch
+
+from selfplay.models import factory as models
+from selfplay.models.agent import load_agent_parts
+from selfplay.runtime.config import load_config
+from selfplay.runtime.errors import UserError
+
+pytest.importorskip("peft")
+
+CODE = ["def add(a, b):\n    return a + b\n", "def double_all(xs):\n    return [x * 2 for x in xs]\n"] * 8
+
+
+def _agent_folder(tmp_path, overrides=()):
+    """A warm-start-like agent folder: tiny llama policy (with the pending adapter), reference, tokenizer."""
+    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
+                                 "model.vocab_size=300", "model.lora.r=4", *overrides])
+    model, reference, tokenizer = models.build_models(cfg.model, tmp_path / "run", CODE, agent="solver")
+    folder = tmp_path / "solver"
+    model.save_pretrained(folder)
+    reference.save_pretrained(folder / "reference")
+    tokenizer.save_pretrained(folder)
+    return cfg, folder, tokenizer
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids, torch.ones_like(ids))[0]
+
+
+def test_lora_checkpoint_round_trip(tmp_path):
+    _, folder, tokenizer = _agent_folder(tmp_path)
+    assert json.loads((folder / "lora" / models.LORA_STATE).read_text()) == {"base": "policy"}
+    model, reference, _ = load_agent_parts(folder)
+    assert models.is_lora(model.policy) and model.lora_base == "reference"
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n or n.startswith("value_head") for n in trainable)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    # B = 0 at the start: the adapted policy is its reference
+    ref_logits = reference(ids).logits
+    assert torch.allclose(_logits(model, ids), ref_logits, atol=1e-6)
+    with torch.no_grad():  # a trained adapter
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05 * torch.randn_like(p))
+    before = _logits(model, ids)
+    assert not torch.allclose(before, ref_logits, atol=1e-4)
+    out = tmp_path / "step_2" / "solver"
+    model.save_pretrained(out)
+    reference.save_pretrained(out / "reference")
+    tokenizer.save_pretrained(out)
+    assert json.loads((out / "lora" / models.LORA_STATE).read_text()) == {"base": "reference"}
+    assert not (out / "lora" / "base").exists()  # the base is the reference: not saved twice
+    again, _, _ = load_agent_parts(out)
+    assert models.is_lora(again.policy)
+    assert torch.equal(_logits(again, ids), before)
+    # the folder's own weights are the adapter merged: what eval and export load
+    merged = models.ActorCritic.from_pretrained(out)
+    assert not models.is_lora(merged.policy)
+    assert torch.allclose(_logits(merged, ids), before, atol=1e-5)
+
+
+def test_lora_base_saved_when_it_is_not_the_reference(tmp_path):
+    _, folder, _ = _agent_folder(tmp_path)
+    from transformers import AutoModelForCausalLM
+
+    policy = AutoModelForCausalLM.from_pretrained(folder)
+    with torch.no_grad():
+        next(policy.parameters()).add_(0.01)
+    policy.save_pretrained(folder)  # the policy moved away from the reference before the adapter was attached
+    model, _, _ = load_agent_parts(folder)
+    assert model.lora_base == "base"
+    out = tmp_path / "out"
+    model.save_pretrained(out)
+    assert (out / "lora" / "base" / "config.json").exists()
+    ids = torch.tensor([[3, 4, 5]])
+    again = models.ActorCritic.from_pretrained(out, trainable_lora=True)
+    assert again.lora_base == "base" and torch.equal(_logits(again, ids), _logits(model, ids))
+
+
+def test_lora_for_one_agent_only(tmp_path):
+    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                                 "model.vocab_size=300", "model.lora.r=4", "model.lora.agents=[generator]"])
+    solver, _, _ = models.build_models(cfg.model, tmp_path, CODE, agent="solver")
+    generator, _, _ = models.build_models(cfg.model, tmp_path, CODE, agent="generator")
+    assert solver.lora_pending is None and generator.lora_pending is not None
+
+
+@pytest.mark.parametrize("override, key", [
+    ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules"),
+    ("model.lora.agents=[critic]", "model.lora.agents"),
+    ("model.value_model=separate", "model.value_model=separate"),
+])
+def test_bad_lora_settings_are_named(tmp_path, override, key):
+    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
+                                 "model.vocab_size=300", "model.lora.r=4", override])
+    with pytest.raises(UserError, match=key.replace("[", r"\[").replace("]", r"\]")):
+        models.build_models(cfg.model, tmp_path, CODE, agent="solver")
