@@ -67,6 +67,9 @@ INSTRUCTIONS = {
 EDIT_HELP = ("const I NAME=V | key I KEY | expr I NAME | order I | type T | add I STEP | drop I | swap I J | "
              "set I STEP | splice I R J")
 MAX_ANSWER_TOKENS = 64  # a mutation is short: sampling stops here
+# the range the drawn edits' constants come from: every value `check_pipeline` accepts (narrow and wide), whatever
+# `tasks.literals` the procedural corpus used, so that an edit of a constant rarely lands on a program the corpus holds
+EDIT_LITERALS = "wide"
 _REF = re.compile(r"^REF (\d{1,3})$")
 
 
@@ -261,6 +264,51 @@ def _retype_args(old_args: dict, expr) -> dict:
     return out
 
 
+def _fill_args(given: dict, expr, old: dict) -> dict:
+    """The constants of `expr` read from an edit: each one the edit gives, else the step's old value of that name,
+    else (one constant given under another name, one missing) the given value, else the catalogue's first; every
+    value moved to the nearest one the catalogue offers. Constants the expression does not take are ignored."""
+    names = sorted(set(expr.args) | set(expr.wide))
+    missing = [n for n in names if n not in given and n not in old]
+    stray = [v for n, v in given.items() if n not in names]
+    out = {}
+    for name in names:
+        value = given.get(name, old.get(name))
+        if value is None and len(missing) == 1 and len(stray) == 1:
+            value = stray[0]
+        out[name] = _nearest(value, allowed_values(expr, name))
+    return out
+
+
+def _clamp(value, lo: int, hi: int):
+    """An integer moved into lo..hi (anything else is left for check_pipeline to name)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return min(max(value, lo), hi)
+    return value
+
+
+def _lookup(table: dict, etype: str, name):
+    return next((e for e in table.get(etype, ()) if e.name == name), None)
+
+
+def _normalise(step: dict, etype: str, old: dict | None = None) -> dict:
+    """`step` (written by an edit, met by `etype` elements) with its constants read as the catalogue offers them:
+    an expression's or key's constants filled and moved to the nearest offered value (`_fill_args`, `old`: the
+    constants of the step it replaces), K of take/top_k and W of window moved into their ranges. A name the element
+    type lacks is left as it is: `check_pipeline` rejects it."""
+    step = dict(step)
+    kind = step.get("kind")
+    if kind in EXPR_TABLES or kind in ("sort", "top_k"):
+        expr = _lookup(EXPR_TABLES.get(kind, KEYS), etype, step.get("expr") if kind in EXPR_TABLES else step.get("key"))
+        if expr is not None and isinstance(step.get("args"), dict):
+            step["args"] = _fill_args(step["args"], expr, old or {})
+    if kind in ("take", "top_k"):
+        step["k"] = _clamp(step.get("k"), 1, MAX_STEP_K)
+    if kind == "window":
+        step["w"] = _clamp(step.get("w"), 2, MAX_STEP_W)
+    return step
+
+
 def _retype(kind: str, steps: list[dict]) -> list[dict]:
     """The steps on input `kind`: the same names, constants moved to what the new element type offers."""
     etype, out = input_etype(kind), []
@@ -309,15 +357,21 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
             if other is None:
                 raise MutationFailure(f"reference {edit.ref} has no program")
             new = dict(other[1][_step_at(other[1], edit.to, f"reference {edit.ref}'s step")])
+        new = _normalise(new, _etype_before(kind, steps, edit.at - 1))
         return kind, steps[: edit.at - 1] + [new] + steps[edit.at - 1:]
     i = _step_at(steps, edit.at)
     step = steps[i]
+    etype = _etype_before(kind, steps, i)
     if op == "const":
-        if edit.name in step.get("args", {}):
-            step["args"][edit.name] = edit.value
-        elif ((edit.name == "k" and step["kind"] in ("take", "top_k"))
-              or (edit.name == "w" and step["kind"] == "window")):
-            step[edit.name] = edit.value
+        names = _constants(step)
+        name = names[0] if edit.name not in names and len(names) == 1 else edit.name  # a step's one constant
+        if name in step.get("args", {}):
+            expr = _lookup(EXPR_TABLES.get(step["kind"], KEYS), etype, step.get("expr") or step.get("key"))
+            step["args"][name] = _nearest(edit.value, allowed_values(expr, name)) if expr else edit.value
+        elif name == "k" and step["kind"] in ("take", "top_k"):
+            step["k"] = _clamp(edit.value, 1, MAX_STEP_K)
+        elif name == "w" and step["kind"] == "window":
+            step["w"] = _clamp(edit.value, 2, MAX_STEP_W)
         else:
             names = sorted(step.get("args", {})) + (["k"] if step["kind"] in ("take", "top_k") else []) + (
                 ["w"] if step["kind"] == "window" else [])
@@ -326,19 +380,14 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
     elif op == "key":
         if step["kind"] not in KEY_TABLES:
             raise MutationFailure(f"step {edit.at} ({step['kind']}) has no key")
-        step["key"] = edit.name
-        if step["kind"] == "group":
-            if edit.args:
-                raise MutationFailure("a group key takes no constants")
-        else:
-            step["args"] = dict(edit.args)
+        step["key"] = edit.name  # a group key takes no constants: any given are ignored
+        if step["kind"] != "group":
+            step = steps[i] = _normalise(dict(step, args=dict(edit.args)), etype, step["args"])
     elif op == "expr":
         if step["kind"] in EXPR_TABLES:
-            step["expr"], step["args"] = edit.name, dict(edit.args)
+            steps[i] = _normalise(dict(step, expr=edit.name, args=dict(edit.args)), etype, step["args"])
         elif step["kind"] in ("window", "group"):
-            if edit.args:
-                raise MutationFailure("an aggregate takes no constants")
-            step["agg"] = edit.name
+            step["agg"] = edit.name  # an aggregate takes no constants: any given are ignored
         else:
             raise MutationFailure(f"step {edit.at} ({step['kind']}) has no expression")
     elif op == "order":
@@ -359,7 +408,7 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
             raise MutationFailure("swap needs two different steps")
         steps[i], steps[j] = steps[j], steps[i]
     elif op == "set":
-        steps[i] = dict(edit.step)
+        steps[i] = _normalise(dict(edit.step), etype, step.get("args"))
     return kind, steps
 
 
@@ -375,10 +424,9 @@ def _level(ref_level: int, depth: int, max_depth: int) -> int:
     return 4
 
 
-def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: BuildConfig = BuildConfig(),
-                     step: int = 0, generator_checkpoint: str | None = None) -> Task | MutationError:
-    """The task the mutation describes (test outputs not yet computed), or why it cannot be made. Never raises
-    on a parsed mutation."""
+def _edited(mutation: Mutation, references: Sequence[Task], cfg: BuildConfig):
+    """(parent, new input kind, new steps, family) of a mutation whose program the families can build in the
+    training split, or the MutationError saying why not. Never raises on a parsed mutation."""
     if not 1 <= mutation.ref <= len(references):
         return MutationError(f"reference {mutation.ref} does not exist (1..{len(references)})")
     parent = references[mutation.ref - 1]
@@ -396,6 +444,20 @@ def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: Bui
     if (new_kind, new_steps) == (kind, steps):
         return MutationError("the edit changes nothing")
     family = next(f for f, k in FAMILIES.items() if k == new_kind)
+    split = split_of({"family": family, "steps": new_steps}, cfg.splits)
+    if split != "train":
+        return MutationError(f"the edited program belongs to the held-out split {split}")
+    return parent, new_kind, new_steps, family
+
+
+def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: BuildConfig = BuildConfig(),
+                     step: int = 0, generator_checkpoint: str | None = None) -> Task | MutationError:
+    """The task the mutation describes (test outputs not yet computed), or why it cannot be made. Never raises
+    on a parsed mutation."""
+    edited = _edited(mutation, references, cfg)
+    if isinstance(edited, MutationError):
+        return edited
+    parent, new_kind, new_steps, family = edited
     level = _level(int(parent.params.get("level", parent.level)), len(new_steps), cfg.splits.train_max_depth)
     text = format_program(new_kind, new_steps)
     digest = hashlib.sha256(f"{parent.id}\n{text}".encode()).digest()
@@ -409,6 +471,90 @@ def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: Bui
     return dataclasses.replace(task, source="generator", family=f"generator/{family}",
                                parent_ids=list(dict.fromkeys(p.id for p in parents)),
                                generator_checkpoint=generator_checkpoint)
+
+
+# ---- every possible edit (the prompt's grammar) ---------------------------------------------------------------
+def _arg_products(expr) -> list[dict]:
+    """Every assignment of the catalogue's values (narrow and wide) to an expression's constants."""
+    out = [{}]
+    for name in sorted(set(expr.args) | set(expr.wide)):
+        out = [dict(a, **{name: v}) for a in out for v in allowed_values(expr, name)]
+    return out
+
+
+def candidate_steps(etype: str) -> list[dict]:
+    """Every step the program grammar can write for `etype` elements, constants from the catalogue's values."""
+    out = []
+    for kind in applicable_kinds(etype):
+        if kind in EXPR_TABLES:
+            out += [{"kind": kind, "expr": e.name, "args": a} for e in EXPR_TABLES[kind].get(etype, ())
+                    for a in _arg_products(e)]
+        elif kind == "sort":
+            out += [{"kind": kind, "key": e.name, "args": a, "desc": d, "in_place": p} for e in KEYS[etype]
+                    for a in _arg_products(e) for d in (False, True) for p in (False, True)]
+        elif kind == "top_k":
+            out += [{"kind": kind, "key": e.name, "args": a, "k": k, "largest": g} for e in KEYS[etype]
+                    for a in _arg_products(e) for k in range(1, MAX_STEP_K + 1) for g in (False, True)]
+        elif kind == "take":
+            out += [{"kind": kind, "k": k, "end": end} for end in ("first", "last") for k in range(1, MAX_STEP_K + 1)]
+        elif kind == "window":
+            out += [{"kind": kind, "w": w, "agg": a} for w in range(2, MAX_STEP_W + 1) for a in WINDOW_AGGS]
+        elif kind == "group":
+            out += [{"kind": kind, "key": k.name, "val": v.name, "agg": a} for k in GROUP_KEYS[etype]
+                    for v in GROUP_VALUES[etype] for a in AGGREGATES]
+        else:
+            out.append({"kind": kind})
+    return out
+
+
+def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
+    n = len(steps)
+    for j, step in enumerate(steps):
+        etype = _etype_before(kind, steps, j)
+        for name in _constants(step):
+            for value in _const_choices(kind, steps, j, name):
+                yield Edit("const", at=j + 1, name=name, value=value)
+        if step["kind"] in ("sort", "top_k"):
+            yield from (Edit("key", at=j + 1, name=e.name, args=a) for e in KEYS[etype] for a in _arg_products(e))
+        elif step["kind"] == "group":
+            yield from (Edit("key", at=j + 1, name=e.name) for e in GROUP_KEYS[etype])
+        if step["kind"] in EXPR_TABLES:
+            yield from (Edit("expr", at=j + 1, name=e.name, args=a) for e in EXPR_TABLES[step["kind"]][etype]
+                        for a in _arg_products(e))
+        elif step["kind"] in ("window", "group"):
+            yield from (Edit("expr", at=j + 1, name=a) for a in (WINDOW_AGGS if step["kind"] == "window"
+                                                                 else AGGREGATES))
+        if step["kind"] in ORDERS:
+            yield Edit("order", at=j + 1)
+        yield Edit("drop", at=j + 1)
+        yield from (Edit("swap", at=j + 1, to=i + 1) for i in range(n) if i != j)
+        yield from (Edit("set", at=j + 1, step=s) for s in candidate_steps(etype))
+    for name in INPUT_NAMES:
+        yield Edit("type", name=name)
+    for at in range(n + 1):
+        yield from (Edit("add", at=at + 1, step=s) for s in candidate_steps(_etype_before(kind, steps, at)))
+        for r, other in enumerate(references, 1):
+            program = program_of(other)
+            for j in range(len(program[1]) if program else 0):
+                yield Edit("splice", at=at + 1, ref=r, to=j + 1)
+
+
+def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig()) -> dict[int, list[Edit]]:
+    """Reference number -> every edit (constants from the catalogue's values) that compiles to a program of the
+    training split different from the reference's: what the prompt's grammar offers (generator.grammars)."""
+    out = {}
+    for ref, task in enumerate(references, 1):
+        program = program_of(task)
+        if program is None:
+            continue
+        kind, steps = program
+        ok = []
+        for edit in _candidate_edits(kind, steps, references):
+            if not isinstance(_edited(Mutation(ref, edit), references, cfg), MutationError):
+                ok.append(edit)
+        if ok:
+            out[ref] = ok
+    return out
 
 
 # ---- random edits (warm-start targets) ------------------------------------------------------------------------
@@ -504,7 +650,7 @@ def random_mutation(rng: random.Random, references: Sequence[Task], instruction:
         ref = rng.choice(candidates)
         kind, steps = program_of(references[ref - 1])
         try:
-            edit = _random_edit(rng, rng.choice(ops), kind, steps, references, ref, cfg.literals)
+            edit = _random_edit(rng, rng.choice(ops), kind, steps, references, ref, EDIT_LITERALS)
         except MutationFailure:
             continue
         mutation = Mutation(ref, edit)

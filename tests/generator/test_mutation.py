@@ -15,7 +15,8 @@ from generator.families.grammar import (INPUT_NAMES, GrammarError, check_pipelin
                                         parse_step, program_of)
 from generator.families.steps import KINDS
 from generator.mutation import (INSTRUCTIONS, OPS, Edit, Mutation, MutationError, build_mutation_prompt,
-                                compile_mutation, format_mutation, parse_mutation, random_mutation)
+                                compile_mutation, format_edit, format_mutation, parse_mutation, possible_edits,
+                                random_mutation)
 from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
@@ -181,12 +182,11 @@ def test_compiling_is_deterministic(refs):
 IMPOSSIBLE = [
     ("REF 4\nEDIT drop 1\nEND", "reference 4 does not exist"),
     ("REF 1\nEDIT drop 9\nEND", "step 9 does not exist"),
-    ("REF 1\nEDIT const 1 z=3\nEND", "no constant 'z'"),
-    ("REF 1\nEDIT const 1 k=99\nEND", "k must be one of"),
+    ("REF 2\nEDIT const 1 z=3\nEND", "no constant 'z'"),
     ("REF 1\nEDIT const 1 k=3\nEND", "changes nothing"),
     ("REF 1\nEDIT key 1 abs\nEND", "has no key"),
     ("REF 1\nEDIT expr 1 palindrome\nEND", "no 'palindrome' for int"),
-    ("REF 1\nEDIT expr 1 gt\nEND", "gt takes k=..."),
+    ("REF 1\nEDIT expr 1 gt\nEND", "changes nothing"),  # gt keeps its k=3
     ("REF 1\nEDIT order 1\nEND", "has no order"),
     ("REF 1\nEDIT type str\nEND", "no 'gt' for str"),
     ("REF 2\nEDIT type float\nEND", "held-out split heldout_types"),
@@ -195,7 +195,8 @@ IMPOSSIBLE = [
     ("REF 2\nEDIT type str\nEND", "no 'abs' for str"),
     ("REF 1\nEDIT add 1 sink sum\nEND", "a sink must be the last step"),
     ("REF 1\nEDIT add 3 group parity value sum\nEND", "held-out split heldout_compositions"),
-    ("REF 1\nEDIT add 3 window 9 sum\nEND", "width must be an integer 2..5"),
+    ("REF 3\nEDIT add 3 window 3 sum\nEND", "window does not apply to str"),
+    ("REF 3\nEDIT expr 1 gt\nEND", "has no expression"),
     ("REF 1\nEDIT swap 2 2\nEND", "two different steps"),
     ("REF 1\nEDIT splice 1 4 1\nEND", "reference 4 does not exist"),
     ("REF 1\nEDIT splice 1 2 5\nEND", "reference 2's step 5 does not exist"),
@@ -207,6 +208,33 @@ IMPOSSIBLE = [
 def test_impossible_edits_are_rejected_with_their_reason(refs, text, reason):
     result = compile_mutation(parse_mutation(text), refs)
     assert isinstance(result, MutationError) and reason in result.reason, result
+
+
+# constants are read as the catalogue offers them: moved to the nearest offered value, a missing one kept from the
+# step it replaces (or, one given under another name, taken for the one missing), one the expression lacks ignored
+REPAIRED = [
+    ("REF 1\nEDIT const 1 k=99\nEND", ["filter gt k=15", "map mul k=2"]),  # gt's k: -15..15 (narrow and wide)
+    ("REF 1\nEDIT const 2 m=4\nEND", ["filter gt k=3", "map mul k=4"]),  # mul's one constant is k
+    ("REF 1\nEDIT const 2 k=2.6\nEND", ["filter gt k=3", "map mul k=3"]),
+    ("REF 2\nEDIT const 2 k=0\nEND", ["sort abs desc", "take first 1"]),
+    ("REF 1\nEDIT expr 1 lt\nEND", ["filter lt k=3", "map mul k=2"]),
+    ("REF 1\nEDIT expr 1 even k=3\nEND", ["filter even", "map mul k=2"]),
+    ("REF 1\nEDIT expr 1 div k=4\nEND", ["filter div m=4", "map mul k=2"]),
+    ("REF 1\nEDIT set 2 map add\nEND", ["filter gt k=3", "map add k=2"]),
+    ("REF 1\nEDIT add 3 window 9 sum\nEND", ["filter gt k=3", "map mul k=2", "window 5 sum"]),
+    ("REF 2\nEDIT key 1 mod\nEND", ["sort mod m=3 desc", "take first 2"]),
+    ("REF 3\nEDIT splice 1 1 1\nEND", None),  # filter gt on str elements: no such filter, rejected
+]
+
+
+@pytest.mark.parametrize("text, expected", REPAIRED)
+def test_constants_are_read_as_the_catalogue_offers_them(refs, text, expected):
+    result = compile_mutation(parse_mutation(text), refs)
+    if expected is None:
+        assert isinstance(result, MutationError), result
+        return
+    assert isinstance(result, Task), result
+    assert [format_step(s) for s in program_of(result)[1]] == expected
 
 
 def test_drop_of_the_only_step_and_a_deeper_program_are_rejected():
@@ -293,3 +321,36 @@ def test_an_unknown_format_is_named_before_any_work():
     assert load_config(overrides=["generator.format=free"]).generator.format == "free"
     with pytest.raises(UserError, match="generator.format must be one of free, mutation"):
         load_config(overrides=["generator.format=prose"])
+
+
+# ---- possible_edits: what the prompt's grammar offers ----------------------------------------------------------
+def test_possible_edits_are_exactly_the_edits_that_compile(refs):
+    possible = possible_edits(refs)
+    texts = {r: {format_edit(e) for e in edits} for r, edits in possible.items()}
+    assert set(possible) == {1, 2, 3}
+    assert "const 1 k=15" in texts[1] and "const 1 k=3" not in texts[1]  # the same value changes nothing
+    assert not any(t.startswith("order") for t in texts[1])  # filter and map have no order
+    assert "add 1 sink sum" not in texts[1] and "add 3 sink sum" in texts[1]  # a sink only at the end
+    assert not any(t.startswith("add 3 group") for t in texts[1])  # filter+group is a held-out pair
+    assert "type str" not in texts[1] and "type float" not in texts[2]  # no 'gt' for str; float is held out
+    assert "key 1 lower" in texts[3] and "key 1 len" not in texts[3] and "key 1 abs" not in texts[3]
+    assert "splice 3 2 1" in texts[1] and "splice 3 3 1" not in texts[1] and "drop 1" in texts[1]
+    rng = random.Random(0)
+    for ref, edits in possible.items():
+        for edit in rng.sample(edits, 25):
+            task = compile_mutation(Mutation(ref, edit), refs)
+            assert isinstance(task, Task), (ref, format_edit(edit), task)
+            assert split_of(task.params) == "train"
+
+
+@settings(max_examples=40, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data(), instruction=st.sampled_from(sorted(INSTRUCTIONS)), seed=st.integers(0, 10**6))
+def test_possible_edits_hold_every_drawn_mutation(task_pool, data, instruction, seed):
+    train = [t for t in task_pool if t.split == "train"]
+    references = data.draw(st.lists(st.sampled_from(train), min_size=1, max_size=3, unique_by=lambda t: t.id))
+    found = random_mutation(random.Random(seed), references, instruction)
+    if found is None:
+        return
+    mutation, _ = found
+    assert format_edit(mutation.edit) in {format_edit(e) for e in possible_edits(references)[mutation.ref]}
