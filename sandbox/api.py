@@ -354,23 +354,27 @@ class Sandbox:
 
     def missing_isolation(self) -> list[str]:
         """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):
-        "network" when a worker has no network namespace, "files" when programs share the server's uid or may
-        read every file (the process backend without root), "fresh_state" when the shared temporary dirs and IPC
-        are not private, "processes" when programs see the host's processes in /proc. The docker backend lacks
-        none: the container is the boundary. An RL run should refuse to start when this is not empty unless its
-        configuration says otherwise."""
+        "network" when a worker has no network namespace, "files" when programs share the server's uid, may
+        read every file, or see the host's file tree rather than a root of their own (the process backend
+        without root), "fresh_state" when the shared temporary dirs and IPC are not private, "processes" when
+        programs see host processes in /proc or share the host's pid namespace, "resources" when a program's
+        processes are limited only one by one (no cgroup per worker: memory and pids of the whole tree). The
+        docker backend lacks none: the container is the boundary. An RL run should refuse to start when this is
+        not empty unless its configuration says otherwise."""
         if self.backend == "docker":
             return []
         infos = [h["info"] for h in self.health()]
         missing = []
         if not all(i.get("network_isolated") for i in infos):
             missing.append("network")
-        if not all(i.get("user_isolated") and not i.get("read_all_files") for i in infos):
+        if not all(i.get("user_isolated") and not i.get("read_all_files") and i.get("private_root") for i in infos):
             missing.append("files")
         if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
             missing.append("fresh_state")
-        if not all(i.get("private_proc") for i in infos):
+        if not all(i.get("private_proc") and i.get("pid_namespace") for i in infos):
             missing.append("processes")
+        if not all(i.get("cgroup") for i in infos):
+            missing.append("resources")
         return missing
 
     def require_isolation(self, allow: bool = False) -> list[str]:
@@ -425,11 +429,14 @@ def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s
 
         isolate_user = options.pop("isolate_user", True)
         python = options.pop("python", None)
+        confine = options.pop("confine", True)
         if options:
             raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}; "
-                                     f"it takes isolate_user=, python=")
+                                     f"it takes isolate_user=, python=, confine=")
         if python is not None and not (isinstance(python, str) and os.path.isfile(python)
                                        and os.access(python, os.X_OK)):
             raise SandboxConfigError(f"python={python!r}: pass the path of a Python interpreter (or None for this one)")
-        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user), python=python) for i in range(workers)])
+        extra = () if confine else ("--no-cgroup", "--no-pidns", "--no-private-root")  # docs/sandbox.md
+        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user), python=python, extra_args=extra)
+                     for i in range(workers)])
     return Sandbox(pool, backend, limits, cache=cache, cache_path=cache_path, trace_path=trace_path)

@@ -48,6 +48,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from sandbox.errors import SandboxConfigError, SandboxUnavailable
+from sandbox.forkserver import pid_alive
 from sandbox.image import DEFAULT_IMAGE, connect, image_recipe
 from sandbox.limits import Limits
 from sandbox.pool import FORKSERVER_PATH, START_TIMEOUT_S, Pool, Worker, server_env
@@ -159,7 +160,7 @@ class DockerLauncher:
             os.chmod(folder, 0o777)
         path = os.path.join(folder, "worker.sock")
         server_args = ["--socket", f"{SOCKET_DIR}/worker.sock", "--work-dir", WORK_DIR, "--no-netns",
-                       "--no-private-tmp", "--wipe-tmp", "--wipe-ipc"]
+                       "--no-private-tmp", "--wipe-tmp", "--wipe-ipc", "--container-oom"]
         try:
             container = self.client.containers.run(
                 self.image, ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args], detach=True,
@@ -313,24 +314,12 @@ def remove_stale_containers(client) -> int:
     # sparse: the list alone, no inspect per container (a container another pool removes meanwhile would be a 404)
     for container in client.containers.list(all=True, sparse=True, filters={"label": LABEL}):
         owner = int((container.attrs.get("Labels") or {}).get(LABEL, "0") or 0)
-        if owner == os.getpid() or _pid_alive(owner):
+        if owner == os.getpid() or pid_alive(owner):
             continue  # ours, or another live process's
         folders = [m["Source"] for m in container.attrs.get("Mounts", []) if m.get("Destination") == SOCKET_DIR]
         _remove(container, *[f for f in folders if os.path.basename(f).startswith("sandbox-docker-")][:1])
         removed += 1
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _running(container) -> bool:

@@ -169,13 +169,20 @@ TEST_STATUSES = ("ok", "error", "unserializable", "output_limit")  # what a chil
 _libc = ctypes.CDLL(None, use_errno=True)
 _print_exception = sys.__excepthook__  # the interpreter's own printer, whatever a program does to sys later
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x10000000, 0x40000000, 0x08000000
+CLONE_NEWPID = 0x20000000
 IPC_RMID = 0
 SHARED_DIR_ROOTS = ("/run", "/var", "/dev")  # where private_tmp looks for other world-writable dirs (2 levels)
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
-MS_NOEXEC = 8
+MS_NOEXEC, MS_RDONLY, MS_REMOUNT = 8, 1, 32
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 PR_SET_DUMPABLE = 4
-CAP_DAC_READ_SEARCH = 2
+CAP_DAC_READ_SEARCH, CAP_KILL = 2, 5
+CGROUP_PREFIX = "selfplay-sandbox-"     # a worker's cgroup: CGROUP_PREFIX + server pid, under the server's own
+ROOT_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # read-only in a program's root
+ROOT_ETC = ("ld.so.cache", "ld.so.conf", "localtime")  # the only files of /etc a program's root holds
+ROOT_DEV = ("null", "zero", "full", "random", "urandom")  # device nodes in it
+OOM_CHECK_S = 0.05                      # how often a container's OOM count is read while a program runs
+OOM_SCORE_ADJ = b"1000"                 # children are the OOM killer's first choice, never the server or trainer
 
 
 # ----------------------------------------------------------------------------------------------- framing
@@ -455,6 +462,427 @@ def expose_python(paths: list[str]) -> bool:
     return all(_blocking_ancestor(p) is None for p in paths)
 
 
+# ------------------------------------------------------------------- a root of its own (root only)
+def _bind(src: str, dst: str, readonly: bool, nodev: bool = True) -> bool:
+    """Bind-mount src on dst (not recursive: mounts below src stay out); read-only and nosuid when asked."""
+    if _libc.mount(src.encode(), dst.encode(), None, MS_BIND, None) != 0:
+        return False
+    if readonly:
+        flags = MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | (MS_NODEV if nodev else 0)
+        if _libc.mount(None, dst.encode(), None, flags, None) != 0:
+            _libc.umount2(dst.encode(), MNT_DETACH)
+            return False
+    return True
+
+
+def _mkdirs(root: str, path: str) -> str:
+    target = root + path
+    os.makedirs(target, mode=0o755, exist_ok=True)
+    return target
+
+
+def build_root(readable: list[str], writable: list[str]) -> str | None:
+    """A root file tree for programs, in our private mount namespace (root only; children chroot into it,
+    Server._fork_child): an empty read-only tmpfs holding, at their usual paths, read-only binds of the system
+    directories (ROOT_SYSTEM: the interpreter's shared libraries) and of `readable` (the Python installation), a
+    few files of /etc (ROOT_ETC), a /dev of a few device nodes, and read-write binds of `writable` (our private
+    tmpfs mounts: /tmp, which holds the work dirs, /var/tmp, /dev/shm, /run/lock, ...). Nothing else of the host:
+    no /home, /root, /work, /srv, /opt, /mnt, /var, /etc, /sys, no project checkout or run folder. /proc is
+    mounted later, from inside the pid namespace (pid_init), else by mount_root_proc. Returns its path, or None
+    when any step failed (the caller then runs without it: meta "private_root": false)."""
+    try:
+        root = tempfile.mkdtemp(prefix="sandbox-root-", dir="/run")  # /run: our own empty tmpfs (private_tmp)
+        if _libc.mount(b"tmpfs", root.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") != 0:
+            return None
+        bound: list[str] = []
+        for path in ROOT_SYSTEM:
+            if os.path.islink(path):
+                os.symlink(os.readlink(path), root + path)
+            elif os.path.isdir(path):
+                if not _bind(path, _mkdirs(root, path), readonly=True):
+                    return None
+                bound.append(path)
+        for path in sorted(set(readable)):
+            if os.path.isdir(path) and not any(path == b or path.startswith(b + os.sep) for b in bound):
+                if not _bind(path, _mkdirs(root, path), readonly=True):
+                    return None
+                bound.append(path)
+        _mkdirs(root, "/etc")
+        for name in ROOT_ETC:
+            src = os.path.join("/etc", name)
+            if os.path.islink(src):
+                os.symlink(os.readlink(src), root + src)
+            elif os.path.isfile(src):
+                open(root + src, "w").close()
+                if not _bind(src, root + src, readonly=True):
+                    return None
+        _mkdirs(root, "/dev")
+        for name in ROOT_DEV:
+            src = os.path.join("/dev", name)
+            if os.path.exists(src):
+                open(root + src, "w").close()
+                if not _bind(src, root + src, readonly=True, nodev=False):
+                    return None
+        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
+                             ("stderr", "/proc/self/fd/2")):
+            os.symlink(target, f"{root}/dev/{name}")
+        for path in ("/proc", "/run"):
+            _mkdirs(root, path)
+        for path in writable:
+            if not _bind(path, _mkdirs(root, path), readonly=False):
+                return None
+        if _libc.mount(None, root.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
+                       None) != 0:
+            return None
+        return root
+    except OSError:
+        return None
+
+
+def mount_root_proc(root: str) -> bool:
+    """/proc in the programs' root with hidepid=2 (a program sees only its own uid's processes), mounted by the
+    calling process: from pid_init, a /proc of the pid namespace; from the server, of the host's pids."""
+    return _libc.mount(b"proc", f"{root}/proc".encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+                       b"hidepid=2") == 0
+
+
+# ---------------------------------------------------------------------- a pid namespace (root only)
+SWEEP, SWEPT, SWEEP_LEFT = b"k", b"1", b"0"  # server -> init: kill all; init -> server: done / some remain
+
+
+def pid_init(cmd_fd: int, ack_fd: int, root: str | None) -> None:
+    """Pid 1 of the server's pid namespace: every child the server forks after start_pid_namespace is in it (pid
+    2, 3, ...), sees no host process, and any descendant whose parent dies is re-parented here (not to the
+    server, which is outside) and reaped at once (SIGCHLD ignored). It mounts the namespace's /proc in the
+    programs' root, keeps only CAP_KILL, and on SWEEP kills every process of the namespace but itself. Programs
+    cannot signal it (another uid; pid 1 ignores signals from inside anyway). It dies with the server
+    (PDEATHSIG), and with it every process of the namespace. Never returns."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    os.setsid()
+    high_cmd, high_ack = (fcntl.fcntl(fd, fcntl.F_DUPFD, 1000) for fd in (cmd_fd, ack_fd))
+    os.dup2(high_cmd, 3)
+    os.dup2(high_ack, 4)
+    os.closerange(5, 1 << 20)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    ok = root is None or mount_root_proc(root)
+    if root is not None:
+        os.chroot(root)
+        os.chdir("/")
+    header = _CapHeader(0x20080522, 0)
+    data = (_CapData * 2)()
+    data[0].effective = data[0].permitted = 1 << CAP_KILL
+    _libc.capset(ctypes.byref(header), data)
+    os.write(4, b"1" if ok else b"0")
+    while True:
+        try:
+            cmd = os.read(3, 1)
+        except InterruptedError:
+            continue
+        if not cmd:
+            os._exit(0)
+        deadline = time.monotonic() + 2.0
+        while True:
+            try:
+                os.kill(-1, signal.SIGKILL)  # every process of the namespace but pid 1; zombies count until reaped
+            except ProcessLookupError:
+                os.write(4, SWEPT)
+                break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                os.write(4, SWEEP_LEFT)
+                break
+            time.sleep(0.0005)
+
+
+def start_pid_namespace(root: str | None) -> tuple[int, int, int] | None:
+    """unshare(CLONE_NEWPID) and fork the namespace's init (pid_init): (its pid, our command fd, its answer fd),
+    or None where it failed (the server then forks children into its own pid namespace)."""
+    if not _unshare(CLONE_NEWPID):
+        return None
+    cmd_r, cmd_w = os.pipe()
+    ack_r, ack_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            pid_init(cmd_r, ack_w, root)
+        finally:
+            os._exit(1)
+    os.close(cmd_r)
+    os.close(ack_w)
+    if os.read(ack_r, 1) != b"1":
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(cmd_w)
+        os.close(ack_r)
+        return None
+    return pid, cmd_w, ack_r
+
+
+# ------------------------------------------------------------------ a cgroup per worker (root only)
+def _cgroup_mounts() -> list[tuple[str, str, str, set]]:
+    """(mount point, root inside the hierarchy, fstype, super options) of every cgroup mount we see."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, rest = left.split(), right.split()
+                if len(fields) >= 5 and len(rest) >= 3 and rest[0] in ("cgroup", "cgroup2"):
+                    unescape = lambda s: s.replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+                    out.append((unescape(fields[4]), unescape(fields[3]), rest[0], set(rest[2].split(","))))
+    except OSError:
+        pass
+    return out
+
+
+def _own_cgroups() -> dict[str, str]:
+    """controller (or "" for the v2 hierarchy) -> this process's cgroup path in it, from /proc/self/cgroup."""
+    out = {}
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                parts = line.rstrip("\n").split(":", 2)
+                if len(parts) == 3:
+                    for ctrl in parts[1].split(",") if parts[1] else [""]:
+                        out[ctrl] = parts[2]
+    except OSError:
+        pass
+    return out
+
+
+def _hierarchy_dir(mount: str, mount_root: str, path: str) -> str | None:
+    if mount_root != "/" and not (path == mount_root or path.startswith(mount_root.rstrip("/") + "/")):
+        return None
+    rel = path[len(mount_root):] if mount_root != "/" else path
+    return os.path.join(mount, rel.lstrip("/"))
+
+
+def cgroup_parents() -> tuple[str, dict[str, str]] | None:
+    """Where a worker's cgroups go: ("v1", {"memory": dir, "pids": dir}) or ("v2", {"": dir}), each dir the
+    calling process's own cgroup (so a worker stays under whatever limits its parent has), or None."""
+    mounts, own = _cgroup_mounts(), _own_cgroups()
+    v1 = {}
+    for ctrl in ("memory", "pids"):
+        for mount, mroot, fstype, opts in mounts:
+            if fstype == "cgroup" and ctrl in opts and ctrl in own:
+                d = _hierarchy_dir(mount, mroot, own[ctrl])
+                if d and os.path.isdir(d):
+                    v1[ctrl] = d
+                    break
+    if len(v1) == 2:
+        return "v1", v1
+    for mount, mroot, fstype, _ in mounts:
+        if fstype == "cgroup2" and "" in own:
+            d = _hierarchy_dir(mount, mroot, own[""])
+            if d and os.path.isdir(d):
+                return "v2", {"": d}
+    return None
+
+
+def worker_cgroup_dirs(server_pid: int) -> list[str]:
+    """The cgroup directories WorkerCgroup.create makes for the server `server_pid` (started by this process,
+    so under this process's cgroups), whether or not they exist: for the launcher to remove after the server."""
+    found = cgroup_parents()
+    if found is None:
+        return []
+    return [os.path.join(d, f"{CGROUP_PREFIX}{server_pid}") for d in found[1].values()]
+
+
+def remove_cgroup_dirs(dirs: list[str], wait_s: float = 2.0) -> list[str]:
+    """rmdir each cgroup (it goes once its last process is gone: retried for wait_s); returns those left."""
+    deadline = time.monotonic() + wait_s
+    left = [d for d in dirs if os.path.isdir(d)]
+    while left:
+        still = []
+        for d in left:
+            try:
+                os.rmdir(d)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                still.append(d)
+        left = still
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    return left
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process `pid` exists (ours to signal or not)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class WorkerCgroup:
+    """A cgroup of this worker's own (memory and pids controllers; v1, or v2 where the parent delegates them)
+    that every child joins before its program runs (Server._fork_child), so the limits hold for the program's
+    whole tree, not per process: memory (set per request to memory_mb: resident memory, page cache and tmpfs
+    files the tree charges, swap included) and pids (processes + threads). Over the memory limit the kernel's
+    OOM killer acts inside this cgroup only; the server is told (an eventfd on v1, POLLPRI on v2's memory.events)
+    and kills the tree at once: status "memory". The server itself stays outside it."""
+
+    def __init__(self, version: str, dirs: dict[str, str]):
+        self.version, self.dirs = version, dirs
+        self.memory_dir = dirs["memory"] if version == "v1" else dirs[""]
+        self.pids_dir = dirs["pids"] if version == "v1" else dirs[""]
+        self.attach_fds = [os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
+                           for d in dict.fromkeys(dirs.values())]
+        self.pids_current = os.open(os.path.join(self.pids_dir, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
+        self.memory_mb: int | None = None
+        if version == "v1":
+            self.notify_fd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+            oom = os.open(os.path.join(self.memory_dir, "memory.oom_control"), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                _write(os.path.join(self.memory_dir, "cgroup.event_control"), f"{self.notify_fd} {oom}")
+            finally:
+                os.close(oom)
+            self.notify_events = select.POLLIN
+        else:
+            self.notify_fd = os.open(os.path.join(self.memory_dir, "memory.events"), os.O_RDONLY | os.O_CLOEXEC)
+            self.notify_events = select.POLLPRI | select.POLLERR
+            self._ooms = self._v2_ooms()
+
+    @classmethod
+    def create(cls, nproc: int) -> "WorkerCgroup | None":
+        """Make this server's cgroup(s) under its own (removing those of dead servers there first); None where
+        cgroups cannot be made (not root, a read-only cgroupfs, controllers not delegated on v2)."""
+        found = cgroup_parents()
+        if found is None:
+            return None
+        version, parents = found
+        dirs = {}
+        try:
+            for ctrl, parent in parents.items():
+                for name in os.listdir(parent):
+                    if name.startswith(CGROUP_PREFIX) and name[len(CGROUP_PREFIX):].isdigit() \
+                            and not pid_alive(int(name[len(CGROUP_PREFIX):])):
+                        remove_cgroup_dirs([os.path.join(parent, name)], wait_s=0)
+                if version == "v2":
+                    with open(os.path.join(parent, "cgroup.subtree_control")) as f:
+                        enabled = set(f.read().split())
+                    if not {"memory", "pids"} <= enabled:
+                        _write(os.path.join(parent, "cgroup.subtree_control"), "+memory +pids")
+                d = os.path.join(parent, f"{CGROUP_PREFIX}{os.getpid()}")
+                os.mkdir(d, 0o755)
+                dirs[ctrl] = d
+            _write(os.path.join(dirs["pids" if version == "v1" else ""], "pids.max"), str(nproc))
+            if version == "v2":
+                _write(os.path.join(dirs[""], "memory.oom.group"), "1")
+            return cls(version, dirs)
+        except OSError:
+            remove_cgroup_dirs(list(dirs.values()), wait_s=0)
+            return None
+
+    def _v2_ooms(self) -> int:
+        data = os.pread(self.notify_fd, 4096, 0).decode()
+        for line in data.splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom":
+                return int(value)
+        return 0
+
+    def set_memory(self, memory_mb: int) -> bool:
+        """The tree's memory limit, memory_mb MiB, swap included (written only when it changes)."""
+        if memory_mb == self.memory_mb:
+            return True
+        value = str(memory_mb * 1024 * 1024)
+        if self.version == "v1":
+            files = ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes"]  # memsw must stay >= the limit:
+            if self.memory_mb is not None and memory_mb > self.memory_mb:  # raise it first, lower it last
+                files.reverse()
+        else:
+            files = ["memory.max", "memory.swap.max"]
+        ok = True
+        for name in files:
+            path = os.path.join(self.memory_dir, name)
+            if not os.path.exists(path):
+                continue
+            try:
+                _write(path, value if name != "memory.swap.max" else "0")
+            except OSError:
+                ok = False
+        self.memory_mb = memory_mb if ok else None
+        return ok
+
+    def oom_fired(self) -> bool:
+        """Whether the tree hit its memory limit (and the OOM killer acted) since the last call."""
+        if self.version == "v1":
+            try:
+                return int.from_bytes(os.read(self.notify_fd, 8), sys.byteorder) > 0
+            except BlockingIOError:
+                return False
+        ooms = self._v2_ooms()
+        fired, self._ooms = ooms > self._ooms, ooms
+        return fired
+
+    def tasks(self) -> int:
+        """Processes and threads in the cgroup (pids.current)."""
+        return int(os.pread(self.pids_current, 64, 0) or b"0")
+
+    def procs(self) -> list[int]:
+        """The processes in the cgroup (pids as the server sees them)."""
+        with open(os.path.join(self.pids_dir, "cgroup.procs")) as f:
+            return [int(p) for p in f.read().split()]
+
+    def close(self) -> list[str]:
+        """Close our descriptors and remove the cgroup (its processes must be gone); returns what is left."""
+        for fd in (*self.attach_fds, self.pids_current, self.notify_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.attach_fds = []
+        return remove_cgroup_dirs(list(self.dirs.values()))
+
+
+class ContainerOom:
+    """Inside a container (--container-oom): the container's own memory cgroup, read-only, seen at
+    /sys/fs/cgroup/memory (v1) or /sys/fs/cgroup (v2 with a cgroup namespace). The container's limit bounds the
+    program's whole tree (one program at a time per container); its OOM-kill count, read while a program runs
+    (every OOM_CHECK_S) and after it, says whether the OOM killer ended one of its processes."""
+
+    PATHS = (("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"), ("/sys/fs/cgroup/memory.events", "oom_kill"))
+
+    def __init__(self, path: str, key: str):
+        self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self.key = key
+        self.kills = self._kills()
+
+    @classmethod
+    def open(cls) -> "ContainerOom | None":
+        for path, key in cls.PATHS:
+            try:
+                return cls(path, key)
+            except (OSError, ValueError):
+                continue
+        return None
+
+    def _kills(self) -> int:
+        for line in os.pread(self.fd, 4096, 0).decode().splitlines():
+            key, _, value = line.partition(" ")
+            if key == self.key:
+                return int(value)
+        raise ValueError(f"no {self.key} count")
+
+    def oom_fired(self) -> bool:
+        try:
+            kills = self._kills()
+        except (OSError, ValueError):
+            return False
+        fired, self.kills = kills > self.kills, kills
+        return fired
+
+
 def _count_user_processes(uid: int) -> int:
     n = 0
     for name in os.listdir("/proc"):
@@ -536,13 +964,26 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     os.setsid()
     _default_signals()  # the server ignores them (ignore_signals); a program gets what a fresh process has
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)  # if the program kills the server, it dies too
+    for fd in cfg["cgroup_fds"]:  # join the worker's cgroup (WorkerCgroup) before anything of the program runs
+        os.write(fd, b"0")
+    if cfg["oom_adj"]:  # the OOM killer's first choice (raising it needs no privilege; a program cannot lower
+        try:  # it below the server's again)
+            fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+            try:
+                os.write(fd, OOM_SCORE_ADJ)
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
     os.dup2(cfg["null"], 0)
     os.dup2(out_w, 1)
     os.dup2(err_w, 2)
     os.dup2(res_w, RESULT_FD)
     os.dup2(job_r, JOB_FD)
     os.closerange(JOB_FD + 1, 1 << 20)  # the client connection, the listening socket, other pipes, pidfds
-    os.chdir(workdir)
+    if cfg["root"] is not None:  # the programs' root (build_root); chrooted, it cannot make a user namespace
+        os.chroot(cfg["root"])   # (the kernel refuses CLONE_NEWUSER in a chroot), so it cannot chroot out
+    os.chdir(workdir)            # (same path inside: /tmp is bound into the root)
     limits = [  # address space and CPU come with the job
         (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
         (resource.RLIMIT_NOFILE, cfg["nofile"]),
@@ -1002,6 +1443,19 @@ class _Child:
         self.pidfd, self.pipes_closed, self.job_closed = None, False, False
 
 
+def _kill_and_reap(pid: int) -> None:
+    """SIGKILL a child's process group and the child, and reap it."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:
+        os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass
+
+
 class ProtocolViolation(Exception):
     """The child wrote something on the result pipe that the harness would never write."""
 
@@ -1013,7 +1467,18 @@ class Server:
         self.ipc_isolated = isolate_ipc()  # after isolate_network: without root, inside its user namespace
         self.private_dirs = [] if args.no_private_tmp else private_tmp(args.tmpfs_mb)
         self.private_tmp = bool(self.private_dirs)
-        self.private_proc = self.private_tmp and private_proc()
+        as_root = os.geteuid() == 0
+        self.root = None  # the programs' own root file tree (build_root), chrooted into by every child
+        if as_root and "/tmp" in self.private_dirs and not args.no_private_root:
+            self.root = build_root(python_paths(), self.private_dirs)
+        self.pidns = None  # (init pid, command fd, answer fd) of the pid namespace children are forked into
+        if as_root and self.private_tmp and not args.no_pidns:
+            self.pidns = start_pid_namespace(self.root)
+        self.init_pid = self.pidns[0] if self.pidns else None
+        if self.root is not None:  # the programs' /proc is the one in their root, hidepid=2
+            self.private_proc = self.pidns is not None or mount_root_proc(self.root)
+        else:  # else ours, remounted with hidepid=2
+            self.private_proc = self.private_tmp and private_proc()
         base = None if self.private_tmp else args.work_dir
         self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
         os.chmod(self.work_base, 0o711)
@@ -1023,16 +1488,25 @@ class Server:
         read_cap = False
         if uid is not None:
             needed = python_paths()
-            if any(_blocking_ancestor(p) for p in needed):
+            if self.root is not None:  # bound into the root under open directories of ours: only its own modes
+                read_cap = any(os.stat(p).st_mode & 0o005 != 0o005 for p in needed)
+            elif any(_blocking_ancestor(p) for p in needed):
                 read_cap = not (self.private_tmp and expose_python(needed))
         nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
+        self.cgroup = WorkerCgroup.create(args.nproc) if as_root and not args.no_cgroup else None
+        self.container_oom = ContainerOom.open() if args.container_oom else None
+        self.oom_watch = self.cgroup or self.container_oom  # whichever tells us of an OOM kill in the tree
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
-                    "nofile": args.nofile, "cap_args": _cap_args(read_cap)}
+                    "nofile": args.nofile, "cap_args": _cap_args(read_cap), "root": self.root,
+                    "cgroup_fds": self.cgroup.attach_fds if self.cgroup else [], "oom_adj": True}
         self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
                      "read_all_files": read_cap,
                      "private_tmp": self.private_tmp, "private_dirs": self.private_dirs,
                      "private_proc": self.private_proc,
-                     "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid()}
+                     "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid(),
+                     "cgroup": self.cgroup.version if self.cgroup else None,
+                     "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
+                     "tree_memory_limit": bool(self.oom_watch)}
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it
         # here, once, takes nothing from the server and spares each child the call (a failure: children set it)
@@ -1056,9 +1530,10 @@ class Server:
             return []
 
     def _sweep(self) -> None:
-        """SIGKILL every descendant that was re-parented to us (we are a child subreaper) and reap it."""
+        """SIGKILL every descendant that was re-parented to us (we are a child subreaper) and reap it (never the
+        pid namespace's init; descendants in the namespace go to that init: _sweep_namespace)."""
         for _ in range(10000):
-            kids = self._children()
+            kids = [pid for pid in self._children() if pid != self.init_pid]
             if not kids:
                 return
             for pid in kids:
@@ -1072,6 +1547,70 @@ class Server:
                     os.waitpid(pid, 0)
                 except ChildProcessError:
                     pass
+
+    def _sweep_all(self) -> None:
+        """After the program's child is reaped: kill and reap whatever of its tree is left, ours or the pid
+        namespace's. With a cgroup, an empty one (pids.current 0) says at once that nothing is."""
+        if self.cgroup is not None and self._ready is None:
+            try:
+                if self.cgroup.tasks() == 0:
+                    return
+            except (OSError, ValueError):
+                pass
+        if self.pidns is None:
+            try:  # fast path: no child left means no descendant survived (orphans are re-parented to us)
+                os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+        self._sweep()
+        self._sweep_namespace()
+
+    def _sweep_namespace(self) -> None:
+        """Have the pid namespace's init kill every process in it (pid_init), then reap what was ours."""
+        if self.pidns is None:
+            return
+        if self._ready is not None:  # it would be killed too: forget it (it is never mid-job here)
+            self._discard_ready()
+        _, cmd, ack = self.pidns
+        try:
+            os.write(cmd, SWEEP)
+            answer = os.read(ack, 1)
+        except OSError:
+            answer = b""
+        self._sweep()
+        if answer != SWEPT:
+            self.recycle = self.recycle or "processes of a program survived in the pid namespace"
+
+    def _discard_ready(self) -> None:
+        child, self._ready = self._ready, None
+        if child is None:
+            return
+        _kill_and_reap(child.pid)
+        for fd in (child.out_r, child.err_r, child.res_r, child.job_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        remove_tree(child.workdir)
+
+    def close(self) -> None:
+        """At exit: the pre-forked child, the pid namespace (its init, and with it every process in it) and the
+        worker's cgroup go."""
+        self._discard_ready()
+        self._sweep()
+        if self.pidns is not None:
+            init, cmd, ack = self.pidns
+            for fd in (cmd, ack):
+                os.close(fd)
+            try:
+                os.kill(init, signal.SIGKILL)
+                os.waitpid(init, 0)
+            except OSError:
+                pass
+            self.pidns = None
+        if self.cgroup is not None:
+            self.cgroup.close()
+            self.cgroup = None
 
     def _clean_tmp(self, workdir: str) -> None:
         """Remove the program's work dir (never reused: the next program gets a new one, with no timestamps,
@@ -1149,6 +1688,10 @@ class Server:
     def _start(self, req: dict, raw: bytes, start: int, workdir: str | None) -> "_Child":
         """Hand a job to the pre-forked child (or a new one in `workdir`)."""
         data = job_bytes(req, raw, start)  # first: should it fail, no child has been handed a job
+        if self.cgroup is not None and not self.cgroup.set_memory(int(req["memory_mb"])):
+            self.recycle = self.recycle or "could not set the worker cgroup's memory limit"
+        if self.oom_watch is not None:
+            self.oom_watch.oom_fired()  # forget what happened before this job
         child = None
         if workdir is None and self._ready is not None:
             child, self._ready = self._ready, None
@@ -1174,16 +1717,9 @@ class Server:
             raise
 
     def _abandon(self, child: "_Child") -> None:
-        for kill in (os.killpg, os.kill):
-            try:
-                kill(child.pid, signal.SIGKILL)
-            except OSError:
-                pass
-        try:
-            os.waitpid(child.pid, 0)
-        except ChildProcessError:
-            pass
+        _kill_and_reap(child.pid)
         self._sweep()
+        self._sweep_namespace()
         fds = [] if child.pipes_closed else [child.out_r, child.err_r, child.res_r]
         fds += [] if child.job_closed else [child.job_w]
         fds += [child.pidfd] if child.pidfd is not None else []
@@ -1203,6 +1739,11 @@ class Server:
         names = {out_r: "stdout", err_r: "stderr", pidfd: "exit", res_r: "result"}
         for fd in names:
             poller.register(fd, select.POLLIN)
+        oom_fd = self.cgroup.notify_fd if self.cgroup is not None else None
+        if oom_fd is not None:
+            poller.register(oom_fd, self.cgroup.notify_events)
+        oom_poll = self.container_oom  # no notification there: read its count every OOM_CHECK_S
+        next_oom_check = time.monotonic() + OOM_CHECK_S
         now = time.monotonic()
         load_deadline = now + float(req["timeout_s"])
         test_timeout = float(req.get("test_timeout_s") or req["timeout_s"])
@@ -1222,11 +1763,24 @@ class Server:
         exited = False
         try:  # whatever goes wrong here (ours or a frame we cannot handle), the kill-and-reap below runs
             while not exited and state["reason"] is None:
-                wait = deadline - time.monotonic()
+                now = time.monotonic()
+                wait = deadline - now
                 if wait <= 0:
                     state["reason"] = "timeout"
                     break
+                if oom_poll is not None:
+                    if now >= next_oom_check:
+                        next_oom_check = now + OOM_CHECK_S
+                        if oom_poll.oom_fired():
+                            state["reason"] = "memory"
+                            break
+                    wait = min(wait, next_oom_check - now)
                 for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
+                    if fd == oom_fd:
+                        if self.cgroup.oom_fired():  # the tree hit its memory limit: end it now
+                            state["reason"] = "memory"
+                            break
+                        continue
                     name = names[fd]
                     if name == "exit":
                         exited = True
@@ -1260,11 +1814,11 @@ class Server:
             except OSError:
                 pass
         _, wstatus, rusage = os.wait4(pid, 0)
-        try:  # fast path: no child left means no descendant survived (orphans are re-parented to us)
-            os.waitpid(-1, os.WNOHANG)
-            self._sweep()
-        except ChildProcessError:
-            pass
+        self._sweep_all()
+        if oom_fd is not None:
+            poller.unregister(oom_fd)
+        if self.oom_watch is not None and self.oom_watch.oom_fired() and state["reason"] is None:
+            state["oom"] = True  # the OOM killer ended a process of the tree (maybe the child itself)
         # Every writer is dead now: drain what is left in the pipes (bounded, in case a descriptor escaped).
         if pidfd in open_fds:
             poller.unregister(pidfd)
@@ -1313,6 +1867,7 @@ class Server:
         state["setup_failed"] = child.job_failed or (unread[0] > 0 and not state["asked"])
         state["wstatus"], state["rusage"] = wstatus, rusage
         state["memory_mb"] = int(req["memory_mb"])
+        state["tree_limit"] = f"{state['memory_mb']} MiB, cgroup" if self.cgroup is not None else "the container's"
         state["cpu_limit_s"] = int(math.ceil(cpu_budget_s(req))) + 1
         return state
 
@@ -1436,6 +1991,9 @@ class Server:
             return "timeout", {"reason": "wall-clock timeout"}
         if reason == "output_limit":
             return "output_limit", {"reason": "stdout+stderr exceeded output_limit"}
+        if reason == "memory" or (reason is None and state.get("oom") and not state["setup_failed"]):
+            return "memory", {"reason": f"the program's processes together reached their memory limit "
+                                        f"({state['tree_limit']}): the kernel's OOM killer acted; all were ended"}
         if reason == "protocol":
             return "error", {"reason": f"protocol violation: {state['violation']}"}
         if reason == "internal":
@@ -1584,9 +2142,14 @@ class Server:
         if op == "stats":
             ours = {self._ready and self._ready.workdir}
             dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) not in ours]
-            kids = [pid for pid in self._children() if not (self._ready and pid == self._ready.pid)]
+            kids = [pid for pid in self._children()
+                    if not (self._ready and pid == self._ready.pid) and pid != self.init_pid]
+            tasks: list | None = None
+            if self.cgroup is not None:  # processes in the worker's cgroup, the pre-forked child aside
+                tasks = [p for p in self.cgroup.procs() if not (self._ready and p == self._ready.pid)]
             return {"ok": True, "workdirs": len(dirs), "children": kids,
-                    "ready": self._ready.pid if self._ready else None, "fds": len(os.listdir("/proc/self/fd"))}
+                    "ready": self._ready.pid if self._ready else None, "fds": len(os.listdir("/proc/self/fd")),
+                    "cgroup_procs": tasks, "init": self.init_pid}
         if op in ("run", "tests", "check"):
             error = _validate(req)
             if error:
@@ -1683,6 +2246,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="remove every SysV IPC object after every program (a container's own namespace)")
     parser.add_argument("--wipe-tmp", action="store_true",
                         help="empty /tmp, /var/tmp, /dev/shm after every program (a container's own)")
+    parser.add_argument("--no-cgroup", action="store_true", help="no cgroup per worker (root only)")
+    parser.add_argument("--no-pidns", action="store_true", help="no pid namespace for programs (root only)")
+    parser.add_argument("--no-private-root", action="store_true",
+                        help="programs see the host's file tree, not a root of their own (root only)")
+    parser.add_argument("--container-oom", action="store_true",
+                        help="read the container's OOM-kill count during and after every program")
     args = parser.parse_args(argv)
     if sys.flags.no_site:
         add_site_packages()
@@ -1709,7 +2278,10 @@ def main(argv: list[str] | None = None) -> int:
     ready_for_children()
     gc.collect()
     gc.freeze()  # keep the preloaded heap out of the collector, so children do not copy it on write
-    server.serve(listener)
+    try:
+        server.serve(listener)
+    finally:
+        server.close()
     return 0
 
 

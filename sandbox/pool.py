@@ -113,6 +113,9 @@ class LocalLauncher:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
+            # a server that was killed could not remove its cgroup (forkserver.WorkerCgroup): it goes once the
+            # last process of its pid namespace has (they die with the namespace's init, which dies with it)
+            forkserver.remove_cgroup_dirs(forkserver.worker_cgroup_dirs(self.proc.pid))
             self.proc = None
         if self.dir is not None:
             forkserver.remove_tree(self.dir)  # iterative: a program's 1,200-deep tree cannot make it raise
@@ -360,7 +363,7 @@ class Pool:
                 out.append({"alive": w.launcher.alive() and bool(stats.get("ok")), "restarts": w.restarts,
                             "workdirs": stats.get("workdirs"), "children": stats.get("children"),
                             "ready": stats.get("ready"), "fds": stats.get("fds"),
-                            "info": dict(w.info)})
+                            "cgroup_procs": stats.get("cgroup_procs"), "info": dict(w.info)})
             return out
         finally:
             for w in workers:

@@ -3,7 +3,9 @@ that nothing of a program survived it."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import time
 
 import pytest
@@ -12,6 +14,7 @@ import sandbox
 
 HOSTILE_TIMEOUT_S = 1.5     # hostile programs get short limits so the suite stays fast
 HOSTILE_MEMORY_MB = 256
+NEXT_PROGRAMS = 40          # programs that must pass after a hostile one
 
 BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
 
@@ -54,6 +57,8 @@ def leftovers(box: sandbox.Sandbox) -> list[str]:
             problems.append(f"worker {i} keeps {h['workdirs']} work dir(s)")
         if h["children"]:
             problems.append(f"worker {i} has child processes {h['children']}")
+        if h.get("cgroup_procs"):
+            problems.append(f"worker {i} has processes left in its cgroup: {h['cgroup_procs']}")
     if box.backend == "process":  # children run under per-worker uids no other process uses
         uids = {h["info"]["child_uid"] for h in health if h["info"].get("user_isolated")}
         ready = {h["ready"] for h in health}  # the pre-forked child waiting for the next program
@@ -61,6 +66,22 @@ def leftovers(box: sandbox.Sandbox) -> list[str]:
         if stray:
             problems.append(f"processes left under sandbox uids: {stray}")
     return problems
+
+
+def unix_listener(path: str) -> socket.socket:
+    """A unix socket listening at `path` (a file path, or "\\0name" in the abstract namespace) that anyone may
+    connect to: what a host daemon's socket looks like."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    if not path.startswith("\0"):
+        os.chmod(path, 0o777)
+    listener.listen(4)
+    return listener
+
+
+def server_fds(box: sandbox.Sandbox) -> list:
+    """Each worker's server's open descriptors (none may leak across programs)."""
+    return [h.get("fds") for h in box.health()]
 
 
 def assert_healthy(box: sandbox.Sandbox) -> None:
@@ -73,6 +94,44 @@ def assert_healthy(box: sandbox.Sandbox) -> None:
     assert not problems, problems
     results = box.run_many(["print('alive', 6 * 7)"] * len(box.health()))
     assert [(r.status, r.stdout) for r in results] == [("ok", "alive 42\n")] * len(results)
+
+
+def assert_serves_the_next_programs(box: sandbox.Sandbox) -> None:
+    """assert_healthy, then NEXT_PROGRAMS programs and a grading pass."""
+    assert_healthy(box)
+    results = box.run_many([f"print({i} * 2)" for i in range(NEXT_PROGRAMS)])
+    assert [(r.status, r.stdout) for r in results] == [("ok", f"{i * 2}\n") for i in range(NEXT_PROGRAMS)]
+    report = box.run_tests("def f(x):\n    return x + 1\n", "f", [[1], [2]], [2, 3])
+    assert report.passed, report
+
+
+LEFT_BEHIND = r"""
+import json, os
+dirs = {d: sorted(os.listdir(d)) for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d)}
+base = os.path.dirname(os.getcwd())
+try:  # where it may list it (the same uid as the server); the server's stats count work dirs everywhere
+    dirs["work_base"] = sorted(n for n in os.listdir(base) if os.path.join(base, n) != os.getcwd())
+except PermissionError:
+    pass
+for d in ("/tmp", "/var/tmp"):
+    if d in dirs:
+        dirs[d] = [n for n in dirs[d] if os.path.join(d, n) != base]
+ipc = {k: len(open(f"/proc/sysvipc/{k}").read().splitlines()) - 1 for k in ("shm", "sem", "msg")}
+print(json.dumps({"dirs": dirs, "ipc": ipc}))
+"""
+
+
+def assert_nothing_left(box: sandbox.Sandbox, fds_before: list) -> None:
+    """After a hostile program: the next programs pass, no process, file in the shared dirs or the work base,
+    SysV object, cgroup member or server descriptor of it is left (each worker probed; one worker per probe is
+    enough where the pool has one)."""
+    assert_serves_the_next_programs(box)
+    for probe in box.run_many([LEFT_BEHIND] * len(fds_before)):
+        assert probe.status == "ok", probe
+        found = json.loads(probe.stdout)
+        assert all(not names for names in found["dirs"].values()), found
+        assert found["ipc"] == {"shm": 0, "sem": 0, "msg": 0}, found
+    assert server_fds(box) == fds_before
 
 
 def forged_frames(entry: str, output_expr: str, calls) -> str:

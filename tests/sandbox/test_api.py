@@ -186,7 +186,7 @@ def test_a_hung_worker_is_replaced_and_reported_as_our_fault(monkeypatch):
 
 
 def test_run_many_over_many_workers_survives_a_killed_worker():
-    box = open_backend("process", workers=3, isolate_user=False)
+    box = open_backend("process", workers=3, isolate_user=False, confine=False)  # programs can reach the server
     try:
         sources = ["print('a')", "import os\nos.kill(os.getppid(), 9)", "print('c')", "print('d')"] * 2
         results = box.run_many(sources)
@@ -214,7 +214,7 @@ class FlakyLauncher(sandbox.pool.LocalLauncher):
     """A real local worker whose second start fails (fault injection for the restart path)."""
 
     def __init__(self):
-        super().__init__(0, isolate_user=False)
+        super().__init__(0, isolate_user=False, extra_args=("--no-pidns",))  # its programs can reach it
         self.starts = 0
 
     def start(self) -> str:

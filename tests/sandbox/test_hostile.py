@@ -234,8 +234,9 @@ def test_killing_the_worker_is_contained(sb):
 
 
 def test_a_program_that_kills_its_worker_gets_killed_and_the_worker_restarts():
-    # Without the per-worker uid the child may signal its server: the pool must notice and restart it.
-    box = open_backend("process", workers=1, isolate_user=False)
+    # Without the per-worker uid and the pid namespace the child may signal its server: the pool must notice and
+    # restart it.
+    box = open_backend("process", workers=1, isolate_user=False, confine=False)
     try:
         r = box.run("import os, time\nos.kill(os.getppid(), 9)\ntime.sleep(5)\n")
         assert r.status == "killed", r
@@ -417,7 +418,8 @@ def test_unprivileged_server_uses_a_user_namespace():
     from sandbox.pool import LocalLauncher, Pool
 
     assert os.geteuid() == 0, "the test starts the server as an unprivileged user, which needs root"
-    launcher = LocalLauncher(0, python=_interpreter_for(NOBODY), run_as=NOBODY)
+    # outside a pid namespace (--no-pidns), so that the program can reach its server and the restart is tested
+    launcher = LocalLauncher(0, python=_interpreter_for(NOBODY), run_as=NOBODY, extra_args=("--no-pidns",))
     box = Sandbox(Pool([launcher]), "process", Limits(timeout_s=HOSTILE_TIMEOUT_S), cache=False)
     try:
         r = box.run("import os, socket\nprint(os.getuid())\nsocket.create_connection(('127.0.0.1', 22), 1)\n")

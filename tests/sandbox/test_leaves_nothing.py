@@ -11,7 +11,7 @@ import os
 import pytest
 
 import sandbox
-from sandbox_testlib import BACKENDS, assert_healthy, open_backend
+from sandbox_testlib import BACKENDS, assert_healthy, open_backend, unix_listener
 
 KEY = 0x5E1F0019
 
@@ -122,16 +122,12 @@ def test_each_program_gets_a_new_work_dir(one_worker):
 @pytest.mark.skipif(os.geteuid() != 0, reason="the process backend hides /run only when its server runs as root")
 def test_host_unix_sockets_under_run_are_out_of_reach():
     """The network namespace does not cover unix sockets in the file system: the server hides /run."""
-    import socket
     import tempfile
 
     folder = tempfile.mkdtemp(prefix="sandbox-sock-test-", dir="/run")
     os.chmod(folder, 0o755)
     path = os.path.join(folder, "host.sock")
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
-    os.chmod(path, 0o777)
-    listener.listen(1)
+    listener = unix_listener(path)
     box = open_backend("process", workers=1)
     try:
         probe = ("import os, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"

@@ -10,22 +10,9 @@ import textwrap
 
 import pytest
 
-from sandbox_testlib import BACKENDS, assert_healthy, open_backend
+from sandbox_testlib import BACKENDS, assert_serves_the_next_programs, open_backend, server_fds
 
-NEXT_PROGRAMS = 40
 DEPTH = 1200  # nested directories: deeper than Python's default recursion limit
-
-
-def server_fds(box) -> list:
-    return [h.get("fds") for h in box.health()]
-
-
-def assert_serves_the_next_programs(box) -> None:
-    assert_healthy(box)
-    results = box.run_many([f"print({i} * 2)" for i in range(NEXT_PROGRAMS)])
-    assert [(r.status, r.stdout) for r in results] == [("ok", f"{i * 2}\n") for i in range(NEXT_PROGRAMS)]
-    report = box.run_tests("def f(x):\n    return x + 1\n", "f", [[1], [2]], [2, 3])
-    assert report.passed, report
 
 
 DEEP_TREE = textwrap.dedent("""
@@ -146,8 +133,8 @@ SIGNALS = textwrap.dedent("""
 @pytest.fixture(params=BACKENDS)
 def same_uid_box(request):
     """Children that share the server's uid (the Docker backend's model; the process backend without a uid of
-    their own), so the program's signals reach the server."""
-    options = {"isolate_user": False} if request.param == "process" else {}
+    their own and outside a pid namespace), so the program's signals reach the server."""
+    options = {"isolate_user": False, "confine": False} if request.param == "process" else {}
     box = open_backend(request.param, **options)
     yield box
     box.close()

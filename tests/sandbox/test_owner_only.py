@@ -62,14 +62,15 @@ def test_a_run_folder_and_its_corpus_are_owner_only(tmp_path, umask_022):
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="children have a uid of their own only when the server runs as root")
 def test_a_sandboxed_program_cannot_read_a_corpus_it_can_see(umask_022):
-    # a folder every user may enter, outside the private or hidden dirs of the process backend: the mode decides
+    # a folder every user may enter, outside the private or hidden dirs of the process backend, and a server without
+    # the programs' own root (confine=False: they see the host's tree), so that the mode alone decides
     shared = tempfile.mkdtemp(prefix="sandbox-owner-test-", dir="/var/lib")
     os.chmod(shared, 0o755)
     try:
         corpus = Corpus(os.path.join(shared, "corpus.sqlite"))
         corpus.db.execute("CREATE TABLE IF NOT EXISTS secret (answer TEXT)")
         corpus.db.execute("INSERT INTO secret VALUES ('42')")
-        box = open_backend("process", workers=1)
+        box = open_backend("process", workers=1, confine=False)
         try:
             probe = (f"import os\nprint(os.path.exists({str(corpus.path)!r}))\n"
                      f"try:\n    open({str(corpus.path)!r}, 'rb').read()\n    print('read')\n"
