@@ -8,7 +8,13 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
   key, group value and aggregate name some element type offers; constants named as the catalogue names them).
   Numbers are bounded (step and reference numbers 1-9, values of at most three digits, strings of at most eight
   characters) so that every answer the grammar accepts fits in `mutation.MAX_ANSWER_TOKENS` tokens of a byte-level
-  tokenizer. Only training input kinds are offered to `type` (held-out `float` and `tup` are not).
+  tokenizer. Only training input kinds are offered to `type` (held-out `float` and `tup` are not). It knows the
+  catalogue but not the prompt.
+- `prompt_grammar(references)`: the mutation answers possible for one prompt's references: each reference number
+  with exactly the edits of `mutation.possible_edits` (steps that exist, names the element type at that step has,
+  constants the catalogue offers, a sink only at the end, no held-out pair of steps, no held-out input type, no
+  edit that changes nothing). Every answer it accepts compiles to a task of the training split; what is left to
+  the validity checks is what needs the sandbox or the corpus (outputs, triviality, novelty).
 - `free_grammar()`: the sections of generator/agent.py (DESCRIPTION line, SIGNATURE `def name(...)` line, CODE
   starting with the signature's `def` and indented body lines, INPUTS as JSON lists one per line, END). It fixes
   the shape; that the code parses as Python is still checked by `parse_proposal`.
@@ -17,7 +23,7 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
 from __future__ import annotations
 
 from generator.families.catalogue import AGGREGATES, GROUP_VALUES
-from generator.families.grammar import EXPR_TABLES, KEY_TABLES, WINDOW_AGGS
+from generator.families.grammar import EXPR_TABLES, KEY_TABLES, WINDOW_AGGS, allowed_values
 
 TRAIN_INPUTS = ("int", "str", "rec", "text", "csv")  # `type` targets (the held-out element types float, tup left out)
 
@@ -32,6 +38,32 @@ def _names(tables) -> list[str]:
 
 def _arg_names(tables) -> list[str]:
     return sorted({a for table in tables for exprs in table.values() for e in exprs for a in e.args})
+
+
+def _string_chars() -> str:
+    """The characters of every string constant the catalogue offers, as the body of a character class."""
+    chars = {c for table in list(EXPR_TABLES.values()) + list(KEY_TABLES.values()) for exprs in table.values()
+             for e in exprs for name in set(e.args) | set(e.wide) for v in allowed_values(e, name)
+             if isinstance(v, str) for c in v} | set("abcdefghijklmnopqrstuvwxyz0123456789_")
+    return "".join(sorted(chars - {"-"})) + ("-" if "-" in chars else "")  # '-' last: a literal in the class
+
+
+def _literal(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def prompt_grammar(references, cfg=None) -> str | None:
+    """EBNF of the mutation answers possible for these references (None when no edit of any is possible)."""
+    from generator.build import BuildConfig
+    from generator.mutation import format_edit, possible_edits
+
+    edits = possible_edits(references, cfg or BuildConfig())
+    if not edits:
+        return None
+    lines = ['root ::= "REF " (' + " | ".join(f'"{r}\\nEDIT " edit{r}' for r in sorted(edits)) + ') "\\nEND\\n"']
+    for r, options in sorted(edits.items()):
+        lines.append(f"edit{r} ::= " + " | ".join(_literal(t) for t in sorted({format_edit(e) for e in options})))
+    return "\n".join(lines) + "\n"
 
 
 def mutation_grammar() -> str:
@@ -55,7 +87,7 @@ def mutation_grammar() -> str:
         'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',
         'chars ::= "" | char | char char | char char char | char char char char | char char char char char char'
         ' | char char char char char char char char',
-        'char ::= [a-z0-9_]',
+        f'char ::= [{_string_chars()}]',  # every character of the catalogue's string constants
         f'exprname ::= {_alt(n for names in exprs.values() for n in names)}',
         f'key ::= {_alt(keys + group_keys)}',
         'step ::= "filter " filtername args | "map " mapname args | "sink " sinkname args'
