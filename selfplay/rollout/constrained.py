@@ -7,6 +7,8 @@ it advances each row's matcher by the token just sampled, fills the rows' allowe
 (packed, 32 tokens per int32, on the CPU: [steps, ceil(V / 32)] per row, about 19 kB per step for a 150k
 vocabulary). `rl.sampling_logprobs(logits, T, allowed)` turns those bits into the masked, renormalised
 distribution that is sampled from, and the trainer scores each token under the same recorded bits.
+`GrammarConstraint.per_prompt(grammars)` compiles one grammar per prompt (the mutation format's grammar of each
+prompt's references, generator.grammars.prompt_grammar), handed to the batches of one `sample` call in order.
 """
 
 from __future__ import annotations
@@ -38,19 +40,43 @@ class GrammarConstraint:
     compiled: object
     vocab_size: int
     fmt: str
+    compiler: object = None  # the xgrammar GrammarCompiler it came from (per_prompt compiles more with it)
 
     def start(self, batch: int) -> "Decoding":
         return Decoding(self, batch)
+
+    def per_prompt(self, grammars) -> "PromptGrammars":
+        """One compiled grammar per prompt: each EBNF text, or this grammar where the text is None."""
+        return PromptGrammars([self.compiled if g is None else self.compiler.compile_grammar(g) for g in grammars],
+                              self.vocab_size, self.fmt)
+
+
+@dataclass
+class PromptGrammars:
+    """One compiled grammar per prompt; each `start(batch)` takes the next `batch` of them (the prompts of one
+    `sample` call, batch after batch)."""
+
+    rows: list
+    vocab_size: int
+    fmt: str
+    used: int = 0
+
+    def start(self, batch: int) -> "Decoding":
+        rows = self.rows[self.used: self.used + batch]
+        if len(rows) != batch:
+            raise RuntimeError(f"{batch} prompts to decode but {len(rows)} grammars left")
+        self.used += batch
+        return Decoding(self, batch, rows)
 
 
 class Decoding:
     """The matchers of one batch; `step(input_ids, new)` -> the [B, V] bool mask of this step (recorded)."""
 
-    def __init__(self, constraint: GrammarConstraint, batch: int):
+    def __init__(self, constraint, batch: int, rows=None):
         import xgrammar as xgr
 
         self.constraint = constraint
-        self.matchers = [xgr.GrammarMatcher(constraint.compiled) for _ in range(batch)]
+        self.matchers = [xgr.GrammarMatcher(c) for c in (rows if rows is not None else [constraint.compiled] * batch)]
         self.bitmask = xgr.allocate_token_bitmask(batch, constraint.vocab_size)
         self.steps: list[torch.Tensor] = []  # packed [B, words] per generated step
 
@@ -89,9 +115,10 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
 
         kw = {"stop_token_ids": list(stop_token_ids)} if stop_token_ids else {}
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, **kw)
-        compiled = xgr.GrammarCompiler(info).compile_grammar(grammar)
+        compiler = xgr.GrammarCompiler(info)
+        compiled = compiler.compile_grammar(grammar)
     except Exception as exc:  # noqa: BLE001 - any failure to build the grammar is the configuration's
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{KEY}=true: the {fmt or 'given'} grammar cannot be compiled for this tokenizer: "
                         f"{first[:200]}") from exc
-    return GrammarConstraint(compiled, vocab_size, fmt)
+    return GrammarConstraint(compiled, vocab_size, fmt, compiler)

@@ -9,7 +9,8 @@ Generator: P prompts, each with K reference tasks and an instruction; answers pa
 ones become tasks (outputs from the reference in the sandbox, every validity check run). Two proposal formats
 (`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
 its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
-invalid proposal, rejected as "edit" with its reason.
+invalid proposal, rejected as "edit" with its reason. Under `generator.constrained` a mutation answer is decoded
+under the grammar of its own prompt's references (generator.grammars.prompt_grammar): only edits that compile.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Sequence
 from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
                              proposal_to_task)
 from generator.build import BuildConfig
+from generator.grammars import prompt_grammar
 from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
                                 compile_mutation, parse_mutation)
 from generator.schema import Task
@@ -141,7 +143,14 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
         instructions = [choose_instruction(rng, len(refs)) for refs in references]
         texts = [build_prompt(refs, instr) for refs, instr in zip(references, instructions)]
     prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
-    answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
+    constraint = getattr(agent, "constraint", None)
+    if mutation and hasattr(constraint, "per_prompt"):  # generator.constrained: each prompt's possible edits only
+        agent.constraint = constraint.per_prompt([prompt_grammar(refs, build_cfg) for refs in references])
+    try:
+        answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
+    finally:
+        if constraint is not None:
+            agent.constraint = constraint
     rollouts = []
     for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
         ro = ProposalRollout(prompt, answer, list(refs), instr)

@@ -53,6 +53,27 @@ def test_random_model_under_the_mutation_grammar_always_parses(tok):
     assert sum(not isinstance(p, ProposalError) for p in free) == 0
 
 
+def test_a_random_model_under_its_prompts_grammars_proposes_only_edits_that_compile(tok):
+    """Mutation format, generator.constrained: each answer is decoded under its own prompt's grammar, so every one
+    parses and compiles (no `edit` rejection), whatever the weights."""
+    import sandbox
+    from generator.build import materialise, sample_params
+    from selfplay.rollout.episodes import generator_rollouts
+
+    rng = random.Random(1)
+    tasks = [materialise(sample_params(rng, 1 + i % 3), "train") for i in range(12)]
+    a = agent(tok, temperature=1.0)
+    a.constrain("mutation")
+    base = a.constraint
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        rollouts = generator_rollouts(a, [rng.sample(tasks, 2) for _ in range(10)], sb, step=1, rng=rng,
+                                      max_prompt_tokens=60, fmt="mutation")
+    assert a.constraint is base  # the catalogue grammar is back for the next call
+    assert [(r.rejection, r.reasons) for r in rollouts if r.rejection in ("unparsable", "edit")] == []
+    assert all(r.task is not None and r.answer.allowed is not None for r in rollouts)
+    assert len({r.answer.text for r in rollouts}) > 5
+
+
 def test_free_grammar_answers_follow_the_sections(tok):
     a = agent(tok)
     a.constrain("free")
