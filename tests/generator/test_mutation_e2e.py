@@ -15,7 +15,7 @@ from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
 from selfplay.train.warmstart import generator_examples
-from tests.conftest import SMOKE, selfplay
+from tests.conftest import selfplay
 
 
 def references_of(prompt: str, pool: dict) -> list[Task]:
@@ -59,9 +59,9 @@ def test_warm_start_examples_are_valid_mutations(task_sb):
 @pytest.mark.slow
 def test_smoke_run_puts_valid_mutation_tasks_into_the_corpus(tmp_path):
     run = tmp_path / "run"
-    selfplay("train", *SMOKE, f"run.dir={run}", "generator.format=mutation", "warmstart.tasks=300",
-             "warmstart.generator_steps=300", "train.steps=2", "train.proposals=8", "train.solver_tasks=2",
-             timeout=1500)
+    # configs/smoke.yaml as it is (40 generator SFT steps, 3 iterations of 2 proposals, generator.constrained: each
+    # answer under its prompt's grammar), only the held-out evaluation shrunk
+    selfplay("train", "configs/smoke.yaml", f"run.dir={run}", "eval.tasks_per_split=2", timeout=1500)
     with sqlite3.connect(run / "corpus.sqlite") as db:
         rows = [json.loads(r[0]) for r in db.execute("SELECT record FROM tasks WHERE source = 'generator'")]
     assert rows, "no generator-made task reached the corpus"
