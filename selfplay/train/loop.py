@@ -26,7 +26,8 @@ schedule, `curriculum_steps_per_level` iterations per level), `warmstart` (no RL
 warm-started solver is only evaluated) — the two baselines of the research claim — and `fixed` (no generator: PPO
 on one fixed set of `fixed_tasks` corpus tasks at `fixed_levels`, chosen once and kept in RUN_DIR/fixed_tasks.jsonl,
 `solver_tasks` of them per iteration in a seeded order that depends only on the step; the plain RL setting of
-"train on these problems, measure on held-out ones").
+"train on these problems, measure on held-out ones"). How each mode chooses the solver's tasks is one small source
+in selfplay/train/sources.py (`draw`, `observe`, `metrics`, `state_dict`); the loop asks `self.source`.
 
 Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last): both agents, optimiser and trainer states,
 the mixer, RNG states, counters and the corpus size. Starting again on a run folder that holds a checkpoint resumes
@@ -67,14 +68,12 @@ from selfplay.data.corpus import Corpus, CorpusError
 from selfplay.runtime.errors import UserError
 from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.train.mixer import IterationStats, Mixer, in_band_share
+from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
+from selfplay.train.sources import validate as validate_task_choice
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
 from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime.tb import TBLogger
 
-MODES = ("selfplay", "curriculum", "fixed", "warmstart")
-FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
-RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
-FIXED_SOURCES = ("corpus", "fresh", "reserved")
 REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
 # per-iteration figures kept in the run's history (checkpointed) and summed up at the end: history key -> scalar
 HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
@@ -82,12 +81,6 @@ HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rat
            "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
            "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean"}
 SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
-
-
-def level_shares(total: int, levels) -> list[tuple[int, int]]:
-    """[(level, count)]: `total` split over `levels` as evenly as possible, the first levels taking the remainder."""
-    levels = list(levels)
-    return [(lv, total // len(levels) + (i < total % len(levels))) for i, lv in enumerate(levels)]
 
 
 def quiet_transformers() -> None:
@@ -105,19 +98,6 @@ def _progress(**kwargs):
     from tqdm import tqdm
 
     return tqdm(dynamic_ncols=True, file=sys.stderr, **kwargs)
-
-
-def fixed_schedule(n_tasks: int, step: int, per_step: int, seed: int) -> list[int]:
-    """Fixed mode: the indices of step `step`'s (1-based) `per_step` tasks. The steps read an endless stream of
-    seeded reshuffles of range(n_tasks), one per pass, so every task is seen once per pass and a resumed run sees
-    exactly the batches it would have seen."""
-    out, orders = [], {}
-    for pos in range((step - 1) * per_step, step * per_step):
-        epoch, i = divmod(pos, n_tasks)
-        if epoch not in orders:
-            orders[epoch] = random.Random(f"{seed}:fixed:{epoch}").sample(range(n_tasks), n_tasks)
-        out.append(orders[epoch][i])
-    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -154,7 +134,6 @@ class SelfPlay:
         self.pending_difficulty: list[tuple[str, float, int, int]] = []
         self.history: list[dict] = []  # per-iteration summary (also in TensorBoard)
         self.evals: dict[str, dict] = {}  # step -> held-out results
-        self.fixed: list[Task] | None = None  # fixed mode: the task set (RUN_DIR/fixed_tasks.jsonl)
         self.stop_requested = False
         self.t_start = time.perf_counter()
         self.warmstart_s: float | None = None  # the warm start's wall time (in elapsed_s too)
@@ -172,6 +151,11 @@ class SelfPlay:
             self.sb.close()
             raise UserError(str(exc)) from None
         self.corpus = Corpus(self.run_dir)
+        # how the solver's tasks are chosen (selfplay/train/sources.py); rank 0 draws them
+        self.source = make_source(cfg, mixer=self.mixer, sb=self.sb, corpus=self.corpus, run_dir=self.run_dir,
+                                  log=self.log)
+        self.generates = cfg.train.mode == "selfplay"  # the generator proposes tasks and learns
+        self.learns = cfg.train.mode != "warmstart"  # the solver learns (warmstart mode: evaluated only)
         if self.world > 1:  # every rank says it is here (the only line ranks other than 0 print)
             print(f"[selfplay] rank {self.rank} of {self.world} on {os.uname().nodename} ready "
                   f"({workers} sandbox workers)", flush=True)
@@ -180,16 +164,13 @@ class SelfPlay:
     @staticmethod
     def _validate(cfg) -> None:
         t = cfg.train
-        if t.mode not in MODES:
-            raise UserError(f"train.mode must be one of {', '.join(MODES)}, got {t.mode!r}")
+        validate_task_choice(t)
         world = int(os.environ.get("WORLD_SIZE", "1"))
         for key, value in (("train.solver_tasks", t.solver_tasks), ("train.proposals", t.proposals)):
             if value < 1 or value % world:
                 raise UserError(f"{key} ({value}) must be a positive multiple of the number of ranks ({world})")
         if t.samples_per_task < 1:
             raise UserError("train.samples_per_task must be >= 1")
-        if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
-            raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
         try:
             check_learnability(cfg.generator.reward.learnability)
             Mixer(cfg.mixer)
@@ -198,13 +179,6 @@ class SelfPlay:
         if cfg.ppo.replay_source not in REPLAY_SOURCES:
             raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, "
                             f"got {cfg.ppo.replay_source!r}")
-        if t.mode == "fixed":
-            if t.fixed_tasks < t.solver_tasks:
-                raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
-            bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
-            if bad or not t.fixed_levels:
-                raise UserError("train.fixed_levels must be a non-empty list of levels 1..4, "
-                                f"got {list(t.fixed_levels)}")
 
     @staticmethod
     def _local_world() -> int:
@@ -282,7 +256,7 @@ class SelfPlay:
         self.log(f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "
                  f"({self.corpus.reserved_count()} programs reserved)")
         if self.cfg.train.fixed_source == "reserved":
-            pool = self._reserve_fixed_pool()
+            pool = reserve_fixed_pool(self.cfg, self.sb, self.corpus, self.run_dir)
             self.log(f"fixed mode's pool: {len(pool)} tasks reserved before the SFT corpus -> "
                      f"{self.run_dir / RESERVED_TASKS_FILE}")
         solver, generator, report = warm_start(self.cfg, self.run_dir, self.sb, self.corpus, log=self.log,
@@ -319,6 +293,7 @@ class SelfPlay:
         self.step = int(state["step"])
         if "mixer" in state:
             self.mixer.load_state_dict(state["mixer"])
+        self.source.load_state_dict(state.get("source", {}))
         if self.replay is not None and "replay" in state:
             self.replay.load_state_dict(state["replay"])
         if "rng" in state:
@@ -355,6 +330,7 @@ class SelfPlay:
             state = {
                 "param_checksums": checksums,
                 "mixer": self.mixer.state_dict(),
+                "source": self.source.state_dict(),
                 **({"replay": self.replay.state_dict()} if self.replay is not None else {}),
                 "rng": {str(r): s for r, s in enumerate(rngs)},
                 "loop_rng": self.rng.getstate(),
@@ -412,117 +388,16 @@ class SelfPlay:
         positions = agent.max_positions or (self.cfg.warmstart.max_len + max_new_tokens)
         return max(16, min(self.cfg.warmstart.max_len, positions - max_new_tokens))
 
-    def _procedural(self, levels: list[int]) -> list[Task]:
-        from generator.build import BuildConfig, generate_tasks
-
-        out = []
-        for level, count in sorted(Counter(levels).items()):  # may repeat a training program, never a held-out one
-            out += generate_tasks(count, level=level, split="train", seed=self.cfg.run.seed * 100_003 + self.step,
-                                  sb=self.sb, corpus_index=self.corpus.reserved_index(),
-                                  cfg=BuildConfig.from_config(self.cfg.tasks))
-        return out
-
-    def _reserve_fixed_pool(self) -> list[Task]:
-        """Warm start with train.fixed_source=reserved: train.fixed_tasks procedural tasks at train.fixed_levels,
-        drawn right after the held-out ones and like them (so they sample the same distribution, not the programs
-        the SFT corpus left over), reserved in the corpus so SFT never sees their programs, written to
-        RUN_DIR/reserved_tasks.jsonl."""
-        from generator.build import BuildConfig, generate_tasks
-        from selfplay.eval.evaluate import write_tasks
-
-        t = self.cfg.train
-        pool: list[Task] = []
-        for level, share in level_shares(t.fixed_tasks, t.fixed_levels):
-            pool += generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed + 20_011, sb=self.sb,
-                                   corpus_index=self.corpus, cfg=BuildConfig.from_config(self.cfg.tasks))
-        self.corpus.reserve(pool, reason="fixed pool")
-        write_tasks(self.run_dir / RESERVED_TASKS_FILE, pool)
-        return pool
-
-    def _fixed_set(self) -> list[Task]:
-        """Fixed mode: the task set, read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
-        equal shares per level of the corpus's procedural training tasks (seeded order), or with fixed_source=fresh
-        new procedural tasks deduplicated against the corpus and the reserved held-out programs (then queued for
-        the corpus, like any task the solver trains on), or with fixed_source=reserved the warm start's reserved
-        pool (RUN_DIR/reserved_tasks.jsonl; its programs stay reserved, out of the corpus)."""
-        from generator.build import BuildConfig, generate_tasks
-        from selfplay.eval.evaluate import read_tasks, write_tasks
-
-        if self.fixed is not None:
-            return self.fixed
-        path = self.run_dir / FIXED_TASKS_FILE
-        if path.exists():
-            self.fixed = read_tasks(path)
-            return self.fixed
-        t = self.cfg.train
-        levels = list(t.fixed_levels)
-        tasks: list[Task] = []
-        reserved = self._reserved_pool() if t.fixed_source == "reserved" else []
-        for level, share in level_shares(t.fixed_tasks, levels):
-            if t.fixed_source == "reserved":
-                found = [x for x in reserved if x.level == level][:share]
-            elif t.fixed_source == "fresh":
-                found = generate_tasks(share, level=level, split="train", seed=self.cfg.run.seed * 100_003 + 99_991,
-                                       sb=self.sb, corpus_index=self.corpus,
-                                       cfg=BuildConfig.from_config(self.cfg.tasks))
-                self.pending_tasks += found
-            else:
-                found = self.corpus.query(split="train", source="procedural", level=level, order="random",
-                                          seed=self.cfg.run.seed, limit=share)
-            if len(found) < share:
-                self.log(f"fixed task set: {len(found)} {t.fixed_source} procedural level-{level} tasks, "
-                         f"not {share}; using those")
-            tasks += found
-        if len(tasks) < t.solver_tasks:
-            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, "
-                            f"fewer than train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
-        write_tasks(path, tasks)
-        self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
-        self.fixed = tasks
-        return tasks
-
-    def _reserved_pool(self) -> list[Task]:
-        from selfplay.eval.evaluate import read_tasks
-
-        path = self.run_dir / RESERVED_TASKS_FILE
-        if not path.exists():
-            raise UserError(f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
-                            "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)")
-        return read_tasks(path)
-
-    def _fixed_batch(self) -> list[Task]:
-        tasks = self._fixed_set()
-        return [tasks[i] for i in fixed_schedule(len(tasks), self.step, self.cfg.train.solver_tasks, self.cfg.run.seed)]
-
-    def _curriculum_level(self) -> int:
-        return min(4, 1 + (self.step - 1) // max(1, self.cfg.train.curriculum_steps_per_level))
-
     def _plan(self, valid_generator: list[Task]) -> dict:
         """Rank 0: the solver batch of this iteration (tasks for PPO, extra generator tasks to measure)."""
-        t = self.cfg.train
+        n = self.cfg.train.solver_tasks
         replay_pool = self.corpus.query(split="train", order="random", seed=self.step + 7, limit=1024)
-        chosen_gen, extra, procedural, replay, fixed = [], [], [], [], []
-        if t.mode == "curriculum":  # the fixed level schedule, procedural tasks only
-            procedural = self._procedural([self._curriculum_level()] * t.solver_tasks)
-        elif t.mode == "fixed":  # the same task set throughout
-            fixed = self._fixed_batch()
-        else:
-            plan = self.mixer.plan(t.solver_tasks, available={"generator": len(valid_generator),
-                                                              "replay": len(replay_pool)})
-            gen = list(valid_generator)
-            self.rng.shuffle(gen)
-            chosen_gen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
-            replay_ids = set(self.mixer.choose_replay([x.id for x in replay_pool],
-                                                      [x.difficulty for x in replay_pool], plan.counts["replay"]))
-            replay = [x for x in replay_pool if x.id in replay_ids]
-            procedural = self._procedural(plan.levels)
-        batch = chosen_gen + procedural + replay + fixed
-        while len(batch) < t.solver_tasks:  # too few valid procedural tasks at a level: top up from the pool
+        drawn = self.source.draw(n, self.rng, step=self.step, offered=valid_generator, pool=replay_pool)
+        self.pending_tasks += drawn.queued
+        batch = list(drawn.tasks)
+        while len(batch) < n:  # too few valid procedural tasks at a level: top up from the pool
             batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
-        counts = ({"fixed": len(fixed)} if t.mode == "fixed" else
-                  {"generator": len(chosen_gen), "procedural": len(procedural), "replay": len(replay)})
-        return {"batch": batch[: t.solver_tasks], "extra": extra, "counts": counts,
-                "new_ids": {x.id for x in procedural}}  # fresh procedural tasks, not yet in the corpus
+        return {"batch": batch[:n], "extra": drawn.extra, "counts": drawn.counts, "new_ids": drawn.new_ids}
 
     def iteration(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
@@ -535,7 +410,7 @@ class SelfPlay:
 
         # 1. generator proposals ----------------------------------------------------------------------------
         proposals = []
-        if t.mode == "selfplay":
+        if self.generates:
             from generator.build import BuildConfig
 
             t0 = time.perf_counter()
@@ -587,7 +462,7 @@ class SelfPlay:
         # 5. PPO updates -----------------------------------------------------------------------------------
         t0 = time.perf_counter()
         lr_scale = self.mixer.lr_scale
-        if t.mode != "warmstart":
+        if self.learns:
             update_rollouts = self._update_rollouts(train_rollouts, metrics)
             replay = self._replay_draw(step)
             if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
@@ -597,7 +472,7 @@ class SelfPlay:
                 metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
-        if t.mode == "selfplay" and t.train_generator and proposals:
+        if self.generates and t.train_generator and proposals:
             stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale)
             metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
         timing["update_s"] += time.perf_counter() - t0
@@ -626,12 +501,12 @@ class SelfPlay:
             # written now, not at the next checkpoint: which tasks the next iteration sees must not depend on
             # where the checkpoints fell (a run resumed after step N would otherwise see step N's tasks early)
             self._flush_corpus()
-            if t.mode == "selfplay":
-                self.mixer.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
-                                                  kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
-                                                  procedural_rates=procedural_rates,
-                                                  generator_in_band=generator_in_band))
-        self.mixer = D.broadcast_object(self.mixer if self.main else None) if self.world > 1 else self.mixer
+            self.source.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
+                                               kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
+                                               procedural_rates=procedural_rates,
+                                               generator_in_band=generator_in_band))
+        if self.world > 1:  # rank 0's mixer state on every rank, in place (the task source holds this mixer)
+            self.mixer.load_state_dict(D.broadcast_object(self.mixer.state_dict() if self.main else None))
 
         # 7. logs ----------------------------------------------------------------------------------------------
         rewards = [r.reward for r in train_rollouts]
@@ -643,7 +518,7 @@ class SelfPlay:
         for name in train_rollouts[0].result.terms if train_rollouts else []:
             metrics[f"solver/reward/{name}"] = D.all_reduce_mean(
                 statistics.mean(r.result.terms[name] for r in train_rollouts))
-        if t.mode == "selfplay":
+        if self.generates:
             metrics["generator/reward_mean"] = statistics.mean(g_rewards_all) if g_rewards_all else 0.0
             metrics["generator/validity_rate"] = validity if validity is not None else 0.0
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
@@ -657,10 +532,7 @@ class SelfPlay:
             rejections = Counter(r for _, r, _, _ in flat if r)
             for reason, count in rejections.items():
                 metrics[f"generator/rejected/{reason}"] = count
-        if t.mode == "selfplay":  # the other modes do not use the mixer: its figures would say nothing
-            metrics.update(self.mixer.metrics())
-        elif t.mode == "curriculum":
-            metrics["mixer/level"] = self._curriculum_level()  # the schedule's level, drawn beside the mixer's
+        metrics.update(self.source.metrics(step))  # mixer/... in self-play, the schedule's level in curriculum
         for source, count in plan["counts"].items():
             metrics[f"solver/batch/{source}"] = count
         metrics["perf/solver_gen_tokens_per_s"] = gen_tokens / max(1e-9, timing["rollout_s"])

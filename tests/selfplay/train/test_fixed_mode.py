@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfplay.runtime.config import load_config
-from selfplay.train.loop import SelfPlay, fixed_schedule
+from selfplay.train.loop import SelfPlay
+from selfplay.train.sources import ProceduralStream, fixed_schedule
 from selfplay.runtime.tb import read_scalars
 from tests.conftest import SMOKE, copy_run, selfplay
 
@@ -104,8 +105,7 @@ def test_procedural_stream_repeats_training_programs_but_never_a_reserved_one(tm
         heldout = generate_tasks(200, level=1, seed=11, sb=sb)  # ~200 of the ~720 one-step programs each
         corpus.reserve(heldout)
         corpus.insert_many(generate_tasks(200, level=1, seed=12, sb=sb, corpus_index=corpus))
-        loop = SimpleNamespace(cfg=cfg, sb=sb, corpus=corpus, step=1)
-        drawn = SelfPlay._procedural(loop, [1] * 40 + [2] * 20)
+        drawn = ProceduralStream(cfg.tasks, cfg.run.seed, sb, corpus)([1] * 40 + [2] * 20, step=1)
         training = {t.fingerprints["ast"] for t in corpus.iter_tasks()}
     programs = {t.fingerprints["ast"] for t in drawn}
     assert len(drawn) == 60 and {t.level for t in drawn} == {1, 2}

@@ -1,0 +1,290 @@
+"""Where the solver's tasks come from: one small source per `train.mode`, behind one interface.
+
+    source = make_source(cfg, mixer=mixer, sb=sb, corpus=corpus, run_dir=run_dir, log=log)
+    drawn = source.draw(n, rng, step=step, offered=valid_generator_tasks, pool=replay_pool)
+    ...                                   # rollouts, rewards, updates on drawn.tasks (+ drawn.extra to measure)
+    source.observe(stats)                 # what happened (an IterationStats); a source may adapt to it
+    metrics.update(source.metrics(step))  # its figures for TensorBoard
+    state = source.state_dict()           # checkpointed; load_state_dict(state) on resume
+
+| mode         | source             | the solver's tasks                                                            |
+|--------------|--------------------|-------------------------------------------------------------------------------|
+| `selfplay`   | `MixerSource`      | generator proposals, procedural and replayed tasks, split by the adaptive mixer |
+| `warmstart`  | `MixerSource`      | the same split by a mixer that never adapts (no RL: the solver is evaluated)  |
+| `curriculum` | `CurriculumSource` | procedural tasks on a fixed level schedule                                    |
+| `fixed`      | `FixedSource`      | one fixed task set, in a seeded order that depends only on the step           |
+
+A source is used by rank 0 alone (the loop broadcasts what it draws). Its draws are a function of the step, the
+loop's RNG, the corpus and (for `MixerSource`) the mixer, so a run resumed from a checkpoint draws exactly what the
+uninterrupted run drew. The mixer is checkpointed by the loop (it also weighs the generator's repetition penalty,
+picks its reference tasks and scales the learning rate); what a source keeps of its own is in `state_dict()`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from generator.schema import Task
+from selfplay.runtime.errors import UserError
+from selfplay.train.mixer import IterationStats, Mixer
+
+MODES = ("selfplay", "curriculum", "fixed", "warmstart")
+FIXED_SOURCES = ("corpus", "fresh", "reserved")  # train.fixed_source
+FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
+RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
+
+
+@dataclass
+class Draw:
+    """One iteration's solver tasks as a source chose them."""
+
+    tasks: list[Task]  # for PPO, in this order (the loop tops it up from the replay pool if short)
+    counts: dict[str, int]  # tasks per origin: the `solver/batch/<origin>` scalars
+    extra: list[Task] = field(default_factory=list)  # generator tasks beyond its share: attempted to measure only
+    new_ids: set[str] = field(default_factory=set)  # fresh procedural tasks, not yet in the corpus
+    queued: list[Task] = field(default_factory=list)  # new tasks to write to the corpus now (fixed_source=fresh)
+
+
+class ProceduralStream:
+    """Fresh procedural tasks at given levels, seeded by the step: they may repeat a training program (with new
+    inputs), never a reserved (held-out) one."""
+
+    def __init__(self, tasks_cfg, seed: int, sb, corpus):
+        self.tasks_cfg, self.seed, self.sb, self.corpus = tasks_cfg, seed, sb, corpus
+
+    def __call__(self, levels: list[int], step: int) -> list[Task]:
+        from generator.build import BuildConfig, generate_tasks
+
+        out = []
+        for level, count in sorted(Counter(levels).items()):
+            out += generate_tasks(count, level=level, split="train", seed=self.seed * 100_003 + step, sb=self.sb,
+                                  corpus_index=self.corpus.reserved_index(),
+                                  cfg=BuildConfig.from_config(self.tasks_cfg))
+        return out
+
+
+class TaskSource:
+    """The interface: `draw` the solver's tasks, `observe` what happened, report `metrics`, checkpoint state."""
+
+    name = "source"
+
+    def draw(self, n: int, rng: random.Random, *, step: int, offered: list[Task], pool: list[Task]) -> Draw:
+        """`n` tasks for iteration `step` (1-based). `offered`: this iteration's valid generator proposals;
+        `pool`: corpus training tasks in a seeded random order (to replay from)."""
+        raise NotImplementedError
+
+    def observe(self, stats: IterationStats) -> None:
+        """What the iteration measured; a source that adapts uses it."""
+
+    def metrics(self, step: int) -> dict[str, float]:
+        return {}
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class MixerSource(TaskSource):
+    """Self-play (`adapt=True`): the mixer splits the batch over the generator's fresh tasks (shuffled, those beyond
+    its share kept to measure their solve rate), procedural tasks at its level and replayed corpus tasks near the
+    solver's frontier, and adapts to what it observes. The `warmstart` mode draws the same way and never adapts."""
+
+    def __init__(self, mixer: Mixer, procedural: ProceduralStream, *, adapt: bool):
+        self.mixer, self.procedural, self.adapt = mixer, procedural, adapt
+        self.name = "selfplay" if adapt else "warmstart"
+
+    def draw(self, n, rng, *, step, offered, pool):
+        plan = self.mixer.plan(n, available={"generator": len(offered), "replay": len(pool)})
+        gen = list(offered)
+        rng.shuffle(gen)
+        chosen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
+        replay_ids = set(self.mixer.choose_replay([x.id for x in pool], [x.difficulty for x in pool],
+                                                  plan.counts["replay"]))
+        replay = [x for x in pool if x.id in replay_ids]
+        procedural = self.procedural(plan.levels, step)
+        return Draw(chosen + procedural + replay, extra=extra, new_ids={x.id for x in procedural},
+                    counts={"generator": len(chosen), "procedural": len(procedural), "replay": len(replay)})
+
+    def observe(self, stats):
+        if self.adapt:
+            self.mixer.observe(stats)
+
+    def metrics(self, step):
+        return self.mixer.metrics() if self.adapt else {}  # a mixer that never adapts has nothing to say
+
+
+class CurriculumSource(TaskSource):
+    """Procedural tasks only, on a fixed schedule: level 1 for `steps_per_level` iterations, then 2, 3, 4."""
+
+    name = "curriculum"
+
+    def __init__(self, procedural: ProceduralStream, steps_per_level: int):
+        self.procedural, self.steps_per_level = procedural, steps_per_level
+
+    def level(self, step: int) -> int:
+        return min(4, 1 + (step - 1) // max(1, self.steps_per_level))
+
+    def draw(self, n, rng, *, step, offered, pool):
+        procedural = self.procedural([self.level(step)] * n, step)
+        return Draw(procedural, new_ids={x.id for x in procedural},
+                    counts={"generator": 0, "procedural": len(procedural), "replay": 0})
+
+    def metrics(self, step):
+        return {"mixer/level": self.level(step)}  # the schedule's level, drawn beside the mixer's
+
+
+class FixedSource(TaskSource):
+    """One fixed set of `train.fixed_tasks` tasks at `train.fixed_levels`, `n` of them per iteration in the order
+    of `fixed_schedule`. The set is read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
+    equal shares per level of the corpus's procedural training tasks (seeded order), or with fixed_source=fresh
+    new procedural tasks deduplicated against the corpus and the reserved held-out programs (then queued for the
+    corpus, like any task the solver trains on), or with fixed_source=reserved the warm start's reserved pool
+    (RUN_DIR/reserved_tasks.jsonl; its programs stay reserved, out of the corpus). Its state is the set's
+    fingerprint: a resume whose set differs from the checkpointed one says it is not exact."""
+
+    name = "fixed"
+
+    def __init__(self, train_cfg, tasks_cfg, seed: int, sb, corpus, run_dir: Path, log: Callable[[str], None]):
+        self.t, self.tasks_cfg, self.seed = train_cfg, tasks_cfg, seed
+        self.sb, self.corpus, self.run_dir, self.log = sb, corpus, Path(run_dir), log
+        self.tasks: list[Task] | None = None
+        self.expected: str | None = None  # the fingerprint a checkpoint recorded
+
+    def draw(self, n, rng, *, step, offered, pool):
+        queued = self._load_or_make() if self.tasks is None else []
+        fixed = [self.tasks[i] for i in fixed_schedule(len(self.tasks), step, n, self.seed)]
+        return Draw(fixed, counts={"fixed": len(fixed)}, queued=queued)
+
+    def _load_or_make(self) -> list[Task]:
+        """Sets self.tasks; returns the tasks to queue for the corpus (fresh ones, on first use)."""
+        from generator.build import BuildConfig, generate_tasks
+        from selfplay.eval.evaluate import read_tasks, write_tasks
+
+        path, queued = self.run_dir / FIXED_TASKS_FILE, []
+        if path.exists():
+            self.tasks = read_tasks(path)
+            self._check_resume()
+            return queued
+        t, levels, tasks = self.t, list(self.t.fixed_levels), []
+        reserved = self._reserved_pool() if t.fixed_source == "reserved" else []
+        for level, share in level_shares(t.fixed_tasks, levels):
+            if t.fixed_source == "reserved":
+                found = [x for x in reserved if x.level == level][:share]
+            elif t.fixed_source == "fresh":
+                found = generate_tasks(share, level=level, split="train", seed=self.seed * 100_003 + 99_991,
+                                       sb=self.sb, corpus_index=self.corpus,
+                                       cfg=BuildConfig.from_config(self.tasks_cfg))
+                queued += found
+            else:
+                found = self.corpus.query(split="train", source="procedural", level=level, order="random",
+                                          seed=self.seed, limit=share)
+            if len(found) < share:
+                self.log(f"fixed task set: {len(found)} {t.fixed_source} procedural level-{level} tasks, "
+                         f"not {share}; using those")
+            tasks += found
+        if len(tasks) < t.solver_tasks:
+            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, "
+                            f"fewer than train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
+        write_tasks(path, tasks)
+        self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
+        self.tasks = tasks
+        self._check_resume()
+        return queued
+
+    def _reserved_pool(self) -> list[Task]:
+        from selfplay.eval.evaluate import read_tasks
+
+        path = self.run_dir / RESERVED_TASKS_FILE
+        if not path.exists():
+            raise UserError(f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
+                            "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)")
+        return read_tasks(path)
+
+    def fingerprint(self) -> str | None:
+        if self.tasks is None:
+            return None
+        return hashlib.sha256("\n".join(x.id for x in self.tasks).encode()).hexdigest()[:16]
+
+    def _check_resume(self) -> None:
+        if self.expected is not None and self.fingerprint() != self.expected:
+            self.log(f"the fixed task set ({self.run_dir / FIXED_TASKS_FILE}) is not the one the checkpoint trained "
+                     f"on; this resume is not exact")
+
+    def state_dict(self) -> dict:
+        fp = self.fingerprint() or self.expected
+        return {"fixed_tasks": fp} if fp else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.expected = state.get("fixed_tasks")
+        if self.tasks is not None:
+            self._check_resume()
+
+
+def make_source(cfg, *, mixer: Mixer, sb, corpus, run_dir: Path, log: Callable[[str], None]) -> TaskSource:
+    """The source of `cfg.train.mode` (checked by `validate`)."""
+    t = cfg.train
+    procedural = ProceduralStream(cfg.tasks, cfg.run.seed, sb, corpus)
+    if t.mode in ("selfplay", "warmstart"):
+        return MixerSource(mixer, procedural, adapt=t.mode == "selfplay")
+    if t.mode == "curriculum":
+        return CurriculumSource(procedural, t.curriculum_steps_per_level)
+    return FixedSource(t, cfg.tasks, cfg.run.seed, sb, corpus, run_dir, log)
+
+
+def validate(train_cfg) -> None:
+    """The task-choice settings of the `train:` section; bad ones raise a UserError naming the key."""
+    t = train_cfg
+    if t.mode not in MODES:
+        raise UserError(f"train.mode must be one of {', '.join(MODES)}, got {t.mode!r}")
+    if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
+        raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
+    if t.mode == "fixed":
+        if t.fixed_tasks < t.solver_tasks:
+            raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
+        bad = [lv for lv in t.fixed_levels if lv not in (1, 2, 3, 4)]
+        if bad or not t.fixed_levels:
+            raise UserError(f"train.fixed_levels must be a non-empty list of levels 1..4, got {list(t.fixed_levels)}")
+
+
+def reserve_fixed_pool(cfg, sb, corpus, run_dir: Path) -> list[Task]:
+    """Warm start with train.fixed_source=reserved: train.fixed_tasks procedural tasks at train.fixed_levels,
+    drawn right after the held-out ones and like them (so they sample the same distribution, not the programs
+    the SFT corpus left over), reserved in the corpus so SFT never sees their programs, written to
+    RUN_DIR/reserved_tasks.jsonl."""
+    from generator.build import BuildConfig, generate_tasks
+    from selfplay.eval.evaluate import write_tasks
+
+    t = cfg.train
+    pool: list[Task] = []
+    for level, share in level_shares(t.fixed_tasks, t.fixed_levels):
+        pool += generate_tasks(share, level=level, split="train", seed=cfg.run.seed + 20_011, sb=sb,
+                               corpus_index=corpus, cfg=BuildConfig.from_config(cfg.tasks))
+    corpus.reserve(pool, reason="fixed pool")
+    write_tasks(Path(run_dir) / RESERVED_TASKS_FILE, pool)
+    return pool
+
+
+def level_shares(total: int, levels) -> list[tuple[int, int]]:
+    """[(level, count)]: `total` split over `levels` as evenly as possible, the first levels taking the remainder."""
+    levels = list(levels)
+    return [(lv, total // len(levels) + (i < total % len(levels))) for i, lv in enumerate(levels)]
+
+
+def fixed_schedule(n_tasks: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Fixed mode: the indices of step `step`'s (1-based) `per_step` tasks. The steps read an endless stream of
+    seeded reshuffles of range(n_tasks), one per pass, so every task is seen once per pass and a resumed run sees
+    exactly the batches it would have seen."""
+    out, orders = [], {}
+    for pos in range((step - 1) * per_step, step * per_step):
+        epoch, i = divmod(pos, n_tasks)
+        if epoch not in orders:
+            orders[epoch] = random.Random(f"{seed}:fixed:{epoch}").sample(range(n_tasks), n_tasks)
+        out.append(orders[epoch][i])
+    return out
