@@ -9,7 +9,9 @@
         c = sb.run_check(module, "f", "def check(candidate):\n    assert candidate(2) == 4\n")  # "ok" = passed
 
 Options of open_sandbox: output_limit= (bytes of stdout+stderr, default 1 MB), cache_path= (on-disk cache),
-trace_path= (log of every run); the docker backend takes its own (image=, ...) and is opened through
+trace_path= (log of every run); the process backend takes isolate_user=, python= and confine= (default True: a
+cgroup, a pid namespace and a root of their own for its programs, as root; docs/sandbox.md); the docker backend
+takes its own (image=, ...) and is opened through
 `sandbox.docker_backend.open_docker_backend(workers=, limits=, **options) -> sandbox.pool.Pool`.
 
 Statuses (ExecResult.status, TestReport.status), each decided from what the worker's server observed (its own
@@ -64,6 +66,11 @@ Isolation model of the process backend (details in sandbox/forkserver.py)
       size, open files, no core), a private working directory (also HOME and TMPDIR) removed afterwards, a
       scrubbed environment, stdin from /dev/null, capped stdout/stderr; after the program ends or times out the
       whole group gets SIGKILL and every escaped descendant (re-parented to the worker, a child subreaper) too;
+    - as root (the usual case in containers and CI) each worker also has a cgroup (memory_mb and 64 tasks for
+      the program's whole tree, not per process; over it the tree is ended: "memory"), a pid namespace (a
+      program sees only its own processes and cannot address its server) and a root file tree of its own for
+      its programs (the Python installation, system libraries, its private temporary dirs: no corpus, run
+      folder, project checkout or host socket in reach); `confine=False` turns these three off;
     - as root (the usual case in containers and CI): children run under an unprivileged uid of their own
       per worker, so they cannot signal the worker, read other processes' environment, read files that are
       not world-readable (/etc/shadow, a home directory), write host files, or exceed the process limit

@@ -8,7 +8,9 @@ relaying anything (measured: 3.8 ms vs 5.7 ms per program through the daemon's a
 
 Each container:
 - `network_mode="none"`: no interface but loopback, so results say meta["network_isolated"] = True;
-- memory, pids and CPU limits (cgroup), on top of the fork server's per-program rlimits;
+- memory, pids and CPU limits (cgroup), on top of the fork server's per-program rlimits: one program at a time
+  per container, so they bound the program's whole tree; the server reads the container's OOM-kill count while a
+  program runs (--container-oom) and ends the tree on a kill: status "memory";
 - read-only root filesystem; the only writable places are a size-capped tmpfs /tmp (the programs' work dirs)
   and the socket folder;
 - a non-root user of its own (uid 62000 + worker index, no passwd entry needed), so the per-uid process limit

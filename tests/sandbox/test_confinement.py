@@ -272,3 +272,28 @@ def test_missing_confinement_is_reported():
             box.require_isolation()
     finally:
         box.close()
+
+
+HOSTILE = {  # each leaves something behind if the sandbox let it: processes, files, SysV objects, descriptors
+    "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
+    "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n",
+    "threads": "import threading, time\nfor _ in range(20):\n    threading.Thread(target=time.sleep, args=(60,),"
+               " daemon=True).start()\ntime.sleep(60)\n",
+    "files": "import os\nfor d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '.'):\n    try:\n"
+             "        os.mkfifo(os.path.join(d, 'fifo'))\n        open(os.path.join(d, 'f'), 'w').write('x')\n"
+             "        os.chmod(d if d != '.' else '.', 0o500)\n    except OSError:\n        pass\n",
+    "sysv": "import ctypes\nlibc = ctypes.CDLL(None)\nfor k in range(5):\n"
+            "    libc.shmget(0x5E1F0100 + k, 1 << 16, 0o1666); libc.semget(0x5E1F0200 + k, 1, 0o1666)\n",
+    "descriptors": "import os, socket, time\nfds = [os.open('/dev/null', os.O_RDONLY) for _ in range(40)]\n"
+                   "s = socket.socket(socket.AF_UNIX)\ns.bind('/tmp/listen.sock')\ns.listen(1)\ntime.sleep(60)\n",
+    "memory_tree": MEMORY_TREE.format(n=6, mb=BLOCK_MB),
+    "tmp_flood": FILL_TMP,
+}
+
+
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_nothing_of_a_hostile_program_is_left(sb, kind):
+    before = server_fds(sb)
+    r = sb.run(HOSTILE[kind], timeout_s=3)
+    assert r.status != "sandbox_error", r
+    assert_nothing_left(sb, before)
