@@ -20,7 +20,7 @@ from pathlib import Path
 
 import sandbox
 from generator.schema import Task
-from selfplay.cli.eval import config_of, load_solver
+from selfplay.eval.load import config_of, load_solver
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
 from solver.parse import extract_code
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import sandbox
 from generator.schema import Task
 from selfplay.runtime.checkpoint import CheckpointManager
-from selfplay.cli.eval import config_of, load_solver
+from selfplay.eval.load import config_of, load_solver
 from selfplay.eval.compare import paired_delta
 from selfplay.eval.evaluate import per_task_outcomes, read_tasks
 from selfplay.rollout.episodes import prompt_options, solver_rollouts

@@ -14,12 +14,13 @@ on a frozen snapshot of them), all (the three).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import time
 from pathlib import Path
 
 from selfplay.runtime.errors import UserError
+from selfplay.eval.load import config_of, load_solver, resolve
+from selfplay.runtime.paths import RunPaths
 
 SUITES = ("heldout", "humaneval", "generator")
 
@@ -51,60 +52,6 @@ def suites_of(name: str) -> list[str]:
     return [name]
 
 
-def resolve(target: str) -> tuple[Path, Path]:
-    """(run folder, checkpoint folder) of a run folder or a step_N checkpoint folder."""
-    from selfplay.runtime.checkpoint import STATE_FILE, CheckpointManager
-
-    path = Path(target)
-    if not path.is_dir():
-        raise UserError(f"{target}: no such folder")
-    if (path / STATE_FILE).exists():  # a checkpoint: RUN_DIR/checkpoints/step_N
-        if not (path / "solver").is_dir():
-            raise UserError(f"{target} has a state.json but no solver/ folder: not a complete checkpoint")
-        return path.resolve().parent.parent, path
-    try:
-        latest = CheckpointManager(path).latest_checkpoint()
-    except RuntimeError as exc:
-        raise UserError(str(exc)) from exc
-    if latest is None:
-        raise UserError(f"{target} holds no checkpoint (no checkpoints/latest; run `selfplay warmstart` or "
-                        f"`selfplay train` with run.dir={target} first)")
-    return path, latest
-
-
-def config_of(state: dict, checkpoint: Path):
-    """The run's typed config from a checkpoint's state.json."""
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    from selfplay.runtime.config import Config
-
-    if not isinstance(state.get("config"), dict):
-        raise UserError(f"{checkpoint}/state.json holds no run config")
-    try:
-        return OmegaConf.merge(OmegaConf.structured(Config), state["config"])
-    except OmegaConfBaseException as exc:
-        raise UserError(f"{checkpoint}/state.json: config does not fit this code: {str(exc).splitlines()[0]}") from exc
-
-
-def load_solver(folder: Path, cfg):
-    """The checkpoint's solver for sampling only (no frozen reference loaded), on the GPU when there is one."""
-    import torch
-    from transformers import AutoTokenizer
-
-    from selfplay.models.agent import LMAgent
-    from selfplay.models.factory import ActorCritic, _dtype, ensure_chat_template
-
-    if cfg.run.torch_threads > 0:
-        torch.set_num_threads(cfg.run.torch_threads)
-    tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    model = ActorCritic.from_pretrained(folder, dtype=_dtype(cfg.model.dtype))
-    if torch.cuda.is_available():
-        model.to("cuda")
-    # the policy stands in for the KL reference, which only PPO updates read: no second copy of the weights
-    return LMAgent("solver", model, model.policy, tokenizer, copy.deepcopy(cfg.ppo), seed=cfg.run.seed)
-
-
 def run(args: argparse.Namespace) -> int:
     suites = suites_of(args.suite)
     if args.samples is not None and args.samples < 1:
@@ -122,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"cannot read {ckpt}/state.json: {exc}") from exc
     cfg = config_of(state, ckpt)
     step = int(state.get("step", 0))
-    json_out = Path(args.json_out) if args.json_out else run_dir / "eval" / f"step_{step}.json"
+    json_out = Path(args.json_out) if args.json_out else RunPaths(run_dir).eval_json(step)
     plot_out = Path(args.plot) if args.plot else json_out.with_suffix(".png")
     for path in (json_out, plot_out):
         if path.is_dir():

@@ -29,9 +29,10 @@ from typing import Iterable, Iterator
 
 from generator.schema import SchemaError, Task
 from sandbox.files import owner_dir, owner_file
+from selfplay.runtime.paths import CORPUS as CORPUS_FILE
+from selfplay.runtime.paths import RunPaths
 
 CORPUS_SCHEMA_VERSION = 2  # 2: the `reserved` table
-CORPUS_FILE = "corpus.sqlite"
 
 _DDL = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -340,7 +341,7 @@ def _task(record: str, difficulty) -> Task:
 
 
 def corpus_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / CORPUS_FILE
+    return RunPaths(run_dir).corpus
 
 
 class ReservedIndex:

@@ -42,11 +42,14 @@ from typing import Sequence
 import numpy as np
 
 from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
+from selfplay.runtime import paths
+from selfplay.runtime.checkpoint import LATEST
+from selfplay.runtime.paths import RunPaths
 
 ARMS = ("warmstart", "curriculum", "selfplay", "fixed")
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
 # what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
-COPIED = ("checkpoints", "models", "corpus.sqlite", "heldout.jsonl", "reserved_tasks.jsonl")
+COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
 
 
 SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)
@@ -96,7 +99,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
     t0 = time.perf_counter()
     for seed in seeds:
         warm = out / SHARED_WARMSTART if shared_warmstart else run_folder(out, seed, "warmstart")
-        if not (warm / "checkpoints" / "latest").exists():
+        if not (RunPaths(warm).checkpoints / LATEST).exists():
             log(f"seed {seed}: warm start -> {warm}")
             _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"],
                       out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
@@ -104,7 +107,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             if arm == "warmstart":
                 continue
             folder = run_folder(out, seed, arm)
-            if (folder / "summary.json").exists():
+            if RunPaths(folder).summary.exists():
                 continue
             if not folder.exists():
                 _copy_warm_start(warm, folder)
@@ -157,7 +160,7 @@ def run_result(folder: Path, arm: str) -> dict:
 def _eval_json(folder: Path, step: int) -> dict:
     """The held-out results `selfplay eval` wrote for `step` (RUN/eval/step_S.json), or {} (older runs' in-loop
     evaluations have no per-level breakdown; `selfplay eval RUN --suite heldout` adds one)."""
-    path = folder / "eval" / f"step_{step}.json"
+    path = RunPaths(folder).eval_json(step)
     if not path.exists():
         return {}
     return json.loads(path.read_text()).get("heldout") or {}
@@ -195,7 +198,7 @@ def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
 
 def _task_levels(folder: Path) -> dict[str, int]:
     """{task_id: level} of a run's held-out tasks (RUN/heldout.jsonl)."""
-    path = folder / "heldout.jsonl"
+    path = RunPaths(folder).heldout
     if not path.exists():
         return {}
     return {d["id"]: d["level"] for d in map(json.loads, path.read_text().splitlines()) if d}

@@ -36,12 +36,14 @@ from typing import Iterable, Sequence
 
 from generator.schema import Task
 from selfplay.eval.passk import mean_pass_at_k
+from selfplay.runtime import paths, seeds
+from selfplay.runtime.paths import RunPaths
 
 TEST_SPLIT = "test"  # in-distribution held-out tasks (train distribution, not in the corpus)
 SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task belongs to
 # keys of held-out results that are not splits: {split: {group: metrics}}, and per_task {split: {task_id: [g, n, c]}}
 BREAKDOWNS = ("by_family", "by_level", "per_task")
-SNAPSHOT_FILE = "generator_snapshot.jsonl"  # frozen sample of generated tasks, in the run folder
+SNAPSHOT_FILE = paths.GENERATOR_SNAPSHOT  # frozen sample of generated tasks, in the run folder
 SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
 
@@ -55,7 +57,7 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     from generator.build import BuildConfig, ChainIndex, generate_tasks
     from generator.validity import MemoryIndex
 
-    path = Path(run_dir) / "heldout.jsonl"
+    path = RunPaths(run_dir).heldout
     if path.exists():
         by_split: dict[str, list[Task]] = defaultdict(list)
         for task in read_tasks(path):
@@ -63,7 +65,7 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
         return dict(by_split)
     build_cfg = BuildConfig.from_config(cfg.tasks)
     out = {}
-    seed = cfg.run.seed + 10_007
+    seed = seeds.derive(cfg.run.seed, "heldout")
     drawn = MemoryIndex()  # one program appears in one split only
     for split in (TEST_SPLIT, *cfg.tasks.heldout_splits):
         tasks = generate_tasks(cfg.eval.tasks_per_split, split="train" if split == TEST_SPLIT else split, seed=seed,
@@ -375,7 +377,7 @@ def generator_snapshot(run_dir: str | Path, corpus, size: int, seed: int = 0) ->
     """A frozen sample of generator-made tasks: drawn from the corpus on first use (up to `size`, seeded), saved
     to RUN_DIR/generator_snapshot.jsonl and read back by every later evaluation of the run. Empty (and not
     saved) while the corpus holds no generator task."""
-    path = Path(run_dir) / SNAPSHOT_FILE
+    path = RunPaths(run_dir).generator_snapshot
     if path.exists():
         return read_tasks(path)
     tasks = corpus.query(source="generator")

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from selfplay.models.factory import ActorCritic, _dtype, ensure_chat_template, frozen_copy
+from selfplay.models.factory import ActorCritic, ensure_chat_template, frozen_copy, torch_dtype
 from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
 
 
@@ -197,6 +197,6 @@ def load_agent_parts(folder: Path, dtype: str = "float32", value_model: str | No
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    model = ActorCritic.from_pretrained(folder, value_model, trainable_lora=True, dtype=_dtype(dtype))
-    reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=_dtype(dtype)))
+    model = ActorCritic.from_pretrained(folder, value_model, trainable_lora=True, dtype=torch_dtype(dtype))
+    reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=torch_dtype(dtype)))
     return model, reference, tokenizer

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from selfplay.runtime.errors import UserError
+from selfplay.runtime.paths import RunPaths
 
 # ---------------------------------------------------------------------------- tokenizer
 
@@ -95,7 +96,8 @@ class ModelNotFound(UserError):
     """A model or tokenizer named in the config cannot be loaded."""
 
 
-def _dtype(name: str) -> torch.dtype:
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype of a `model.dtype` setting (float32, bfloat16, float16)."""
     dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
     if name not in dtypes:
         raise UserError(f"model.dtype must be one of {sorted(dtypes)}, got {name!r}")
@@ -120,7 +122,7 @@ def load_model_and_tokenizer(
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(local) if local.is_dir() else name_or_path, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(
-            str(local) if local.is_dir() else name_or_path, dtype=_dtype(dtype), **kwargs
+            str(local) if local.is_dir() else name_or_path, dtype=torch_dtype(dtype), **kwargs
         )
     except (OSError, ValueError) as exc:
         reason = str(exc).strip().split("\n")[0]
@@ -325,7 +327,7 @@ def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = N
     `texts` (the corpus the tokenizer learns from) when that folder is empty. Anything else: load it.
     """
     if model_cfg.name_or_path == "tiny":
-        tiny_dir = Path(model_cfg.tiny_dir or Path(run_dir) / "models" / "tiny")
+        tiny_dir = Path(model_cfg.tiny_dir or RunPaths(run_dir).models / "tiny")
         if not (tiny_dir / "config.json").exists():
             if texts is None:
                 raise UserError(f"no tiny model in {tiny_dir} and no corpus given to build one")

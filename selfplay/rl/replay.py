@@ -23,6 +23,8 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Sequence
 
+from selfplay.runtime.seeds import stream
+
 MIN_HARDNESS = 0.05  # priority floor factor: an always-solved task's success still has a small chance
 
 
@@ -128,7 +130,7 @@ class AnswerSet:
 
     def sample(self, n: int, now: int) -> list[ReplayItem]:
         """min(n, len) distinct answers, uniformly at random."""
-        rng = random.Random(f"{self.seed}:{now}")
+        rng = stream(self.seed, now)
         return rng.sample(self._items, min(max(0, n), len(self._items)))
 
 

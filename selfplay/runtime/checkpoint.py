@@ -23,6 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from selfplay.runtime.paths import RunPaths
+
 STATE_FILE = "state.json"
 LATEST = "latest"
 
@@ -53,7 +55,7 @@ class CheckpointManager:
     def __init__(self, run_dir: str | Path, keep_last: int = 3):
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        self.root = Path(run_dir) / "checkpoints"
+        self.root = RunPaths(run_dir).checkpoints
         self.keep_last = keep_last
 
     # ---- reading ------------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ import math
 from pathlib import Path
 from typing import Mapping
 
+from selfplay.runtime.paths import RunPaths
+
 
 class TBLogger:
     def __init__(self, run_dir: str | Path, enabled: bool = True):
@@ -18,7 +20,7 @@ class TBLogger:
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"))
+            self.writer = SummaryWriter(log_dir=str(RunPaths(run_dir).tb))
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
         if not self.enabled:
@@ -52,6 +54,6 @@ def read_scalars(run_dir: str | Path) -> dict[str, list[tuple[int, float]]]:
     """All scalar series of a run's event files: tag -> [(step, value)], for tests, eval plots and reports."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(Path(run_dir) / "tb"), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(RunPaths(run_dir).tb), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}

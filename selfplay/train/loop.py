@@ -65,7 +65,9 @@ from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.runtime.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
 from selfplay.runtime.config import to_dict
 from selfplay.data.corpus import Corpus, CorpusError
+from selfplay.runtime import seeds
 from selfplay.runtime.errors import UserError
+from selfplay.runtime.paths import RunPaths
 from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
 from selfplay.train.mixer import IterationStats, Mixer, in_band_share
 from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
@@ -372,7 +374,8 @@ class SelfPlay:
     def _references(self, n: int) -> list[list[Task]]:
         """K reference tasks for each of n proposals, chosen by the mixer near the solver's frontier."""
         k = self.cfg.train.references
-        pool = self.corpus.query(split="train", order="random", seed=self.step, limit=512)
+        pool = self.corpus.query(split="train", order="random", limit=512,
+                                 seed=seeds.derive(self.cfg.run.seed, "references", self.step))
         if self.cfg.generator.format == "mutation":  # an edit needs a program (procedural and edited tasks have one)
             from generator.families.grammar import program_of
 
@@ -391,7 +394,8 @@ class SelfPlay:
     def _plan(self, valid_generator: list[Task]) -> dict:
         """Rank 0: the solver batch of this iteration (tasks for PPO, extra generator tasks to measure)."""
         n = self.cfg.train.solver_tasks
-        replay_pool = self.corpus.query(split="train", order="random", seed=self.step + 7, limit=1024)
+        replay_pool = self.corpus.query(split="train", order="random", limit=1024,
+                                        seed=seeds.derive(self.cfg.run.seed, "replay-pool", self.step))
         drawn = self.source.draw(n, self.rng, step=self.step, offered=valid_generator, pool=replay_pool)
         self.pending_tasks += drawn.queued
         batch = list(drawn.tasks)
@@ -417,7 +421,7 @@ class SelfPlay:
             groups = D.broadcast_object(self._references(t.proposals) if self.main else None)
             mine = groups[self.rank:: self.world]
             proposals = generator_rollouts(
-                self.generator, mine, self.sb, step=step, rng=random.Random(f"{cfg.run.seed}:{step}:{self.rank}"),
+                self.generator, mine, self.sb, step=step, rng=seeds.stream(cfg.run.seed, step, self.rank),
                 corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
                 max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
                 max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
@@ -669,7 +673,7 @@ class SelfPlay:
         summary = self.summary()
         if self.main and not stopped:
             self._print_summary(summary)
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+            RunPaths(self.run_dir).summary.write_text(json.dumps(summary, indent=2, sort_keys=True))
         summary["stopped"] = stopped
         return summary
 

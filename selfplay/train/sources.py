@@ -30,13 +30,15 @@ from pathlib import Path
 from typing import Callable
 
 from generator.schema import Task
+from selfplay.runtime import paths, seeds
 from selfplay.runtime.errors import UserError
+from selfplay.runtime.paths import RunPaths
 from selfplay.train.mixer import IterationStats, Mixer
 
 MODES = ("selfplay", "curriculum", "fixed", "warmstart")
 FIXED_SOURCES = ("corpus", "fresh", "reserved")  # train.fixed_source
-FIXED_TASKS_FILE = "fixed_tasks.jsonl"  # fixed mode: the task set, chosen on first use
-RESERVED_TASKS_FILE = "reserved_tasks.jsonl"  # train.fixed_source=reserved: the pool the warm start kept out of SFT
+FIXED_TASKS_FILE = paths.FIXED_TASKS  # fixed mode: the task set, chosen on first use
+RESERVED_TASKS_FILE = paths.RESERVED_TASKS  # train.fixed_source=reserved: the pool the warm start kept out of SFT
 
 
 @dataclass
@@ -62,8 +64,8 @@ class ProceduralStream:
 
         out = []
         for level, count in sorted(Counter(levels).items()):
-            out += generate_tasks(count, level=level, split="train", seed=self.seed * 100_003 + step, sb=self.sb,
-                                  corpus_index=self.corpus.reserved_index(),
+            out += generate_tasks(count, level=level, split="train", seed=seeds.derive(self.seed, "procedural", step),
+                                  sb=self.sb, corpus_index=self.corpus.reserved_index(),
                                   cfg=BuildConfig.from_config(self.tasks_cfg))
         return out
 
@@ -167,7 +169,7 @@ class FixedSource(TaskSource):
         from generator.build import BuildConfig, generate_tasks
         from selfplay.eval.evaluate import read_tasks, write_tasks
 
-        path, queued = self.run_dir / FIXED_TASKS_FILE, []
+        path, queued = RunPaths(self.run_dir).fixed_tasks, []
         if path.exists():
             self.tasks = read_tasks(path)
             self._check_resume()
@@ -178,7 +180,7 @@ class FixedSource(TaskSource):
             if t.fixed_source == "reserved":
                 found = [x for x in reserved if x.level == level][:share]
             elif t.fixed_source == "fresh":
-                found = generate_tasks(share, level=level, split="train", seed=self.seed * 100_003 + 99_991,
+                found = generate_tasks(share, level=level, split="train", seed=seeds.derive(self.seed, "fixed-fresh"),
                                        sb=self.sb, corpus_index=self.corpus,
                                        cfg=BuildConfig.from_config(self.tasks_cfg))
                 queued += found
@@ -201,7 +203,7 @@ class FixedSource(TaskSource):
     def _reserved_pool(self) -> list[Task]:
         from selfplay.eval.evaluate import read_tasks
 
-        path = self.run_dir / RESERVED_TASKS_FILE
+        path = RunPaths(self.run_dir).reserved_tasks
         if not path.exists():
             raise UserError(f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
                             "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)")
@@ -214,7 +216,7 @@ class FixedSource(TaskSource):
 
     def _check_resume(self) -> None:
         if self.expected is not None and self.fingerprint() != self.expected:
-            self.log(f"the fixed task set ({self.run_dir / FIXED_TASKS_FILE}) is not the one the checkpoint trained "
+            self.log(f"the fixed task set ({RunPaths(self.run_dir).fixed_tasks}) is not the one the checkpoint trained "
                      f"on; this resume is not exact")
 
     def state_dict(self) -> dict:
@@ -264,10 +266,10 @@ def reserve_fixed_pool(cfg, sb, corpus, run_dir: Path) -> list[Task]:
     t = cfg.train
     pool: list[Task] = []
     for level, share in level_shares(t.fixed_tasks, t.fixed_levels):
-        pool += generate_tasks(share, level=level, split="train", seed=cfg.run.seed + 20_011, sb=sb,
-                               corpus_index=corpus, cfg=BuildConfig.from_config(cfg.tasks))
+        pool += generate_tasks(share, level=level, split="train", seed=seeds.derive(cfg.run.seed, "reserved-pool"),
+                               sb=sb, corpus_index=corpus, cfg=BuildConfig.from_config(cfg.tasks))
     corpus.reserve(pool, reason="fixed pool")
-    write_tasks(Path(run_dir) / RESERVED_TASKS_FILE, pool)
+    write_tasks(RunPaths(run_dir).reserved_tasks, pool)
     return pool
 
 
@@ -285,6 +287,6 @@ def fixed_schedule(n_tasks: int, step: int, per_step: int, seed: int) -> list[in
     for pos in range((step - 1) * per_step, step * per_step):
         epoch, i = divmod(pos, n_tasks)
         if epoch not in orders:
-            orders[epoch] = random.Random(f"{seed}:fixed:{epoch}").sample(range(n_tasks), n_tasks)
+            orders[epoch] = seeds.stream(seed, "fixed", epoch).sample(range(n_tasks), n_tasks)
         out.append(orders[epoch][i])
     return out
