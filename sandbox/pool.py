@@ -55,7 +55,7 @@ def server_env() -> dict:
     determinism checks compare runs that may land on different workers. LD_BIND_NOW makes the dynamic linker
     resolve every symbol when the server starts, not lazily on first call: otherwise each child resolves the
     ones the server never called, again, writing to its copy of the symbol tables (~10 copy-on-write faults and
-    ~1 % of a program's CPU; notes/sandbox_speed.md). The server drops it from the environment programs get.
+    ~1 % of a program's CPU). The server drops it from the environment programs get.
     """
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
             "PYTHONDONTWRITEBYTECODE": "1", "LD_BIND_NOW": "1"}

@@ -7,6 +7,7 @@
     selfplay export RUN_DIR --out FILE.jsonl|FILE.parquet
     selfplay import FILE --out RUN_DIR
     selfplay compare [CONFIG] [--seeds 0 1 2] [--out DIR]  self-play vs warm start vs curriculum, per seed
+    selfplay analyze paired WARMSTART RUN ... --step N  held-out change of RL runs from their warm start
     selfplay bench sandbox|tasks|ppo ...             benchmarks that print measured ratios
     selfplay sandbox build-image                     build the Docker sandbox image (offline capable)
 
@@ -34,6 +35,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export": ("selfplay.cli.export", "export a run's task corpus as a dataset"),
     "import": ("selfplay.cli.import_", "import (and re-validate) a task dataset into a corpus"),
     "compare": ("selfplay.cli.compare", "self-play vs warm start vs curriculum over seeds (the research claim)"),
+    "analyze": ("selfplay.cli.analyze", "analyse finished runs (paired: held-out change from the warm start)"),
     "bench": ("selfplay.cli.bench", "benchmarks (sandbox, tasks, ppo)"),
     "sandbox": ("selfplay.cli.sandbox", "sandbox utilities (build-image)"),
     "model": ("selfplay.cli.model", "model utilities (import a GGUF file as a Hugging Face folder)"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from generator.rewards import GeneratorRewardConfig
@@ -242,10 +242,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     path = Path(path) if path is not None else DEFAULT_CONFIG
     if not path.exists():
         raise UserError(f"config file not found: {path}")
-    try:
-        file_cfg = OmegaConf.load(path)
-    except Exception as exc:  # yaml errors carry the line number
-        raise UserError(f"cannot parse config {path}: {exc}".replace("\n", " ")) from exc
+    file_cfg = _read_yaml(path)
     try:
         cfg = OmegaConf.merge(cfg, file_cfg)
     except OmegaConfBaseException as exc:
@@ -261,6 +258,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_generator(cfg.generator)
     check_ppo(cfg)
     return cfg
+
+
+def _read_yaml(path: Path, seen: tuple[Path, ...] = ()):
+    """A config file's settings; a top-level `base: FILE` (relative to the file) is read first and the file's own
+    settings override it, so configs/experiments/*.yaml hold only what an experiment changes."""
+    try:
+        file_cfg = OmegaConf.load(path)
+    except Exception as exc:  # yaml errors carry the line number
+        raise UserError(f"cannot parse config {path}: {exc}".replace("\n", " ")) from exc
+    base = file_cfg.pop("base", None) if isinstance(file_cfg, DictConfig) else None
+    if base is None:
+        return file_cfg
+    base_path = (path.parent / str(base)).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise UserError(f"{path}: base: {base} includes itself")
+    if not base_path.exists():
+        raise UserError(f"{path}: base: config file not found: {base_path}")
+    return OmegaConf.merge(_read_yaml(base_path, seen + (path.resolve(),)), file_cfg)
 
 
 def check_ppo(cfg) -> None:

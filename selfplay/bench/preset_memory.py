@@ -13,9 +13,10 @@ one epoch of one minibatch = one micro-batch: the rollout pass without gradients
 - the weights, the fp32 AdamW states DeepSpeed keeps (12 bytes per parameter, divided across GPUs by ZeRO; computed,
   not allocated: the measurement uses SGD with lr 0) and the update's tokens/s.
 
-    python notes/preset_memory.py --json preset_memory.json                          # on a GPU machine
-    python notes/preset_memory.py --shapes test --device cpu                          # the code path, on a CPU
-    python notes/preset_memory.py --shapes 1.5b --layers 2 --micro-batch 1 --seq-len 512 --answer-len 256 --device cpu
+    python -m selfplay.bench.preset_memory --json preset_memory.json         # on a GPU machine
+    python -m selfplay.bench.preset_memory --shapes test --device cpu        # the code path, on a CPU
+    python -m selfplay.bench.preset_memory --shapes 1.5b --layers 2 --micro-batch 1 --seq-len 512 --answer-len 256 \
+        --device cpu
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Which grammar library for `generator.constrained`: compile time and per-token mask cost of the generator's
 grammars (generator/grammars.py) on a Hugging Face byte-level BPE tokenizer (the tiny model's, or any folder).
 
-    python notes/constrained_libs.py --tokenizer RUN_DIR/checkpoints/step_0/generator [--libs xgrammar,lmfe,tcfg]
+    python -m selfplay.bench.constrained_libs --tokenizer RUN_DIR/checkpoints/step_0/generator \
+        [--libs xgrammar,lmfe,tcfg]
 
 Each library walks 64 random grammar-respecting steps (a token drawn uniformly among the allowed ones) and the
 mean time of one "allowed tokens" query is reported. lm-format-enforcer takes a regex (the mutation grammar is
