@@ -1481,8 +1481,12 @@ class Server:
         self.private_tmp = bool(self.private_dirs)
         as_root = os.geteuid() == 0
         self.root = None  # the programs' own root file tree (build_root), chrooted into by every child
-        if as_root and "/tmp" in self.private_dirs and not args.no_private_root:
-            self.root = build_root(python_paths(), self.private_dirs)
+        needed = python_paths()
+        # under a uid of its own a child must read the installation by its own modes: never with
+        # CAP_DAC_READ_SEARCH in a chroot (open_by_handle_at would leave it), so a closed one means no root
+        readable = all(os.stat(p).st_mode & 0o005 == 0o005 for p in needed)
+        if as_root and "/tmp" in self.private_dirs and not args.no_private_root and (args.uid is None or readable):
+            self.root = build_root(needed, self.private_dirs)
         self.pidns = None  # (init pid, command fd, answer fd) of the pid namespace children are forked into
         if as_root and self.private_tmp and not args.no_pidns:
             self.pidns = start_pid_namespace(self.root)
@@ -1498,11 +1502,8 @@ class Server:
         if args.uid is not None and os.geteuid() == 0:
             uid = UID_AUTO_BASE + os.getpid() if args.uid == "auto" else int(args.uid)
         read_cap = False
-        if uid is not None:
-            needed = python_paths()
-            if self.root is not None:  # bound into the root under open directories of ours: only its own modes
-                read_cap = any(os.stat(p).st_mode & 0o005 != 0o005 for p in needed)
-            elif any(_blocking_ancestor(p) for p in needed):
+        if uid is not None and self.root is None:  # (in the root: bound under open directories of ours)
+            if any(_blocking_ancestor(p) for p in needed):
                 read_cap = not (self.private_tmp and expose_python(needed))
         nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
         self.cgroup = WorkerCgroup.create(args.nproc) if as_root and not args.no_cgroup else None
