@@ -297,3 +297,35 @@ def test_nothing_of_a_hostile_program_is_left(sb, kind):
     r = sb.run(HOSTILE[kind], timeout_s=3)
     assert r.status != "sandbox_error", r
     assert_nothing_left(sb, before)
+
+
+ESCAPE = textwrap.dedent("""
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    out = []
+    # a user namespace would give it CAP_SYS_CHROOT there: the kernel refuses one to a chrooted process
+    out.append(("userns", libc.unshare(0x10000000) == 0 and "made" or os.strerror(ctypes.get_errno())))
+    try:  # the classic climb: chroot into a subdirectory, then walk up past it
+        os.mkdir("x")
+        os.chroot("x")
+        for _ in range(64):
+            os.chdir("..")
+        os.chroot(".")
+        out.append(("chroot", "escaped", sorted(os.listdir("/"))))
+    except OSError as exc:
+        out.append(("chroot", type(exc).__name__))
+    print(out)
+""")
+
+
+@ROOT_ONLY
+def test_a_program_cannot_climb_out_of_its_root():
+    for options in ({}, {"isolate_user": False}):
+        box = open_backend("process", workers=1, **options)
+        try:
+            r = box.run(ESCAPE)
+            assert r.status == "ok", r
+            assert "made" not in r.stdout and "escaped" not in r.stdout, r
+            assert "('chroot', 'PermissionError')" in r.stdout, r
+        finally:
+            box.close()
