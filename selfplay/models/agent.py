@@ -30,6 +30,7 @@ class Answer:
     text: str
     finished: bool
     allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each answer token
+    logprobs: list[float] | None = None  # the sampler's log-prob of each answer token (rollout/logprob_gap)
 
 
 class LMAgent:
@@ -45,6 +46,7 @@ class LMAgent:
         self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
         self.constraint = None  # a compiled grammar (selfplay.rollout.constrained): sample() then decodes under it
+        self.engine = None  # a rollout engine (selfplay.rollout.engine, rollout.engine=vllm); None: sample_hf
 
     def constrain(self, fmt: str) -> None:
         """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
@@ -96,7 +98,14 @@ class LMAgent:
     # ---- sampling -------------------------------------------------------------------------------------
     def sample(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
                batch_size: int = 64) -> list[Answer]:
-        """One answer per prompt (repeat a prompt for k samples), batched."""
+        """One answer per prompt (repeat a prompt for k samples), batched, from the agent's rollout engine."""
+        if self.engine is not None:
+            return self.engine.sample(self, prompts, greedy=greedy, max_new_tokens=max_new_tokens)
+        return self.sample_hf(prompts, greedy=greedy, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+    def sample_hf(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
+                  batch_size: int = 64) -> list[Answer]:
+        """`sample` with Hugging Face `generate` on the trainer's own model (rollout.engine=hf)."""
         out: list[Answer] = []
         max_new = max_new_tokens or self.cfg.max_new_tokens
         limit = self.max_positions
@@ -111,7 +120,7 @@ class LMAgent:
                 max_new_tokens=room, temperature=self.cfg.temperature, top_k=self.cfg.top_k, top_p=self.cfg.top_p,
                 do_sample=not greedy, synced_gpus=self.zero3, constraint=self.constraint)
             for p, s in zip(chunk, samples):
-                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished, s.allowed))
+                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished, s.allowed, s.logprobs))
         return out
 
     # ---- learning -------------------------------------------------------------------------------------
@@ -128,7 +137,10 @@ class LMAgent:
         """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;
         `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
         `replay`: past successes (selfplay.rl.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef);
-        `groups`: the task of each answer (the leave-one-out baseline of ppo.advantage=rloo)."""
+        `groups`: the task of each answer (the leave-one-out baseline of ppo.advantage=rloo). A rollout engine
+        gets the updated weights after it (stats' weight_sync_s)."""
+        if self.engine is not None:
+            self.engine.before_update()
         for group in self.trainer.optimizer.param_groups:
             group.setdefault("base_lr", group["lr"])
             group["lr"] = group["base_lr"] * lr_scale
@@ -137,9 +149,12 @@ class LMAgent:
             replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
                         [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
         allowed = [getattr(a, "allowed", None) for a in answers]  # the grammar's masks, when answers were constrained
-        return self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
-                                 response_masks=masks, replay=replayed, groups=groups,
-                                 allowed=allowed if any(x is not None for x in allowed) else None)
+        stats = self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
+                                  response_masks=masks, replay=replayed, groups=groups,
+                                  allowed=allowed if any(x is not None for x in allowed) else None)
+        if self.engine is not None:
+            stats["weight_sync_s"] = self.engine.sync(self)
+        return stats
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def save(self, folder: Path, write_hf: bool = True) -> None:

