@@ -73,7 +73,7 @@ def _selfplay(args: Sequence[str], log_path: Path) -> None:
         raise RuntimeError(f"selfplay {' '.join(args)} exited {proc.returncode}; see {log_path}")
 
 
-def _copy_warm_start(warm: Path, dst: Path) -> None:
+def copy_warm_start(warm: Path, dst: Path) -> None:
     """An arm's run folder: the warm start's checkpoint, models, corpus and held-out tasks (SQLite's WAL files too)."""
     tmp = dst.with_name(dst.name + ".copying")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -110,7 +110,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             if RunPaths(folder).summary.exists():
                 continue
             if not folder.exists():
-                _copy_warm_start(warm, folder)
+                copy_warm_start(warm, folder)
             log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
             _selfplay(["train", *base, f"run.dir={folder}", f"run.seed={seed}", f"train.mode={arm}"],
                       out / "logs" / f"seed_{seed}_{arm}.log")

@@ -118,7 +118,7 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
     return agents
 
 
-def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.device | str = "cpu"):
+def critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.device | str = "cpu"):
     """Padded rollouts (anything with .prompt, .tokens, .mask, .reward) and their per-token discounted returns
     (the reward on the last action token), on the shifted axis from the first action position, on `device`."""
     ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
@@ -131,7 +131,7 @@ def _critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.d
 
 
 def _squared_errors(model, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum of squared value errors over the action tokens, their count) for one `_critic_batch`."""
+    """(sum of squared value errors over the action tokens, their count) for one `critic_batch`."""
     ids, att, start, act, returns = batch
     _, values = model(ids, att, logits_to_keep=ids.shape[1] - start)
     err = (values[:, :-1].float() - returns) ** 2
@@ -143,7 +143,7 @@ def critic_value_loss(model, rollouts: Sequence, *, pad_id: int, gamma: float, b
     total, count, device = 0.0, 0.0, next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, len(rollouts), batch_size):
-            s, n = _squared_errors(model, _critic_batch(rollouts[i: i + batch_size], pad_id, gamma, device))
+            s, n = _squared_errors(model, critic_batch(rollouts[i: i + batch_size], pad_id, gamma, device))
             total, count = total + s.item(), count + n.item()
     return total / max(count, 1.0)
 
@@ -169,7 +169,7 @@ def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, l
             if len(order) < batch_size:
                 order += rng.sample(range(len(rollouts)), len(rollouts))
             idx, order = order[:batch_size], order[batch_size:]
-            s, n = _squared_errors(model, _critic_batch([rollouts[i] for i in idx], pad_id, gamma, device))
+            s, n = _squared_errors(model, critic_batch([rollouts[i] for i in idx], pad_id, gamma, device))
             loss = s / n.clamp(min=1.0)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()

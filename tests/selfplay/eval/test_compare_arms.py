@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import _copy_warm_start, markdown_table, mean_sd, paired_delta, summarize
+from selfplay.eval.compare import copy_warm_start, markdown_table, mean_sd, paired_delta, summarize
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -141,11 +141,11 @@ def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
     (warm / "models").mkdir()
     for name in ("corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "reserved_tasks.jsonl", "train.log"):
         (warm / name).write_text(name)
-    _copy_warm_start(warm, tmp_path / "arm")
+    copy_warm_start(warm, tmp_path / "arm")
     assert sorted(p.name for p in (tmp_path / "arm").iterdir()) == [
         "checkpoints", "corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "models", "reserved_tasks.jsonl"]
     (warm / "reserved_tasks.jsonl").unlink()  # a warm start without a pool: nothing to copy, no error
-    _copy_warm_start(warm, tmp_path / "arm2")
+    copy_warm_start(warm, tmp_path / "arm2")
     assert not (tmp_path / "arm2" / "reserved_tasks.jsonl").exists()
 
 

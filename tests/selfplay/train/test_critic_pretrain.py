@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from selfplay.models.factory import ActorCritic
-from selfplay.train.warmstart import _critic_batch, critic_value_loss, pretrain_critic
+from selfplay.train.warmstart import critic_batch, critic_value_loss, pretrain_critic
 from tests.selfplay.rl.test_ppo import EOS, PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
 
 
@@ -15,7 +15,7 @@ def rollout(prompt, tokens, reward, mask=None):
 
 
 def test_targets_are_the_discounted_outcome_on_the_chosen_tokens():
-    ids, att, start, act, returns = _critic_batch(
+    ids, att, start, act, returns = critic_batch(
         [rollout([1, 2], [3, 4, 5], 1.0), rollout([1, 2, 2], [3, 9, 5], 0.5, mask=[1, 0, 1])], PAD, gamma=0.5)
     assert start == 1 and act.tolist() == [[1, 1, 1, 0], [0, 1, 0, 1]]
     # reward on the last chosen token; the observation token (mask 0) is skipped by the discount
