@@ -171,6 +171,9 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
         after = per_task(run, step)
         for subset, keep in groups:
             ids = [i for i in before if i in keep]
+            if not ids:  # e.g. a held-out set with no level-3 task
+                print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n=  0  (no task)")
+                continue
             cells = []
             for name, metric in METRICS:  # paired over tasks, bootstrapped as compare.paired_delta does
                 b = np.array([value(before[i], metric) for i in ids])
@@ -182,6 +185,8 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
     print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
     for subset, _ in groups:
+        if not diffs[subset, METRICS[0][1]] or not diffs[subset, METRICS[0][1]][0]:
+            continue
         cells = []
         for name, metric in METRICS:
             per_run = diffs[subset, metric]
