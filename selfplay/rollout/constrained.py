@@ -13,7 +13,7 @@ prompt's references, generator.grammars.prompt_grammar), handed to the batches o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +41,7 @@ class GrammarConstraint:
     vocab_size: int
     fmt: str
     compiler: object = None  # the xgrammar GrammarCompiler it came from (per_prompt compiles more with it)
+    text: str = ""  # the EBNF it was compiled from (a vLLM engine compiles it again: selfplay.rollout.engine)
 
     def start(self, batch: int) -> "Decoding":
         return Decoding(self, batch)
@@ -48,7 +49,7 @@ class GrammarConstraint:
     def per_prompt(self, grammars) -> "PromptGrammars":
         """One compiled grammar per prompt: each EBNF text, or this grammar where the text is None."""
         return PromptGrammars([self.compiled if g is None else self.compiler.compile_grammar(g) for g in grammars],
-                              self.vocab_size, self.fmt)
+                              self.vocab_size, self.fmt, texts=[self.text if g is None else g for g in grammars])
 
 
 @dataclass
@@ -60,6 +61,7 @@ class PromptGrammars:
     vocab_size: int
     fmt: str
     used: int = 0
+    texts: list = field(default_factory=list)  # each row's EBNF
 
     def start(self, batch: int) -> "Decoding":
         rows = self.rows[self.used: self.used + batch]
@@ -121,4 +123,4 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{KEY}=true: the {fmt or 'given'} grammar cannot be compiled for this tokenizer: "
                         f"{first[:200]}") from exc
-    return GrammarConstraint(compiled, vocab_size, fmt, compiler)
+    return GrammarConstraint(compiled, vocab_size, fmt, compiler, grammar)

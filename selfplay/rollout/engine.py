@@ -132,15 +132,9 @@ class VLLMEngine:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{rcfg.kv_cache_gb:g}")
         vllm = require_vllm()
         t0 = time.perf_counter()
-        kwargs = dict(model=str(folder), tokenizer=str(folder), dtype=dtype, seed=seed,
-                      max_model_len=agent.max_positions, trust_remote_code=trust_remote_code,
-                      logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
-                      generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
-                      enforce_eager=not self.gpu)
-        if self.gpu:
-            kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
         try:
-            self.llm = vllm.LLM(**kwargs)
+            self.llm = vllm.LLM(**llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
+                                             trust_remote_code=trust_remote_code))
             self._generate([[agent.eos_ids[0]]], [self._params(agent, 1, False)])  # a model it cannot run fails here
         except UserError:
             raise
@@ -187,21 +181,17 @@ class VLLMEngine:
         if limit is not None and any(len(p) >= limit for p in prompts):
             raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
                              f"{limit} positions")
-        grammar = None
-        if agent.constraint is not None:
-            from generator.grammars import GRAMMARS
-
-            grammar = GRAMMARS[agent.constraint.fmt]()
+        rows = grammar_rows(agent.constraint, len(prompts)) if agent.constraint is not None else None
         params = [self._params(agent, max_new if limit is None else max(1, min(max_new, limit - len(p))), greedy,
-                               grammar) for p in prompts]
+                               rows[i][0] if rows else None) for i, p in enumerate(prompts)]
         outs = self._generate(prompts, params)
         answers = []
-        for p, out in zip(prompts, outs):
+        for i, (p, out) in enumerate(zip(prompts, outs)):
             o = out.outputs[0]
             tokens = list(o.token_ids)
             finished = bool(tokens) and tokens[-1] in agent.eos_ids
             logprobs = [d[t].logprob for d, t in zip(o.logprobs or [], tokens)]
-            allowed = replay_allowed(agent.constraint, tokens) if agent.constraint is not None else None
+            allowed = replay_allowed(agent.constraint, rows[i][1], tokens) if rows else None
             answers.append(Answer(list(p), tokens, agent.decode(tokens), finished, allowed, logprobs))
         if not greedy and self.rcfg.gap_answers:
             self.gaps.append(logprob_gap(agent, answers[: self.rcfg.gap_answers]))
@@ -219,41 +209,20 @@ class VLLMEngine:
             self.llm.wake_up()
             self.asleep = False
 
-    def _runner(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
-
     def sync(self, agent) -> float:
         """Push the agent's current policy weights into the engine; returns the seconds it took."""
         t0 = time.perf_counter()
         self.wake()
         try:
             with gathered(agent):
-                weights = policy_weights(agent)
-                if self.sync_method == "load_weights":
-                    self._runner().model.load_weights(weights=iter(weights.items()))
-                elif self.sync_method == "reload":
-                    self._runner().reload_weights(weights_iterator=iter(weights.items()))
-                else:
-                    self._runner().reload_weights(weights_path=str(self._write(weights)))
-            self.llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
+                push_weights(self.llm, self.sync_method, policy_weights(agent),
+                             Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}")
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"the {self.label}'s vLLM engine did not take the updated weights "
                               f"(rollout.sync={self.sync_method}): {_one_line(exc)}") from exc
         dt = time.perf_counter() - t0
         self.sync_times.append(dt)
         return dt
-
-    def _write(self, weights: dict) -> Path:
-        from safetensors.torch import save_file
-
-        folder = Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}"
-        folder.mkdir(parents=True, exist_ok=True)
-        seen, tensors = set(), {}
-        for k, v in weights.items():  # tied tensors under each name (the CPU build's tied head reloads from its own)
-            tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
-            seen.add(v.data_ptr())
-        save_file(tensors, str(folder / "model.safetensors"))
-        return folder
 
     def take_metrics(self) -> dict:
         """Sync seconds and log-prob gaps since the last call."""
@@ -264,6 +233,43 @@ class VLLMEngine:
             out["logprob_gap"] = statistics.mean(self.gaps)
         self.sync_times, self.gaps = [], []
         return out
+
+
+def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: int | None = None,
+               trust_remote_code: bool = False, **extra) -> dict:
+    """vLLM `LLM(...)` arguments for an engine that samples what the trainer scores, built from HF folder `folder`."""
+    gpu = on_gpu()
+    kwargs = dict(model=str(folder), dtype=dtype, seed=seed, max_model_len=max_len,
+                  trust_remote_code=trust_remote_code,
+                  logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
+                  generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
+                  enforce_eager=not gpu,
+                  structured_outputs_config={"backend": "xgrammar"})  # the library the HF path records masks with
+    if gpu:
+        kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
+    return {**kwargs, **extra}
+
+
+def push_weights(llm, method: str, weights: dict, folder: Path | None = None) -> None:
+    """Weights (HF checkpoint names -> tensors) into an in-process engine's model: `load_weights` (the model's own
+    loader), `reload` (the runner's in-place reload, which also redoes the CPU build's repacking) or `folder`
+    (safetensors written to `folder`, then reloaded from it). The prefix cache is emptied after."""
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    if method == "load_weights":
+        runner.model.load_weights(weights=iter(weights.items()))
+    elif method == "reload":
+        runner.reload_weights(weights_iterator=iter(weights.items()))
+    else:
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        seen, tensors = set(), {}
+        for k, v in weights.items():  # tied tensors under each name (the CPU build's tied head reloads from its own)
+            tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
+            seen.add(v.data_ptr())
+        save_file(tensors, str(folder / "model.safetensors"))
+        runner.reload_weights(weights_path=str(folder))
+    llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
 
 def _one_line(exc: BaseException) -> str:
@@ -298,12 +304,28 @@ class gathered:
         return False
 
 
-def replay_allowed(constraint, tokens: Sequence[int]):
-    """The packed allowed-token bits of each step of `tokens` under `constraint`'s grammar ([T, words] int32), as
-    the Hugging Face path records them while it samples; a token outside the grammar raises."""
+def grammar_rows(constraint, n: int) -> list[tuple[str, object]]:
+    """(EBNF text, compiled grammar) of each of the next `n` prompts: one grammar for all (GrammarConstraint) or
+    one per prompt (PromptGrammars, whose rows are consumed as its `start` consumes them)."""
+    if hasattr(constraint, "rows"):
+        rows = list(zip(constraint.texts[constraint.used: constraint.used + n],
+                        constraint.rows[constraint.used: constraint.used + n]))
+        if len(rows) != n:
+            raise RuntimeError(f"{n} prompts to decode but {len(rows)} grammars left")
+        constraint.used += n
+        return rows
+    return [(constraint.text, constraint.compiled)] * n
+
+
+def replay_allowed(constraint, compiled, tokens: Sequence[int]):
+    """The packed allowed-token bits of each step of `tokens` under grammar `compiled` ([T, words] int32), as the
+    Hugging Face path records them while it samples (selfplay.rollout.constrained.Decoding); a token outside the
+    grammar raises."""
     import torch
 
-    decoding = constraint.start(1)
+    from selfplay.rollout.constrained import Decoding
+
+    decoding = Decoding(constraint, 1, [compiled])
     for i in range(len(tokens)):
         decoding.step(None if i == 0 else torch.tensor([tokens[i - 1]]))
     return decoding.recorded(0, len(tokens))

@@ -161,6 +161,25 @@ def test_vllm_decodes_under_the_generators_grammar_with_the_hf_paths_masks(serve
     served.engine.take_metrics()
 
 
+@pytest.mark.vllm
+def test_vllm_decodes_each_prompt_under_its_own_grammar(served):
+    """GrammarConstraint.per_prompt (the mutation format's possible edits of each prompt's references): each row is
+    decoded under its own grammar, and the rows are consumed as the Hugging Face path consumes them."""
+    served.constrain("mutation")
+    fixed = 'root ::= "REF 2\\nEDIT const 1 k=5\\nEND\\n"'
+    try:
+        served.constraint = served.constraint.per_prompt([fixed, None] * 4)
+        answers = served.sample(prompts(served, 8), max_new_tokens=MAX_ANSWER_TOKENS)
+        assert served.constraint.used == 8
+    finally:
+        served.constraint = None
+    for a in answers[::2]:
+        assert a.text.strip() == "REF 2\nEDIT const 1 k=5\nEND" and a.finished, a.text
+    assert not [a.text for a in answers[1::2] if isinstance(parse_mutation(a.text), ProposalError)]
+    assert logprob_gap(served, answers) < GAP_TOL
+    served.engine.take_metrics()
+
+
 def test_a_head_size_the_cpu_build_cannot_serve_is_refused_naming_the_keys(tok, tmp_path, monkeypatch):
     monkeypatch.setattr("selfplay.rollout.engine.on_gpu", lambda: False)
     with pytest.raises(UserError, match=r"model.n_embd / model.n_head.*rollout.engine=hf"):
