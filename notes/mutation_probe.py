@@ -1,0 +1,166 @@
+"""The warm-started generator's proposals against its SFT steps: parse, validity and in-band rates, and every
+rejection with its reason (docs/generator.md, "Measurement: parse, validity and in band against SFT steps").
+
+One warm start as `selfplay warmstart` runs it (held-out tasks reserved, the procedural corpus, the generator's
+SFT pairs, the tokenizer and tiny models), then the generator's SFT with a probe after each of `--at` steps: N
+proposals sampled as training samples them (K random references, an instruction they allow, the configured
+temperature), parsed, compiled and validated against the corpus. With `--solver-steps S` the solver is fine-tuned
+for S steps first, and each valid proposal is attempted `train.samples_per_task` times: in band when some but not
+all attempts pass (0 < p < 1). Writes RUN_DIR/probe.jsonl (one summary per point) and RUN_DIR/probe_<steps>.jsonl
+(one line per proposal: instruction, answer, rejection, reason). With `--load` it probes the agents of a finished
+warm start in RUN_DIR instead (`selfplay warmstart`; its solver gives the in-band rate), e.g. with
+`generator.constrained=true` to compare the same weights under the prompt grammar.
+
+    PYTHONPATH=. nice -n 10 python notes/mutation_probe.py configs/tiny.yaml /tmp/probe_s0 --at 200,1000 \
+        --n 128 --solver-steps 1000 run.seed=0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from generator.build import BuildConfig
+from generator.families.grammar import program_of
+from selfplay.eval.evaluate import heldout_tasks
+from selfplay.models.factory import frozen_copy
+from selfplay.rl.sft import sft
+from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
+from selfplay.runtime.config import load_config
+from selfplay.train.loop import SelfPlay
+from selfplay.train.warmstart import (build_agents, generator_examples, solver_examples, tokenize_pairs,
+                                      warmstart_corpus)
+
+
+def shape(reason: str) -> str:
+    """A reason with its numbers and quoted values blanked, so that alike reasons count together."""
+    reason = re.sub(r"task \S+", "task _", re.sub(r"'[^']*'", "'_'", reason))
+    reason = re.sub(r"-?\d+(\.\d+)?", "N", reason)
+    return reason.split(" (there:")[0].split(" must be one of")[0].split(" (same normalised")[0][:90]
+
+
+def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> tuple[dict, list[dict]]:
+    t = cfg.train
+    rng = random.Random(rng_seed)
+    pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
+    groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(n)]
+    positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
+    rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
+                                  n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
+                                  max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
+                                                                positions - t.generator_max_new_tokens)),
+                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks))
+    valid = [r for r in rollouts if r.valid]
+    rates = {}
+    if solver is not None and valid:
+        attempts = solver_rollouts(solver, [r.task for r in valid], t.samples_per_task, sb,
+                                   max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg))
+        rates = solve_rates(attempts)
+    rows = []
+    for r in rollouts:
+        op = r.answer.text.split("EDIT ", 1)[1].split()[0] if "EDIT " in r.answer.text else ""
+        rate = rates.get(r.task.id) if r.valid else None
+        rows.append({"instruction": r.instruction, "op": op, "answer": r.answer.text, "valid": r.valid,
+                     "rejection": r.rejection, "reason": r.parse_error or r.reasons.get("reason", ""),
+                     "solve_rate": rate})
+    count = max(1, len(rows))
+    summary = {"n": len(rows), "parse_rate": sum(r.parsed for r in rollouts) / count,
+               "validity_rate": len(valid) / count,
+               "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
+               "by_op": {op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
+                         for op, c in Counter(r["op"] for r in rows).most_common()},
+               "reasons": Counter(f"{r['rejection']}: {shape(r['reason'])}" for r in rows
+                                  if not r["valid"]).most_common(12)}
+    if rates:
+        summary["in_band_rate"] = sum(0 < p < 1 for p in rates.values()) / len(rates)
+        summary["solved_rate_of_valid"] = sum(rates.values()) / len(rates)
+    return summary, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("run_dir")
+    ap.add_argument("--at", default="200,1000", help="SFT steps after which to probe (the last is the SFT length)")
+    ap.add_argument("--n", type=int, default=128, help="proposals per probe")
+    ap.add_argument("--solver-steps", type=int, default=0, help="solver SFT steps (0: no in-band rate)")
+    ap.add_argument("--load", action="store_true",
+                    help="probe the agents of RUN_DIR's latest checkpoint (step_0 after a warm start; its solver "
+                         "gives the in-band rate) instead of training")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args = ap.parse_intermixed_args()
+    at = sorted({int(x) for x in args.at.split(",")})
+    run = Path(args.run_dir)
+    cfg = load_config(args.config, [f"run.dir={run}", *args.overrides])
+    torch.manual_seed(cfg.run.seed)
+    loop = SelfPlay(cfg)
+    out = (run / ("probe_loaded.jsonl" if args.load else "probe.jsonl")).open("w")
+    try:
+        if args.load:  # the warm start's own agents and corpus
+            loop._load(loop.ckpt.latest_checkpoint())
+            tasks = loop.corpus.query(source="procedural")
+            summary, rows = probe(cfg, loop.generator, loop.solver, tasks, loop.sb, loop.corpus, args.n,
+                                  f"probe:{cfg.run.seed}")
+            print(json.dumps(summary), flush=True)
+            out.write(json.dumps(summary) + "\n")
+            with (run / "probe_loaded_rows.jsonl").open("w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in rows)
+            return
+        heldout_tasks(loop.run_dir, cfg, loop.sb, loop.corpus)  # reserved first, as the warm start does
+        tasks = warmstart_corpus(cfg, loop.sb, loop.corpus)
+        build = BuildConfig.from_config(cfg.tasks)
+        s_pairs = solver_examples(tasks, prompt_options(cfg))
+        g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, loop.sb,
+                                     loop.corpus, build)
+        solver, generator = build_agents(cfg, run, [x for pair in s_pairs + g_pairs for x in pair])
+        if cfg.generator.constrained:
+            generator.constrain(cfg.generator.format)
+        ws = cfg.warmstart
+        trained_solver = None
+        if args.solver_steps > 0:
+            sft(solver.module.policy, tokenize_pairs(solver, s_pairs, ws.max_len), steps=args.solver_steps,
+                batch_size=ws.batch_size, lr=ws.lr, pad_id=solver.tokenizer.pad_token_id, max_len=ws.max_len,
+                seed=cfg.run.seed)
+            trained_solver = solver
+        examples = tokenize_pairs(generator, g_pairs, ws.max_len)
+        print(f"{len(tasks)} tasks, {len(g_pairs)} generator pairs ({len(examples)} fit)", flush=True)
+        policy = generator.module.policy
+        generator.reference = frozen_copy(policy)
+        t0 = time.perf_counter()
+
+        def on_step(i: int, loss: float) -> None:
+            if i + 1 not in at:
+                return
+            policy.eval()
+            constraint = generator.constraint
+            for grammar in ([True, False] if constraint is not None else [False]):  # the same weights without it
+                generator.constraint = constraint if grammar else None
+                with torch.random.fork_rng():  # the probe's sampling leaves the SFT's random state alone
+                    summary, rows = probe(cfg, generator, trained_solver, tasks, loop.sb, loop.corpus, args.n,
+                                          f"probe:{cfg.run.seed}")
+                summary = {"seed": cfg.run.seed, "sft_steps": i + 1, "grammar": grammar, "loss": loss,
+                           "sft_s": time.perf_counter() - t0, **summary}
+                print(json.dumps(summary), flush=True)
+                out.write(json.dumps(summary) + "\n")
+                out.flush()
+                with (run / f"probe_{i + 1}{'_grammar' if grammar else ''}.jsonl").open("w") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
+            generator.constraint = constraint
+            policy.train()
+
+        sft(policy, examples, steps=at[-1], batch_size=ws.batch_size, lr=ws.lr, pad_id=generator.tokenizer.pad_token_id,
+            max_len=ws.max_len, seed=cfg.run.seed, on_step=on_step)
+    finally:
+        out.close()
+        loop.close()
+
+
+if __name__ == "__main__":
+    main()
