@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from selfplay.models.factory import ActorCritic, ensure_chat_template, frozen_copy, torch_dtype
+from selfplay.models.factory import ActorCritic, ensure_chat_template, fresh_lora, frozen_copy, torch_dtype
 from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
 
 
@@ -190,7 +190,7 @@ class LMAgent:
         if is_deepspeed_engine(self.model):
             if (folder / "deepspeed").is_dir():
                 self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
-        elif (folder / "optimizer.pt").exists():
+        elif (folder / "optimizer.pt").exists() and not fresh_lora(folder):  # a fresh adapter: a fresh optimiser
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
 

@@ -432,6 +432,13 @@ def save_lora(policy_or_config, folder: Path, base: str) -> None:
     (folder / LORA_STATE).write_text(json.dumps({"base": base}))
 
 
+def fresh_lora(folder: Path) -> bool:
+    """Whether an agent folder asks for a fresh adapter (the warm start's, with LoRA): its optimiser state is for
+    other parameters (all weights) and is not loaded."""
+    lora = Path(folder) / LORA_DIR
+    return (lora / "adapter_config.json").exists() and not (lora / "adapter_model.safetensors").exists()
+
+
 def _same_weights(model, folder: Path) -> bool:
     """Whether `model`'s parameters equal the safetensors weights saved in `folder`."""
     from safetensors import safe_open

@@ -101,3 +101,26 @@ def test_bad_lora_settings_are_named(tmp_path, override, key):
                                  "model.vocab_size=300", "model.lora.r=4", override])
     with pytest.raises(UserError, match=key.replace("[", r"\[").replace("]", r"\]")):
         models.build_models(cfg.model, tmp_path, CODE, agent="solver")
+
+
+def test_a_fresh_adapter_starts_its_optimiser_afresh(tmp_path):
+    """The warm start's optimiser state is for all weights; the first load with LoRA attaches the adapter and
+    starts AdamW on the adapter alone, then the adapter's own state is saved and restored."""
+    from selfplay.models.agent import LMAgent
+
+    cfg, folder, tokenizer = _agent_folder(tmp_path)
+    plain = models.ActorCritic.from_pretrained(folder)  # all weights trainable, as the warm start's agent
+    full = LMAgent("solver", plain, plain.policy, tokenizer, cfg.ppo)
+    torch.save(full.trainer.optimizer.state_dict(), folder / "optimizer.pt")
+    torch.save(full.trainer.state_dict(), folder / "trainer.pt")
+    assert models.fresh_lora(folder)
+    model, reference, tok = load_agent_parts(folder)
+    agent = LMAgent("solver", model, reference, tok, cfg.ppo)
+    agent.load_training_state(folder)
+    groups = agent.trainer.optimizer.param_groups
+    assert sum(p.numel() for g in groups for p in g["params"]) < sum(p.numel() for p in model.parameters()) / 2
+    out = tmp_path / "next"
+    agent.save(out)
+    assert not models.fresh_lora(out) and (out / "lora" / "adapter_model.safetensors").exists()
+    again, ref2, tok2 = load_agent_parts(out)
+    LMAgent("solver", again, ref2, tok2, cfg.ppo).load_training_state(out)
