@@ -13,8 +13,9 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
 - `prompt_grammar(references)`: the mutation answers possible for one prompt's references: each reference number
   with exactly the edits of `mutation.possible_edits` (steps that exist, names the element type at that step has,
   constants the catalogue offers, a sink only at the end, no held-out pair of steps, no held-out input type, no
-  edit that changes nothing). Every answer it accepts compiles to a task of the training split; what is left to
-  the validity checks is what needs the sandbox or the corpus (outputs, triviality, novelty).
+  edit that changes nothing) and, given the corpus index, no program the corpus holds already. Every answer it
+  accepts compiles to a new task of the training split; what is left to the validity checks is what needs the
+  sandbox (outputs, triviality, diversity, a different program with a stored program's behaviour).
 - `free_grammar()`: the sections of generator/agent.py (DESCRIPTION line, SIGNATURE `def name(...)` line, CODE
   starting with the signature's `def` and indented body lines, INPUTS as JSON lists one per line, END). It fixes
   the shape; that the code parses as Python is still checked by `parse_proposal`.
@@ -52,12 +53,13 @@ def _literal(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def prompt_grammar(references, cfg=None) -> str | None:
-    """EBNF of the mutation answers possible for these references (None when no edit of any is possible)."""
+def prompt_grammar(references, cfg=None, index=None) -> str | None:
+    """EBNF of the mutation answers possible for these references, none of them a program `index` (the corpus)
+    holds already; None when no edit of any is possible."""
     from generator.build import BuildConfig
     from generator.mutation import format_edit, possible_edits
 
-    edits = possible_edits(references, cfg or BuildConfig())
+    edits = possible_edits(references, cfg or BuildConfig(), index)
     if not edits:
         return None
     lines = ['root ::= "REF " (' + " | ".join(f'"{r}\\nEDIT " edit{r}' for r in sorted(edits)) + ') "\\nEND\\n"']

@@ -43,7 +43,7 @@ from typing import Sequence
 
 from generator.agent import ProposalError, choose_instruction
 from generator.build import BuildConfig, materialise, pipeline_params
-from generator.families import FAMILIES, level_depths
+from generator.families import FAMILIES, level_depths, render_reference
 from generator.families.catalogue import AGGREGATES, GROUP_KEYS, GROUP_VALUES, KEYS
 from generator.families.grammar import (EXPR_TABLES, INPUT_NAMES, INPUT_SHORT, KEY_TABLES, MAX_STEP_K, MAX_STEP_W,
                                         ORDERS, WINDOW_AGGS, GrammarError, allowed_values, check_pipeline,
@@ -51,6 +51,7 @@ from generator.families.grammar import (EXPR_TABLES, INPUT_NAMES, INPUT_SHORT, K
                                         parse_int, parse_name, parse_step, program_of)
 from generator.families.steps import applicable_kinds, output_type, sample_step
 from generator.families.values import input_etype
+from generator.fingerprint import ast_hash
 from generator.schema import Task
 from generator.splits import split_of
 
@@ -539,9 +540,18 @@ def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
                 yield Edit("splice", at=at + 1, ref=r, to=j + 1)
 
 
-def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig()) -> dict[int, list[Edit]]:
+def known_program(kind: str, steps: list[dict], index) -> bool:
+    """Whether `index` (a validity CorpusIndex) holds this program already: the same normalised reference solution
+    as the families write it (a compiled task's novelty check would reject it)."""
+    return index.find_duplicate("", ast_hash(render_reference({"input": kind, "steps": steps})), None) is not None
+
+
+def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig(),
+                   index=None) -> dict[int, list[Edit]]:
     """Reference number -> every edit (constants from the catalogue's values) that compiles to a program of the
-    training split different from the reference's: what the prompt's grammar offers (generator.grammars)."""
+    training split different from the reference's and, given a corpus `index`, not already held by it (the same
+    program; a different one with the same behaviour is left to the novelty check): what the prompt's grammar
+    offers (generator.grammars)."""
     out = {}
     for ref, task in enumerate(references, 1):
         program = program_of(task)
@@ -550,7 +560,8 @@ def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig())
         kind, steps = program
         ok = []
         for edit in _candidate_edits(kind, steps, references):
-            if not isinstance(_edited(Mutation(ref, edit), references, cfg), MutationError):
+            edited = _edited(Mutation(ref, edit), references, cfg)
+            if not isinstance(edited, MutationError) and (index is None or not known_program(*edited[1:3], index)):
                 ok.append(edit)
         if ok:
             out[ref] = ok

@@ -10,7 +10,8 @@ ones become tasks (outputs from the reference in the sandbox, every validity che
 (`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
 its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
 invalid proposal, rejected as "edit" with its reason. Under `generator.constrained` a mutation answer is decoded
-under the grammar of its own prompt's references (generator.grammars.prompt_grammar): only edits that compile.
+under the grammar of its own prompt's references (generator.grammars.prompt_grammar): only edits that compile to a
+program the corpus does not hold.
 """
 
 from __future__ import annotations
@@ -145,7 +146,8 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
     prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
     constraint = getattr(agent, "constraint", None)
     if mutation and hasattr(constraint, "per_prompt"):  # generator.constrained: each prompt's possible edits only
-        agent.constraint = constraint.per_prompt([prompt_grammar(refs, build_cfg) for refs in references])
+        agent.constraint = constraint.per_prompt([prompt_grammar(refs, build_cfg, corpus_index)
+                                                     for refs in references])
     try:
         answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
     finally:

@@ -15,8 +15,8 @@ from generator.families.grammar import (INPUT_NAMES, GrammarError, check_pipelin
                                         parse_step, program_of)
 from generator.families.steps import KINDS
 from generator.mutation import (INSTRUCTIONS, OPS, Edit, Mutation, MutationError, build_mutation_prompt,
-                                compile_mutation, format_edit, format_mutation, parse_mutation, possible_edits,
-                                random_mutation)
+                                compile_mutation, format_edit, format_mutation, known_program, parse_mutation,
+                                possible_edits, random_mutation)
 from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
@@ -354,3 +354,15 @@ def test_possible_edits_hold_every_drawn_mutation(task_pool, data, instruction, 
         return
     mutation, _ = found
     assert format_edit(mutation.edit) in {format_edit(e) for e in possible_edits(references)[mutation.ref]}
+
+
+def test_possible_edits_leave_out_programs_the_corpus_holds(refs):
+    from generator.fingerprint import ast_hash
+
+    target = compile_mutation(parse_mutation("REF 1\nEDIT const 1 k=5\nEND"), refs)
+    index = MemoryIndex([Task(**{**target.to_dict(), "fingerprints": {"ast": ast_hash(target.reference_solution)}})])
+    assert known_program(*program_of(target), index) and not known_program(*program_of(target), MemoryIndex())
+    free, known = possible_edits(refs), possible_edits(refs, index=index)
+    lost = {format_edit(e) for e in free[1]} - {format_edit(e) for e in known[1]}
+    assert lost == {"const 1 k=5", "expr 1 gt k=5", "set 1 filter gt k=5"}  # three ways to write that program
+    assert {format_edit(e) for e in free[2]} == {format_edit(e) for e in known[2]}
