@@ -54,8 +54,16 @@ class RolloutConfig:
     gap_answers: int = 8  # answers per sampled batch the trainer re-scores for rollout/logprob_gap (0 = off)
 
 
-def check_rollout(rcfg) -> None:
-    """The `rollout:` values, before any work (one line naming the key)."""
+def check_rollout(cfg) -> None:
+    """The `rollout:` values, before any work (one line naming the key); the tiny model's head size where the CPU
+    build is to serve it (a pretrained model's is checked when its engine starts)."""
+    rcfg, m = cfg.rollout, cfg.model
+    if "vllm" in (rcfg.engine, rcfg.generator_engine) and m.name_or_path == "tiny" and m.n_head > 0 \
+            and m.n_embd % m.n_head == 0 and m.n_embd // m.n_head not in CPU_HEAD_SIZES and not on_gpu():
+        raise UserError(head_size_error(m.n_embd // m.n_head))
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if "vllm" in (rcfg.engine, rcfg.generator_engine) and world > 1:
+        raise UserError(one_rank_error(world))
     for key in ("engine", "generator_engine"):
         value = getattr(rcfg, key)
         if value not in ENGINES and not (key == "generator_engine" and value == ""):
@@ -66,6 +74,16 @@ def check_rollout(rcfg) -> None:
         raise UserError("rollout.kv_cache_gb must be > 0 and rollout.gpu_memory_utilization in (0, 1]")
     if rcfg.gap_answers < 0:
         raise UserError(f"rollout.gap_answers must be >= 0, got {rcfg.gap_answers}")
+
+
+def head_size_error(head: int) -> str:
+    return (f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, this "
+            f"model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
+
+
+def one_rank_error(world: int) -> str:
+    return (f"{KEY}=vllm runs with one rank for now ({world} ranks here: vLLM in-process would take the trainer's "
+            f"process group for its own); use {KEY}=hf with several ranks")
 
 
 def engine_name(rcfg, agent: str) -> str:
@@ -126,8 +144,7 @@ class VLLMEngine:
         heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
         head = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
         if not self.gpu and head is not None and head not in CPU_HEAD_SIZES:
-            raise UserError(f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}"
-                            f", this model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
+            raise UserError(head_size_error(head))
         if not self.gpu:
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{rcfg.kv_cache_gb:g}")
         vllm = require_vllm()
@@ -367,6 +384,10 @@ def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0):
     """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself)."""
     if engine_name(cfg.rollout, agent.name) == "hf":
         return None
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_world_size() > 1:  # vLLM would take the trainer's process group as its own
+        raise UserError(one_rank_error(dist.get_world_size()))
     return VLLMEngine(agent, folder, cfg.rollout, seed=cfg.run.seed + rank, dtype=cfg.model.dtype,
                       trust_remote_code=cfg.model.trust_remote_code)
 

@@ -259,7 +259,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     _check_tasks(cfg.tasks)
     _check_generator(cfg.generator)
     check_ppo(cfg)
-    check_rollout(cfg.rollout)
+    check_rollout(cfg)
     return cfg
 
 

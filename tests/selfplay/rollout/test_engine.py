@@ -15,7 +15,7 @@ from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, 
 from selfplay.rl import core as rl
 from selfplay.rollout.engine import (RolloutConfig, VLLMEngine, check_rollout, engine_metrics, logprob_gap,
                                      require_vllm)
-from selfplay.runtime.config import PPOConfig, load_config
+from selfplay.runtime.config import CONFIG_DIR, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 
 TEXTS = ["REF 1\nEDIT add 3 take last 2\nEND\n", "REF 2\nEDIT const 1 k=5\nEND\n", "def solve(xs):\n    return xs\n",
@@ -198,4 +198,38 @@ def test_a_missing_vllm_says_what_to_install(monkeypatch):
 def test_bad_rollout_values_are_named_at_load(override, key):
     with pytest.raises(UserError, match=key):
         load_config(None, [override])
-    check_rollout(RolloutConfig(engine="vllm", generator_engine="hf"))
+    check_rollout(load_config(None, ["rollout.engine=vllm", "rollout.generator_engine=hf"]))
+
+
+def test_several_ranks_are_refused_for_vllm_at_load(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(UserError, match=r"rollout.engine=vllm runs with one rank for now \(2 ranks"):
+        load_config(None, ["rollout.engine=vllm"])
+
+
+def test_the_smoke_shape_is_refused_for_vllm_at_load_naming_the_keys(monkeypatch):
+    monkeypatch.setattr("selfplay.rollout.engine.on_gpu", lambda: False)
+    with pytest.raises(UserError, match=r"this model's is 16 \(model.n_embd / model.n_head\)"):
+        load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm"])
+    assert load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm", "model.n_head=2"]).rollout.engine == "vllm"
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_smoke_world_trains_and_resumes_on_vllm(tmp_path):
+    """`selfplay train configs/smoke.yaml rollout.engine=vllm` (head size 32: model.n_head=2) from nothing, then
+    resumed from its checkpoint; every iteration logs the weight sync and a log-prob gap near 0."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.conftest import SMOKE, selfplay
+
+    args = [*SMOKE, "model.n_head=2", "rollout.engine=vllm", f"run.dir={tmp_path / 'run'}"]
+    selfplay("train", *args, "train.steps=2")
+    out = selfplay("train", *args, "train.steps=3").stdout
+    assert "loaded" in out and "step 2" in out, out[-2000:]
+    tb = EventAccumulator(str(tmp_path / "run" / "tb"))
+    tb.Reload()
+    syncs = {e.step: e.value for e in tb.Scalars("time/weight_sync_s")}
+    gaps = [e.value for e in tb.Scalars("rollout/logprob_gap")]
+    assert sorted(syncs) == [1, 2, 3] and all(0 < v < 5 for v in syncs.values()), syncs
+    assert gaps and max(gaps) < 1e-3, gaps
