@@ -442,8 +442,8 @@ def _edited(mutation: Mutation, references: Sequence[Task], cfg: BuildConfig):
         return MutationError(str(exc))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a malformed step the checks did not foresee
         return MutationError(f"malformed edit: {type(exc).__name__}: {exc}")
-    if (new_kind, new_steps) == (kind, steps):
-        return MutationError("the edit changes nothing")
+    if (new_kind, _copying(new_steps)) == (kind, _copying(steps)):  # sorting in place or not: the same outputs
+        return MutationError("the edit changes nothing" + (" but how a sort is written" if new_steps != steps else ""))
     family = next(f for f, k in FAMILIES.items() if k == new_kind)
     split = split_of({"family": family, "steps": new_steps}, cfg.splits)
     if split != "train":
@@ -540,10 +540,18 @@ def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
                 yield Edit("splice", at=at + 1, ref=r, to=j + 1)
 
 
+def _copying(steps: list[dict]) -> list[dict]:
+    """The steps with every sort written as a copy (`in_place` changes the code, not the outputs)."""
+    return [dict(s, in_place=False) if s.get("kind") == "sort" else s for s in steps]
+
+
 def known_program(kind: str, steps: list[dict], index) -> bool:
-    """Whether `index` (a validity CorpusIndex) holds this program already: the same normalised reference solution
-    as the families write it (a compiled task's novelty check would reject it)."""
-    return index.find_duplicate("", ast_hash(render_reference({"input": kind, "steps": steps})), None) is not None
+    """Whether `index` (a validity CorpusIndex) holds this program already, its sorts in place or not: the same
+    normalised reference solution as the families write it (a compiled task's novelty check would reject it)."""
+    variants = [steps] + ([_copying(steps), [dict(s, in_place=True) if s.get("kind") == "sort" else s for s in steps]]
+                          if any(s.get("kind") == "sort" for s in steps) else [])
+    return any(index.find_duplicate("", ast_hash(render_reference({"input": kind, "steps": v})), None) is not None
+               for v in variants)
 
 
 def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig(),

@@ -198,6 +198,7 @@ IMPOSSIBLE = [
     ("REF 3\nEDIT add 3 window 3 sum\nEND", "window does not apply to str"),
     ("REF 3\nEDIT expr 1 gt\nEND", "has no expression"),
     ("REF 1\nEDIT swap 2 2\nEND", "two different steps"),
+    ("REF 2\nEDIT set 1 sort abs desc inplace\nEND", "changes nothing but how a sort is written"),
     ("REF 1\nEDIT splice 1 4 1\nEND", "reference 4 does not exist"),
     ("REF 1\nEDIT splice 1 2 5\nEND", "reference 2's step 5 does not exist"),
     ("REF 1\nEDIT set 1 map tostr\nEND", "no 'mul' for str"),
