@@ -444,6 +444,9 @@ def _edited(mutation: Mutation, references: Sequence[Task], cfg: BuildConfig):
         return MutationError(f"malformed edit: {type(exc).__name__}: {exc}")
     if (new_kind, _copying(new_steps)) == (kind, _copying(steps)):  # sorting in place or not: the same outputs
         return MutationError("the edit changes nothing" + (" but how a sort is written" if new_steps != steps else ""))
+    if outputs_form(new_kind, new_steps) == outputs_form(kind, steps):
+        return MutationError("the edit changes nothing the outputs show (an order nothing after it sees, or steps "
+                             "that commute)")
     family = next(f for f, k in FAMILIES.items() if k == new_kind)
     split = split_of({"family": family, "steps": new_steps}, cfg.splits)
     if split != "train":
@@ -538,6 +541,44 @@ def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
             program = program_of(other)
             for j in range(len(program[1]) if program else 0):
                 yield Edit("splice", at=at + 1, ref=r, to=j + 1)
+
+
+# steps whose adjacent order never changes the outputs (filters keep the relative order and depend on the element
+# alone; a stable sort, a reverse and a first-occurrence dedup commute with them; a map with a reverse)
+COMMUTING = {frozenset(p) for p in (("filter",), ("filter", "reverse"), ("filter", "sort"), ("filter", "dedup"),
+                                    ("map", "reverse"))}
+ORDER_ONLY = ("sort", "reverse")  # steps that only reorder the list
+ORDER_BLIND = ("filter", "map", "dedup", "sort", "reverse")  # steps whose output multiset ignores the input's order
+ORDER_BLIND_SINKS = {("int", "sum"), ("int", "max"), ("int", "min"), ("int", "len"), ("str", "len"), ("rec", "len"),
+                     ("tup", "len"), ("tup", "total"), ("float", "max"), ("float", "len")}  # (element type, sink)
+
+
+def outputs_form(kind: str, steps: list[dict]) -> list[str]:
+    """A form of the program that two programs share when their outputs are equal on every input for one of these
+    reasons: a sort or reverse whose order nothing after it can see (only order-blind steps, then an order-blind
+    sink), a sort written in place or not, adjacent steps that commute (put in one order)."""
+    etypes, etype = [], input_etype(kind)
+    for step in steps:
+        etypes.append(etype)
+        etype, _ = output_type(step, etype)
+    last = steps[-1]
+    blind_end = last["kind"] == "sink" and (etypes[-1], last["expr"]) in ORDER_BLIND_SINKS
+    kept = []
+    for i, step in enumerate(steps):
+        dead = (blind_end and step["kind"] in ORDER_ONLY
+                and all(s["kind"] in ORDER_BLIND for s in steps[i + 1:-1]))
+        if not dead:
+            kept.append(dict(step, in_place=False) if step["kind"] == "sort" else step)
+    form = [format_step(s) for s in kept]
+    kinds = [s["kind"] for s in kept]
+    changed = True
+    while changed:  # adjacent commuting steps out of order are swapped: one order for each class
+        changed = False
+        for i in range(len(form) - 1):
+            if frozenset((kinds[i], kinds[i + 1])) in COMMUTING and form[i] > form[i + 1]:
+                form[i], form[i + 1], kinds[i], kinds[i + 1] = form[i + 1], form[i], kinds[i + 1], kinds[i]
+                changed = True
+    return [INPUT_SHORT[kind]] + form
 
 
 def _copying(steps: list[dict]) -> list[dict]:

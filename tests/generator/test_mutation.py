@@ -367,3 +367,21 @@ def test_possible_edits_leave_out_programs_the_corpus_holds(refs):
     lost = {format_edit(e) for e in free[1]} - {format_edit(e) for e in known[1]}
     assert lost == {"const 1 k=5", "expr 1 gt k=5", "set 1 filter gt k=5"}  # three ways to write that program
     assert {format_edit(e) for e in free[2]} == {format_edit(e) for e in known[2]}
+
+
+@pytest.mark.parametrize("steps, text, same", [
+    (["filter gt k=3", "map mul k=2", "sink sum"], "add 1 sort abs desc", True),  # the sum sees no order
+    (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 reverse", True),
+    (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 take first 2", False),  # which two depends on the order
+    (["filter gt k=3", "filter even", "reverse"], "swap 1 2", True),  # two filters commute
+    (["filter gt k=3", "filter even", "reverse"], "swap 2 3", True),  # a filter and a reverse commute
+    (["filter gt k=3", "map mul k=2", "reverse"], "swap 1 2", False),  # a filter and a map do not
+    (["sort abs desc", "take first 2"], "add 2 reverse", False),
+])
+def test_edits_the_outputs_cannot_show_change_nothing(steps, text, same):
+    ref = reference("list_int", steps, tid="ref-o")
+    result = compile_mutation(parse_mutation(f"REF 1\nEDIT {text}\nEND"), [ref])
+    assert isinstance(result, MutationError) == same, result
+    if same:
+        assert "changes nothing the outputs show" in result.reason
+        assert text not in {format_edit(e) for e in possible_edits([ref])[1]}
