@@ -295,10 +295,13 @@ def _one_line(exc: BaseException) -> str:
 
 
 def policy_weights(agent) -> dict:
-    """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads)."""
+    """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads); a LoRA
+    policy's adapter merged into a copy of its base, as its checkpoint writes it."""
+    from selfplay.models.factory import is_lora, merged_copy
     from selfplay.rl.ppo import policy_of
 
-    return {k: v.detach() for k, v in policy_of(agent.model).state_dict().items()}
+    policy = policy_of(agent.model)
+    return {k: v.detach() for k, v in (merged_copy(policy) if is_lora(policy) else policy).state_dict().items()}
 
 
 class gathered:

@@ -13,8 +13,8 @@ from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
 from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
 from selfplay.rl import core as rl
-from selfplay.rollout.engine import (RolloutConfig, VLLMEngine, check_rollout, engine_metrics, logprob_gap,
-                                     require_vllm)
+from selfplay.rollout.engine import (EngineError, RolloutConfig, VLLMEngine, check_rollout, engine_metrics,
+                                     logprob_gap, require_vllm)
 from selfplay.runtime.config import CONFIG_DIR, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 
@@ -178,6 +178,15 @@ def test_vllm_decodes_each_prompt_under_its_own_grammar(served):
     assert not [a.text for a in answers[1::2] if isinstance(parse_mutation(a.text), ProposalError)]
     assert logprob_gap(served, answers) < GAP_TOL
     served.engine.take_metrics()
+
+
+@pytest.mark.vllm
+def test_an_engine_failure_is_one_line_naming_the_engine(served):
+    """A request vLLM rejects (a token id outside the vocabulary) ends in an EngineError naming the agent's engine;
+    the engine still serves the next batch."""
+    with pytest.raises(EngineError, match=r"^the generator's vLLM engine failed: "):
+        served.sample([[10**6, 5]])
+    assert served.sample(prompts(served, 2))[0].tokens
 
 
 def test_a_head_size_the_cpu_build_cannot_serve_is_refused_naming_the_keys(tok, tmp_path, monkeypatch):
