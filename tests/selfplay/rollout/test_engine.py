@@ -242,3 +242,32 @@ def test_smoke_world_trains_and_resumes_on_vllm(tmp_path):
     gaps = [e.value for e in tb.Scalars("rollout/logprob_gap")]
     assert sorted(syncs) == [1, 2, 3] and all(0 < v < 5 for v in syncs.values()), syncs
     assert gaps and max(gaps) < 1e-3, gaps
+
+
+@pytest.mark.vllm
+def test_a_lora_policy_reaches_the_engine_merged(tmp_path):
+    """model.lora.r > 0: the engine starts from the checkpoint's merged weights and, after a PPO update of the
+    adapter, holds the merged weights of the updated adapter."""
+    pytest.importorskip("peft")
+    from selfplay.models import factory as models
+    from selfplay.models.agent import load_agent_parts
+
+    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=64", "model.n_head=2",
+                                 "model.vocab_size=300", "model.lora.r=4", "ppo.lr=0.05", "ppo.mini_batch_size=4",
+                                 "ppo.micro_batch_size=4", "ppo.epochs=1", "ppo.max_new_tokens=8"])
+    model, reference, tokenizer = models.build_models(cfg.model, tmp_path / "run", TEXTS, agent="solver")
+    folder = tmp_path / "solver"
+    model.save_pretrained(folder)
+    reference.save_pretrained(folder / "reference")
+    tokenizer.save_pretrained(folder)
+    model, reference, tokenizer = load_agent_parts(folder)
+    agent = LMAgent("solver", model, reference, tokenizer, cfg.ppo)
+    assert models.is_lora(agent.module.policy)
+    agent.engine = VLLMEngine(agent, folder, cfg.rollout)
+    ids = agent.chat_ids("x") + [5, 6, 7, 8]
+    before = engine_prompt_logprobs(agent, ids)
+    answers = agent.sample([agent.chat_ids(f"task {i}") for i in range(4)])
+    agent.update(answers, [1.0, 0.0, 1.0, 0.0])
+    after = engine_prompt_logprobs(agent, ids)
+    assert (after - trainer_logprobs(agent, ids)).abs().max() < GAP_TOL
+    assert (after - before).abs().max() > 100 * GAP_TOL
