@@ -11,7 +11,7 @@ all attempts pass (0 < p < 1). Writes RUN_DIR/probe.jsonl (one summary per point
 warm start in RUN_DIR instead (`selfplay warmstart`; its solver gives the in-band rate), e.g. with
 `generator.constrained=true` to compare the same weights under the prompt grammar.
 
-    PYTHONPATH=. nice -n 10 python notes/mutation_probe.py configs/tiny.yaml /tmp/probe_s0 --at 200,1000 \
+    python -m selfplay.bench.generator_probe configs/tiny.yaml /tmp/probe_s0 --at 200,1000 \
         --n 128 --solver-steps 1000 run.seed=0
 """
 
