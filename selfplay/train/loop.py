@@ -62,6 +62,7 @@ from generator.schema import Task
 from selfplay.runtime import distributed as D
 from selfplay.rl import core as rl
 from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
+from selfplay.models.factory import is_lora, lora_settings
 from selfplay.runtime.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
 from selfplay.runtime.config import to_dict
 from selfplay.data.corpus import Corpus, CorpusError
@@ -281,6 +282,11 @@ class SelfPlay:
         for name in ("solver", "generator"):
             model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype,
                                                            self.cfg.model.value_model)
+            if (lora_settings(self.cfg.model, name) is not None) != is_lora(model.policy):
+                had = "has a LoRA adapter" if is_lora(model.policy) else "has no LoRA adapter"
+                raise UserError(f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
+                                "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "
+                                "new run.dir)")
             device = D.local_device(self.info.local_rank)  # one GPU per rank; DeepSpeed/DDP keep it there
             model.to(device)
             reference.to(device)

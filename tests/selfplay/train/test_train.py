@@ -127,3 +127,13 @@ def test_bad_mode_and_batch_sizes_are_named(tmp_path):
     proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "train.mode=magic", check=False,
                     timeout=120)
     assert proc.returncode == 2 and "train.mode" in proc.stderr
+
+
+def test_lora_switched_on_after_the_warm_start_is_refused_naming_the_key(warm_run, tmp_path):
+    """LoRA is chosen at the warm start: a run whose checkpoint has no adapter, resumed with model.lora.r > 0, stops
+    with one line naming the key instead of silently training all weights."""
+    run = copy_run(warm_run, tmp_path)
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "model.lora.r=4", check=False)
+    assert proc.returncode != 0
+    assert "model.lora" in proc.stderr and "has no LoRA adapter" in proc.stderr
+    assert "Traceback" not in proc.stderr
