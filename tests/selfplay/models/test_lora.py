@@ -11,7 +11,7 @@ from selfplay.models.agent import load_agent_parts
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 
-pytest.importorskip("peft")
+import peft  # noqa: E402,F401  (the test extra installs it; a missing peft fails collection, never skips)
 
 CODE = ["def add(a, b):\n    return a + b\n", "def double_all(xs):\n    return [x * 2 for x in xs]\n"] * 8
 
