@@ -98,7 +98,7 @@ def test_parse_action():
 
 
 def test_efficiency_term_compares_runtimes_with_the_reference(sb, task):
-    slow = "def solve(xs):\n    for _ in range(200000):\n        pass\n    return sorted(xs)\n"
+    slow = "def solve(xs):\n    for _ in range(3_000_000):\n        pass\n    return sorted(xs)\n"
     cfg = RewardConfig(correctness=1.0, efficiency=1.0)
     fast_ep, slow_ep = CodeEpisode(task, sb, reward_cfg=cfg), CodeEpisode(task, sb, reward_cfg=cfg)
     fast_ep.act(answer_text(REF))
