@@ -57,14 +57,24 @@ def prompt_grammar(references, cfg=None, index=None) -> str | None:
     """EBNF of the mutation answers possible for these references, none of them a program `index` (the corpus)
     holds already; None when no edit of any is possible."""
     from generator.build import BuildConfig
-    from generator.mutation import format_edit, possible_edits
+    from generator.mutation import possible_edits
 
-    edits = possible_edits(references, cfg or BuildConfig(), index)
-    if not edits:
+    return edits_grammar(possible_edits(references, cfg or BuildConfig(), index))
+
+
+def edits_grammar(edits: dict, exclude=frozenset()) -> str | None:
+    """EBNF of `REF r`, `EDIT e`, `END` for each reference number r and each of its edits e (`possible_edits`),
+    less the (r, edit text) answers in `exclude`; None when none is left."""
+    from generator.mutation import format_edit
+
+    texts = {r: sorted({format_edit(e) for e in options} - {t for rr, t in exclude if rr == r})
+             for r, options in edits.items()}
+    texts = {r: t for r, t in texts.items() if t}
+    if not texts:
         return None
-    lines = ['root ::= "REF " (' + " | ".join(f'"{r}\\nEDIT " edit{r}' for r in sorted(edits)) + ') "\\nEND\\n"']
-    for r, options in sorted(edits.items()):
-        lines.append(f"edit{r} ::= " + " | ".join(_literal(t) for t in sorted({format_edit(e) for e in options})))
+    lines = ['root ::= "REF " (' + " | ".join(f'"{r}\\nEDIT " edit{r}' for r in sorted(texts)) + ') "\\nEND\\n"']
+    for r, options in sorted(texts.items()):
+        lines.append(f"edit{r} ::= " + " | ".join(_literal(t) for t in options))
     return "\n".join(lines) + "\n"
 
 

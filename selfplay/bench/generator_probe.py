@@ -56,7 +56,8 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> t
                                   n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
                                   max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
                                                                 positions - t.generator_max_new_tokens)),
-                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks))
+                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
+                                  redraws=cfg.generator.redraws)
     valid = [r for r in rollouts if r.valid]
     rates = {}
     if solver is not None and valid:
@@ -73,6 +74,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> t
     count = max(1, len(rows))
     summary = {"n": len(rows), "parse_rate": sum(r.parsed for r in rollouts) / count,
                "validity_rate": len(valid) / count,
+               "redrawn": sum(r.redrawn for r in rollouts) / count,
                "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
                "by_op": {op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
                          for op, c in Counter(r["op"] for r in rows).most_common()},

@@ -10,8 +10,9 @@ ones become tasks (outputs from the reference in the sandbox, every validity che
 (`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
 its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
 invalid proposal, rejected as "edit" with its reason. Under `generator.constrained` a mutation answer is decoded
-under the grammar of its own prompt's references (generator.grammars.prompt_grammar): only edits that compile to a
-program the corpus does not hold.
+under the grammar of its own prompt's references (generator.grammars): only edits that compile; with
+`generator.redraws` an answer whose program or behaviour the corpus already has is struck from its grammar and
+drawn again (`_sample_screened`).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from typing import Sequence
 from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
                              proposal_to_task)
 from generator.build import BuildConfig
-from generator.grammars import prompt_grammar
+from generator.grammars import edits_grammar
 from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
-                                compile_mutation, parse_mutation)
+                                compile_mutation, parse_mutation, possible_edits)
+from generator.screen import Screen
 from generator.schema import Task
 from generator.validity import validate_many
 from sandbox.incremental import IncrementalRunner
@@ -119,20 +121,63 @@ class ProposalRollout:
     valid: bool = False
     rejection: str | None = None  # first failed validity check, "edit" (an impossible mutation) or "unparsable"
     reasons: dict = field(default_factory=dict)
+    redrawn: int = 0  # answers drawn before this one and struck by the novelty screen (generator.redraws)
 
     @property
     def parsed(self) -> bool:
         return self.parse_error is None
 
 
+def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_index, redraws: int,
+                     build_cfg: BuildConfig, max_new_tokens) -> tuple[list[Answer], list[int]]:
+    """Mutation answers, each under its prompt's grammar (the edits that compile, generator.grammars); then, up to
+    `redraws` times, every answer whose task the in-process novelty screen rejects (generator.screen.Screen: a
+    program or behaviour the corpus or an earlier answer of the batch has) is struck from its prompt's grammar and
+    that prompt sampled again. Each kept answer is a sample of the policy under the grammar it was drawn with,
+    whose masks it carries, so PPO stays on-policy; the struck answers are not trained on. Returns the answers
+    and how many were struck per prompt.
+
+    With redraws the grammar leaves the corpus check to the screen, which judges one compiled answer instead of
+    every possible edit (possible_edits with an index renders and hashes ~1,500 programs per reference)."""
+    edits = [possible_edits(refs, build_cfg, None if redraws else corpus_index) for refs in references]
+    struck: list[set] = [set() for _ in prompts]
+    answers: list[Answer | None] = [None] * len(prompts)
+    screen = Screen(corpus_index)
+    pending = list(range(len(prompts)))
+    for attempt in range(redraws + 1):
+        agent.constraint = constraint.per_prompt([edits_grammar(edits[i], struck[i]) for i in pending])
+        try:
+            drawn = agent.sample([prompts[i] for i in pending], max_new_tokens=max_new_tokens)
+        finally:
+            agent.constraint = constraint
+        again = []
+        for i, answer in zip(pending, drawn):
+            answers[i] = answer
+            parsed = parse_mutation(answer.text)
+            if attempt == redraws or isinstance(parsed, ProposalError):
+                continue
+            task = compile_mutation(parsed, references[i], cfg=build_cfg)
+            if isinstance(task, Task) and screen.reject(task) is not None:
+                struck[i].add((parsed.ref, answer.text.split("EDIT ", 1)[1].split("\n", 1)[0]))  # as the grammar has it
+                if edits_grammar(edits[i], struck[i]) is not None:  # else keep it: nothing else is left to draw
+                    again.append(i)
+        pending = again
+        if not pending:
+            break
+    return answers, [len(s) for s in struck]
+
+
 def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
                        corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
                        max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
-                       fmt: str = "free", build_cfg: BuildConfig | None = None) -> list[ProposalRollout]:
+                       fmt: str = "free", build_cfg: BuildConfig | None = None,
+                       redraws: int = 0) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
     longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (a
     mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
-    built with `build_cfg`, the `tasks:` section's)."""
+    built with `build_cfg`, the `tasks:` section's). `redraws` (generator.redraws): under the mutation grammar, an
+    answer the novelty screen rejects is struck from its prompt's grammar and drawn again, up to this many times
+    (`_sample_screened`)."""
     if fmt not in FORMATS:
         raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     mutation = fmt == "mutation"
@@ -145,17 +190,15 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
         texts = [build_prompt(refs, instr) for refs, instr in zip(references, instructions)]
     prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
     constraint = getattr(agent, "constraint", None)
+    redrawn = [0] * len(prompts)
     if mutation and hasattr(constraint, "per_prompt"):  # generator.constrained: each prompt's possible edits only
-        agent.constraint = constraint.per_prompt([prompt_grammar(refs, build_cfg, corpus_index)
-                                                     for refs in references])
-    try:
+        answers, redrawn = _sample_screened(agent, constraint, prompts, references, corpus_index, redraws,
+                                            build_cfg or BuildConfig(), max_new_tokens)
+    else:
         answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
-    finally:
-        if constraint is not None:
-            agent.constraint = constraint
     rollouts = []
-    for prompt, answer, refs, instr in zip(prompts, answers, references, instructions):
-        ro = ProposalRollout(prompt, answer, list(refs), instr)
+    for prompt, answer, refs, instr, n in zip(prompts, answers, references, instructions, redrawn):
+        ro = ProposalRollout(prompt, answer, list(refs), instr, redrawn=n)
         parsed = parse_mutation(answer.text) if mutation else parse_proposal(answer.text)
         if isinstance(parsed, ProposalError):
             ro.parse_error, ro.rejection = parsed.reason, "unparsable"

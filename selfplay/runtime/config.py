@@ -202,6 +202,11 @@ class GeneratorConfig:
     # grammar-constrained decoding of the answer (the format's grammar, generator/grammars.py, compiled with xgrammar
     # by selfplay/rollout/constrained.py); PPO scores each token under the mask it was drawn with (docs/rl.md)
     constrained: bool = False
+    # with constrained and the mutation format: an answer whose program or behaviour on the probe inputs the corpus (or
+    # an earlier answer of the batch) already has, judged in-process (generator/screen.py), is struck from its
+    # prompt's grammar and drawn again, up to this many times (0 = off: the grammar itself leaves out the corpus's
+    # programs, the novelty check their behaviours)
+    redraws: int = 3
 
 
 @dataclass

@@ -433,11 +433,11 @@ class SelfPlay:
                 corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
                 max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
                 max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
-                build_cfg=BuildConfig.from_config(cfg.tasks))
+                build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws)
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
-                                    p.parsed, (p.task.fingerprints or {}).get("ast") if p.task else None)
-                                   for p in proposals])
+                                    p.parsed, (p.task.fingerprints or {}).get("ast") if p.task else None,
+                                    p.redrawn) for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
         valid_generator = [Task.from_dict(d) for d, *_ in flat if d is not None]
 
@@ -465,7 +465,7 @@ class SelfPlay:
         # 4. rewards -------------------------------------------------------------------------------------------
         outcomes = [ProposalOutcome(parsed=ok_parse, valid=d is not None,
                                     solve_rate=rates_all.get(d["id"]) if d is not None else None, cluster=cluster)
-                    for d, _, ok_parse, cluster in flat]
+                    for d, _, ok_parse, cluster, _ in flat]
         g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight,
                                           cfg.generator.reward.learnability)
         offsets = np.cumsum([0] + [len(x) for x in shared])
@@ -534,6 +534,8 @@ class SelfPlay:
             metrics["generator/reward_mean"] = statistics.mean(g_rewards_all) if g_rewards_all else 0.0
             metrics["generator/validity_rate"] = validity if validity is not None else 0.0
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
+            # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
+            metrics["generator/redrawn"] = sum(x[-1] for x in flat) / max(1, n_props)
             # valid proposals solved by some but not all of the solver's samples
             metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))
@@ -541,7 +543,7 @@ class SelfPlay:
             metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
             metrics["generator/diversity"] = diversity if diversity is not None else 0.0
             metrics["generator/valid_tasks"] = len(valid_generator)
-            rejections = Counter(r for _, r, _, _ in flat if r)
+            rejections = Counter(r for _, r, *_ in flat if r)
             for reason, count in rejections.items():
                 metrics[f"generator/rejected/{reason}"] = count
         metrics.update(self.source.metrics(step))  # mixer/... in self-play, the schedule's level in curriculum

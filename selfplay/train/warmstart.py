@@ -220,12 +220,14 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
                                   n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
                                   max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
                                                                 positions - t.generator_max_new_tokens)),
-                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks))
+                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
+                                  redraws=cfg.generator.redraws)
     n = max(1, len(rollouts))
     rejections = Counter(r.rejection for r in rollouts if not r.valid)
     return {"generator_probe_proposals": len(rollouts),
             "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
             "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
+            "generator_probe_redrawn": sum(r.redrawn for r in rollouts) / n,
             **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
             "generator_probe_s": time.perf_counter() - t0}
 

@@ -173,3 +173,32 @@ def test_every_warm_start_target_is_in_its_grammar(tok):
             matcher = xgr.GrammarMatcher(compiled)
             assert matcher.accept_string(text), (fmt, text)
             assert matcher.accept_token(tok.eos_token_id) and matcher.is_terminated(), (fmt, text)
+
+
+def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_their_own_grammar(tok):
+    """generator.redraws: an answer whose program or behaviour the corpus has is struck from its prompt's grammar
+    and drawn again; what is kept is never a novelty rejection unless every redraw was spent, and the trainer
+    scores a redrawn answer's tokens exactly as the sampler drew them (under the smaller grammar)."""
+    import sandbox
+    from generator.build import generate_tasks
+    from generator.validity import MemoryIndex
+    from selfplay.rollout.episodes import generator_rollouts
+
+    rng = random.Random(4)
+    a = agent(tok, temperature=1.0)
+    a.constrain("mutation")
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        corpus = generate_tasks(300, split="train", seed=5, sb=sb)  # validated: fingerprints from the sandbox
+        index = MemoryIndex(corpus)
+        groups = [[t] for t in rng.sample(corpus, 24)]
+        rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
+                                      fmt="mutation", redraws=3)
+    redrawn = [r for r in rollouts if r.redrawn]
+    assert redrawn, "no answer of a random model hit a known behaviour: the test shows nothing"
+    assert all(r.rejection != "novel" or r.redrawn == 3 for r in rollouts), [(r.redrawn, r.reasons) for r in rollouts]
+    answers = [r.answer for r in redrawn[:4]]
+    prepared, _ = a.trainer._prepare([x.prompt for x in answers], [x.tokens for x in answers], [0.0] * len(answers),
+                                     None, None, [x.allowed for x in answers])
+    for b, x in enumerate(answers):
+        pos = prepared.action_mask[b].bool()
+        assert torch.allclose(prepared.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
