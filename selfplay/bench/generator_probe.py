@@ -35,6 +35,7 @@ from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime.config import load_config
 from selfplay.train.loop import SelfPlay
+from selfplay.train.mixer import Mixer
 from selfplay.train.warmstart import (build_agents, generator_examples, solver_examples, tokenize_pairs,
                                       warmstart_corpus)
 
@@ -46,11 +47,41 @@ def shape(reason: str) -> str:
     return reason.split(" (there:")[0].split(" must be one of")[0].split(" (same normalised")[0][:90]
 
 
-def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> tuple[dict, list[dict]]:
+def reference_rates(cfg, solver, pool, sb) -> dict[str, float]:
+    """The solver's solve rate on each task of the reference pool (train.samples_per_task attempts each)."""
+    attempts = solver_rollouts(solver, pool, cfg.train.samples_per_task, sb, max_prompt_tokens=cfg.warmstart.max_len,
+                               prompt_kw=prompt_options(cfg))
+    return solve_rates(attempts)
+
+
+def mixer_groups(cfg, pool, rates: dict[str, float], n: int, seed: str) -> list[list]:
+    """n reference groups as the loop's mixer would choose them from this pool, its state set from the measured
+    rates as a run at this solver would have it: the procedural solve-rate EMA their mean, the band's centre the
+    mean of the in-band ones (`mixer.reference_offset` standing for the edit drop, not yet measured)."""
+    mixer = Mixer(cfg.mixer, seed=random.Random(seed).randrange(2**31))
+    values = [rates[x.id] for x in pool]
+    mixer.s.solve_ema = sum(values) / len(values)
+    in_band = [p for p in values if 0 < p < 1]
+    if in_band:
+        mixer.s.band_centre = sum(in_band) / len(in_band)
+    by_id = {x.id: x for x in pool}
+    ids, difficulties = list(by_id), [1.0 - rates[i] for i in by_id]
+    return [[by_id[i] for i in mixer.choose_references(ids, difficulties, cfg.train.references)] for _ in range(n)]
+
+
+def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, references: str = "random",
+          pool_size: int = 0) -> tuple[dict, list[dict]]:
     t = cfg.train
     rng = random.Random(rng_seed)
     pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
-    groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(n)]
+    ref_rates: dict[str, float] = {}
+    if pool_size:  # references from a pool whose solve rates the solver's attempts measured
+        pool = rng.sample(pool, min(pool_size, len(pool)))
+        ref_rates = reference_rates(cfg, solver, pool, sb)
+    if references == "mixer":
+        groups = mixer_groups(cfg, pool, ref_rates, n, rng_seed)
+    else:
+        groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(n)]
     positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
     rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
                                   n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
@@ -68,9 +99,10 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> t
     for r in rollouts:
         op = r.answer.text.split("EDIT ", 1)[1].split()[0] if "EDIT " in r.answer.text else ""
         rate = rates.get(r.task.id) if r.valid else None
+        parents = (r.task.parent_ids if r.valid else None) or [x.id for x in r.references[:1]]
         rows.append({"instruction": r.instruction, "op": op, "answer": r.answer.text, "valid": r.valid,
                      "rejection": r.rejection, "reason": r.parse_error or r.reasons.get("reason", ""),
-                     "solve_rate": rate})
+                     "solve_rate": rate, "reference_solve_rate": ref_rates.get(parents[0]) if parents else None})
     count = max(1, len(rows))
     summary = {"n": len(rows), "parse_rate": sum(r.parsed for r in rollouts) / count,
                "validity_rate": len(valid) / count,
@@ -83,6 +115,21 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str) -> t
     if rates:
         summary["in_band_rate"] = sum(0 < p < 1 for p in rates.values()) / len(rates)
         summary["solved_rate_of_valid"] = sum(rates.values()) / len(rates)
+    if ref_rates:
+        summary["reference_pool_solve_rate"] = sum(ref_rates.values()) / len(ref_rates)
+        shown = [r["reference_solve_rate"] for r in rows if r["reference_solve_rate"] is not None]
+        summary["reference_solve_rate"] = sum(shown) / max(1, len(shown))
+        # in band (of valid) by the solve rate of the proposal's reference: never, sometimes, always solved
+        buckets = {"never": lambda p: p <= 0, "sometimes": lambda p: 0 < p < 1, "always": lambda p: p >= 1}
+        summary["in_band_by_reference"] = {
+            name: f"{sum(0 < r['solve_rate'] < 1 for r in mine)}/{len(mine)}"
+            for name, test in buckets.items()
+            for mine in [[r for r in rows if r["valid"] and r["solve_rate"] is not None
+                          and r["reference_solve_rate"] is not None and test(r["reference_solve_rate"])]]}
+        drops = [r["reference_solve_rate"] - r["solve_rate"] for r in rows
+                 if r["valid"] and r["solve_rate"] is not None and r["reference_solve_rate"] is not None]
+        if drops:
+            summary["edit_drop"] = sum(drops) / len(drops)
     return summary, rows
 
 
@@ -96,6 +143,12 @@ def main() -> None:
     ap.add_argument("--load", action="store_true",
                     help="probe the agents of RUN_DIR's latest checkpoint (step_0 after a warm start; its solver "
                          "gives the in-band rate) instead of training")
+    ap.add_argument("--references", choices=("random", "mixer"), default="random",
+                    help="how each prompt's references are chosen: at random, or as the loop's mixer chooses them "
+                         "(Mixer.choose_references) from solve rates measured on --pool tasks (with --load)")
+    ap.add_argument("--pool", type=int, default=0,
+                    help="with --load: draw references from this many procedural tasks, each attempted by the "
+                         "solver first (their solve rates split the in-band rate by the reference's)")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_intermixed_args()
     at = sorted({int(x) for x in args.at.split(",")})
@@ -108,8 +161,11 @@ def main() -> None:
         if args.load:  # the warm start's own agents and corpus
             loop._load(loop.ckpt.latest_checkpoint())
             tasks = loop.corpus.query(source="procedural")
+            if args.references == "mixer" and not args.pool:
+                ap.error("--references mixer needs --pool N (the solve rates it chooses by)")
             summary, rows = probe(cfg, loop.generator, loop.solver, tasks, loop.sb, loop.corpus, args.n,
-                                  f"probe:{cfg.run.seed}")
+                                  f"probe:{cfg.run.seed}", references=args.references, pool_size=args.pool)
+            summary = {"references": args.references, "pool": args.pool, **summary}
             print(json.dumps(summary), flush=True)
             out.write(json.dumps(summary) + "\n")
             with (run / "probe_loaded_rows.jsonl").open("w") as f:

@@ -70,7 +70,7 @@ from selfplay.runtime import seeds
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
 from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
-from selfplay.train.mixer import IterationStats, Mixer, in_band_share
+from selfplay.train.mixer import IterationStats, Mixer, edit_drops, in_band_share
 from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
 from selfplay.train.sources import validate as validate_task_choice
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
@@ -380,10 +380,13 @@ class SelfPlay:
 
     # ---- one iteration ------------------------------------------------------------------------------------
     def _references(self, n: int) -> list[list[Task]]:
-        """K reference tasks for each of n proposals, chosen by the mixer near the solver's frontier."""
+        """K reference tasks for each of n proposals, chosen by the mixer (`Mixer.choose_references`): near the
+        band's centre plus the solve rate an edit measurably takes away."""
         k = self.cfg.train.references
-        pool = self.corpus.query(split="train", order="random", limit=512,
-                                 seed=seeds.derive(self.cfg.run.seed, "references", self.step))
+        seed = seeds.derive(self.cfg.run.seed, "references", self.step)
+        pool = self.corpus.query(split="train", order="random", limit=512, seed=seed)
+        # and tasks the solver has been seen to solve, which a random draw from a large corpus would mostly miss
+        pool += self.corpus.query(split="train", order="random", limit=256, seed=seed, max_difficulty=0.999)
         if self.cfg.generator.format == "mutation":  # an edit needs a program (procedural and edited tasks have one)
             from generator.families.grammar import program_of
 
@@ -392,7 +395,7 @@ class SelfPlay:
             raise RuntimeError("the corpus holds no training task to show the generator")
         by_id = {t.id: t for t in pool}
         ids, difficulties = list(by_id), [t.difficulty for t in by_id.values()]
-        return [[by_id[i] for i in self.mixer.choose_replay(ids, difficulties, k)] for _ in range(n)]
+        return [[by_id[i] for i in self.mixer.choose_references(ids, difficulties, k)] for _ in range(n)]
 
     def _prompt_budget(self, agent: LMAgent, max_new_tokens: int) -> int:
         """Longest prompt that leaves `max_new_tokens` of room in the model (and at most warmstart.max_len)."""
@@ -421,7 +424,7 @@ class SelfPlay:
             torch.cuda.reset_peak_memory_stats()  # perf/gpu_peak_mem_gb is this iteration's peak
 
         # 1. generator proposals ----------------------------------------------------------------------------
-        proposals = []
+        proposals, groups = [], []
         if self.generates:
             from generator.build import BuildConfig
 
@@ -499,6 +502,7 @@ class SelfPlay:
         task_rates = [rates_all[x.id] for x in served if x.id in rates_all]
         procedural_rates = [rates_all[x.id] for x in served if x.id in plan["new_ids"] and x.id in rates_all]
         generator_in_band = in_band_share([o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None])
+        drops = edit_drops(groups, valid_generator, rates_all)
         if self.main:
             for task in valid_generator:
                 rate = rates_all.get(task.id)
@@ -516,7 +520,7 @@ class SelfPlay:
             self.source.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
                                                kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
                                                procedural_rates=procedural_rates,
-                                               generator_in_band=generator_in_band))
+                                               generator_in_band=generator_in_band, edit_drops=drops))
         if self.world > 1:  # rank 0's mixer state on every rank, in place (the task source holds this mixer)
             self.mixer.load_state_dict(D.broadcast_object(self.mixer.state_dict() if self.main else None))
 

@@ -13,8 +13,12 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    level 3 with 0.3. (`band=fixed`: the solve-rate EMA against the fixed band `target_low`..`target_high`.)
 2. **centres the target band on the solver's ability**: with `band=adaptive` the band's centre is the EMA of the
    mean solve rate of the batch's in-band tasks (`target_low`/`target_high` give the initial centre and the
-   width); replayed tasks and the generator's references are chosen near it: a weak solver is shown the tasks it
-   sometimes solves, not tasks at a solve rate it never reaches. Replay weights never reach zero.
+   width); replayed tasks are chosen near it: a weak solver is shown the tasks it sometimes solves, not tasks at a
+   solve rate it never reaches. Replay weights never reach zero. The generator's references are chosen near a
+   point above it, the centre plus the measured *edit drop* (EMA of a valid proposal's reference's solve rate
+   minus its own; `reference_offset` until one is measured): an edit of a task is, for this solver, harder than
+   the task, so an edit lands in the band when its reference sits above it by about that much. A reference never
+   attempted counts at the solver's mean procedural solve rate (what a task of its kind is solved at).
 3. **lets the generator earn its share of the solver batch**: the share moves (by `share_rate` of the gap per
    iteration) towards `share_generator` while the generator is *trusted* and towards `min_share_generator`
    while it is not, the rest going to procedural tasks. It becomes trusted when the EMAs of its validity rate
@@ -75,6 +79,10 @@ class MixerConfig:
     kl_max: float = 1.0  # KL to the reference above this = policy drifting too fast
     lr_scale_min: float = 0.1  # the learning-rate multiplier never goes below this
     replay_width: float = 0.2  # width of the replay preference around the band's centre (in solve rate)
+    # the generator's references: preferred at solve rate (band centre + the measured edit drop), the drop being
+    # how much lower a valid proposal is solved than its reference; reference_offset stands for it until measured
+    reference_offset: float = 0.3
+    reference_follow: bool = True  # false: always band centre + reference_offset (0 = references at the centre)
 
 
 @dataclass
@@ -93,6 +101,8 @@ class IterationStats:
     task_rates: Sequence[float] | None = None  # measured solve rate p of each task of the solver batch
     procedural_rates: Sequence[float] | None = None  # ... of each of its procedural tasks
     generator_in_band: float | None = None  # share of valid proposals with 0 < p < 1 (None: none valid)
+    # per valid proposal whose reference had a measured solve rate: the reference's rate minus the proposal's
+    edit_drops: Sequence[float] | None = None
 
 
 @dataclass
@@ -104,6 +114,7 @@ class _State:
     baseline: float | None = None  # slow EMA of solve_ema: what a sudden drop is measured against
     validity_ema: float | None = None
     in_band_ema: float | None = None
+    edit_drop: float | None = None  # EMA of (reference's solve rate - its valid proposal's)
     trusted: bool = False  # the generator has earned its share
     shares: dict[str, float] = field(default_factory=dict)
     repetition_weight: float = 1.0
@@ -119,6 +130,19 @@ def _ema(old: float | None, new: float, w: float) -> float:
 def in_band_share(rates: Sequence[float]) -> float | None:
     """Share of rates strictly between 0 and 1 (None for none)."""
     return sum(0.0 < p < 1.0 for p in rates) / len(rates) if rates else None
+
+
+def edit_drops(references, proposals, rates: dict[str, float]) -> list[float]:
+    """For each proposal (a task with `parent_ids`) with a measured solve rate in `rates` whose first parent is
+    among the reference groups `references` with a measured difficulty: the parent's solve rate minus its own."""
+    parent_rate = {t.id: 1.0 - t.difficulty for group in references for t in group if t.difficulty is not None}
+    return [parent_rate[x.parent_ids[0]] - rates[x.id] for x in proposals
+            if x.id in rates and x.parent_ids and x.parent_ids[0] in parent_rate]
+
+
+def _bump(p: float, centre: float, width: float) -> float:
+    """A preference for solve rate p: a Gaussian bump at `centre` over a floor of 0.02."""
+    return 0.02 + math.exp(-(((p - centre) / width) ** 2))
 
 
 def largest_remainder(shares: dict[str, float], n: int) -> dict[str, int]:
@@ -146,6 +170,9 @@ class Mixer:
         if not c.min_validity <= c.earn_validity or not c.min_in_band <= c.earn_in_band:
             raise ValueError("mixer thresholds must satisfy min_validity <= earn_validity and "
                              "min_in_band <= earn_in_band (the generator's trust has hysteresis)")
+        if not -1.0 <= c.reference_offset <= 1.0:
+            raise ValueError(f"mixer.reference_offset must be in [-1, 1] (a difference of solve rates), got "
+                             f"{c.reference_offset}")
         if not 0.0 < c.share_rate <= 1.0:
             raise ValueError(f"mixer.share_rate must be in (0, 1], got {c.share_rate}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
@@ -213,15 +240,33 @@ class Mixer:
     def replay_weights(self, difficulties: Sequence[float | None]) -> list[float]:
         """Preference for replaying tasks of measured difficulty d (solve rate 1 - d): a bump at the band's
         centre with a floor, so every task keeps some chance; unmeasured tasks count as at the centre."""
-        out = []
-        for d in difficulties:
-            p = self.target_solve_rate if d is None else 1.0 - d
-            out.append(0.02 + math.exp(-(((p - self.target_solve_rate) / self.cfg.replay_width) ** 2)))
-        return out
+        return [_bump(self.target_solve_rate if d is None else 1.0 - d, self.target_solve_rate, self.cfg.replay_width)
+                for d in difficulties]
+
+    @property
+    def reference_target(self) -> float:
+        """The solve rate the generator's references are preferred at: the band's centre plus the edit drop."""
+        c, s = self.cfg, self.s
+        drop = s.edit_drop if c.reference_follow and s.edit_drop is not None else c.reference_offset
+        return min(1.0, max(0.0, self.target_solve_rate + drop))
+
+    def reference_weights(self, difficulties: Sequence[float | None]) -> list[float]:
+        """Preference for showing the generator a reference of measured difficulty d: the replay bump moved to
+        `reference_target`; a task never attempted counts at the solver's mean procedural solve rate."""
+        prior = self.s.solve_ema if self.s.solve_ema is not None else self.target_solve_rate
+        return [_bump(prior if d is None else 1.0 - d, self.reference_target, self.cfg.replay_width)
+                for d in difficulties]
 
     def choose_replay(self, ids: Sequence[str], difficulties: Sequence[float | None], n: int) -> list[str]:
         """n distinct ids (or all of them if fewer), drawn without replacement by `replay_weights`."""
-        pool = list(zip(ids, self.replay_weights(difficulties)))
+        return self._draw(ids, self.replay_weights(difficulties), n)
+
+    def choose_references(self, ids: Sequence[str], difficulties: Sequence[float | None], n: int) -> list[str]:
+        """n distinct reference ids for one generator prompt, drawn without replacement by `reference_weights`."""
+        return self._draw(ids, self.reference_weights(difficulties), n)
+
+    def _draw(self, ids: Sequence[str], weights: Sequence[float], n: int) -> list[str]:
+        pool = list(zip(ids, weights))
         chosen = []
         for _ in range(min(n, len(pool))):
             total = sum(w for _, w in pool)
@@ -248,6 +293,8 @@ class Mixer:
         if s.level > level:  # harder tasks are solved less often: that is the curriculum, not a collapse
             s.baseline = s.solve_ema
         self._trust_the_generator(stats)
+        if stats.edit_drops:
+            s.edit_drop = _ema(s.edit_drop, statistics.fmean(stats.edit_drops), c.ema)
 
         alarms = {
             "generator_validity": s.validity_ema is not None and s.validity_ema < c.min_validity,
@@ -327,10 +374,13 @@ class Mixer:
             "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else nan,
             "mixer/validity_ema": s.validity_ema if s.validity_ema is not None else nan,
             "mixer/in_band_ema": s.in_band_ema if s.in_band_ema is not None else nan,
+            "mixer/reference_target": self.reference_target,
             "mixer/generator_trusted": float(s.trusted),
             "mixer/repetition_weight": s.repetition_weight,
             "mixer/lr_scale": s.lr_scale,
         }
+        if s.edit_drop is not None:  # from the first valid proposal of a measured reference on
+            out["mixer/edit_drop"] = s.edit_drop
         out.update({f"mixer/share/{k}": v for k, v in s.shares.items()})
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
         return out

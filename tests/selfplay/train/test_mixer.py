@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from selfplay.train.mixer import IterationStats, Mixer, MixerConfig, in_band_share, largest_remainder
+from selfplay.train.mixer import IterationStats, Mixer, MixerConfig, edit_drops, in_band_share, largest_remainder
 
 K = 4  # attempts per task: measured solve rates are multiples of 1/4, as in the tiny default
 
@@ -405,3 +405,98 @@ def test_bad_settings_are_rejected():
         Mixer(MixerConfig(band="moving"))
     with pytest.raises(ValueError, match="hysteresis"):
         Mixer(MixerConfig(earn_validity=0.1, min_validity=0.2))
+
+
+# ---- the generator's references ----------------------------------------------------------------------------
+@dataclass
+class Ref:
+    """A corpus task as the loop hands it to the mixer: an id, a measured difficulty (1 - solve rate) or None."""
+    id: str
+    difficulty: float | None = None
+    parent_ids: list = field(default_factory=list)
+
+
+def mutation_world(mixer: Mixer, drop: float, iters: int, seed: int) -> tuple[list[float], list[float]]:
+    """A fixed solver (skill 2) and a corpus of 300 tasks of difficulty 0..4, measured once by K attempts; each
+    iteration the mixer picks one reference for each of 8 proposals, and a proposal is its reference made harder
+    by `drop` (+- noise), measured by K attempts, its edit drop fed back. Returns the proposals' measured rates and
+    the mixer's edit-drop estimates over the iterations."""
+    rng = random.Random(seed)
+    solver = SimSolver(2.0, 0.0, rng)
+    xs = [rng.uniform(0.0, 4.0) for _ in range(300)]
+    rates = solver.attempt(xs)
+    pool = [Ref(f"c{i}", 1.0 - p) for i, p in enumerate(rates)]
+    hardness = dict(zip((r.id for r in pool), xs))
+    out, estimates = [], []
+    for step in range(iters):
+        by_id = {r.id: r for r in pool}
+        groups = [[by_id[i] for i in mixer.choose_references(list(by_id), [r.difficulty for r in pool], 1)]
+                  for _ in range(8)]
+        proposals = [Ref(f"g{step}.{i}", parent_ids=[g[0].id]) for i, g in enumerate(groups)]
+        measured = dict(zip((p.id for p in proposals),
+                            solver.attempt([hardness[g[0].id] + drop + rng.gauss(0, 0.3) for g in groups])))
+        out += list(measured.values())
+        procedural = solver.attempt([rng.uniform(1.6, 2.4) for _ in range(8)])  # the level sits at the frontier
+        mixer.observe(IterationStats(solve_rate=statistics.fmean(procedural), task_rates=procedural,
+                                     procedural_rates=procedural, validity_rate=1.0,
+                                     generator_in_band=in_band_share(list(measured.values())),
+                                     edit_drops=edit_drops(groups, proposals, measured)))
+        estimates.append(mixer.s.edit_drop)
+    return out, estimates
+
+
+@pytest.mark.parametrize("drop", [1.0, 1.5])
+def test_references_above_the_band_by_the_measured_edit_drop_give_more_proposals_in_band(drop):
+    """Edits that make a task harder for the solver: references chosen at the band's centre give proposals it
+    rarely solves; chosen at the centre plus the measured drop, more of them land in band."""
+    def run(cfg: MixerConfig) -> tuple[float, list[float]]:
+        rates, estimates = mutation_world(Mixer(cfg, seed=1), drop, iters=40, seed=2)
+        return in_band_share(rates[80:]), estimates
+
+    at_centre, _ = run(MixerConfig(reference_offset=0.0, reference_follow=False))
+    following, estimates = run(MixerConfig(reference_offset=0.0, reference_follow=True))
+    assert following > at_centre + 0.1, (following, at_centre)
+    assert estimates[-1] > 0.2  # the drop is measured as a drop (in solve rate) and the target moves up with it
+
+
+def test_the_reference_target_is_the_centre_plus_the_offset_until_a_drop_is_measured():
+    mixer = Mixer(MixerConfig(target_low=0.2, target_high=0.4, reference_offset=0.3), seed=0)
+    assert mixer.reference_target == pytest.approx(0.6)
+    w_never, w_target, w_always = mixer.reference_weights([1.0, 0.4, 0.0])  # solve rates 0, 0.6, 1
+    assert w_target > w_always > w_never > 0
+    mixer.observe(IterationStats(solve_rate=0.3, edit_drops=[0.9, 0.9]))
+    assert mixer.s.edit_drop == pytest.approx(0.9) and mixer.reference_target == pytest.approx(1.0)  # clipped
+    fixed = Mixer(MixerConfig(reference_follow=False, reference_offset=0.1), seed=0)
+    fixed.observe(IterationStats(solve_rate=0.3, edit_drops=[0.9]))
+    assert fixed.reference_target == pytest.approx(fixed.target_solve_rate + 0.1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(drops=st.lists(st.lists(st.floats(-1, 1), max_size=6), max_size=30),
+       offset=st.floats(-1, 1), centre=st.floats(0, 1))
+def test_the_reference_target_stays_a_solve_rate_and_unmeasured_tasks_count_at_the_solvers_rate(drops, offset,
+                                                                                               centre):
+    mixer = Mixer(MixerConfig(reference_offset=offset), seed=0)
+    mixer.s.band_centre = centre
+    for d in drops:
+        mixer.observe(IterationStats(solve_rate=0.25, edit_drops=d))
+        assert 0.0 <= mixer.reference_target <= 1.0
+    measured = [d for step in drops for d in step]
+    if measured and all(step for step in drops if step):
+        assert min(measured) - 1e-9 <= mixer.s.edit_drop <= max(measured) + 1e-9
+    prior = mixer.s.solve_ema if drops else mixer.target_solve_rate  # nothing observed yet: the centre
+    unmeasured, at_prior = mixer.reference_weights([None, 1.0 - prior])
+    assert unmeasured == pytest.approx(at_prior)
+
+
+def test_edit_drops_pair_each_proposal_with_its_measured_reference():
+    refs = [[Ref("a", 0.25)], [Ref("b", None)], [Ref("c", 1.0), Ref("d", 0.0)]]
+    proposals = [Ref("p1", parent_ids=["a"]), Ref("p2", parent_ids=["b"]), Ref("p3", parent_ids=["d", "c"]),
+                 Ref("p4", parent_ids=["a"]), Ref("p5")]
+    rates = {"p1": 0.25, "p2": 0.5, "p3": 0.5, "p5": 0.0}  # p4 unmeasured, b never attempted, p5 no parent
+    assert edit_drops(refs, proposals, rates) == [pytest.approx(0.5), pytest.approx(0.5)]
+
+
+def test_a_bad_reference_offset_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match="mixer.reference_offset"):
+        Mixer(MixerConfig(reference_offset=1.5))
