@@ -17,6 +17,11 @@ model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads
 gathered first (a collective: every rank syncs). The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
 so that the sync reaches its model and no engine-core process is spawned.
 
+With several ranks each rank has its own engines (tensor-parallel size 1), serving that rank's share of the prompts:
+vLLM's `external_launcher` executor makes the engine join the trainer's torch.distributed group instead of starting
+one of its own, and vLLM's parallel groups are new groups beside the default one, which DDP / DeepSpeed keep
+(`colocated_kwargs`; docs/rl.md "Several ranks").
+
 Known limits of vLLM on CPU, handled here: a per-request `seed` in SamplingParams kills the CPU engine (the
 engine's seed is run.seed + rank, set once); attention needs a head size in CPU_HEAD_SIZES (checked at start, naming
 model.n_embd / model.n_head); the torchvision/torchaudio/torchcodec wheels vLLM pulls do not load against the CPU
@@ -61,9 +66,6 @@ def check_rollout(cfg) -> None:
     if "vllm" in (rcfg.engine, rcfg.generator_engine) and m.name_or_path == "tiny" and m.n_head > 0 \
             and m.n_embd % m.n_head == 0 and m.n_embd // m.n_head not in CPU_HEAD_SIZES and not on_gpu():
         raise UserError(head_size_error(m.n_embd // m.n_head))
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if "vllm" in (rcfg.engine, rcfg.generator_engine) and world > 1:
-        raise UserError(one_rank_error(world))
     for key in ("engine", "generator_engine"):
         value = getattr(rcfg, key)
         if value not in ENGINES and not (key == "generator_engine" and value == ""):
@@ -79,11 +81,6 @@ def check_rollout(cfg) -> None:
 def head_size_error(head: int) -> str:
     return (f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, this "
             f"model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
-
-
-def one_rank_error(world: int) -> str:
-    return (f"{KEY}=vllm runs with one rank for now ({world} ranks here: vLLM in-process would take the trainer's "
-            f"process group for its own); use {KEY}=hf with several ranks")
 
 
 def engine_name(rcfg, agent: str) -> str:
@@ -257,6 +254,7 @@ def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: 
     """vLLM `LLM(...)` arguments for an engine that samples what the trainer scores, built from HF folder `folder`."""
     gpu = on_gpu()
     kwargs = dict(model=str(folder), dtype=dtype, seed=seed, max_model_len=max_len,
+                  tensor_parallel_size=1,  # one engine per rank, serving that rank's own prompts
                   trust_remote_code=trust_remote_code,
                   logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
                   generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
@@ -264,7 +262,36 @@ def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: 
                   structured_outputs_config={"backend": "xgrammar"})  # the library the HF path records masks with
     if gpu:
         kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
+    if trainer_world() > 1:
+        kwargs.update(colocated_kwargs())
     return {**kwargs, **extra}
+
+
+def trainer_world() -> int:
+    """Processes in the trainer's torch.distributed group (1 where none is initialised)."""
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def colocated_kwargs() -> dict:
+    """`LLM(...)` arguments for an engine in one rank of a trainer's process group (world > 1).
+
+    vLLM's `external_launcher` executor: the engine joins the process group that is already there instead of
+    initialising one of its own (its uniprocess executor would call `init_process_group` for a world of 1, which
+    the trainer's group forbids), and builds its parallel groups from it by `new_group`, leaving the default group
+    to DDP / DeepSpeed. With tensor-, pipeline- and data-parallel sizes 1 inside vLLM, the ranks form vLLM's
+    "external data parallel" dimension: each rank's engine is a whole model and generates alone, no collective in a
+    step, so ranks may sample different prompts and different numbers of them. Building the engine is collective
+    (new groups, the KV-cache size agreed by an all-reduce): every rank builds its engines in the same order,
+    as `SelfPlay._load` does. A second engine in the process (the other agent) finds vLLM's groups made and reuses
+    them. The executor reads RANK and LOCAL_RANK (torchrun sets them)."""
+    import torch.distributed as dist
+
+    if "RANK" not in os.environ:  # a group made by hand rather than by torchrun
+        os.environ["RANK"] = str(dist.get_rank())
+    os.environ.setdefault("LOCAL_RANK", "0")
+    return dict(distributed_executor_backend="external_launcher")
 
 
 def push_weights(llm, method: str, weights: dict, folder: Path | None = None) -> None:
@@ -387,27 +414,32 @@ def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0):
     """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself)."""
     if engine_name(cfg.rollout, agent.name) == "hf":
         return None
-    import torch.distributed as dist
-
-    if dist.is_initialized() and dist.get_world_size() > 1:  # vLLM would take the trainer's process group as its own
-        raise UserError(one_rank_error(dist.get_world_size()))
     return VLLMEngine(agent, folder, cfg.rollout, seed=cfg.run.seed + rank, dtype=cfg.model.dtype,
                       trust_remote_code=cfg.model.trust_remote_code)
 
 
 def engine_metrics(*agents) -> dict:
     """`time/weight_sync_s` (every agent's syncs since the last call) and `rollout/logprob_gap` (per agent and
-    their mean) for the iteration's metrics; empty with the hf engine."""
-    out, sync, gaps = {}, 0.0, []
+    their mean) for the iteration's metrics; empty with the hf engine. With several ranks (a collective: every
+    rank calls it) the sync time is the slowest rank's and each agent's gap the largest of any rank's, so that
+    one rank's engine drifting from its trainer shows in rank 0's log."""
+    mine = {a.name: a.engine.take_metrics() for a in agents if getattr(a, "engine", None) is not None}
+    if not mine:
+        return {}
+    if trainer_world() > 1:
+        from selfplay.runtime.distributed import gather_objects
+
+        ranks = gather_objects(mine)
+    else:
+        ranks = [mine]
+    out = {"time/weight_sync_s": max(sum(m.get("weight_sync_s", 0.0) for m in r.values()) for r in ranks)}
+    gaps = []
     for agent in agents:
-        engine = getattr(agent, "engine", None)
-        m = engine.take_metrics() if engine is not None else {}
-        sync += m.get("weight_sync_s", 0.0)
-        if "logprob_gap" in m:
-            out[f"rollout/logprob_gap/{agent.name}"] = m["logprob_gap"]
-            gaps.append(m["logprob_gap"])
-        if engine is not None:
-            out["time/weight_sync_s"] = sync
+        seen = [r[agent.name]["logprob_gap"] for r in ranks if "logprob_gap" in r.get(agent.name, {})]
+        if seen:
+            finite = [g for g in seen if g == g]  # nan: not measured (ZeRO-3)
+            gaps.append(max(finite) if finite else float("nan"))
+            out[f"rollout/logprob_gap/{agent.name}"] = gaps[-1]
     if gaps:
         out["rollout/logprob_gap"] = statistics.mean(gaps)
     return out

@@ -14,7 +14,7 @@ from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
 from selfplay.rl import core as rl
 from selfplay.rollout.engine import (EngineError, RolloutConfig, VLLMEngine, check_rollout, engine_metrics,
-                                     logprob_gap, require_vllm)
+                                     llm_kwargs, logprob_gap, require_vllm)
 from selfplay.runtime.config import CONFIG_DIR, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 
@@ -210,29 +210,38 @@ def test_bad_rollout_values_are_named_at_load(override, key):
     check_rollout(load_config(None, ["rollout.engine=vllm", "rollout.generator_engine=hf"]))
 
 
-def test_several_ranks_are_refused_for_vllm_at_load(monkeypatch):
+def test_several_ranks_take_vllm_each_engine_joining_the_trainers_group(monkeypatch):
+    """With several ranks the config loads, and each rank's engine is built with vLLM's external_launcher executor
+    (the trainer's process group, tensor-parallel size 1); alone, with the uniprocess one (tests/selfplay/distributed/
+    test_vllm_ranks.py runs 2 ranks for real)."""
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(UserError, match=r"rollout.engine=vllm runs with one rank for now \(2 ranks"):
-        load_config(None, ["rollout.engine=vllm"])
+    rcfg = load_config(None, ["rollout.engine=vllm"]).rollout
+    alone = llm_kwargs("/x", rcfg)
+    assert "distributed_executor_backend" not in alone and alone["tensor_parallel_size"] == 1
+    monkeypatch.setattr("selfplay.rollout.engine.trainer_world", lambda: 2)
+    monkeypatch.setenv("RANK", "1")
+    ranked = llm_kwargs("/x", rcfg, seed=1)
+    assert ranked["distributed_executor_backend"] == "external_launcher" and ranked["tensor_parallel_size"] == 1
+    assert ranked["seed"] == 1
 
 
-def test_the_smoke_shape_is_refused_for_vllm_at_load_naming_the_keys(monkeypatch):
+def test_the_smoke_shape_is_served_by_vllm_and_a_head_size_of_16_is_refused_naming_the_keys(monkeypatch):
     monkeypatch.setattr("selfplay.rollout.engine.on_gpu", lambda: False)
+    assert load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm"]).rollout.engine == "vllm"  # head size 32
     with pytest.raises(UserError, match=r"this model's is 16 \(model.n_embd / model.n_head\)"):
-        load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm"])
-    assert load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm", "model.n_head=2"]).rollout.engine == "vllm"
+        load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm", "model.n_head=4"])
 
 
 @pytest.mark.vllm
 @pytest.mark.slow
 def test_smoke_world_trains_and_resumes_on_vllm(tmp_path):
-    """`selfplay train configs/smoke.yaml rollout.engine=vllm` (head size 32: model.n_head=2) from nothing, then
-    resumed from its checkpoint; every iteration logs the weight sync and a log-prob gap near 0."""
+    """`selfplay train configs/smoke.yaml rollout.engine=vllm` as written from nothing, then resumed from its
+    checkpoint; every iteration logs the weight sync and a log-prob gap near 0."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     from tests.conftest import SMOKE, selfplay
 
-    args = [*SMOKE, "model.n_head=2", "rollout.engine=vllm", f"run.dir={tmp_path / 'run'}"]
+    args = [*SMOKE, "rollout.engine=vllm", f"run.dir={tmp_path / 'run'}"]
     selfplay("train", *args, "train.steps=2")
     out = selfplay("train", *args, "train.steps=3").stdout
     assert "loaded" in out and "step 2" in out, out[-2000:]
