@@ -1,5 +1,5 @@
-"""`selfplay bench rollout [CONFIG] [--engines hf vllm] [--batch N] --json OUT`: the same prompts through each
-rollout engine, side by side in one run (docs/rl.md "Rollout engines").
+"""`selfplay bench rollout [CONFIG] [key=value ...] [--engines hf vllm] [--batch N] --json OUT`: the same prompts
+through each rollout engine, side by side in one run (docs/rl.md "Rollout engines").
 
 The model has random weights and a shape: `--shape config` (CONFIG's `model:` section: arch, n_layer, n_embd,
 n_head, vocab_size, max_positions) or `--shape llama-135m` (SmolLM2-135M's: 30 layers, 576 wide, 9 heads of 64,
@@ -27,6 +27,8 @@ SHAPES = ("config", "llama-135m")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", default=None, help="config file (default configs/tiny.yaml)")
+    parser.add_argument("overrides", nargs="*", default=[], help="key=value config overrides (after CONFIG, before "
+                        "the options), e.g. model.n_layer=2")
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], help="engines to run: hf, vllm")
     parser.add_argument("--shape", default="config", help=f"model shape: {' | '.join(SHAPES)}")
     parser.add_argument("--batch", type=int, default=32, help="answers per batch")
@@ -148,7 +150,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError(f"--engines takes hf and vllm, got {', '.join(bad)}")
     if min(args.batch, args.prompt_len, args.new, args.repeats) < 1:
         raise UserError("--batch, --prompt-len, --new and --repeats must be >= 1")
-    cfg = load_config(args.config)
+    config, overrides = args.config, list(args.overrides)
+    if config is not None and "=" in config:  # no CONFIG, overrides only
+        config, overrides = None, [config, *overrides]
+    cfg = load_config(config, overrides)
     policy = build_policy(cfg, args.shape)
     policy.eval()
     params = sum(p.numel() for p in policy.parameters())

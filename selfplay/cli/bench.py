@@ -2,7 +2,8 @@
 
     selfplay bench sandbox [--backend process|docker|all] [--workers N] [--limit N] [--sample-docker-run N]
                            [--image NAME] [--skip RUNNER ...] [--repeat R] [--json OUT]
-    selfplay bench rollout [CONFIG] [--engines hf vllm] [--shape config|llama-135m] [--batch N] [--json OUT]
+    selfplay bench rollout [CONFIG] [key=value ...] [--engines hf vllm] [--shape config|llama-135m] [--batch N]
+                           [--json OUT]
 
 Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
 BENCHES; add a line there for a new one.

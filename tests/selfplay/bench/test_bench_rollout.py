@@ -26,3 +26,14 @@ def test_bench_rollout_refuses_an_unknown_shape_in_one_line(tmp_path):
     proc = selfplay("bench", "rollout", "--shape", "huge", check=False)
     assert proc.returncode != 0 and "--shape must be one of config, llama-135m" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_bench_rollout_takes_config_overrides(tmp_path):
+    """key=value after CONFIG (slurm/gpu_check.sh passes its own overrides): the model shape follows them."""
+    runs = {}
+    for layers in (1, 2):
+        out = tmp_path / f"bench_{layers}.json"
+        selfplay("bench", "rollout", "configs/smoke.yaml", f"model.n_layer={layers}", "--engines", "hf", "--batch",
+                 "1", "--prompt-len", "4", "--new", "2", "--repeats", "1", "--json", str(out), timeout=300)
+        runs[layers] = json.loads(out.read_text())
+    assert set(runs[1]["engines"]) == {"hf"} and runs[2]["params_m"] > runs[1]["params_m"]
