@@ -277,15 +277,15 @@ def trainer_world() -> int:
 def colocated_kwargs() -> dict:
     """`LLM(...)` arguments for an engine in one rank of a trainer's process group (world > 1).
 
-    vLLM's `external_launcher` executor: the engine joins the process group that is already there instead of
-    initialising one of its own (its uniprocess executor would call `init_process_group` for a world of 1, which
-    the trainer's group forbids), and builds its parallel groups from it by `new_group`, leaving the default group
-    to DDP / DeepSpeed. With tensor-, pipeline- and data-parallel sizes 1 inside vLLM, the ranks form vLLM's
-    "external data parallel" dimension: each rank's engine is a whole model and generates alone, no collective in a
-    step, so ranks may sample different prompts and different numbers of them. Building the engine is collective
-    (new groups, the KV-cache size agreed by an all-reduce): every rank builds its engines in the same order,
-    as `SelfPlay._load` does. A second engine in the process (the other agent) finds vLLM's groups made and reuses
-    them. The executor reads RANK and LOCAL_RANK (torchrun sets them)."""
+    vLLM's `external_launcher` executor: the engine joins the process group that is already there (rank and local
+    rank from the environment; the uniprocess executor of a lone engine makes a group of its own and gives its
+    worker rank 0 and device 0 on every rank), and builds its parallel groups from it by `new_group`, leaving the
+    default group to DDP / DeepSpeed. With tensor-, pipeline- and data-parallel sizes 1 inside vLLM, the ranks form
+    vLLM's "external data parallel" dimension: each rank's engine is a whole model and generates alone, no
+    collective in a step, so ranks may sample different prompts and different numbers of them. Building the
+    engine is collective (new groups, the KV-cache size agreed by an all-reduce): every rank builds its engines in
+    the same order, as `SelfPlay._load` does. A second engine in the process (the other agent) finds vLLM's groups
+    made and reuses them. The executor reads RANK and LOCAL_RANK (torchrun sets them)."""
     import torch.distributed as dist
 
     if "RANK" not in os.environ:  # a group made by hand rather than by torchrun
@@ -318,6 +318,8 @@ def push_weights(llm, method: str, weights: dict, folder: Path | None = None) ->
 
 def _one_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if len(lines) > 1 and " validation error" in lines[0]:  # pydantic: the reason is on the next line
+        lines = [f"{lines[0]}: {lines[1]}"]
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
