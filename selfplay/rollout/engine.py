@@ -262,16 +262,11 @@ def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: 
                   structured_outputs_config={"backend": "xgrammar"})  # the library the HF path records masks with
     if gpu:
         kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
-    if trainer_world() > 1:
+    from selfplay.runtime import distributed as D
+
+    if D.is_distributed():
         kwargs.update(colocated_kwargs())
     return {**kwargs, **extra}
-
-
-def trainer_world() -> int:
-    """Processes in the trainer's torch.distributed group (1 where none is initialised)."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def colocated_kwargs() -> dict:
@@ -428,12 +423,9 @@ def engine_metrics(*agents) -> dict:
     mine = {a.name: a.engine.take_metrics() for a in agents if getattr(a, "engine", None) is not None}
     if not mine:
         return {}
-    if trainer_world() > 1:
-        from selfplay.runtime.distributed import gather_objects
+    from selfplay.runtime.distributed import gather_objects
 
-        ranks = gather_objects(mine)
-    else:
-        ranks = [mine]
+    ranks = gather_objects(mine)  # [mine] with one process
     out = {"time/weight_sync_s": max(sum(m.get("weight_sync_s", 0.0) for m in r.values()) for r in ranks)}
     gaps = []
     for agent in agents:

@@ -218,7 +218,7 @@ def test_several_ranks_take_vllm_each_engine_joining_the_trainers_group(monkeypa
     rcfg = load_config(None, ["rollout.engine=vllm"]).rollout
     alone = llm_kwargs("/x", rcfg)
     assert "distributed_executor_backend" not in alone and alone["tensor_parallel_size"] == 1
-    monkeypatch.setattr("selfplay.rollout.engine.trainer_world", lambda: 2)
+    monkeypatch.setattr("selfplay.runtime.distributed.is_distributed", lambda: True)
     monkeypatch.setenv("RANK", "1")
     ranked = llm_kwargs("/x", rcfg, seed=1)
     assert ranked["distributed_executor_backend"] == "external_launcher" and ranked["tensor_parallel_size"] == 1
