@@ -13,8 +13,10 @@ def configure(parser) -> None:
     parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=30")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each repetition")
     parser.add_argument("--arms", nargs="+", default=["warmstart", "curriculum", "selfplay"],
-                        help="what runs after each seed's warm start: warmstart (nothing), curriculum, selfplay, "
-                             "fixed (PPO on a fixed task set; default: the first three)")
+                        help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
+                             "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
+                             "from a warm start of its own), fixed (PPO on a fixed task set); default: warmstart "
+                             "curriculum selfplay")
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
     parser.add_argument("--shared-warmstart", action="store_true",
                         help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")

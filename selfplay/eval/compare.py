@@ -10,7 +10,11 @@ copy of that folder, so the arms of one seed differ only in what happens after t
 
     warmstart    no RL: the warm-started solver's evaluation (step 0) is the result
     curriculum   PPO on procedural tasks only, on a fixed level schedule (`train.mode=curriculum`)
+    uniform      PPO on procedural tasks only, each at a level drawn uniformly (`train.mode=uniform`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
+    selfplay_free  the same with the free proposal format (`generator.format=free`); the format is learnt at the
+                 warm start, so this arm has its own (`OUT/seed_S/warmstart_free`, or `OUT/warmstart_free`), made
+                 with the same seed, and is paired with it
     fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
@@ -36,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -46,7 +51,27 @@ from selfplay.runtime import paths
 from selfplay.runtime.checkpoint import LATEST
 from selfplay.runtime.paths import RunPaths
 
-ARMS = ("warmstart", "curriculum", "selfplay", "fixed")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """What an arm runs: `train.mode`, the overrides it adds, and the warm start it starts from (its folder name;
+    an arm whose overrides change what the warm start learns needs its own)."""
+
+    mode: str
+    overrides: tuple[str, ...] = ()
+    warm: str = "warmstart"
+
+
+ARM_SPECS = {
+    "warmstart": Arm("warmstart"),
+    "curriculum": Arm("curriculum"),
+    "uniform": Arm("uniform"),
+    "selfplay": Arm("selfplay"),
+    "selfplay_free": Arm("selfplay", ("generator.format=free",), warm="warmstart_free"),
+    "fixed": Arm("fixed"),
+}
+ARMS = tuple(ARM_SPECS)
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
 # what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
 COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
@@ -60,6 +85,15 @@ def run_folder(out: Path, seed: int, arm: str) -> Path:
     if arm == "warmstart" and (out / SHARED_WARMSTART).exists():
         return out / SHARED_WARMSTART
     return out / f"seed_{seed}" / arm
+
+
+def warm_folder(out: Path, seed: int, arm: str, shared: bool | None = None) -> Path:
+    """The warm start `arm` starts from: OUT/seed_S/<its warm start>, or OUT/<its warm start> when shared (None:
+    shared if the comparison's main warm start is)."""
+    name = ARM_SPECS[arm].warm
+    if shared is None:
+        shared = (out / SHARED_WARMSTART).exists()
+    return out / name if shared else out / f"seed_{seed}" / name
 
 
 def _selfplay(args: Sequence[str], log_path: Path) -> None:
@@ -98,12 +132,13 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
     base = ([config] if config else []) + list(overrides)
     t0 = time.perf_counter()
     for seed in seeds:
-        warm = out / SHARED_WARMSTART if shared_warmstart else run_folder(out, seed, "warmstart")
-        if not (RunPaths(warm).checkpoints / LATEST).exists():
-            log(f"seed {seed}: warm start -> {warm}")
-            _selfplay(["warmstart", *base, f"run.dir={warm}", f"run.seed={seed}"],
-                      out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
-        for arm in arms:
+        for arm in ["warmstart", *arms]:
+            spec = ARM_SPECS[arm]
+            warm = warm_folder(out, seed, arm, shared_warmstart)
+            if not (RunPaths(warm).checkpoints / LATEST).exists():
+                log(f"seed {seed}: warm start -> {warm}")
+                _selfplay(["warmstart", *base, *spec.overrides, f"run.dir={warm}", f"run.seed={seed}"],
+                          out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
             if arm == "warmstart":
                 continue
             folder = run_folder(out, seed, arm)
@@ -112,8 +147,8 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             if not folder.exists():
                 copy_warm_start(warm, folder)
             log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
-            _selfplay(["train", *base, f"run.dir={folder}", f"run.seed={seed}", f"train.mode={arm}"],
-                      out / "logs" / f"seed_{seed}_{arm}.log")
+            _selfplay(["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
+                       f"train.mode={spec.mode}"], out / "logs" / f"seed_{seed}_{arm}.log")
     results = collect(out, seeds, arms)
     write_report(results, out)
     return results
@@ -187,9 +222,12 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
     warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
-    paired = {arm: {seed: paired_groups(warm[seed]["test_per_task"], run["test_per_task"],
-                                        _task_levels(run_folder(out, int(seed), "warmstart")))
-                    for seed, run in by_seed.items() if warm[seed]["test_per_task"] and run["test_per_task"]}
+    own = {(arm, s): run_result(warm_folder(out, s, arm), "warmstart") for arm in arms for s in seeds
+           if ARM_SPECS[arm].warm != SHARED_WARMSTART}  # arms with a warm start of their own are paired with it
+    before = lambda arm, seed: (own[(arm, int(seed))] if (arm, int(seed)) in own else warm[seed])  # noqa: E731
+    paired = {arm: {seed: paired_groups(before(arm, seed)["test_per_task"], run["test_per_task"],
+                                        _task_levels(warm_folder(out, int(seed), arm)))
+                    for seed, run in by_seed.items() if before(arm, seed)["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
     return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
@@ -338,7 +376,9 @@ def plot(results: dict, path: Path) -> Path:
     """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
     Then, per RL arm and seed over iterations: the test split's greedy (o) and sampled (x) pass@1 at each held-out
     evaluation, the solver's pass rate on its training batch, the procedural level (the curriculum's schedule or
-    the mixer's choice), the generator's validity rate."""
+    the mixer's choice), the generator's validity rate, the share of the solver's tasks in band (solved by some but
+    not all of their answers), the share of the generator's valid proposals in band, and the generator's share of
+    the solver's batch."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -346,7 +386,8 @@ def plot(results: dict, path: Path) -> Path:
 
     summary, arms = results["summary"], results["arms"]
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
-    fig, axes = plt.subplots(1, 5, figsize=(27, 4.5))
+    fig, grid = plt.subplots(2, 4, figsize=(26, 9))
+    axes = grid.ravel()
     ax = axes[0]
     width = 0.8 / max(1, len(arms))
     for i, arm in enumerate(arms):
@@ -377,7 +418,10 @@ def plot(results: dict, path: Path) -> Path:
         ax.legend(fontsize=7)
     for ax, key, title in ((axes[2], "solve_rate", "solver pass rate on its training batch"),
                            (axes[3], "level", "procedural level"),
-                           (axes[4], "validity", "generator validity rate")):
+                           (axes[4], "validity", "generator validity rate"),
+                           (axes[5], "solver_in_band", "solver's tasks in band (0 < p < 1)"),
+                           (axes[6], "generator_in_band", "generator's valid proposals in band"),
+                           (axes[7], "generator_batch_share", "generator's share of the solver batch")):
         drawn = False
         for arm in arms:
             for seed, run in results["runs"][arm].items():

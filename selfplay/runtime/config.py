@@ -167,8 +167,8 @@ class WarmstartConfig:
 @dataclass
 class TrainConfig:
     steps: int = 200  # total self-play iterations; raising it continues a finished run
-    # selfplay (generator + mixer) | curriculum (procedural level schedule) | fixed (PPO on a fixed task set) |
-    # warmstart (no RL)
+    # selfplay (generator + mixer) | curriculum (procedural level schedule) | uniform (procedural, levels drawn
+    # uniformly over mixer.level_min..level_max) | fixed (PPO on a fixed task set) | warmstart (no RL)
     mode: str = "selfplay"
     solver_tasks: int = 16  # tasks in each solver batch (the mixer splits them over sources)
     samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards

@@ -12,6 +12,7 @@
 | `selfplay`   | `MixerSource`      | generator proposals, procedural and replayed tasks, split by the adaptive mixer |
 | `warmstart`  | `MixerSource`      | the same split by a mixer that never adapts (no RL: the solver is evaluated)  |
 | `curriculum` | `CurriculumSource` | procedural tasks on a fixed level schedule                                    |
+| `uniform`    | `UniformSource`    | procedural tasks, each at a level drawn uniformly from the mixer's range       |
 | `fixed`      | `FixedSource`      | one fixed task set, in a seeded order that depends only on the step           |
 
 A source is used by rank 0 alone (the loop broadcasts what it draws). Its draws are a function of the step, the
@@ -23,6 +24,7 @@ picks its reference tasks and scales the learning rate); what a source keeps of 
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
 from selfplay.train.mixer import IterationStats, Mixer
 
-MODES = ("selfplay", "curriculum", "fixed", "warmstart")
+MODES = ("selfplay", "curriculum", "uniform", "fixed", "warmstart")
 FIXED_SOURCES = ("corpus", "fresh", "reserved")  # train.fixed_source
 FIXED_TASKS_FILE = paths.FIXED_TASKS  # fixed mode: the task set, chosen on first use
 RESERVED_TASKS_FILE = paths.RESERVED_TASKS  # train.fixed_source=reserved: the pool the warm start kept out of SFT
@@ -142,6 +144,33 @@ class CurriculumSource(TaskSource):
         return {"mixer/level": self.level(step)}  # the schedule's level, drawn beside the mixer's
 
 
+class UniformSource(TaskSource):
+    """Procedural tasks only, each at a level drawn uniformly from `levels` (the mixer's range,
+    `mixer.level_min`..`mixer.level_max`): the baseline with no curriculum at all. The levels are a function of the
+    run's seed and the step, so a resumed run draws what the uninterrupted one drew."""
+
+    name = "uniform"
+
+    def __init__(self, procedural: ProceduralStream, levels: list[int], seed: int):
+        if not levels:
+            raise UserError("mode uniform: mixer.level_min..mixer.level_max holds no level")
+        self.procedural, self.levels, self.seed = procedural, list(levels), seed
+        self.drawn: list[int] = []  # the last draw's levels
+
+    def draw_levels(self, n: int, step: int) -> list[int]:
+        rng = random.Random(seeds.derive(self.seed, "uniform_levels", step))
+        return [rng.choice(self.levels) for _ in range(n)]
+
+    def draw(self, n, rng, *, step, offered, pool):
+        self.drawn = self.draw_levels(n, step)
+        procedural = self.procedural(self.drawn, step)
+        return Draw(procedural, new_ids={x.id for x in procedural},
+                    counts={"generator": 0, "procedural": len(procedural), "replay": 0})
+
+    def metrics(self, step):
+        return {"mixer/level": sum(self.drawn) / len(self.drawn)} if self.drawn else {}  # this draw's mean level
+
+
 class FixedSource(TaskSource):
     """One fixed set of `train.fixed_tasks` tasks at `train.fixed_levels`, `n` of them per iteration in the order
     of `fixed_schedule`. The set is read from RUN_DIR/fixed_tasks.jsonl, or on first use made and written there:
@@ -237,6 +266,9 @@ def make_source(cfg, *, mixer: Mixer, sb, corpus, run_dir: Path, log: Callable[[
         return MixerSource(mixer, procedural, adapt=t.mode == "selfplay")
     if t.mode == "curriculum":
         return CurriculumSource(procedural, t.curriculum_steps_per_level)
+    if t.mode == "uniform":
+        levels = list(range(math.ceil(cfg.mixer.level_min), math.floor(cfg.mixer.level_max) + 1))
+        return UniformSource(procedural, levels, cfg.run.seed)
     return FixedSource(t, cfg.tasks, cfg.run.seed, sb, corpus, run_dir, log)
 
 

@@ -295,11 +295,12 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         # the KL anchor of PPO is the warm-started policy
         agent.reference = frozen_copy(agent.module.policy)
         agent.trainer.ref_model = agent.reference
-        report[f"{agent.name}_sft_loss_first"] = losses[0]
-        report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
+        if losses:  # steps=0: the model as it came (e.g. a pretrained model evaluated before any SFT)
+            report[f"{agent.name}_sft_loss_first"] = losses[0]
+            report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
         report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
-        log(f"warm start: {agent.name} SFT {steps} steps, loss {losses[0]:.3f} -> "
-            f"{report[agent.name + '_sft_loss_last']:.3f}")
+        log(f"warm start: {agent.name} SFT {steps} steps" + (f", loss {losses[0]:.3f} -> "
+            f"{report[agent.name + '_sft_loss_last']:.3f}" if losses else " (the model as it came)"))
     if ws.generator_probe > 0:
         report.update(probe_generator(cfg, generator, tasks, sb, corpus))
         mode = ", constrained" if generator.constraint is not None else ""

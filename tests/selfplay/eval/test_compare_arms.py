@@ -161,3 +161,33 @@ def test_overrides_may_follow_the_options():
     assert (args.config, args.overrides, extra) == ("configs/smoke.yaml", ["a.b=1"], ["c.d=2"])
     proc = selfplay("compare", "configs/smoke.yaml", "--out", "/nonexistent/x", "bogus.key=1", check=False)
     assert proc.returncode == 2 and "bogus" in proc.stderr  # the late override reached the config check
+
+
+@pytest.mark.slow
+def test_uniform_and_free_format_arms_the_free_one_from_a_warm_start_of_its_own(warm_run, tmp_path):
+    """Real runs: the uniform arm trains from the shared warm start; the free-format arm warm-starts its own
+    generator on the free format (same seed) and is paired with that warm start."""
+    out = tmp_path / "compare"
+    shutil.copytree(warm_run, out / "seed_0" / "warmstart")
+    selfplay("compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "uniform", "selfplay_free",
+             "--out", str(out))
+    from selfplay.runtime.checkpoint import CheckpointManager
+
+    free_warm = out / "seed_0" / "warmstart_free"
+    ckpt = CheckpointManager(free_warm)
+    assert ckpt.load_state(ckpt.latest_checkpoint())["config"]["generator"]["format"] == "free"
+    trained = CheckpointManager(out / "seed_0" / "selfplay_free")
+    state = trained.load_state(trained.latest_checkpoint())
+    assert state["config"]["generator"]["format"] == "free" and state["config"]["train"]["mode"] == "selfplay"
+    results = json.loads((out / "results.json").read_text())
+    assert results["arms"] == ["uniform", "selfplay_free"]
+    free = results["runs"]["selfplay_free"]["0"]
+    assert [h["step"] for h in free["history"]] == [1] and free["history"][0]["parse_rate"] is not None
+    uniform = results["runs"]["uniform"]["0"]["history"]
+    assert uniform[0]["level"] is not None and 1 <= uniform[0]["level"] <= 4 and uniform[0]["validity"] is None
+    # each arm is paired with its own warm start's per-task outcomes
+    own = ckpt.load_state(ckpt.latest_checkpoint())["eval_before"]["test"]["pass@1_greedy"]
+    assert results["paired_test"]["selfplay_free"]["0"]["all"]["pass@1_greedy"]["before"] == pytest.approx(own)
+    main = CheckpointManager(out / "seed_0" / "warmstart")
+    shared = main.load_state(main.latest_checkpoint())["eval_before"]["test"]["pass@1_greedy"]
+    assert results["paired_test"]["uniform"]["0"]["all"]["pass@1_greedy"]["before"] == pytest.approx(shared)

@@ -13,8 +13,8 @@ from selfplay.data.corpus import Corpus
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import IterationStats, Mixer
-from selfplay.train.sources import (CurriculumSource, FixedSource, MixerSource, ProceduralStream, fixed_schedule,
-                                    make_source, validate)
+from selfplay.train.sources import (CurriculumSource, FixedSource, MixerSource, ProceduralStream, UniformSource,
+                                    fixed_schedule, make_source, validate)
 
 
 @pytest.fixture(scope="module")
@@ -75,6 +75,26 @@ def test_curriculum_follows_its_level_schedule(world):
     assert source.metrics(3) == {"mixer/level": 2} and source.state_dict() == {}
 
 
+def test_uniform_draws_every_level_of_the_mixers_range_alike_and_as_a_function_of_the_step(world):
+    sb, corpus, folder = world
+    cfg = load_config(overrides=["train.mode=uniform", "mixer.level_min=1", "mixer.level_max=3"])
+    source = make_source(cfg, mixer=Mixer(cfg.mixer, seed=0), sb=sb, corpus=corpus, run_dir=folder, log=print)
+    assert isinstance(source, UniformSource) and source.levels == [1, 2, 3]
+    drawn = [lv for step in range(1, 201) for lv in source.draw_levels(6, step)]
+    counts = [drawn.count(lv) for lv in (1, 2, 3)]
+    assert sum(counts) == 1200 and min(counts) > 340  # 400 each expected; 340 is > 5 sd below
+    assert source.draw_levels(6, 7) == source.draw_levels(6, 7) != source.draw_levels(6, 8)
+    # a fresh source (a resumed run) draws the same levels at the same step, whatever the loop's RNG did
+    again = UniformSource(source.procedural, [1, 2, 3], cfg.run.seed)
+    batch = source.draw(4, random.Random(1), step=5, offered=[], pool=[])
+    assert ids(batch.tasks) == ids(again.draw(4, random.Random(2), step=5, offered=[], pool=[]).tasks)
+    assert sorted(t.level for t in batch.tasks) == sorted(source.draw_levels(4, 5))
+    assert batch.counts == {"generator": 0, "procedural": 4, "replay": 0} and batch.new_ids == set(ids(batch.tasks))
+    assert source.metrics(5) == {"mixer/level": sum(source.draw_levels(4, 5)) / 4}
+    with pytest.raises(UserError, match="mixer.level_min"):
+        UniformSource(source.procedural, [], 0)
+
+
 def test_fixed_source_state_round_trip_and_a_changed_set_is_reported(world, tmp_path):
     sb, corpus, _ = world
     cfg = load_config(overrides=["train.mode=fixed", "train.fixed_tasks=6", "train.solver_tasks=4"])
@@ -100,7 +120,7 @@ def test_fixed_source_state_round_trip_and_a_changed_set_is_reported(world, tmp_
 
 
 def test_task_choice_settings_name_their_key():
-    for override, message in (("train.mode=uniform", "train.mode must be one of selfplay, curriculum, fixed"),
+    for override, message in (("train.mode=random", "train.mode must be one of selfplay, curriculum, uniform, fixed"),
                               ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh")):
         with pytest.raises(UserError, match=message):
             validate(load_config(overrides=[override]).train)
