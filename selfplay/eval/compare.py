@@ -52,7 +52,6 @@ from selfplay.runtime.checkpoint import LATEST
 from selfplay.runtime.paths import RunPaths
 
 
-
 @dataclass(frozen=True)
 class Arm:
     """What an arm runs: `train.mode`, the overrides it adds, and the warm start it starts from (its folder name;
@@ -222,12 +221,13 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
     warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
-    own = {(arm, s): run_result(warm_folder(out, s, arm), "warmstart") for arm in arms for s in seeds
-           if ARM_SPECS[arm].warm != SHARED_WARMSTART}  # arms with a warm start of their own are paired with it
-    before = lambda arm, seed: (own[(arm, int(seed))] if (arm, int(seed)) in own else warm[seed])  # noqa: E731
-    paired = {arm: {seed: paired_groups(before(arm, seed)["test_per_task"], run["test_per_task"],
+    # each RL arm is paired with the warm start it started from (its own, for an arm that has one)
+    before = {arm: {str(s): warm[str(s)] if ARM_SPECS[arm].warm == SHARED_WARMSTART
+                    else run_result(warm_folder(out, s, arm), "warmstart") for s in seeds}
+              for arm in arms if arm != "warmstart"}
+    paired = {arm: {seed: paired_groups(before[arm][seed]["test_per_task"], run["test_per_task"],
                                         _task_levels(warm_folder(out, int(seed), arm)))
-                    for seed, run in by_seed.items() if before(arm, seed)["test_per_task"] and run["test_per_task"]}
+                    for seed, run in by_seed.items() if before[arm][seed]["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
     return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
