@@ -117,24 +117,109 @@ def mutation_grammar() -> str:
     ]) + "\n"
 
 
+IDENT_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
+IDENT_CHARS = IDENT_START + "0123456789"
+
+
+def identifier_rules(keywords, rule: str = "name") -> list[str]:
+    """EBNF of the identifiers that are not one of `keywords` (Python's `for`, `in`, `lambda`, ...): a trie of the
+    keywords, each node a rule that either leaves the trie (any other character, then any identifier characters)
+    or follows it, and ends there unless its prefix is a keyword. A grammar without negative lookahead can say "a
+    name but not a keyword" only this way, and a keyword where a name belongs is a SyntaxError."""
+    prefixes = {k[:i] for k in keywords for i in range(len(k) + 1)}
+
+    def rule_of(prefix: str) -> str:
+        return rule if not prefix else f"{rule}_{prefix}"
+
+    lines = []
+    for prefix in sorted(prefixes, key=lambda p: (len(p), p)):
+        chars = IDENT_START if not prefix else IDENT_CHARS
+        children = [c for c in chars if prefix + c in prefixes]
+        others = "".join(c for c in chars if c not in children)
+        alts = [f"[{others}] {rule}_rest"] + [f'"{c}" {rule_of(prefix + c)}' for c in children]
+        if prefix and prefix not in keywords:
+            alts.append('""')
+        lines.append(f"{rule_of(prefix)} ::= " + " | ".join(alts))
+    lines.append(f"{rule}_rest ::= [{IDENT_CHARS}]*")
+    return lines
+
+
+def python_rules(max_depth: int = 4) -> list[str]:
+    """EBNF of a function body in a subset of Python (`body1`, the statements one indent deep, blocks nested up to
+    `max_depth` indents): assignments (to names, attributes, subscripts, tuples of them), augmented assignments,
+    `return`, `pass`, expression statements, `for`, `while`, `if`/`elif`/`else`; expressions with Python's
+    precedence levels (`lambda`, conditional, `or`, `and`, `not`, comparisons, arithmetic, unary), calls with
+    positional then keyword arguments or one generator, attributes, subscripts and slices, list, tuple, dict and set
+    displays and comprehensions, numbers without leading zeros, string literals, and names that are not keywords.
+    Spacing follows the house style of the procedural families (`x = [y + 1 for y in xs if y > 0]`). Everything it
+    accepts parses (`tests/generator/test_grammars.py`); what it cannot say (an undefined name, a type error) is the
+    sandbox's to find."""
+    import keyword
+
+    lines = []
+    for d in range(1, max_depth + 1):
+        ind = '"' + "    " * d + '"'
+        alts = [f'{ind} simple "\\n"']
+        if d < max_depth:
+            inner = f"body{d + 1}"
+            alts += [f'{ind} "for " ctargets " in " exprlist ":\\n" {inner}',
+                     f'{ind} "while " expr ":\\n" {inner}',
+                     f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner})* ({ind} "else:\\n"'
+                     f' {inner})?']
+        lines += [f"body{d} ::= stmt{d}+", f"stmt{d} ::= " + " | ".join(alts)]
+    lines += [
+        'simple ::= "return" (" " exprlist)? | "pass" | targets " = " exprlist | target augop exprlist | expr',
+        'augop ::= " += " | " -= " | " *= " | " /= " | " //= " | " %= "',
+        'targets ::= target (", " target)*',
+        'target ::= name ("." name | "[" subscript "]")*',
+        'ctargets ::= name (", " name)*',
+        'exprlist ::= expr (", " expr)*',
+        'expr ::= "lambda" lparams ": " expr | disj (" if " disj " else " expr)?',
+        'lparams ::= "" | " " name (", " name)*',
+        'disj ::= conj (" or " conj)*',
+        'conj ::= inv (" and " inv)*',
+        'inv ::= "not " inv | comparison',
+        'comparison ::= arith (compop arith)*',
+        'compop ::= " < " | " > " | " == " | " != " | " <= " | " >= " | " in " | " not in " | " is " | " is not "',
+        'arith ::= unary (arop unary)*',
+        'arop ::= " + " | " - " | " * " | " / " | " // " | " % " | " ** "',
+        'unary ::= "-" unary | primary',
+        'primary ::= (atom | string) trailer* | number | "True" | "False" | "None"',
+        'trailer ::= "." name | "(" args ")" | "[" subscript "]"',
+        'atom ::= name | "(" ")" | "(" expr ")" | "(" expr ",)" | "(" expr (", " expr)+ ")" | "(" expr compfor ")"'
+        ' | "[" "]" | "[" expr (", " expr)* "]" | "[" expr compfor "]" | "{" "}" | "{" pair (", " pair)* "}"'
+        ' | "{" pair compfor "}" | "{" expr (", " expr)* "}" | "{" expr compfor "}"',
+        'pair ::= expr ": " expr',
+        'compfor ::= (" for " ctargets " in " disj (" if " disj)*)+',
+        'args ::= "" | expr compfor | expr (", " expr)* (", " kwarg)* | kwarg (", " kwarg)*',
+        'kwarg ::= name "=" expr',
+        'subscript ::= expr | disj? ":" disj? (":" disj?)?',
+        'number ::= ("0" | [1-9] [0-9]*) ("." [0-9]+)?',
+        'string ::= "\\"" ([^"\\\\\\n\\r] | escape)* "\\"" | "\'" ([^\'\\\\\\n\\r] | escape)* "\'"',
+        'escape ::= "\\\\" ["\'\\\\nt]',
+    ]
+    return lines + identifier_rules(keyword.kwlist)
+
+
 def free_grammar() -> str:
-    """EBNF of a whole free-format proposal (DESCRIPTION, SIGNATURE, CODE, INPUTS, END)."""
+    """EBNF of a whole free-format proposal (DESCRIPTION, SIGNATURE, CODE, INPUTS, END): the CODE a `def` line and
+    a body in the Python subset of `python_rules`, the INPUTS lines JSON lists (numbers and strings as `json`
+    reads them: no leading zeros, no control characters)."""
     return "\n".join([
-        'root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body "INPUTS:\\n" inputs'
+        'root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs'
         ' "END\\n"',
         'def ::= "def " name "(" params ")" (" -> " type)?',
-        'name ::= [a-z_] [a-z0-9_]*',
         'params ::= "" | param (", " param)*',
         'param ::= name (": " type)?',
-        'type ::= name ("[" type (", " type)* "]")?',
-        'line ::= [^\\n]+',
-        'body ::= ("    " line "\\n")+',
+        'type ::= name ("[" type (", " type)* "]")? | "None" | "..."',
+        'line ::= [^\\n \\t\\r] [^\\n]*',  # a description that is not blank
         'inputs ::= ("[" (json (", " json)*)? "]\\n")+',
-        'json ::= number | string | "[" (json (", " json)*)? "]" | "{" (member (", " member)*)? "}" | "true"'
+        'json ::= jnumber | jstring | "[" (json (", " json)*)? "]" | "{" (member (", " member)*)? "}" | "true"'
         ' | "false" | "null"',
-        'member ::= string ": " json',
-        'number ::= "-"? [0-9]+ ("." [0-9]+)?',
-        'string ::= "\\"" [^"\\\\\\n]* "\\""',
+        'member ::= jstring ": " json',
+        'jnumber ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)?',
+        'jstring ::= "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/nt])* "\\""',
+        *python_rules(),
     ]) + "\n"
 
 

@@ -3,6 +3,7 @@ for the prompt's references, to its end, and nothing that does not compile."""
 
 import random
 
+import hypothesis
 import pytest
 
 from generator.grammars import mutation_grammar, prompt_grammar
@@ -60,3 +61,89 @@ def test_the_catalogue_grammar_writes_every_string_constant(compiler):
     for text in ('REF 1\nEDIT set 1 map suffix s=".."\nEND\n', 'REF 1\nEDIT expr 2 replace c="a" d="*"\nEND\n',
                  'REF 2\nEDIT const 1 s="-1"\nEND\n'):
         assert accepts(compiled, tok, text), text
+
+
+# ---- the free format's grammar: a Python subset -------------------------------------------------------------
+FREE_HEAD = "DESCRIPTION: d\nSIGNATURE: def solve(xs: list[int]) -> list[int]\nCODE:\ndef solve(xs):\n"
+FREE_TAIL = "INPUTS:\n[[1, -2, 30]]\n[[]]\nEND\n"
+GOOD_BODIES = [
+    "    return xs\n",
+    "    xs = [x for x in xs if x > 0 and not x % 2 == 1]\n"
+    "    return sorted(xs, key=lambda x: (-x, x), reverse=True)[:2]\n",
+    "    total = 0\n    for i, x in enumerate(xs):\n        if x < 0:\n            total -= x\n        elif x == 0:\n"
+    "            pass\n        else:\n            total += x * i\n    return total\n",
+    "    groups = {}\n    for x in xs:\n        groups.setdefault(x % 3, []).append(x)\n"
+    "    return [[k, sum(v)] for k, v in sorted(groups.items())]\n",
+    "    seen = set()\n    out = []\n    while xs:\n        x = xs.pop()\n        if x not in seen:\n"
+    "            seen.add(x)\n            out.append(str(x) + \"!\")\n    return \", \".join(out)\n",
+    "    d = {x: x ** 2 for x in xs}\n    a, b = xs[0], xs[-1]\n    xs[0] = d[a]\n"
+    "    return max(x for x in xs) if xs else None\n",
+    "    return {\"a\": 1, 'b': [xs[::-1], xs[1:], (1,), ()], 'c': 0.5, \"d\\n\": True is not False}\n",
+]
+BAD_BODIES = [
+    "    for = 1\n    return xs\n",  # a keyword as a name
+    "    return xs.lambda\n",
+    "    return 1 + not xs\n",  # `not` inside arithmetic
+    "    return [x for x in xs if x else 0]\n",  # a conditional where the filter belongs
+    "    return f(a=1, xs)\n",  # positional after keyword
+    "    return 007\n",  # leading zeros
+    "    return (xs\n",
+    "    return xs\n  return xs\n",  # bad indentation
+    "    else:\n        return xs\n",  # else without if
+    "    if xs:\n    return xs\n",  # an empty block
+    "    f(x) = 1\n",  # assignment to a call
+    "    return x if xs\n",
+]
+
+
+@pytest.fixture(scope="module")
+def free_matcher(compiler):
+    from generator.grammars import free_grammar
+
+    tok, comp = compiler
+    compiled = comp.compile_grammar(free_grammar())
+    return lambda text: accepts(compiled, tok, text)
+
+
+def _parses(code: str) -> bool:
+    import ast
+
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def test_the_free_grammar_accepts_the_python_a_task_needs_and_rejects_what_does_not_parse(free_matcher):
+    from generator.agent import parse_proposal
+
+    for body in GOOD_BODIES:
+        assert _parses("def solve(xs):\n" + body), body
+        assert free_matcher(FREE_HEAD + body + FREE_TAIL), body
+        assert not isinstance(parse_proposal(FREE_HEAD + body + FREE_TAIL), type(parse_proposal("")))
+    for body in BAD_BODIES:
+        assert not _parses("def solve(xs):\n" + body), body
+        assert not free_matcher(FREE_HEAD + body + FREE_TAIL), body
+    for inputs in ("[007]\n", "[\"a\tb\"]\n", "[1,2]\n", "[]\n[-0.]\n"):  # json.loads rejects each
+        assert not free_matcher(FREE_HEAD + "    return xs\nINPUTS:\n" + inputs + "END\n"), inputs
+
+
+@hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(data=hypothesis.strategies.data())
+def test_what_the_free_grammar_accepts_parses_as_python(free_matcher, task_pool, data):
+    """Soundness on near misses, the errors a model makes: a procedural task's proposal text with a few characters
+    deleted, inserted or replaced is accepted by the grammar only if `parse_proposal` reads it: its CODE parses,
+    its INPUTS are JSON lists, its sections are there."""
+    from generator.agent import ProposalError, format_proposal, parse_proposal
+
+    text = format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool)))
+    alphabet = " \n()[]{}:,.=+-*/%<>\"'_0123456789abcdefinorstx"
+    for _ in range(data.draw(hypothesis.strategies.integers(1, 3))):
+        i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
+        c = data.draw(hypothesis.strategies.sampled_from(alphabet))
+        op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
+        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+    if free_matcher(text):  # a CFG cannot make CODE define the very name SIGNATURE gives: that is left to the check
+        parsed = parse_proposal(text)
+        assert not isinstance(parsed, ProposalError) or parsed.reason.startswith("CODE does not define"), (text, parsed)
