@@ -18,7 +18,9 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
   sandbox (outputs, triviality, diversity, a different program with a stored program's behaviour).
 - `free_grammar()`: the sections of generator/agent.py (DESCRIPTION line, SIGNATURE `def name(...)` line, CODE
   starting with the signature's `def` and indented body lines, INPUTS as JSON lists one per line, END). It fixes
-  the shape; that the code parses as Python is still checked by `parse_proposal`.
+  the shape, and the CODE's body is a Python subset (`python_rules`): every answer it accepts parses, bar one
+  thing a context-free grammar cannot say (that CODE defines the name SIGNATURE gives), which `parse_proposal`
+  still checks. Its repetitions are bounded so that an answer ends inside the token budget.
 """
 
 from __future__ import annotations
@@ -119,6 +121,11 @@ def mutation_grammar() -> str:
 
 IDENT_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
 IDENT_CHARS = IDENT_START + "0123456789"
+# bounds of the free format's answer, above what any procedural task writes (at most 11 statements in a body, 12
+# items in an input list, 6 input lines, 58-character strings): an answer inside them ends before the token budget,
+# where an unbounded one could loop on one expression or one input list until it is cut off unparsable
+MAX_STATEMENTS = 16
+MAX_INPUT_LINES = 8
 
 
 def identifier_rules(keywords, rule: str = "name") -> list[str]:
@@ -140,7 +147,7 @@ def identifier_rules(keywords, rule: str = "name") -> list[str]:
         if prefix and prefix not in keywords:
             alts.append('""')
         lines.append(f"{rule_of(prefix)} ::= " + " | ".join(alts))
-    lines.append(f"{rule}_rest ::= [{IDENT_CHARS}]*")
+    lines.append(f"{rule}_rest ::= [{IDENT_CHARS}]{{0,31}}")
     return lines
 
 
@@ -151,7 +158,9 @@ def python_rules(max_depth: int = 4) -> list[str]:
     precedence levels (`lambda`, conditional, `or`, `and`, `not`, comparisons, arithmetic, unary), calls with
     positional then keyword arguments or one generator, attributes, subscripts and slices, list, tuple, dict and set
     displays and comprehensions, numbers without leading zeros, string literals, and names that are not keywords.
-    Spacing follows the house style of the procedural families (`x = [y + 1 for y in xs if y > 0]`). Everything it
+    Spacing follows the house style of the procedural families (`x = [y + 1 for y in xs if y > 0]`); repetitions
+    are bounded (MAX_STATEMENTS statements in a body, four operators in a sum, three arguments more after the
+    first, ...) above what any procedural task writes. Everything it
     accepts parses (`tests/generator/test_grammars.py`); what it cannot say (an undefined name, a type error) is the
     sandbox's to find."""
     import keyword
@@ -166,7 +175,8 @@ def python_rules(max_depth: int = 4) -> list[str]:
                      f'{ind} "while " expr ":\\n" {inner}',
                      f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner})* ({ind} "else:\\n"'
                      f' {inner})?']
-        lines += [f"body{d} ::= stmt{d}+", f"stmt{d} ::= " + " | ".join(alts)]
+        most = MAX_STATEMENTS if d == 1 else MAX_STATEMENTS // 2
+        lines += [f"body{d} ::= stmt{d}{{1,{most}}}", f"stmt{d} ::= " + " | ".join(alts)]
     lines += [
         'simple ::= "return" (" " exprlist)? | "pass" | targets " = " exprlist | target augop exprlist | expr',
         'augop ::= " += " | " -= " | " *= " | " /= " | " //= " | " %= "',
@@ -176,26 +186,26 @@ def python_rules(max_depth: int = 4) -> list[str]:
         'exprlist ::= expr (", " expr)*',
         'expr ::= "lambda" lparams ": " expr | disj (" if " disj " else " expr)?',
         'lparams ::= "" | " " name (", " name)*',
-        'disj ::= conj (" or " conj)*',
-        'conj ::= inv (" and " inv)*',
+        'disj ::= conj (" or " conj){0,3}',
+        'conj ::= inv (" and " inv){0,3}',
         'inv ::= "not " inv | comparison',
-        'comparison ::= arith (compop arith)*',
+        'comparison ::= arith (compop arith){0,2}',
         'compop ::= " < " | " > " | " == " | " != " | " <= " | " >= " | " in " | " not in " | " is " | " is not "',
-        'arith ::= unary (arop unary)*',
+        'arith ::= unary (arop unary){0,4}',
         'arop ::= " + " | " - " | " * " | " / " | " // " | " % " | " ** "',
         'unary ::= "-" unary | primary',
-        'primary ::= (atom | string) trailer* | number | "True" | "False" | "None"',
+        'primary ::= (atom | string) trailer{0,6} | number | "True" | "False" | "None"',
         'trailer ::= "." name | "(" args ")" | "[" subscript "]"',
         'atom ::= name | "(" ")" | "(" expr ")" | "(" expr ",)" | "(" expr (", " expr)+ ")" | "(" expr compfor ")"'
         ' | "[" "]" | "[" expr (", " expr)* "]" | "[" expr compfor "]" | "{" "}" | "{" pair (", " pair)* "}"'
         ' | "{" pair compfor "}" | "{" expr (", " expr)* "}" | "{" expr compfor "}"',
         'pair ::= expr ": " expr',
         'compfor ::= (" for " ctargets " in " disj (" if " disj)*)+',
-        'args ::= "" | expr compfor | expr (", " expr)* (", " kwarg)* | kwarg (", " kwarg)*',
+        'args ::= "" | expr compfor | expr (", " expr){0,3} (", " kwarg){0,3} | kwarg (", " kwarg){0,3}',
         'kwarg ::= name "=" expr',
         'subscript ::= expr | disj? ":" disj? (":" disj?)?',
-        'number ::= ("0" | [1-9] [0-9]*) ("." [0-9]+)?',
-        'string ::= "\\"" ([^"\\\\\\n\\r] | escape)* "\\"" | "\'" ([^\'\\\\\\n\\r] | escape)* "\'"',
+        'number ::= ("0" | [1-9] [0-9]{0,8}) ("." [0-9]{1,8})?',
+        'string ::= "\\"" ([^"\\\\\\n\\r] | escape){0,64} "\\"" | "\'" ([^\'\\\\\\n\\r] | escape){0,64} "\'"',
         'escape ::= "\\\\" ["\'\\\\nt]',
     ]
     return lines + identifier_rules(keyword.kwlist)
@@ -212,13 +222,13 @@ def free_grammar() -> str:
         'params ::= "" | param (", " param)*',
         'param ::= name (": " type)?',
         'type ::= name ("[" type (", " type)* "]")? | "None" | "..."',
-        'line ::= [^\\n \\t\\r] [^\\n]*',  # a description that is not blank
-        'inputs ::= ("[" (json (", " json)*)? "]\\n")+',
-        'json ::= jnumber | jstring | "[" (json (", " json)*)? "]" | "{" (member (", " member)*)? "}" | "true"'
-        ' | "false" | "null"',
+        'line ::= [^\\n \\t\\r] [^\\n]{0,599}',  # a description that is not blank
+        f'inputs ::= ("[" (json (", " json){{0,7}})? "]\\n"){{1,{MAX_INPUT_LINES}}}',
+        'json ::= jnumber | jstring | "[" (json (", " json){0,15})? "]" | "{" (member (", " member){0,15})? "}"'
+        ' | "true" | "false" | "null"',
         'member ::= jstring ": " json',
-        'jnumber ::= "-"? ("0" | [1-9] [0-9]*) ("." [0-9]+)?',
-        'jstring ::= "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/nt])* "\\""',
+        'jnumber ::= "-"? ("0" | [1-9] [0-9]{0,8}) ("." [0-9]{1,8})?',
+        'jstring ::= "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/nt]){0,120} "\\""',
         *python_rules(),
     ]) + "\n"
 
