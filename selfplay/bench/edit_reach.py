@@ -1,0 +1,95 @@
+"""How far a warm-started solver reaches into the edits of its own training tasks: the in-band rate any mutation
+generator could get with this solver, by instruction and by the reference's solve rate (docs/selfplay.md,
+"What the solver can reach").
+
+R reference tasks of levels <= L are drawn from the run's procedural corpus and attempted by the solver
+(`train.samples_per_task` attempts each, as the loop measures them). For every reference and every instruction of
+the mutation format, one edit is drawn as the generator's warm start draws its targets (`random_mutation`), compiled
+and validated against the corpus; the valid ones are attempted the same way. A task is in band when some but not all
+of its attempts pass every hidden test. Prints one JSON summary; writes RUN_DIR/edit_reach.jsonl (one line per edit).
+
+    python -m selfplay.bench.edit_reach configs/tiny.yaml runs/ws0 --refs 48 --max-level 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+from generator.build import BuildConfig
+from generator.families.grammar import program_of
+from generator.mutation import INSTRUCTIONS, random_mutation
+from generator.validity import validate_many
+from selfplay.rollout.episodes import prompt_options, solve_rates, solver_rollouts
+from selfplay.runtime.config import load_config
+from selfplay.train.loop import SelfPlay
+
+
+def bucket(p: float) -> str:
+    return "reference never solved" if p <= 0 else ("reference always solved" if p >= 1 else "reference in band")
+
+
+def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str) -> tuple[dict, list[dict]]:
+    rng = random.Random(seed)
+    attempts = cfg.train.samples_per_task
+
+    def rates_of(xs):
+        return solve_rates(solver_rollouts(solver, xs, attempts, sb, max_prompt_tokens=cfg.warmstart.max_len,
+                                           prompt_kw=prompt_options(cfg))) if xs else {}
+
+    pool = [t for t in tasks if t.level <= max_level and program_of(t) is not None]
+    refs = rng.sample(pool, min(n_refs, len(pool)))
+    ref_rates = rates_of(refs)
+    build = BuildConfig.from_config(cfg.tasks)
+    drawn = [(ref, name, found[1]) for ref in refs for name in INSTRUCTIONS if name != "compose"
+             for found in [random_mutation(rng, [ref], name, cfg=build)] if found is not None]
+    reports = validate_many([task for _, _, task in drawn], sb, corpus)
+    valid = [(ref, name, report.task) for (ref, name, _), report in zip(drawn, reports) if report.ok]
+    rates = rates_of([task for _, _, task in valid])
+    rows = [{"reference": ref.id, "level": ref.level, "instruction": name, "task": task.id,
+             "reference_solve_rate": ref_rates[ref.id], "solve_rate": rates[task.id]} for ref, name, task in valid]
+    groups = defaultdict(list)
+    for r in rows:
+        for key in ("all", r["instruction"], bucket(r["reference_solve_rate"])):
+            groups[key].append(r)
+    ref_values = list(ref_rates.values())
+    summary = {"references": len(refs), "max_level": max_level, "attempts": attempts,
+               "reference_solve_rate": sum(ref_values) / max(1, len(ref_values)),
+               "references_in_band": sum(0 < p < 1 for p in ref_values) / max(1, len(ref_values)),
+               "edits": len(drawn), "valid": len(valid),
+               "in_band": {k: {"n": len(v), "in_band": round(sum(0 < r["solve_rate"] < 1 for r in v) / len(v), 3),
+                               "solve_rate": round(sum(r["solve_rate"] for r in v) / len(v), 3)}
+                           for k, v in sorted(groups.items())}}
+    return summary, rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("config")
+    ap.add_argument("run_dir", help="a finished warm start (or any run folder): its latest checkpoint's solver")
+    ap.add_argument("--refs", type=int, default=48, help="reference tasks drawn from the procedural corpus")
+    ap.add_argument("--max-level", type=int, default=2, help="the references' highest level")
+    ap.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. ppo.temperature=0.7)")
+    args = ap.parse_intermixed_args()
+    run = Path(args.run_dir)
+    cfg = load_config(args.config, [f"run.dir={run}", *args.overrides])
+    torch.manual_seed(cfg.run.seed)
+    loop = SelfPlay(cfg)
+    try:
+        loop._load(loop.ckpt.latest_checkpoint())
+        summary, rows = reach(cfg, loop.solver, loop.corpus.query(source="procedural"), loop.sb, loop.corpus,
+                              args.refs, args.max_level, f"reach:{cfg.run.seed}")
+    finally:
+        loop.close()
+    print(json.dumps(summary), flush=True)
+    with (run / "edit_reach.jsonl").open("w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+
+
+if __name__ == "__main__":
+    main()
