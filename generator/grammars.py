@@ -17,8 +17,8 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
   accepts compiles to a new task of the training split; what is left to the validity checks is what needs the
   sandbox (outputs, triviality, diversity, a different program with a stored program's behaviour).
 - `free_grammar()`: the sections of generator/agent.py (DESCRIPTION line, SIGNATURE `def name(...)` line, CODE
-  starting with the signature's `def` and indented body lines, INPUTS as JSON lists one per line, END). It fixes
-  the shape, and the CODE's body is a Python subset (`python_rules`): every answer it accepts parses, bar one
+  a `def` line and its body, INPUTS as JSON lists one per line, END). It fixes the shape, and the CODE's body is
+  a Python subset (`python_rules`): every answer it accepts parses, bar one
   thing a context-free grammar cannot say (that CODE defines the name SIGNATURE gives), which `parse_proposal`
   still checks. Its repetitions are bounded so that an answer ends inside the token budget.
 """
@@ -160,9 +160,9 @@ def python_rules(max_depth: int = 4) -> list[str]:
     displays and comprehensions, numbers without leading zeros, string literals, and names that are not keywords.
     Spacing follows the house style of the procedural families (`x = [y + 1 for y in xs if y > 0]`); repetitions
     are bounded (MAX_STATEMENTS statements in a body, four operators in a sum, three arguments more after the
-    first, ...) above what any procedural task writes. Everything it
-    accepts parses (`tests/generator/test_grammars.py`); what it cannot say (an undefined name, a type error) is the
-    sandbox's to find."""
+    first, ...) above what any procedural task writes. Everything it accepts parses
+    (`tests/generator/test_grammars.py`); what it cannot say (an undefined name, a type error) is the sandbox's to
+    find."""
     import keyword
 
     lines = []
