@@ -25,7 +25,7 @@ from generator.build import BuildConfig
 from generator.families.grammar import program_of
 from generator.mutation import INSTRUCTIONS, random_mutation
 from generator.validity import validate_many
-from selfplay.rollout.episodes import prompt_options, solve_rates, solver_rollouts
+from selfplay.bench.generator_probe import reference_rates
 from selfplay.runtime.config import load_config
 from selfplay.train.loop import SelfPlay
 
@@ -39,8 +39,7 @@ def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str
     attempts = cfg.train.samples_per_task
 
     def rates_of(xs):
-        return solve_rates(solver_rollouts(solver, xs, attempts, sb, max_prompt_tokens=cfg.warmstart.max_len,
-                                           prompt_kw=prompt_options(cfg))) if xs else {}
+        return reference_rates(cfg, solver, xs, sb) if xs else {}
 
     pool = [t for t in tasks if t.level <= max_level and program_of(t) is not None]
     refs = rng.sample(pool, min(n_refs, len(pool)))
