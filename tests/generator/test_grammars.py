@@ -116,12 +116,12 @@ def _parses(code: str) -> bool:
 
 
 def test_the_free_grammar_accepts_the_python_a_task_needs_and_rejects_what_does_not_parse(free_matcher):
-    from generator.agent import parse_proposal
+    from generator.agent import ProposalError, parse_proposal
 
     for body in GOOD_BODIES:
         assert _parses("def solve(xs):\n" + body), body
         assert free_matcher(FREE_HEAD + body + FREE_TAIL), body
-        assert not isinstance(parse_proposal(FREE_HEAD + body + FREE_TAIL), type(parse_proposal("")))
+        assert not isinstance(parse_proposal(FREE_HEAD + body + FREE_TAIL), ProposalError)
     for body in BAD_BODIES:
         assert not _parses("def solve(xs):\n" + body), body
         assert not free_matcher(FREE_HEAD + body + FREE_TAIL), body
