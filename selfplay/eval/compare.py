@@ -27,7 +27,9 @@ standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed 
 that explain them (held-out test pass@1 at each evaluation, solver pass rate on its training batch, generator
 validity, the mixer's level). Where the warm start's evaluation has per-task outcomes, each RL run's change on the
 test split is also given paired over its tasks (`paired_delta`: the same tasks before and after, with a bootstrap
-95 % interval), which separates a real gain from the luck of which tasks were drawn. The per-task outcomes come from
+95 % interval), which separates a real gain from the luck of which tasks were drawn, and every two arms are
+compared the same way on the seeds and tasks both ran (`paired_arms`: pooled over seeds, with a bootstrap over seeds
+and then tasks, so that the interval also covers which training runs happened). The per-task outcomes come from
 `selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
 per task lower the noise), else from the run's own evaluation.
 """
@@ -231,7 +233,8 @@ def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
               for arm, by_seed in runs.items() if arm != "warmstart"}
     return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
-            "paired_test": {arm: v for arm, v in paired.items() if v}}
+            "paired_test": {arm: v for arm, v in paired.items() if v},
+            "paired_arms": paired_arms({arm: runs[arm] for arm in arms})}
 
 
 def _task_levels(folder: Path) -> dict[str, int]:
@@ -270,6 +273,52 @@ def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int 
     diff = a - b
     return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
             "ci95": bootstrap_ci95(diff, n_boot, seed)}
+
+
+def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
+    """{"B - A": {metric: seed_task_delta}} for every two arms A before B (in `runs`' order) whose test-split
+    per-task outcomes share tasks in some seed: B against A on the same tasks of the same seeds, pooled."""
+    arms = list(runs)
+    out = {}
+    for i, first in enumerate(arms):
+        for second in arms[i + 1:]:
+            pairs = {s: (runs[first][s]["test_per_task"], run["test_per_task"]) for s, run in runs[second].items()
+                     if s in runs[first] and run.get("test_per_task") and runs[first][s].get("test_per_task")}
+            pairs = {s: (a, b) for s, (a, b) in pairs.items() if set(a) & set(b)}
+            if pairs:
+                out[f"{second} - {first}"] = {m: seed_task_delta(pairs, m, n_boot, seed) for m in METRICS}
+    return out
+
+
+def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
+    """The change of `metric` from A to B, paired over (seed, task), every task of every seed weighted alike.
+
+    `pairs`: {seed: (A's per-task outcomes, B's)}, each {task_id: [greedy solved, n, c]}; per seed only the tasks
+    both evaluated count. The 95 % interval is a two-level percentile bootstrap: seeds resampled with replacement,
+    then the tasks of each drawn seed, `n_boot` times (seeded), so it covers both the seeds (training runs) and the
+    tasks that happened to be drawn; with one seed it is `paired_delta`'s interval over tasks."""
+    if metric not in METRICS:
+        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
+    groups, a_all, b_all = [], [], []
+    for before, after in pairs.values():
+        ids = sorted(set(before) & set(after))
+        a = np.array([outcome_value(before[i], metric) for i in ids])
+        b = np.array([outcome_value(after[i], metric) for i in ids])
+        if ids:
+            groups.append(b - a)
+            a_all.append(a)
+            b_all.append(b)
+    if not groups:
+        raise ValueError("the two arms share no task in any seed")
+    rng = np.random.default_rng(seed)
+    boot = np.empty(n_boot)
+    for k in range(n_boot):
+        drawn = [groups[j] for j in rng.integers(0, len(groups), len(groups))] if len(groups) > 1 else groups
+        boot[k] = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in drawn]).mean()
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    a, b = np.concatenate(a_all), np.concatenate(b_all)
+    return {"seeds": len(groups), "tasks": int(len(a)), "before": float(a.mean()), "after": float(b.mean()),
+            "delta": float((b - a).mean()), "ci95": [float(lo), float(hi)]}
 
 
 def outcome_value(row, metric: str) -> float:
@@ -359,6 +408,18 @@ def paired_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def paired_arms_table(results: dict) -> str:
+    """Every two arms on the test split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
+    lines = ["Arm against arm on the test split, paired over seeds and tasks (bootstrap 95 % interval over seeds, "
+             "then tasks):", "", "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] |",
+             "|---|---|---|---|---|---|---|"]
+    for name, by_metric in results["paired_arms"].items():
+        for metric, d in by_metric.items():
+            lines.append(f"| {name} | {d['seeds']} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
+                         f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+    return "\n".join(lines)
+
+
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
@@ -367,6 +428,8 @@ def write_report(results: dict, out: Path) -> None:
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
     if results.get("paired_test"):
         tables.append(paired_table(results))
+    if results.get("paired_arms"):
+        tables.append(paired_arms_table(results))
     tables.append("Per iteration (medians):\n\n" + cost_table(results))
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import copy_warm_start, markdown_table, mean_sd, paired_delta, summarize
+from selfplay.eval.compare import (copy_warm_start, markdown_table, mean_sd, paired_arms, paired_delta,
+                                   seed_task_delta, summarize)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -77,6 +78,52 @@ def test_paired_delta_properties(rows, metric):
     assert same["delta"] == 0.0 and same["ci95"] == [0.0, 0.0]
 
 
+def test_seed_task_delta_by_hand():
+    pairs = {"0": ({"a": [0, 4, 0], "b": [1, 4, 4]}, {"a": [1, 4, 2], "b": [1, 4, 4], "c": [1, 4, 4]}),
+             "1": ({"a": [0, 4, 1]}, {"a": [0, 4, 3]})}
+    d = seed_task_delta(pairs, "pass@1")
+    # seed 0: a +0.5, b 0 (c: only one arm ran it); seed 1: a +0.5; three (seed, task) pairs weighted alike
+    assert (d["seeds"], d["tasks"]) == (2, 3)
+    assert d["delta"] == pytest.approx(1 / 3) and d["before"] == pytest.approx((0 + 1 + 0.25) / 3)
+    assert 0.0 <= d["ci95"][0] <= d["delta"] <= d["ci95"][1] <= 0.5
+    one = {"0": pairs["0"]}  # one seed: the interval is the task bootstrap of paired_delta
+    assert seed_task_delta(one, "pass@1_greedy", n_boot=500) == {
+        "seeds": 1, **paired_delta(*one["0"], "pass@1_greedy", n_boot=500)}
+    with pytest.raises(ValueError, match="share no task"):
+        seed_task_delta({"0": ({"a": [1, 1, 1]}, {"b": [1, 1, 1]})})
+    with pytest.raises(ValueError, match="metric"):
+        seed_task_delta(pairs, "pass@4")
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.dictionaries(st.text("abcd", min_size=1, max_size=2), st.tuples(outcome, outcome), min_size=1,
+                                max_size=12), min_size=1, max_size=4),
+       st.sampled_from(["pass@1", "pass@1_greedy"]))
+def test_seed_task_delta_properties(seeds, metric):
+    pairs = {str(i): ({k: a for k, (a, _) in rows.items()}, {k: b for k, (_, b) in rows.items()})
+             for i, rows in enumerate(seeds)}
+    d = seed_task_delta(pairs, metric, n_boot=200)
+    value = (lambda r: r[0]) if metric == "pass@1_greedy" else (lambda r: r[2] / r[1])
+    diffs = [value(b) - value(a) for rows in seeds for a, b in rows.values()]
+    assert d["tasks"] == len(diffs) and d["delta"] == pytest.approx(sum(diffs) / len(diffs))
+    assert min(diffs) - 1e-9 <= d["ci95"][0] <= d["ci95"][1] <= max(diffs) + 1e-9
+    swapped = seed_task_delta({s: (b, a) for s, (a, b) in pairs.items()}, metric, n_boot=200)
+    assert swapped["delta"] == pytest.approx(-d["delta"])
+    same = seed_task_delta({s: (a, a) for s, (a, _) in pairs.items()}, metric, n_boot=50)
+    assert same["delta"] == 0.0 and same["ci95"] == [0.0, 0.0]
+
+
+def test_paired_arms_names_later_minus_earlier_and_skips_arms_without_outcomes():
+    def run(*rows):
+        return {"test_per_task": {f"t{i}": r for i, r in enumerate(rows)}}
+    runs = {"warmstart": {"0": run([0, 4, 0], [1, 4, 4])},
+            "curriculum": {"0": run([1, 4, 4], [1, 4, 4])},
+            "selfplay": {"0": {"test_per_task": {}}}}
+    out = paired_arms(runs, n_boot=100)
+    assert list(out) == ["curriculum - warmstart"]
+    assert out["curriculum - warmstart"]["pass@1_greedy"]["delta"] == pytest.approx(0.5)
+
+
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
     iteration each."""
@@ -118,6 +165,13 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
                 assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
         assert report.count(f"| {arm} | 0 |") == 2 * len(paired)
         assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
+    # every two arms on the test split, later minus earlier, pooled over seeds
+    assert set(results["paired_arms"]) == {"curriculum - warmstart", "fixed - warmstart", "fixed - curriculum"}
+    vs_warm = results["paired_arms"]["curriculum - warmstart"]
+    for metric in ("pass@1_greedy", "pass@1"):
+        paired = results["paired_test"]["curriculum"]["0"]["all"][metric]
+        assert vs_warm[metric]["delta"] == pytest.approx(paired["delta"])
+    assert report.count("| fixed - curriculum | 1 |") == 2
     # no mixer in these modes: the curriculum's level is its schedule's, the fixed set has none
     assert [h["level"] for h in trained["history"]] == [1]
     assert [h["level"] for h in results["runs"]["fixed"]["0"]["history"]] == [None]
