@@ -20,6 +20,9 @@ def configure(parser) -> None:
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
     parser.add_argument("--shared-warmstart", action="store_true",
                         help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")
+    parser.add_argument("--from-iteration", type=int, default=10,
+                        help="the report's per-run means (validity, in-band shares, generator share, level, the "
+                             "longest collapse alarm) are over the iterations from this one on (default 10)")
     parser.add_argument("--report-only", action="store_true",
                         help="only collect the finished runs in --out into results.json/.md and compare.png")
 
@@ -39,11 +42,12 @@ def run(args) -> int:
     load_config(config, overrides)  # a bad config fails here, before any run starts
     out = Path(args.out)
     if args.report_only:
-        results = collect(out, args.seeds, args.arms)
+        results = collect(out, args.seeds, args.arms, args.from_iteration)
         write_report(results, out)
     else:
         results = run_all(config, overrides, args.seeds, args.arms, out,
-                          log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart)
+                          log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
+                          from_iteration=args.from_iteration)
     print(markdown_table(results))
     print(f"results: {out / 'results.md'}, {out / 'results.json'}, {out / 'compare.png'}")
     return 0

@@ -125,7 +125,7 @@ def copy_warm_start(warm: Path, dst: Path) -> None:
 
 
 def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
-            log=print, shared_warmstart: bool = False) -> dict:
+            log=print, shared_warmstart: bool = False, from_iteration: int = 10) -> dict:
     """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results."""
     unknown = [a for a in arms if a not in ARMS]
     if unknown:
@@ -150,7 +150,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
             _selfplay(["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
                        f"train.mode={spec.mode}"], out / "logs" / f"seed_{seed}_{arm}.log")
-    results = collect(out, seeds, arms)
+    results = collect(out, seeds, arms, from_iteration)
     write_report(results, out)
     return results
 
@@ -220,8 +220,11 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     return out
 
 
-def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
+def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    for arm, by_seed in runs.items():
+        for run in by_seed.values():
+            run["from_iteration"] = later_figures(run["history"], from_iteration) if arm != "warmstart" else {}
     warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
     # each RL arm is paired with the warm start it started from (its own, for an arm that has one)
     before = {arm: {str(s): warm[str(s)] if ARM_SPECS[arm].warm == SHARED_WARMSTART
@@ -231,10 +234,38 @@ def collect(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
                                         _task_levels(warm_folder(out, int(seed), arm)))
                     for seed, run in by_seed.items() if before[arm][seed]["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
-    return {"seeds": list(seeds), "arms": list(arms), "runs": runs, "summary": summarize(runs),
+    return {"seeds": list(seeds), "arms": list(arms), "from_iteration": from_iteration, "runs": runs,
+            "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
             "paired_test": {arm: v for arm, v in paired.items() if v},
             "paired_arms": paired_arms({arm: runs[arm] for arm in arms})}
+
+
+LATER_FIGURES = ("validity", "generator_in_band", "generator_share", "generator_batch_share", "solver_in_band",
+                 "level")
+
+
+def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dict:
+    """What a run did from iteration `start` on (its history, one entry per iteration): the mean of each of
+    LATER_FIGURES over those iterations (None where none had it), the longest run of consecutive iterations with a
+    collapse alarm on (the solver's pass rate, the generator's diversity or the KL: not the generator's trust), and
+    the generator's mean reward over the first and the last `window` iterations of the whole run."""
+    from selfplay.train.loop import COLLAPSE_ALARMS
+
+    later = [h for h in history if h["step"] >= start]
+    out: dict = {"iterations": len(later)}
+    for key in LATER_FIGURES:
+        values = [h[key] for h in later if h.get(key) is not None]
+        out[key] = statistics.fmean(values) if values else None
+    longest = streak = 0
+    for h in later:
+        streak = streak + 1 if any(h.get(a) for a in COLLAPSE_ALARMS) else 0
+        longest = max(longest, streak)
+    out["longest_collapse_alarm"] = longest
+    for name, part in (("reward_first", history[:window]), ("reward_last", history[-window:])):
+        values = [h["generator_reward"] for h in part if h.get("generator_reward") is not None]
+        out[name] = statistics.fmean(values) if values else None
+    return out
 
 
 def _task_levels(folder: Path) -> dict[str, int]:
@@ -408,6 +439,29 @@ def paired_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def later_table(results: dict) -> str:
+    """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
+    def cell(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+
+    start = results.get("from_iteration", 10)
+    lines = [f"Per RL run, means from iteration {start} on:", "",
+             "| arm | seed | iterations | validity | generator in band | generator share (mixer / batch) | "
+             "solver in band | level | longest collapse alarm | generator reward, first -> last ten |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for arm in results["arms"]:
+        for seed, run in results["runs"][arm].items():
+            f = run.get("from_iteration") or {}
+            if not f:
+                continue
+            reward = ("-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}")
+            lines.append(f"| {arm} | {seed} | {f['iterations']} | {cell(f['validity'])} | "
+                         f"{cell(f['generator_in_band'])} | {cell(f['generator_share'])} / "
+                         f"{cell(f['generator_batch_share'])} | {cell(f['solver_in_band'])} | "
+                         f"{cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
+    return "\n".join(lines)
+
+
 def paired_arms_table(results: dict) -> str:
     """Every two arms on the test split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
     lines = ["Arm against arm on the test split, paired over seeds and tasks (bootstrap 95 % interval over seeds, "
@@ -430,6 +484,8 @@ def write_report(results: dict, out: Path) -> None:
         tables.append(paired_table(results))
     if results.get("paired_arms"):
         tables.append(paired_arms_table(results))
+    if any(r.get("from_iteration") for by_seed in results["runs"].values() for r in by_seed.values()):
+        tables.append(later_table(results))
     tables.append("Per iteration (medians):\n\n" + cost_table(results))
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")

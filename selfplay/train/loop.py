@@ -84,7 +84,10 @@ REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
 HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
            "parse_rate": "generator/parse_rate", "generator_in_band": "generator/in_band_rate",
            "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
-           "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean"}
+           "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean",
+           "alarm_solver_collapse": "mixer/alarm/solver_collapse",
+           "alarm_generator_diversity": "mixer/alarm/generator_diversity", "alarm_kl_blowup": "mixer/alarm/kl_blowup"}
+COLLAPSE_ALARMS = ("alarm_solver_collapse", "alarm_generator_diversity", "alarm_kl_blowup")  # not the trust alarms
 SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
 
 

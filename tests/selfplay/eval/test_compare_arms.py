@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (copy_warm_start, markdown_table, mean_sd, paired_arms, paired_delta,
-                                   seed_task_delta, summarize)
+from selfplay.eval.compare import (copy_warm_start, later_figures, markdown_table, mean_sd, paired_arms,
+                                   paired_delta, seed_task_delta, summarize)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -124,6 +124,23 @@ def test_paired_arms_names_later_minus_earlier_and_skips_arms_without_outcomes()
     assert out["curriculum - warmstart"]["pass@1_greedy"]["delta"] == pytest.approx(0.5)
 
 
+def test_later_figures_by_hand():
+    def entry(step, alarm=0.0, **kw):
+        return {"step": step, "validity": 0.5, "generator_in_band": None, "solver_in_band": step / 100,
+                "generator_reward": float(step), "alarm_solver_collapse": alarm, "alarm_generator_validity": 1.0,
+                **kw}
+    # a collapse alarm at 3-5 (before the window) and 12-14 (inside it); a trust alarm throughout (not counted)
+    history = [entry(s, alarm=1.0 if s in (3, 4, 5, 12, 13, 14) else 0.0) for s in range(1, 31)]
+    history[20]["alarm_kl_blowup"] = 1.0  # step 21, on its own
+    f = later_figures(history, start=10)
+    assert f["iterations"] == 21 and f["longest_collapse_alarm"] == 3
+    assert f["validity"] == 0.5 and f["generator_in_band"] is None and f["level"] is None
+    assert f["solver_in_band"] == pytest.approx(sum(range(10, 31)) / 21 / 100)
+    assert (f["reward_first"], f["reward_last"]) == (5.5, 25.5)  # steps 1-10 and 21-30
+    assert later_figures(history, start=31)["iterations"] == 0
+    assert later_figures([entry(s, generator_reward=None) for s in (1, 2)])["reward_first"] is None
+
+
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
     iteration each."""
@@ -148,8 +165,9 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
     assert (out / "seed_0" / "curriculum" / "summary.json").exists()
     report = (out / "results.md").read_text()
-    paired_rows = 2 * len(results["paired_test"]["curriculum"]["0"])  # 2 metrics x (the split + each level)
-    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 4 + paired_rows
+    # 4 tables by split or level, the means from iteration 10, 2 metrics x (the split + each level) paired
+    paired_rows = 2 * len(results["paired_test"]["curriculum"]["0"])
+    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 5 + paired_rows
     # each RL run against the warm start, paired over the test split's tasks
     levels = results["runs"]["warmstart"]["0"]["test_by_level"]
     for arm in ("curriculum", "fixed"):
@@ -163,7 +181,7 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
                     results["runs"][arm]["0"]["test_by_level"][group]
                 assert d["tasks"] == whole.get("tasks", n_test)
                 assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
-        assert report.count(f"| {arm} | 0 |") == 2 * len(paired)
+        assert report.count(f"| {arm} | 0 |") == 2 * len(paired) + 1  # + its means from iteration 10
         assert list(results["runs"][arm]["0"]["test_curve"]) == ["0", "1"]
     # every two arms on the test split, later minus earlier, pooled over seeds
     assert set(results["paired_arms"]) == {"curriculum - warmstart", "fixed - warmstart", "fixed - curriculum"}
@@ -172,6 +190,9 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
         paired = results["paired_test"]["curriculum"]["0"]["all"][metric]
         assert vs_warm[metric]["delta"] == pytest.approx(paired["delta"])
     assert report.count("| fixed - curriculum | 1 |") == 2
+    # the per-run means from iteration 10 on: one iteration ran, so none is in the window
+    assert results["from_iteration"] == 10 and results["runs"]["curriculum"]["0"]["from_iteration"]["iterations"] == 0
+    assert "| curriculum | 0 | 0 |" in report and not results["runs"]["warmstart"]["0"]["from_iteration"]
     # no mixer in these modes: the curriculum's level is its schedule's, the fixed set has none
     assert [h["level"] for h in trained["history"]] == [1]
     assert [h["level"] for h in results["runs"]["fixed"]["0"]["history"]] == [None]
