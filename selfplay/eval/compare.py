@@ -327,7 +327,7 @@ def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, see
     `pairs`: {seed: (A's per-task outcomes, B's)}, each {task_id: [greedy solved, n, c]}; per seed only the tasks
     both evaluated count. The 95 % interval is a two-level percentile bootstrap: seeds resampled with replacement,
     then the tasks of each drawn seed, `n_boot` times (seeded), so it covers both the seeds (training runs) and the
-    tasks that happened to be drawn; with one seed it is `paired_delta`'s interval over tasks."""
+    tasks that happened to be drawn; with one seed it is a bootstrap over tasks, as `paired_delta`'s."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
     groups, a_all, b_all = [], [], []
