@@ -250,7 +250,7 @@ def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dic
     LATER_FIGURES over those iterations (None where none had it), the longest run of consecutive iterations with a
     collapse alarm on (the solver's pass rate, the generator's diversity or the KL: not the generator's trust), and
     the generator's mean reward over the first and the last `window` iterations of the whole run."""
-    from selfplay.train.loop import COLLAPSE_ALARMS
+    from selfplay.train.loop import COLLAPSE_ALARMS, window_means
 
     later = [h for h in history if h["step"] >= start]
     out: dict = {"iterations": len(later)}
@@ -262,9 +262,9 @@ def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dic
         streak = streak + 1 if any(h.get(a) for a in COLLAPSE_ALARMS) else 0
         longest = max(longest, streak)
     out["longest_collapse_alarm"] = longest
-    for name, part in (("reward_first", history[:window]), ("reward_last", history[-window:])):
-        values = [h["generator_reward"] for h in part if h.get("generator_reward") is not None]
-        out[name] = statistics.fmean(values) if values else None
+    windows = window_means(history, window)  # the closing summary's first and last iterations
+    out["reward_first"] = windows["first_iterations"]["generator_reward"]
+    out["reward_last"] = windows["last_iterations"]["generator_reward"]
     return out
 
 
