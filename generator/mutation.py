@@ -39,7 +39,7 @@ import hashlib
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from generator.agent import ProposalError, choose_instruction
 from generator.build import BuildConfig, materialise, pipeline_params
@@ -217,10 +217,17 @@ def feasible_instructions(references: Sequence[Task], cfg: BuildConfig = BuildCo
     return [n for n in names if random_mutation(rng, references, n, cfg=cfg, tries=12) is not None]
 
 
-def choose_mutation_instruction(rng: random.Random, references: Sequence[Task],
-                                cfg: BuildConfig = BuildConfig()) -> str:
-    """An instruction the references allow (uniformly among those), "mutate" when none is found."""
-    return choose_instruction(rng, len(references), feasible_instructions(references, cfg) or ["mutate"])
+def choose_mutation_instruction(rng: random.Random, references: Sequence[Task], cfg: BuildConfig = BuildConfig(),
+                                weights: Callable[[list[str]], Sequence[float] | None] | None = None) -> str:
+    """An instruction the references allow, "mutate" when none is found: uniformly among those, or by
+    `weights(names)` (one positive weight per allowed name; None falls back to the uniform draw)."""
+    names = feasible_instructions(references, cfg) or ["mutate"]
+    w = weights(names) if weights is not None else None
+    if w is None:
+        return choose_instruction(rng, len(references), names)
+    if len(w) != len(names) or not all(x > 0 for x in w):
+        raise ValueError(f"instruction weights must be one positive number per name of {names}, got {list(w)}")
+    return rng.choices(names, weights=w)[0]
 
 
 # ---- edits ----------------------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
                              proposal_to_task)
@@ -171,18 +171,22 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
                        corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
                        max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
                        fmt: str = "free", build_cfg: BuildConfig | None = None,
-                       redraws: int = 0) -> list[ProposalRollout]:
+                       redraws: int = 0,
+                       instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None
+                       ) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
     longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (a
     mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
     built with `build_cfg`, the `tasks:` section's). `redraws` (generator.redraws): under the mutation grammar, an
     answer the novelty screen rejects is struck from its prompt's grammar and drawn again, up to this many times
-    (`_sample_screened`)."""
+    (`_sample_screened`). `instruction_weights(names)`: the mutation instructions' draw weights among those a
+    prompt's references allow (the mixer's `instruction_weights`; None: uniform)."""
     if fmt not in FORMATS:
         raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     mutation = fmt == "mutation"
     if mutation:
-        instructions = [choose_mutation_instruction(rng, refs, build_cfg or BuildConfig()) for refs in references]
+        instructions = [choose_mutation_instruction(rng, refs, build_cfg or BuildConfig(), instruction_weights)
+                        for refs in references]
         texts = [build_mutation_prompt(refs, instr) for refs, instr in zip(references, instructions)]
         max_new_tokens = min(max_new_tokens or MAX_ANSWER_TOKENS, MAX_ANSWER_TOKENS)
     else:

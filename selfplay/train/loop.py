@@ -57,7 +57,7 @@ import torch
 
 import sandbox
 from sandbox.files import owner_dir
-from generator.rewards import ProposalOutcome, check_learnability, generator_rewards
+from generator.rewards import ProposalOutcome, check_learnability, generator_rewards, in_band
 from generator.rewards import diversity as proposal_diversity
 from generator.schema import Task
 from selfplay.runtime import distributed as D
@@ -440,11 +440,12 @@ class SelfPlay:
                 corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
                 max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
                 max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
-                build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws)
+                build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
+                instruction_weights=self.mixer.instruction_weights)
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
                                     p.parsed, (p.task.fingerprints or {}).get("ast") if p.task else None,
-                                    p.redrawn) for p in proposals])
+                                    p.redrawn, p.instruction) for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
         valid_generator = [Task.from_dict(d) for d, *_ in flat if d is not None]
 
@@ -472,7 +473,7 @@ class SelfPlay:
         # 4. rewards -------------------------------------------------------------------------------------------
         outcomes = [ProposalOutcome(parsed=ok_parse, valid=d is not None,
                                     solve_rate=rates_all.get(d["id"]) if d is not None else None, cluster=cluster)
-                    for d, _, ok_parse, cluster, _ in flat]
+                    for d, _, ok_parse, cluster, *_ in flat]
         g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight,
                                           cfg.generator.reward.learnability)
         offsets = np.cumsum([0] + [len(x) for x in shared])
@@ -507,6 +508,9 @@ class SelfPlay:
         procedural_rates = [rates_all[x.id] for x in served if x.id in plan["new_ids"] and x.id in rates_all]
         generator_in_band = in_band_share([o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None])
         drops = edit_drops(groups, valid_generator, rates_all)
+        # each mutation proposal's instruction and whether it gave a valid task in band (the mixer's instruction draw)
+        instructions = ([(x[5], o.valid and in_band(o.solve_rate)) for x, o in zip(flat, outcomes)]
+                        if cfg.generator.format == "mutation" else None)
         if self.main:
             for task in valid_generator:
                 rate = rates_all.get(task.id)
@@ -524,7 +528,8 @@ class SelfPlay:
             self.source.observe(IterationStats(solve_rate=solve_rate, validity_rate=validity, diversity=diversity,
                                                kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
                                                procedural_rates=procedural_rates,
-                                               generator_in_band=generator_in_band, edit_drops=drops))
+                                               generator_in_band=generator_in_band, edit_drops=drops,
+                                               instructions=instructions))
         if self.world > 1:  # rank 0's mixer state on every rank, in place (the task source holds this mixer)
             self.mixer.load_state_dict(D.broadcast_object(self.mixer.state_dict() if self.main else None))
 
@@ -543,7 +548,7 @@ class SelfPlay:
             metrics["generator/validity_rate"] = validity if validity is not None else 0.0
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
             # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
-            metrics["generator/redrawn"] = sum(x[-1] for x in flat) / max(1, n_props)
+            metrics["generator/redrawn"] = sum(x[4] for x in flat) / max(1, n_props)
             # valid proposals solved by some but not all of the solver's samples
             metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))

@@ -24,7 +24,13 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    while it is not, the rest going to procedural tasks. It becomes trusted when the EMAs of its validity rate
    and of its in-band rate (share of valid proposals with 0 < p < 1) reach `earn_validity` and `earn_in_band`, and
    loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in between, nothing changes);
-4. **watches for collapse** and reacts, each detector with its own reaction:
+4. **asks for the edits that land in the band** (mutation format): the instruction of each generator prompt (add a
+   step, change a constant, change the input type, ...) is drawn among those its references allow with weights
+   that follow each instruction's measured *yield*, the share of its proposals that were valid and in band
+   (discounted counts, `instruction_discount`, with one success in two as the prior: an instruction not yet tried
+   counts as promising), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped
+   (`instruction_follow=false`: uniform, the warm start's draw);
+5. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
    - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
      level resets) → more replay, lower learning rate;
@@ -83,6 +89,10 @@ class MixerConfig:
     # how much lower a valid proposal is solved than its reference; reference_offset stands for it until measured
     reference_offset: float = 0.3
     reference_follow: bool = True  # false: always band centre + reference_offset (0 = references at the centre)
+    # mutation format: draw each prompt's edit instruction by its measured yield (valid and in band), not uniformly
+    instruction_follow: bool = True
+    instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
+    instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
 
 
 @dataclass
@@ -103,6 +113,8 @@ class IterationStats:
     generator_in_band: float | None = None  # share of valid proposals with 0 < p < 1 (None: none valid)
     # per valid proposal whose reference had a measured solve rate: the reference's rate minus the proposal's
     edit_drops: Sequence[float] | None = None
+    # (instruction, valid and in band) for each mutation proposal of the iteration
+    instructions: Sequence[tuple[str, bool]] | None = None
 
 
 @dataclass
@@ -121,6 +133,8 @@ class _State:
     lr_scale: float = 1.0
     alarms: dict[str, bool] = field(default_factory=dict)
     steps: int = 0
+    # instruction -> [discounted proposals valid and in band, discounted proposals]
+    instruction_counts: dict[str, list[float]] = field(default_factory=dict)
 
 
 def _ema(old: float | None, new: float, w: float) -> float:
@@ -175,6 +189,11 @@ class Mixer:
                              f"{c.reference_offset}")
         if not 0.0 < c.share_rate <= 1.0:
             raise ValueError(f"mixer.share_rate must be in (0, 1], got {c.share_rate}")
+        if not 0.0 < c.instruction_explore <= 1.0:
+            raise ValueError(f"mixer.instruction_explore must be in (0, 1] (0 could drop an instruction for good), got "
+                             f"{c.instruction_explore}")
+        if not 0.0 <= c.instruction_discount < 1.0:
+            raise ValueError(f"mixer.instruction_discount must be in [0, 1), got {c.instruction_discount}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
                             "replay": c.share_replay / total}
         self.min_generator = min(c.min_share_generator, self.base_shares["generator"])
@@ -265,6 +284,22 @@ class Mixer:
         """n distinct reference ids for one generator prompt, drawn without replacement by `reference_weights`."""
         return self._draw(ids, self.reference_weights(difficulties), n)
 
+    def instruction_yield(self, name: str) -> float:
+        """The measured share of `name`'s proposals that were valid and in band: (successes + 1) / (proposals + 2)
+        over discounted counts, 0.5 for an instruction not yet tried."""
+        hits, n = self.s.instruction_counts.get(name, (0.0, 0.0))
+        return (hits + 1.0) / (n + 2.0)
+
+    def instruction_weights(self, names: Sequence[str]) -> list[float] | None:
+        """Draw weights for the edit instructions `names` (those one prompt's references allow): their yields,
+        normalised, mixed with `instruction_explore` of the uniform draw. None with `instruction_follow=false`
+        (the caller then draws uniformly, as the warm start does)."""
+        if not self.cfg.instruction_follow or not names:
+            return None
+        yields = [self.instruction_yield(n) for n in names]
+        total, explore = sum(yields), self.cfg.instruction_explore
+        return [(1.0 - explore) * y / total + explore / len(names) for y in yields]
+
     def _draw(self, ids: Sequence[str], weights: Sequence[float], n: int) -> list[str]:
         pool = list(zip(ids, weights))
         chosen = []
@@ -295,6 +330,8 @@ class Mixer:
         self._trust_the_generator(stats)
         if stats.edit_drops:
             s.edit_drop = _ema(s.edit_drop, statistics.fmean(stats.edit_drops), c.ema)
+        if stats.instructions:
+            self._count_instructions(stats.instructions)
 
         alarms = {
             "generator_validity": s.validity_ema is not None and s.validity_ema < c.min_validity,
@@ -347,6 +384,16 @@ class Mixer:
         elif s.solve_ema < low:
             s.level = max(c.level_min, s.level - c.level_step)
 
+    def _count_instructions(self, outcomes: Sequence[tuple[str, bool]]) -> None:
+        """Discount every instruction's counts, then add this iteration's proposals."""
+        d, counts = self.cfg.instruction_discount, self.s.instruction_counts
+        for pair in counts.values():
+            pair[0], pair[1] = d * pair[0], d * pair[1]
+        for name, good in outcomes:
+            pair = counts.setdefault(name, [0.0, 0.0])
+            pair[0] += float(good)
+            pair[1] += 1.0
+
     def _trust_the_generator(self, stats: IterationStats) -> None:
         c, s = self.cfg, self.s
         if stats.validity_rate is not None:
@@ -382,6 +429,7 @@ class Mixer:
         if s.edit_drop is not None:  # from the first valid proposal of a measured reference on
             out["mixer/edit_drop"] = s.edit_drop
         out.update({f"mixer/share/{k}": v for k, v in s.shares.items()})
+        out.update({f"mixer/instruction_yield/{k}": self.instruction_yield(k) for k in sorted(s.instruction_counts)})
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
         return out
 

@@ -15,8 +15,8 @@ from generator.families.grammar import (INPUT_NAMES, GrammarError, check_pipelin
                                         parse_step, program_of)
 from generator.families.steps import KINDS
 from generator.mutation import (INSTRUCTIONS, OPS, Edit, Mutation, MutationError, build_mutation_prompt,
-                                compile_mutation, format_edit, format_mutation, known_program, parse_mutation,
-                                possible_edits, random_mutation)
+                                choose_mutation_instruction, compile_mutation, feasible_instructions, format_edit,
+                                format_mutation, known_program, parse_mutation, possible_edits, random_mutation)
 from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
@@ -283,6 +283,28 @@ def test_random_mutations_follow_their_instruction_and_compile(task_pool, data, 
     assert mutation.edit.op in INSTRUCTIONS[instruction][1]
     assert parse_mutation(format_mutation(mutation)) == mutation
     assert compile_mutation(mutation, references).to_json() == task.to_json()
+
+
+def test_instructions_are_drawn_uniformly_or_by_the_given_weights(task_pool):
+    refs = [t for t in task_pool if program_of(t) is not None][:1]
+    names = feasible_instructions(refs)
+    assert len(names) >= 2
+    # no weights (or None from the caller) is the uniform draw, the same rng stream as before weights existed
+    plain = [choose_mutation_instruction(random.Random(s), refs) for s in range(20)]
+    assert plain == [choose_mutation_instruction(random.Random(s), refs, weights=lambda n: None) for s in range(20)]
+    asked = []
+
+    def favour_the_last(ns):  # the caller is shown the allowed names and nearly always gets the last one
+        asked.append(list(ns))
+        return [1000.0 if n == names[-1] else 1e-9 for n in ns]
+
+    rng = random.Random(0)
+    assert {choose_mutation_instruction(rng, refs, weights=favour_the_last) for _ in range(20)} == {names[-1]}
+    assert asked == [names] * 20
+    with pytest.raises(ValueError, match="one positive number per name"):
+        choose_mutation_instruction(rng, refs, weights=lambda ns: [1.0])
+    with pytest.raises(ValueError, match="one positive number per name"):
+        choose_mutation_instruction(rng, refs, weights=lambda ns: [0.0] * len(ns))
 
 
 def test_the_prompt_shows_every_reference_program(refs):

@@ -500,3 +500,93 @@ def test_edit_drops_pair_each_proposal_with_its_measured_reference():
 def test_a_bad_reference_offset_is_refused_naming_the_key():
     with pytest.raises(ValueError, match="mixer.reference_offset"):
         Mixer(MixerConfig(reference_offset=1.5))
+
+
+# ---- the generator's instructions --------------------------------------------------------------------------
+NAMES = ["mutate", "harder", "change_type"]
+
+
+def instruction_world(mixer: Mixer, yields: dict[str, float], iters: int, seed: int, proposals: int = 8) -> float:
+    """A generator whose proposals under instruction i are valid and in band with probability yields[i]; each
+    iteration the mixer's weights choose the instructions of `proposals` prompts (every instruction allowed). The
+    share of all proposals that were valid and in band."""
+    rng, hits = random.Random(seed), 0
+    for _ in range(iters):
+        weights = mixer.instruction_weights(NAMES)
+        names = rng.choices(NAMES, weights=weights, k=proposals) if weights else rng.choices(NAMES, k=proposals)
+        outcomes = [(n, rng.random() < yields[n]) for n in names]
+        hits += sum(good for _, good in outcomes)
+        mixer.observe(IterationStats(solve_rate=0.5, task_rates=[0.5], procedural_rates=[0.5],
+                                     instructions=outcomes))
+    return hits / (iters * proposals)
+
+
+def test_instructions_start_uniform_and_follow_their_measured_yield():
+    mixer = Mixer(MixerConfig(), seed=0)
+    assert mixer.instruction_weights(NAMES) == pytest.approx([1 / 3] * 3)  # nothing measured: 0.5 each
+    mixer.observe(IterationStats(solve_rate=0.5, instructions=[("harder", True)] * 3 + [("mutate", False)] * 3))
+    w_mutate, w_harder, w_new = mixer.instruction_weights(NAMES)
+    assert w_harder > w_new > w_mutate  # 4/5, untried 1/2, 1/5
+    assert mixer.metrics()["mixer/instruction_yield/harder"] == pytest.approx(0.8)
+    assert "mixer/instruction_yield/change_type" not in mixer.metrics()
+    assert Mixer(MixerConfig(instruction_follow=False)).instruction_weights(NAMES) is None
+
+
+def test_old_instruction_evidence_is_discounted():
+    mixer = Mixer(MixerConfig(instruction_discount=0.5), seed=0)
+    for _ in range(10):
+        mixer.observe(IterationStats(solve_rate=0.5, instructions=[("mutate", False)] * 4))
+    low = mixer.instruction_yield("mutate")
+    for _ in range(10):
+        mixer.observe(IterationStats(solve_rate=0.5, instructions=[("mutate", True)] * 4))
+    assert low < 0.2 and mixer.instruction_yield("mutate") > 0.8  # a solver that changed is followed
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), max_size=40),
+       st.floats(0.01, 1.0), st.floats(0.0, 0.99))
+def test_instruction_weights_favour_the_better_yields_and_drop_none(outcomes, explore, discount):
+    mixer = Mixer(MixerConfig(instruction_explore=explore, instruction_discount=discount), seed=0)
+    for i in range(0, len(outcomes), 8):
+        mixer.observe(IterationStats(solve_rate=0.5, instructions=outcomes[i: i + 8]))
+    weights = mixer.instruction_weights(NAMES)
+    yields = [mixer.instruction_yield(n) for n in NAMES]
+    assert sum(weights) == pytest.approx(1.0)
+    assert all(w >= explore / len(NAMES) - 1e-12 for w in weights)  # every instruction keeps its share
+    for (w1, y1), (w2, y2) in zip(zip(weights, yields), zip(weights[1:] + weights[:1], yields[1:] + yields[:1])):
+        assert (w1 - w2) * (y1 - y2) >= -1e-12  # monotone in the yield ...
+    # ... so the draw's expected yield is at least the uniform draw's (Chebyshev's sum inequality)
+    assert sum(w * y for w, y in zip(weights, yields)) >= statistics.fmean(yields) - 1e-12
+
+
+def test_following_the_yields_gives_more_proposals_in_band_than_the_uniform_draw():
+    """The tiny solver's valid edits were in band 0.12 (change a constant), 0.23 (add a step) and 0.56 (change the
+    type) of the time: drawn by their measured yields, more of the proposals land in band than drawn uniformly."""
+    yields = {"mutate": 0.12, "harder": 0.23, "change_type": 0.56}
+    follow = [instruction_world(Mixer(MixerConfig(), seed=s), yields, iters=40, seed=s) for s in range(5)]
+    uniform = [instruction_world(Mixer(MixerConfig(instruction_follow=False), seed=s), yields, iters=40, seed=s)
+               for s in range(5)]
+    assert statistics.fmean(uniform) == pytest.approx(statistics.fmean(yields.values()), abs=0.05)
+    assert statistics.fmean(follow) > statistics.fmean(uniform) + 0.05
+
+
+def test_instruction_counts_resume_exactly_and_old_states_load():
+    yields = {"mutate": 0.1, "harder": 0.3, "change_type": 0.6}
+    straight = Mixer(MixerConfig(), seed=1)
+    instruction_world(straight, yields, iters=10, seed=2)
+    clone = Mixer(MixerConfig(), seed=1)
+    clone.load_state_dict(json.loads(json.dumps(straight.state_dict())))
+    assert instruction_world(clone, yields, iters=10, seed=3) == instruction_world(straight, yields, iters=10, seed=3)
+    assert clone.state_dict() == straight.state_dict()
+    old = Mixer(MixerConfig(), seed=0)
+    state = old.state_dict()
+    del state["state"]["instruction_counts"]  # saved before instructions were followed
+    old.load_state_dict(state)
+    assert old.instruction_weights(NAMES) == pytest.approx([1 / 3] * 3)
+
+
+def test_bad_instruction_settings_are_rejected():
+    with pytest.raises(ValueError, match="mixer.instruction_explore"):
+        Mixer(MixerConfig(instruction_explore=0.0))
+    with pytest.raises(ValueError, match="mixer.instruction_discount"):
+        Mixer(MixerConfig(instruction_discount=1.0))

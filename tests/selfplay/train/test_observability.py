@@ -65,6 +65,11 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
                 "mixer/generator_trusted"):
         assert [s for s, _ in tags[tag]] == [1, 2], tag
     assert all(0.0 <= v <= 1.0 for _, v in tags["solver/in_band_rate"])
+    # the mixer measures the yield of each edit instruction it asked for (valid and in band), from its first use on
+    yields = {tag: v for tag, v in tags.items() if tag.startswith("mixer/instruction_yield/")}
+    assert any(s == 1 for v in yields.values() for s, _ in v)
+    assert all([s for s, _ in v] in ([1, 2], [2]) for v in yields.values())
+    assert all(0.0 < y < 1.0 for v in yields.values() for _, y in v)
     summary = json.loads((run / "summary.json").read_text())
     for window in ("first_iterations", "last_iterations"):
         assert summary[window]["n"] == 2
