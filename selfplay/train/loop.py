@@ -51,6 +51,7 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -89,6 +90,17 @@ HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rat
            "alarm_generator_diversity": "mixer/alarm/generator_diversity", "alarm_kl_blowup": "mixer/alarm/kl_blowup"}
 COLLAPSE_ALARMS = ("alarm_solver_collapse", "alarm_generator_diversity", "alarm_kl_blowup")  # not the trust alarms
 SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
+
+
+class SharedProposal(NamedTuple):
+    """What every rank learns about one proposal of any rank (gathered each iteration)."""
+
+    task: dict | None  # the valid task (Task.to_dict), None when it failed a check
+    rejection: str | None  # the first failed check, "edit" or "unparsable"
+    parsed: bool
+    cluster: str | None  # its near-duplicate key (the AST fingerprint)
+    redrawn: int  # answers struck by the novelty screen before this one
+    instruction: str  # the instruction its prompt gave
 
 
 def quiet_transformers() -> None:
@@ -443,11 +455,11 @@ class SelfPlay:
                 build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
                 instruction_weights=self.mixer.instruction_weights)
             timing["generator_s"] += time.perf_counter() - t0
-        shared = D.gather_objects([(p.task.to_dict() if p.valid else None, p.rejection,
-                                    p.parsed, (p.task.fingerprints or {}).get("ast") if p.task else None,
-                                    p.redrawn, p.instruction) for p in proposals])
+        shared = D.gather_objects([SharedProposal(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,
+                                                  (p.task.fingerprints or {}).get("ast") if p.task else None,
+                                                  p.redrawn, p.instruction) for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
-        valid_generator = [Task.from_dict(d) for d, *_ in flat if d is not None]
+        valid_generator = [Task.from_dict(x.task) for x in flat if x.task is not None]
 
         # 2. solver batch -------------------------------------------------------------------------------------
         t0 = time.perf_counter()
@@ -471,9 +483,9 @@ class SelfPlay:
             rates_all.update(part)
 
         # 4. rewards -------------------------------------------------------------------------------------------
-        outcomes = [ProposalOutcome(parsed=ok_parse, valid=d is not None,
-                                    solve_rate=rates_all.get(d["id"]) if d is not None else None, cluster=cluster)
-                    for d, _, ok_parse, cluster, *_ in flat]
+        outcomes = [ProposalOutcome(parsed=x.parsed, valid=x.task is not None,
+                                    solve_rate=rates_all.get(x.task["id"]) if x.task is not None else None,
+                                    cluster=x.cluster) for x in flat]
         g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight,
                                           cfg.generator.reward.learnability)
         offsets = np.cumsum([0] + [len(x) for x in shared])
@@ -509,7 +521,7 @@ class SelfPlay:
         generator_in_band = in_band_share([o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None])
         drops = edit_drops(groups, valid_generator, rates_all)
         # each mutation proposal's instruction and whether it gave a valid task in band (the mixer's instruction draw)
-        instructions = ([(x[5], o.valid and in_band(o.solve_rate)) for x, o in zip(flat, outcomes)]
+        instructions = ([(x.instruction, o.valid and in_band(o.solve_rate)) for x, o in zip(flat, outcomes)]
                         if cfg.generator.format == "mutation" else None)
         if self.main:
             for task in valid_generator:
@@ -548,7 +560,7 @@ class SelfPlay:
             metrics["generator/validity_rate"] = validity if validity is not None else 0.0
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
             # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
-            metrics["generator/redrawn"] = sum(x[4] for x in flat) / max(1, n_props)
+            metrics["generator/redrawn"] = sum(x.redrawn for x in flat) / max(1, n_props)
             # valid proposals solved by some but not all of the solver's samples
             metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))
@@ -556,7 +568,7 @@ class SelfPlay:
             metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
             metrics["generator/diversity"] = diversity if diversity is not None else 0.0
             metrics["generator/valid_tasks"] = len(valid_generator)
-            rejections = Counter(r for _, r, *_ in flat if r)
+            rejections = Counter(x.rejection for x in flat if x.rejection)
             for reason, count in rejections.items():
                 metrics[f"generator/rejected/{reason}"] = count
         metrics.update(self.source.metrics(step))  # mixer/... in self-play, the schedule's level in curriculum
