@@ -15,8 +15,8 @@ def configure(parser) -> None:
     parser.add_argument("--arms", nargs="+", default=["warmstart", "curriculum", "selfplay"],
                         help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
                              "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
-                             "from a warm start of its own), fixed (PPO on a fixed task set); default: warmstart "
-                             "curriculum selfplay")
+                             "from a warm start of its own), selfplay_follow (instructions drawn by their measured "
+                             "yield), fixed (PPO on a fixed task set); default: warmstart curriculum selfplay")
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
     parser.add_argument("--shared-warmstart", action="store_true",
                         help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")

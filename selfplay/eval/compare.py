@@ -15,6 +15,8 @@ copy of that folder, so the arms of one seed differ only in what happens after t
     selfplay_free  the same with the free proposal format (`generator.format=free`); the format is learnt at the
                  warm start, so this arm has its own (`OUT/seed_S/warmstart_free`, or `OUT/warmstart_free`), made
                  with the same seed, and is paired with it
+    selfplay_follow  self-play whose mixer draws the mutation instructions by their measured yield
+                 (`mixer.instruction_follow=true`), from the same warm start as `selfplay`
     fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
@@ -70,6 +72,7 @@ ARM_SPECS = {
     "uniform": Arm("uniform"),
     "selfplay": Arm("selfplay"),
     "selfplay_free": Arm("selfplay", ("generator.format=free",), warm="warmstart_free"),
+    "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
     "fixed": Arm("fixed"),
 }
 ARMS = tuple(ARM_SPECS)

@@ -28,8 +28,9 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    step, change a constant, change the input type, ...) is drawn among those its references allow with weights
    that follow each instruction's measured *yield*, the share of its proposals that were valid and in band
    (discounted counts, `instruction_discount`, with one success in two as the prior: an instruction not yet tried
-   counts as promising), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped
-   (`instruction_follow=false`: uniform, the warm start's draw);
+   counts as promising), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped;
+   with `instruction_follow=false` (the default) the draw stays uniform, the warm start's, and the yields are only
+   measured and logged;
 5. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
    - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
@@ -89,8 +90,9 @@ class MixerConfig:
     # how much lower a valid proposal is solved than its reference; reference_offset stands for it until measured
     reference_offset: float = 0.3
     reference_follow: bool = True  # false: always band centre + reference_offset (0 = references at the centre)
-    # mutation format: draw each prompt's edit instruction by its measured yield (valid and in band), not uniformly
-    instruction_follow: bool = True
+    # mutation format: draw each prompt's edit instruction by its measured yield (valid and in band), not uniformly;
+    # off by default: on the tiny default it gave fewer valid proposals in band, not more (docs/selfplay.md)
+    instruction_follow: bool = False
     instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
     instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
 

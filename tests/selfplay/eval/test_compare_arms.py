@@ -227,6 +227,17 @@ def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
     assert not (tmp_path / "arm2" / "reserved_tasks.jsonl").exists()
 
 
+def test_the_instruction_following_arm_is_self_play_from_the_same_warm_start(tmp_path):
+    from selfplay.eval.compare import ARM_SPECS, warm_folder
+    from selfplay.runtime.config import load_config
+
+    spec = ARM_SPECS["selfplay_follow"]
+    assert spec.mode == "selfplay"
+    assert warm_folder(tmp_path, 0, "selfplay_follow", shared=True) == tmp_path / "warmstart"
+    assert load_config("configs/tiny.yaml", list(spec.overrides)).mixer.instruction_follow
+    assert not load_config("configs/tiny.yaml", list(ARM_SPECS["selfplay"].overrides)).mixer.instruction_follow
+
+
 def test_compare_refuses_per_run_keys(tmp_path):
     proc = selfplay("compare", "configs/smoke.yaml", "train.mode=selfplay", "--out", str(tmp_path), check=False)
     assert proc.returncode == 2 and "train.mode is set per run" in proc.stderr

@@ -521,19 +521,22 @@ def instruction_world(mixer: Mixer, yields: dict[str, float], iters: int, seed: 
     return hits / (iters * proposals)
 
 
+FOLLOW = MixerConfig(instruction_follow=True)
+
+
 def test_instructions_start_uniform_and_follow_their_measured_yield():
-    mixer = Mixer(MixerConfig(), seed=0)
+    mixer = Mixer(FOLLOW, seed=0)
     assert mixer.instruction_weights(NAMES) == pytest.approx([1 / 3] * 3)  # nothing measured: 0.5 each
     mixer.observe(IterationStats(solve_rate=0.5, instructions=[("harder", True)] * 3 + [("mutate", False)] * 3))
     w_mutate, w_harder, w_new = mixer.instruction_weights(NAMES)
     assert w_harder > w_new > w_mutate  # 4/5, untried 1/2, 1/5
     assert mixer.metrics()["mixer/instruction_yield/harder"] == pytest.approx(0.8)
     assert "mixer/instruction_yield/change_type" not in mixer.metrics()
-    assert Mixer(MixerConfig(instruction_follow=False)).instruction_weights(NAMES) is None
+    assert Mixer(MixerConfig()).instruction_weights(NAMES) is None  # the default draws uniformly
 
 
 def test_old_instruction_evidence_is_discounted():
-    mixer = Mixer(MixerConfig(instruction_discount=0.5), seed=0)
+    mixer = Mixer(MixerConfig(instruction_follow=True, instruction_discount=0.5), seed=0)
     for _ in range(10):
         mixer.observe(IterationStats(solve_rate=0.5, instructions=[("mutate", False)] * 4))
     low = mixer.instruction_yield("mutate")
@@ -546,7 +549,8 @@ def test_old_instruction_evidence_is_discounted():
 @given(st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), max_size=40),
        st.floats(0.01, 1.0), st.floats(0.0, 0.99))
 def test_instruction_weights_favour_the_better_yields_and_drop_none(outcomes, explore, discount):
-    mixer = Mixer(MixerConfig(instruction_explore=explore, instruction_discount=discount), seed=0)
+    mixer = Mixer(MixerConfig(instruction_follow=True, instruction_explore=explore, instruction_discount=discount),
+                  seed=0)
     for i in range(0, len(outcomes), 8):
         mixer.observe(IterationStats(solve_rate=0.5, instructions=outcomes[i: i + 8]))
     weights = mixer.instruction_weights(NAMES)
@@ -563,22 +567,21 @@ def test_following_the_yields_gives_more_proposals_in_band_than_the_uniform_draw
     """The tiny solver's valid edits were in band 0.12 (change a constant), 0.23 (add a step) and 0.56 (change the
     type) of the time: drawn by their measured yields, more of the proposals land in band than drawn uniformly."""
     yields = {"mutate": 0.12, "harder": 0.23, "change_type": 0.56}
-    follow = [instruction_world(Mixer(MixerConfig(), seed=s), yields, iters=40, seed=s) for s in range(5)]
-    uniform = [instruction_world(Mixer(MixerConfig(instruction_follow=False), seed=s), yields, iters=40, seed=s)
-               for s in range(5)]
+    follow = [instruction_world(Mixer(FOLLOW, seed=s), yields, iters=40, seed=s) for s in range(5)]
+    uniform = [instruction_world(Mixer(MixerConfig(), seed=s), yields, iters=40, seed=s) for s in range(5)]
     assert statistics.fmean(uniform) == pytest.approx(statistics.fmean(yields.values()), abs=0.05)
     assert statistics.fmean(follow) > statistics.fmean(uniform) + 0.05
 
 
 def test_instruction_counts_resume_exactly_and_old_states_load():
     yields = {"mutate": 0.1, "harder": 0.3, "change_type": 0.6}
-    straight = Mixer(MixerConfig(), seed=1)
+    straight = Mixer(FOLLOW, seed=1)
     instruction_world(straight, yields, iters=10, seed=2)
-    clone = Mixer(MixerConfig(), seed=1)
+    clone = Mixer(FOLLOW, seed=1)
     clone.load_state_dict(json.loads(json.dumps(straight.state_dict())))
     assert instruction_world(clone, yields, iters=10, seed=3) == instruction_world(straight, yields, iters=10, seed=3)
     assert clone.state_dict() == straight.state_dict()
-    old = Mixer(MixerConfig(), seed=0)
+    old = Mixer(FOLLOW, seed=0)
     state = old.state_dict()
     del state["state"]["instruction_counts"]  # saved before instructions were followed
     old.load_state_dict(state)
