@@ -91,7 +91,7 @@ class MixerConfig:
     reference_offset: float = 0.3
     reference_follow: bool = True  # false: always band centre + reference_offset (0 = references at the centre)
     # mutation format: draw each prompt's edit instruction by its measured yield (valid and in band), not uniformly;
-    # off by default: on the tiny default it gave fewer valid proposals in band, not more (docs/selfplay.md)
+    # off by default: on the tiny default it did not raise the share of valid proposals in band (docs/selfplay.md)
     instruction_follow: bool = False
     instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
     instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
