@@ -24,10 +24,10 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    while it is not, the rest going to procedural tasks. It becomes trusted when the EMAs of its validity rate
    and of its in-band rate (share of valid proposals with 0 < p < 1) reach `earn_validity` and `earn_in_band`, and
    loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in between, nothing changes);
-4. **asks for the edits that land in the band** (mutation format): the instruction of each generator prompt (add a
-   step, change a constant, change the input type, ...) is drawn among those its references allow with weights
-   that follow each instruction's measured *yield*, the share of its proposals that were valid and in band
-   (discounted counts, `instruction_discount`, with one success in two as the prior: an instruction not yet tried
+4. **can ask for the edits that land in the band** (mutation format, `instruction_follow`): the instruction of each
+   generator prompt (add a step, change a constant, change the input type, ...) is then drawn among those its
+   references allow with weights that follow each instruction's measured *yield*, the share of its proposals that
+   were valid and in band (discounted counts, `instruction_discount`, with one success in two as the prior: an instruction not yet tried
    counts as promising), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped;
    with `instruction_follow=false` (the default) the draw stays uniform, the warm start's, and the yields are only
    measured and logged;
