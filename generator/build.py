@@ -79,7 +79,7 @@ def sample_params(rng: random.Random, level: int, split: str = "train", cfg: Bui
         kind = FAMILIES[family]
         lo, hi = c["depth"] or level_depths(level, cfg.splits.train_max_depth)
         depth = rng.randint(lo, hi)
-        pair = tuple(rng.choice(cfg.splits.pairs)) if c["require_pair"] else None
+        pair = tuple(sorted(rng.choice(cfg.splits.pairs))) if c["require_pair"] else None  # sorted: no hash order
         try:
             steps = sample_pipeline(rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20,
                                     literals=cfg.literals)

@@ -6,6 +6,7 @@ train copy it (`copy_run`) and continue, which is what `selfplay train` does on 
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,10 @@ SMOKE = ["configs/smoke.yaml", "warmstart.tasks=160", "warmstart.solver_steps=40
 REPO = Path(__file__).resolve().parents[1]
 
 
-def selfplay(*args, timeout=900, check=True):
+def selfplay(*args, timeout=900, check=True, env=None):
+    """`python -m selfplay ARGS` in a subprocess; `env`: variables set for it on top of this one's."""
     proc = subprocess.run([sys.executable, "-m", "selfplay", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env={**os.environ, **env} if env else None)
     if check and proc.returncode != 0:
         err = proc.stderr if len(proc.stderr) < 6000 else proc.stderr[:3000] + "\n...\n" + proc.stderr[-3000:]
         raise AssertionError(f"selfplay {' '.join(args)} exited {proc.returncode}:\n{err}")

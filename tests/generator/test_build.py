@@ -28,3 +28,38 @@ def test_wide_literal_tasks_pass_the_validity_checks(task_sb):
             outside += any(v not in expr.args[k] for k, v in step["args"].items())
         outside += step["kind"] in ("take", "top_k") and step["k"] > 4
     assert outside >= 3, [t.params["steps"] for t in tasks]
+
+
+DRAWS = r"""
+import hashlib, random
+from generator.build import BuildConfig, levels_for, materialise, sample_params
+from generator.grammars import prompt_grammar
+from generator.mutation import build_mutation_prompt, choose_mutation_instruction, format_mutation, random_mutation
+from generator.splits import SPLITS
+
+digest, rng, cfg = hashlib.sha256(), random.Random(7), BuildConfig()
+for split in SPLITS:
+    for level in levels_for(split):
+        for _ in range(12):
+            task = materialise(sample_params(rng, level, split, cfg), split)
+            digest.update((task.description + task.reference_solution + repr(task.visible_tests)).encode())
+            if split == "train":
+                instruction = choose_mutation_instruction(rng, [task], cfg)
+                drawn = random_mutation(rng, [task], instruction, cfg=cfg)
+                digest.update((build_mutation_prompt([task], instruction) + str(prompt_grammar([task], cfg))).encode())
+                digest.update((format_mutation(drawn[0]) + drawn[1].reference_solution if drawn else "-").encode())
+print(digest.hexdigest())
+"""
+
+
+def test_task_draws_do_not_depend_on_the_hash_seed():
+    """Every split's procedural tasks, and the mutation prompts, edits and grammars drawn from them, are the same in
+    interpreters with different PYTHONHASHSEED: a set's iteration order (which the hash seed decides) never reaches
+    a random draw, so a run's held-out suite and its training tasks repeat from run to run."""
+    import os
+    import subprocess
+    import sys
+
+    out = [subprocess.run([sys.executable, "-c", DRAWS], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")]
+    assert out[0] and out[0] == out[1] == out[2], out

@@ -1,9 +1,10 @@
 """A resumed run reproduces the uninterrupted run bit for bit (one process, CPU, torch_threads=1).
 
 From one warm start: run A trains steps 0 -> 2 in one process; run B trains 0 -> 1 (its last step: a held-out
-evaluation and a checkpoint the straight run does not make), then a second process resumes it to step 2. Both must
-end with the same weights, the same optimiser, trainer, mixer and RNG states, the same step-2 TensorBoard scalars
-(wall-clock ones aside) and the same corpus rows in the same order.
+evaluation and a checkpoint the straight run does not make), then a second process resumes it to step 2; the three
+processes run under different PYTHONHASHSEED. Both must end with the same weights, the same optimiser, trainer,
+mixer and RNG states, the same step-2 TensorBoard scalars (wall-clock ones aside) and the same corpus rows in the
+same order.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture liv
 CLOCK_TAGS = ("time/", "perf/", "sandbox/")  # wall-clock measurements: differ between any two runs
 
 
-def train(run: Path, steps: int) -> None:
-    selfplay("train", *SMOKE, f"run.dir={run}", f"train.steps={steps}", "run.torch_threads=1")
+def train(run: Path, steps: int, hash_seed: str) -> None:
+    """Each process under its own PYTHONHASHSEED: no set's iteration order may reach the run."""
+    selfplay("train", *SMOKE, f"run.dir={run}", f"train.steps={steps}", "run.torch_threads=1",
+             env={"PYTHONHASHSEED": hash_seed})
 
 
 def checkpoint(run: Path, step: int) -> Path:
@@ -73,10 +76,10 @@ def corpus_rows(run: Path) -> tuple[list, list]:
 @pytest.mark.slow
 def test_resumed_run_matches_the_uninterrupted_run(warm_run, tmp_path):
     straight = copy_run(warm_run, tmp_path / "a")
-    train(straight, 2)
+    train(straight, 2, "1")
     resumed = copy_run(warm_run, tmp_path / "b")
-    train(resumed, 1)
-    train(resumed, 2)
+    train(resumed, 1, "2")
+    train(resumed, 2, "3")
 
     a, b = checkpoint(straight, 2), checkpoint(resumed, 2)
     for name in ("solver", "generator"):
