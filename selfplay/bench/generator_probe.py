@@ -107,6 +107,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
     summary = {"n": len(rows), "parse_rate": sum(r.parsed for r in rollouts) / count,
                "validity_rate": len(valid) / count,
                "redrawn": sum(r.redrawn for r in rollouts) / count,
+               "cut_off_rate": sum(not r.answer.finished for r in rollouts) / count,  # reached the token limit
                "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
                "by_op": {op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
                          for op, c in Counter(r["op"] for r in rows).most_common()},

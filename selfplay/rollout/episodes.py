@@ -204,8 +204,10 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
     for prompt, answer, refs, instr, n in zip(prompts, answers, references, instructions, redrawn):
         ro = ProposalRollout(prompt, answer, list(refs), instr, redrawn=n)
         parsed = parse_mutation(answer.text) if mutation else parse_proposal(answer.text)
-        if isinstance(parsed, ProposalError):
-            ro.parse_error, ro.rejection = parsed.reason, "unparsable"
+        if isinstance(parsed, ProposalError):  # an answer the token limit cut off says so: no grammar can end it
+            ro.rejection = "unparsable"
+            ro.parse_error = parsed.reason if answer.finished else \
+                f"cut off at {len(answer.tokens)} tokens before its end: {parsed.reason}"
         elif mutation:
             task = compile_mutation(parsed, refs, cfg=build_cfg or BuildConfig(), step=step,
                                     generator_checkpoint=checkpoint)

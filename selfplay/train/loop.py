@@ -101,6 +101,7 @@ class SharedProposal(NamedTuple):
     cluster: str | None  # its near-duplicate key (the AST fingerprint)
     redrawn: int  # answers struck by the novelty screen before this one
     instruction: str  # the instruction its prompt gave
+    cut_off: bool  # its answer reached the token limit before its end
 
 
 def quiet_transformers() -> None:
@@ -457,7 +458,8 @@ class SelfPlay:
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([SharedProposal(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,
                                                   (p.task.fingerprints or {}).get("ast") if p.task else None,
-                                                  p.redrawn, p.instruction) for p in proposals])
+                                                  p.redrawn, p.instruction, not p.answer.finished)
+                                   for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
         valid_generator = [Task.from_dict(x.task) for x in flat if x.task is not None]
 
@@ -561,6 +563,8 @@ class SelfPlay:
             metrics["generator/parse_rate"] = sum(o.parsed for o in outcomes) / max(1, n_props)
             # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
             metrics["generator/redrawn"] = sum(x.redrawn for x in flat) / max(1, n_props)
+            # answers that reached their token limit before their end (train.generator_max_new_tokens)
+            metrics["generator/cut_off_rate"] = sum(x.cut_off for x in flat) / max(1, n_props)
             # valid proposals solved by some but not all of the solver's samples
             metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))

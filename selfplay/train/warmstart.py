@@ -228,6 +228,7 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
             "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
             "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
             "generator_probe_redrawn": sum(r.redrawn for r in rollouts) / n,
+            "generator_probe_cut_off_rate": sum(not r.answer.finished for r in rollouts) / n,  # hit the token limit
             **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
             "generator_probe_s": time.perf_counter() - t0}
 

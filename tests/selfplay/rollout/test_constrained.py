@@ -82,6 +82,25 @@ def test_free_grammar_answers_follow_the_sections(tok):
         assert "DESCRIPTION: ".startswith(x.text[:13]) or x.text.startswith("DESCRIPTION: "), x.text
 
 
+def test_an_answer_the_token_limit_cuts_off_is_rejected_saying_so(tok):
+    """Under the free grammar every answer that ends parses; one cut off by the token limit is unparsable, and its
+    reason names the cut, so a researcher tells a short limit from a grammar the parser disagrees with."""
+    import sandbox
+    from generator.build import materialise, sample_params
+    from selfplay.rollout.episodes import generator_rollouts
+
+    rng = random.Random(2)
+    tasks = [materialise(sample_params(rng, 1), "train") for _ in range(4)]
+    a = agent(tok)
+    a.constrain("free")
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        rollouts = generator_rollouts(a, [[t] for t in tasks], sb, step=1, rng=rng, max_prompt_tokens=60,
+                                      max_new_tokens=24, fmt="free")
+    assert all(not r.answer.finished and len(r.answer.tokens) == 24 for r in rollouts)
+    assert all(r.rejection == "unparsable" and r.parse_error.startswith("cut off at 24 tokens before its end: ")
+               for r in rollouts), [r.parse_error for r in rollouts]
+
+
 def test_masked_positions_are_minus_inf_and_the_distribution_sums_to_one():
     logits = torch.randn(3, 5, 50)
     allowed = torch.rand(3, 5, 50) < 0.3

@@ -62,9 +62,9 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     tags = read_scalars(run)
     for tag in ("generator/parse_rate", "generator/validity_rate", "solver/in_band_rate", "mixer/share/generator",
                 "solver/share/generator", "generator/reward_mean", "mixer/target_low", "mixer/target_high",
-                "mixer/generator_trusted"):
+                "mixer/generator_trusted", "generator/cut_off_rate"):
         assert [s for s, _ in tags[tag]] == [1, 2], tag
-    assert all(0.0 <= v <= 1.0 for _, v in tags["solver/in_band_rate"])
+    assert all(0.0 <= v <= 1.0 for tag in ("solver/in_band_rate", "generator/cut_off_rate") for _, v in tags[tag])
     # the mixer measures the yield of each edit instruction it asked for (valid and in band), from its first use on
     yields = {tag: v for tag, v in tags.items() if tag.startswith("mixer/instruction_yield/")}
     assert any(s == 1 for v in yields.values() for s, _ in v)
