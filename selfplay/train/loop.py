@@ -139,6 +139,9 @@ class SelfPlay:
         self.info = D.init_distributed(cfg.distributed.backend, cfg.distributed.timeout_min)
         self.rank, self.world = self.info.rank, self.info.world_size
         self.main = self.info.is_main
+        # numpy's global generator, for any library that draws from it (the project's own draws use named streams);
+        # a checkpoint saves and restores it with python's and torch's
+        np.random.seed(seeds.derive(cfg.run.seed, "numpy-global", self.rank) % 2**32)
         self.log = log or (lambda msg: print(f"[selfplay] {msg}", flush=True) if self.main else None)
         self.run_dir = Path(cfg.run.dir)
         self._check_shared_storage()

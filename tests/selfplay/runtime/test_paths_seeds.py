@@ -53,3 +53,22 @@ def test_other_names_get_a_stable_hash_that_separates_streams():
     values = {derive(s, name, *args) for s in (0, 1) for name in ("probe", "other") for args in ((), (1,), (2,))}
     assert len(values) == 12 and all(0 <= v < 2**63 for v in values)
     assert not set(LEGACY) & {"probe", "other"}
+
+
+def test_a_run_seeds_numpys_global_generator_from_its_seed(tmp_path):
+    """Libraries may draw from numpy's global generator; a run seeds it (and its checkpoints restore it), so two
+    runs of one seed start it alike and runs of two seeds apart."""
+    import numpy as np
+
+    from selfplay.runtime.config import load_config
+    from selfplay.train.loop import SelfPlay
+
+    states = []
+    for i, seed in enumerate((0, 0, 1)):
+        np.random.random()  # whatever state came before
+        loop = SelfPlay(load_config("configs/smoke.yaml", [f"run.dir={tmp_path / str(i)}", f"run.seed={seed}"]))
+        try:
+            states.append(np.random.get_state()[1].tobytes())
+        finally:
+            loop.close()
+    assert states[0] == states[1] != states[2]
