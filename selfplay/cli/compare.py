@@ -1,5 +1,6 @@
 """`selfplay compare [CONFIG] [--seeds ...] [--arms ...] [--out DIR] [key=value ...]`: the research claim
-(self-play vs warm start only vs a fixed curriculum, per seed and held-out split); see selfplay/eval/compare.py."""
+(self-play vs warm start only vs a fixed curriculum, per seed and held-out split); see selfplay/eval/compare.py.
+`selfplay compare --merge A/results.json B/results.json --out DIR` pools comparisons run apart."""
 
 from __future__ import annotations
 
@@ -25,10 +26,15 @@ def configure(parser) -> None:
                              "longest collapse alarm) are over the iterations from this one on (default 10)")
     parser.add_argument("--report-only", action="store_true",
                         help="only collect the finished runs in --out into results.json/.md and compare.png")
+    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", default=None,
+                        help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
+                             "machines) into one report in --out; runs nothing")
 
 
 def run(args) -> int:
-    from selfplay.eval.compare import ARMS, collect, markdown_table, run_all, write_report
+    import json
+
+    from selfplay.eval.compare import ARMS, collect, markdown_table, merge, run_all, write_report
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -41,7 +47,17 @@ def run(args) -> int:
             raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
     load_config(config, overrides)  # a bad config fails here, before any run starts
     out = Path(args.out)
-    if args.report_only:
+    if args.merge:
+        paths = [Path(p) for p in args.merge]
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise UserError(f"--merge: no such file {', '.join(missing)}")
+        try:
+            results = merge([json.loads(p.read_text()) for p in paths], args.from_iteration, [str(p) for p in paths])
+        except ValueError as e:  # json's decode errors too
+            raise UserError(f"--merge: {e}") from None
+        write_report(results, out)
+    elif args.report_only:
         results = collect(out, args.seeds, args.arms, args.from_iteration)
         write_report(results, out)
     else:

@@ -34,6 +34,15 @@ compared the same way on the seeds and tasks both ran (`paired_arms`: pooled ove
 and then tasks, so that the interval also covers which training runs happened). The per-task outcomes come from
 `selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
 per task lower the noise), else from the run's own evaluation.
+
+Seeds run apart (other machines, other days, a SLURM job each) are pooled with
+
+    selfplay compare --merge A/results.json B/results.json --out DIR
+
+Every run's record in results.json carries what the report needs of it, the test-split outcomes of the warm start
+it started from included, and each warm start's fingerprint (its held-out tasks and weights: `warm_start_id`), so
+the pooled report says whether the seeds share one warm start (`warm_starts`). A run found in two inputs must be the
+same run.
 """
 
 from __future__ import annotations
@@ -223,25 +232,122 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     return out
 
 
-def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10) -> dict:
+def gather(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
+    """{arm: {seed: record}} of the finished runs in `out` (`run_result`). Each record also says which warm start it
+    is (the warm-start arm) or started from (an RL arm: `paired_with`, with that warm start's test-split outcomes and
+    task levels), so that a record needs nothing but itself: results from several --out folders can be pooled
+    (`merge`)."""
+    warm_cache: dict[Path, dict] = {}
+
+    def warm_record(folder: Path) -> dict:
+        if folder not in warm_cache:
+            warm_cache[folder] = {"test_per_task": run_result(folder, "warmstart")["test_per_task"],
+                                  "levels": _task_levels(folder), "warm_start": warm_start_id(folder)}
+        return warm_cache[folder]
+
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    for arm, by_seed in runs.items():
+        for seed, run in by_seed.items():
+            if arm == "warmstart":
+                run["warm_start"] = warm_start_id(run_folder(out, int(seed), arm))
+            else:
+                run["paired_with"] = warm_record(warm_folder(out, int(seed), arm))
+    return runs
+
+
+def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10) -> dict:
+    """The results of the finished runs in `out` (`gather`, then `analyse`)."""
+    return analyse(gather(out, seeds, arms), from_iteration)
+
+
+def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
+    """Every figure of the report from the run records alone ({arm: {seed: record}}, `gather`): the per-run means
+    from `from_iteration` on, the summaries over seeds, each RL run against the warm start it started from, and
+    every two arms paired over the seeds and tasks both ran (each interval from `n_boot` bootstrap draws)."""
+    arms = list(runs)
+    seeds = sorted({int(s) for by_seed in runs.values() for s in by_seed})
     for arm, by_seed in runs.items():
         for run in by_seed.values():
             run["from_iteration"] = later_figures(run["history"], from_iteration) if arm != "warmstart" else {}
-    warm = runs.get("warmstart") or {str(s): run_result(run_folder(out, s, "warmstart"), "warmstart") for s in seeds}
-    # each RL arm is paired with the warm start it started from (its own, for an arm that has one)
-    before = {arm: {str(s): warm[str(s)] if ARM_SPECS[arm].warm == SHARED_WARMSTART
-                    else run_result(warm_folder(out, s, arm), "warmstart") for s in seeds}
-              for arm in arms if arm != "warmstart"}
-    paired = {arm: {seed: paired_groups(before[arm][seed]["test_per_task"], run["test_per_task"],
-                                        _task_levels(warm_folder(out, int(seed), arm)))
-                    for seed, run in by_seed.items() if before[arm][seed]["test_per_task"] and run["test_per_task"]}
+    paired = {arm: {seed: paired_groups(run["paired_with"]["test_per_task"], run["test_per_task"],
+                                        run["paired_with"]["levels"], n_boot)
+                    for seed, run in by_seed.items() if run["paired_with"]["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
-    return {"seeds": list(seeds), "arms": list(arms), "from_iteration": from_iteration, "runs": runs,
+    return {"seeds": seeds, "arms": arms, "from_iteration": from_iteration, "runs": runs,
+            "warm_starts": warm_starts(runs),
             "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
             "paired_test": {arm: v for arm, v in paired.items() if v},
-            "paired_arms": paired_arms({arm: runs[arm] for arm in arms})}
+            "paired_arms": paired_arms({arm: runs[arm] for arm in arms}, n_boot)}
+
+
+def merge(results: Sequence[dict], from_iteration: int = 10, names: Sequence[str] | None = None,
+          n_boot: int = 4000) -> dict:
+    """One report from several comparisons' results.json (e.g. seeds run on different machines or days): their run
+    records pooled by arm and seed, then `analyse`d. A run found in two of them must be the same run; arms keep
+    the order they are first met in. `names`: what to call each input in an error (its path)."""
+    names = list(names or [f"results {i + 1}" for i in range(len(results))])
+    pooled: dict[str, dict] = {}
+    where: dict[tuple[str, str], str] = {}
+    for name, res in zip(names, results):
+        if not res.get("runs"):
+            raise ValueError(f"{name} holds no run records (not a `selfplay compare` results.json?)")
+        for arm in res.get("arms") or list(res["runs"]):
+            by_seed = res["runs"].get(arm, {})
+            for seed, run in by_seed.items():
+                if arm != "warmstart" and "paired_with" not in run:
+                    raise ValueError(f"{name}: arm {arm}, seed {seed} does not say which warm start it started from "
+                                     "(results written before records carried it): re-collect it with "
+                                     "`selfplay compare --report-only`")
+                run = {k: v for k, v in run.items() if k != "from_iteration"}  # recomputed by analyse
+                have = pooled.setdefault(arm, {}).get(seed)
+                if have is not None and have != run:
+                    raise ValueError(f"arm {arm}, seed {seed} is in {where[arm, seed]} and {name} with different "
+                                     "results: pool each run once")
+                pooled[arm][seed] = run
+                where[arm, seed] = name
+    runs = {arm: dict(sorted(by_seed.items(), key=lambda kv: int(kv[0]))) for arm, by_seed in pooled.items()}
+    return analyse(runs, from_iteration, n_boot)
+
+
+def warm_start_id(folder: Path) -> str:
+    """A short fingerprint of a warm start: its held-out tasks and the weights of its latest checkpoint (every
+    `*.safetensors` file), so that two folders made by the same command on different machines can be seen to be
+    the same warm start (or not)."""
+    import hashlib
+
+    from selfplay.runtime.checkpoint import CheckpointManager
+
+    digest = hashlib.sha256()
+    latest = CheckpointManager(folder).latest_checkpoint()
+    files = [RunPaths(folder).heldout] + (sorted(latest.rglob("*.safetensors")) if latest else [])
+    for path in files:
+        if path.exists():
+            digest.update(path.relative_to(folder).as_posix().encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def warm_starts(runs: dict) -> dict[str, dict[str, list[int]]]:
+    """{warm start (its folder name: warmstart, warmstart_free): {fingerprint: the seeds whose runs started from
+    it}}: one fingerprint under a name means every seed shares that warm start."""
+    out: dict[str, dict[str, set[int]]] = {}
+    for arm, by_seed in runs.items():
+        for seed, run in by_seed.items():
+            ident = run.get("warm_start") if arm == "warmstart" else (run.get("paired_with") or {}).get("warm_start")
+            if ident:
+                out.setdefault(ARM_SPECS[arm].warm, {}).setdefault(ident, set()).add(int(seed))
+    return {name: {ident: sorted(seeds) for ident, seeds in sorted(ids.items())} for name, ids in sorted(out.items())}
+
+
+def warm_starts_line(results: dict) -> str:
+    """One line of the report: which warm start each seed's runs started from."""
+    parts = []
+    for name, ids in (results.get("warm_starts") or {}).items():
+        shared = "one for every seed" if len(ids) == 1 else f"{len(ids)} different"
+        seeds = "; ".join(f"{ident}: seeds {', '.join(map(str, s))}" for ident, s in ids.items())
+        parts.append(f"{name} ({shared}; {seeds})")
+    return "Warm starts: " + (", ".join(parts) if parts else "not recorded") + "."
 
 
 LATER_FIGURES = ("validity", "generator_in_band", "generator_share", "generator_batch_share", "solver_in_band",
@@ -279,13 +385,14 @@ def _task_levels(folder: Path) -> dict[str, int]:
     return {d["id"]: d["level"] for d in map(json.loads, path.read_text().splitlines()) if d}
 
 
-def paired_groups(before: dict, after: dict, levels: dict[str, int]) -> dict:
+def paired_groups(before: dict, after: dict, levels: dict[str, int], n_boot: int = 4000) -> dict:
     """{"all" | "level_L": {metric: paired_delta}}: the whole test split, then each level of it."""
     groups = {"all": sorted(set(before) & set(after))}
     for task_id in groups["all"]:
         if task_id in levels:
             groups.setdefault(f"level_{levels[task_id]}", []).append(task_id)
-    return {name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m) for m in METRICS}
+    return {name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m, n_boot)
+                   for m in METRICS}
             for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
 
 
@@ -480,7 +587,7 @@ def paired_arms_table(results: dict) -> str:
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [markdown_table(results, m) for m in METRICS]
+    tables = [warm_starts_line(results)] + [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
     if results.get("paired_test"):

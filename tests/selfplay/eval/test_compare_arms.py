@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (copy_warm_start, later_figures, markdown_table, mean_sd, paired_arms,
-                                   paired_delta, seed_task_delta, summarize)
+from selfplay.eval.compare import (analyse, copy_warm_start, later_figures, markdown_table, mean_sd, merge,
+                                   paired_arms, paired_delta, seed_task_delta, summarize, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -144,6 +144,75 @@ def test_later_figures_by_hand():
     assert later_figures([entry(s, generator_reward=None) for s in (1, 2)])["reward_first"] is None
 
 
+def _records(seeds, draw, tasks=12, warm_id="w0"):
+    """{arm: {seed: record}} shaped as `gather` makes them: a shared warm start and two RL arms paired with it."""
+    import random
+
+    def outcomes(rng):
+        return {f"t{i}": [rng.randint(0, 1), 4, rng.randint(0, 4)] for i in range(tasks)}
+
+    levels = {f"t{i}": 1 + i % 2 for i in range(tasks)}
+    warm = outcomes(random.Random(draw))
+    runs: dict = {"warmstart": {}, "curriculum": {}, "selfplay": {}}
+    for seed in seeds:
+        rng = random.Random(draw * 1000 + seed)
+        for arm in runs:
+            per_task = warm if arm == "warmstart" else outcomes(rng)
+            rec = {"heldout": {"test": {"pass@1_greedy": statistics.fmean(r[0] for r in per_task.values()),
+                                        "pass@1": statistics.fmean(r[2] / r[1] for r in per_task.values())}},
+                   "history": [] if arm == "warmstart" else
+                   [{"step": s, "validity": rng.random(), "solver_in_band": rng.random(), "generator_reward": -s}
+                    for s in range(1, 13)],
+                   "seconds": 1.0, "test_by_level": {}, "test_per_task": per_task, "test_curve": {},
+                   "per_iteration": {}}
+            if arm == "warmstart":
+                rec["warm_start"] = warm_id
+            else:
+                rec["paired_with"] = {"test_per_task": warm, "levels": levels, "warm_start": warm_id}
+            runs[arm][str(seed)] = rec
+    return runs
+
+
+def _json(obj):
+    return json.loads(json.dumps(obj, sort_keys=True))
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.sets(st.integers(0, 9), min_size=2, max_size=5).flatmap(
+    lambda seeds: st.tuples(st.just(sorted(seeds)), st.integers(1, len(seeds) - 1), st.integers(0, 10**6))))
+def test_merging_seeds_run_apart_gives_the_report_of_all_of_them_together(case):
+    seeds, cut, draw = case
+    together = analyse(_records(seeds, draw), from_iteration=5, n_boot=50)
+    parts = [_json(analyse(_records(part, draw), from_iteration=5, n_boot=50)) for part in (seeds[:cut], seeds[cut:])]
+    merged = merge(parts, from_iteration=5, n_boot=50)
+    assert _json(merged) == _json(together)
+    assert merged["seeds"] == seeds and merged["arms"] == ["warmstart", "curriculum", "selfplay"]
+    assert merged["paired_arms"]["selfplay - curriculum"]["pass@1"]["seeds"] == len(seeds)
+    # the same run pooled twice is one run; a different run under the same arm and seed is refused
+    assert _json(merge(parts + parts[:1], from_iteration=5, n_boot=50)) == _json(together)
+    clash = _json(analyse(_records(seeds[:1], draw + 1), n_boot=50))
+    with pytest.raises(ValueError, match=f"arm warmstart, seed {seeds[0]} is in results 1 and results 3"):
+        merge(parts + [clash], n_boot=50)
+
+
+def test_merge_names_what_it_cannot_pool():
+    good = _json(analyse(_records([0], 1), n_boot=50))
+    old = _json(good)
+    del old["runs"]["selfplay"]["0"]["paired_with"]
+    with pytest.raises(ValueError, match="old.json: arm selfplay, seed 0 does not say which warm start"):
+        merge([good, old], names=["good.json", "old.json"])
+    with pytest.raises(ValueError, match="x.json holds no run records"):
+        merge([good, {"seeds": []}], names=["good.json", "x.json"])
+
+
+def test_warm_starts_say_which_seeds_share_one():
+    runs = _records([0, 1], 3)
+    assert warm_starts(runs) == {"warmstart": {"w0": [0, 1]}}
+    other = _records([2], 3, warm_id="w1")
+    pooled = merge([_json(analyse(runs, n_boot=50)), _json(analyse(other, n_boot=50))], n_boot=50)
+    assert pooled["warm_starts"] == {"warmstart": {"w0": [0, 1], "w1": [2]}}
+
+
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
     iteration each."""
@@ -211,6 +280,20 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     selfplay(*args)
     assert log.stat().st_size == size
     assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
+    # each record says which warm start it is or started from: the folder's fingerprint
+    from selfplay.eval.compare import warm_start_id
+
+    ident = warm_start_id(out / "seed_0" / "warmstart")
+    assert results["warm_starts"] == {"warmstart": {ident: [0]}}
+    assert results["runs"]["curriculum"]["0"]["paired_with"]["warm_start"] == ident
+    assert warm_start_id(out / "seed_0" / "curriculum") != ident  # trained weights
+    # --merge pools results.json files into a report of their own (here one file: the same figures)
+    selfplay("compare", "--merge", str(out / "results.json"), "--out", str(tmp_path / "merged"))
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["summary"] == results["summary"] and merged["paired_arms"] == results["paired_arms"]
+    assert (tmp_path / "merged" / "compare.png").exists()
+    proc = selfplay("compare", "--merge", str(tmp_path / "none.json"), "--out", str(tmp_path / "m2"), check=False)
+    assert proc.returncode == 2 and "--merge: no such file" in proc.stderr
 
 
 def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
