@@ -241,8 +241,9 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
 
     def warm_record(folder: Path) -> dict:
         if folder not in warm_cache:
-            warm_cache[folder] = {"test_per_task": run_result(folder, "warmstart")["test_per_task"],
-                                  "levels": _task_levels(folder), "warm_start": warm_start_id(folder)}
+            outcomes, levels = run_result(folder, "warmstart")["test_per_task"], _task_levels(folder)
+            warm_cache[folder] = {"test_per_task": outcomes, "warm_start": warm_start_id(folder),
+                                  "levels": {task_id: levels[task_id] for task_id in outcomes if task_id in levels}}
         return warm_cache[folder]
 
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
