@@ -58,7 +58,10 @@ def run(args) -> int:
             raise UserError(f"--merge: {e}") from None
         write_report(results, out)
     elif args.report_only:
-        results = collect(out, args.seeds, args.arms, args.from_iteration)
+        try:
+            results = collect(out, args.seeds, args.arms, args.from_iteration)
+        except (FileNotFoundError, ValueError) as e:  # a run not there, or not finished
+            raise UserError(f"--report-only: {e}") from None
         write_report(results, out)
     else:
         results = run_all(config, overrides, args.seeds, args.arms, out,
