@@ -249,8 +249,8 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
     for arm, by_seed in runs.items():
         for seed, run in by_seed.items():
-            if arm == "warmstart":
-                run["warm_start"] = warm_start_id(run_folder(out, int(seed), arm))
+            if arm == "warmstart":  # a shared warm start is hashed once, not once per seed
+                run["warm_start"] = warm_record(run_folder(out, int(seed), arm))["warm_start"]
             else:
                 run["paired_with"] = warm_record(warm_folder(out, int(seed), arm))
     return runs
