@@ -34,20 +34,15 @@ def configure(parser) -> None:
 def run(args) -> int:
     import json
 
-    from selfplay.eval.compare import ARMS, collect, markdown_table, merge, run_all, write_report
+    from selfplay.eval.compare import ARMS, collect, merge, run_all, write_report
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
-    config, overrides = split_args(args)
-    bad = [a for a in args.arms if a not in ARMS]
-    if bad:
-        raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
-    for key in ("run.dir", "run.seed", "train.mode"):
-        if any(o.startswith(key + "=") for o in overrides):
-            raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
-    load_config(config, overrides)  # a bad config fails here, before any run starts
     out = Path(args.out)
-    if args.merge:
+    if args.merge:  # runs nothing, so reads no config
+        if args.config or args.overrides:
+            given = " ".join([args.config or ""] + list(args.overrides)).strip()
+            raise UserError(f"--merge runs nothing and takes no config or overrides (given: {given})")
         paths = [Path(p) for p in args.merge]
         missing = [str(p) for p in paths if not p.is_file()]
         if missing:
@@ -57,7 +52,16 @@ def run(args) -> int:
         except ValueError as e:  # json's decode errors too
             raise UserError(f"--merge: {e}") from None
         write_report(results, out)
-    elif args.report_only:
+        return finish(results, out)
+    config, overrides = split_args(args)
+    bad = [a for a in args.arms if a not in ARMS]
+    if bad:
+        raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
+    for key in ("run.dir", "run.seed", "train.mode"):
+        if any(o.startswith(key + "=") for o in overrides):
+            raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
+    load_config(config, overrides)  # a bad config fails here, before any run starts
+    if args.report_only:
         try:
             results = collect(out, args.seeds, args.arms, args.from_iteration)
         except (FileNotFoundError, ValueError) as e:  # a run not there, or not finished
@@ -67,6 +71,12 @@ def run(args) -> int:
         results = run_all(config, overrides, args.seeds, args.arms, out,
                           log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
                           from_iteration=args.from_iteration)
+    return finish(results, out)
+
+
+def finish(results: dict, out: Path) -> int:
+    from selfplay.eval.compare import markdown_table
+
     print(markdown_table(results))
     print(f"results: {out / 'results.md'}, {out / 'results.json'}, {out / 'compare.png'}")
     return 0

@@ -294,6 +294,9 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert (tmp_path / "merged" / "compare.png").exists()
     proc = selfplay("compare", "--merge", str(tmp_path / "none.json"), "--out", str(tmp_path / "m2"), check=False)
     assert proc.returncode == 2 and "--merge: no such file" in proc.stderr
+    proc = selfplay("compare", "train.steps=3", "--merge", str(out / "results.json"), "--out", str(tmp_path / "m3"),
+                    check=False)
+    assert proc.returncode == 2 and "takes no config or overrides (given: train.steps=3)" in proc.stderr
     proc = selfplay("compare", "--report-only", "--seeds", "1", "--arms", "curriculum", "--out", str(out), check=False)
     assert proc.returncode == 2 and "--report-only:" in proc.stderr and "seed_1" in proc.stderr
 
