@@ -602,6 +602,14 @@ def write_report(results: dict, out: Path) -> None:
     plot(results, out / "compare.png")
 
 
+SEED_STYLES = ("-", "--", ":", "-.")  # plot: one line style per seed (seed % 4), one colour per arm
+
+
+def first_label(ax, arm: str) -> str:
+    """A legend entry for an arm's first line on `ax` only (matplotlib leaves out labels starting with "_")."""
+    return f"_{arm}" if any(line.get_label() == arm for line in ax.lines) else arm
+
+
 def plot(results: dict, path: Path) -> Path:
     """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
     Then, per RL arm and seed over iterations: the test split's greedy (o) and sampled (x) pass@1 at each held-out
@@ -641,8 +649,8 @@ def plot(results: dict, path: Path) -> Path:
                 pts = [(int(k), v[metric]) for k, v in curve.items() if metric in v]
                 if pts:
                     ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
-                            linestyle=("-", "--", ":", "-.")[int(seed) % 4], label=f"{arm} s{seed} {metric}")
-    ax.set_title("held-out test pass@1 at each evaluation")
+                            linestyle=SEED_STYLES[int(seed) % 4], label=first_label(ax, arm))
+    ax.set_title("held-out test pass@1 at each evaluation (o greedy, x sampled)")
     ax.set_xlabel("iteration")
     if ax.lines:
         ax.legend(fontsize=7)
@@ -657,8 +665,8 @@ def plot(results: dict, path: Path) -> Path:
             for seed, run in results["runs"][arm].items():
                 pts = [(h["step"], h[key]) for h in run["history"] if h.get(key) is not None]
                 if pts:
-                    ax.plot(*zip(*pts), label=f"{arm} s{seed}", alpha=0.7,
-                            color=f"C{arms.index(arm)}", linestyle=("-", "--", ":", "-.")[int(seed) % 4])
+                    ax.plot(*zip(*pts), label=first_label(ax, arm), alpha=0.7,
+                            color=f"C{arms.index(arm)}", linestyle=SEED_STYLES[int(seed) % 4])
                     drawn = True
         ax.set_title(title)
         ax.set_xlabel("iteration")
@@ -666,6 +674,9 @@ def plot(results: dict, path: Path) -> Path:
             ax.legend(fontsize=7)
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
+    seeds = sorted({int(seed) for by_seed in results["runs"].values() for seed in by_seed})
+    fig.suptitle("colour: arm; line style: seed (" + ", ".join(f"{SEED_STYLES[s % 4]} {s}" for s in seeds) + ")",
+                 fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
