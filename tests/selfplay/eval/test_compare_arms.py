@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (analyse, copy_warm_start, later_figures, markdown_table, mean_sd, merge,
+from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd, merge,
                                    paired_arms, paired_delta, seed_task_delta, summarize, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
@@ -368,3 +368,17 @@ def test_uniform_and_free_format_arms_the_free_one_from_a_warm_start_of_its_own(
     main = CheckpointManager(out / "seed_0" / "warmstart")
     shared = main.load_state(main.latest_checkpoint())["eval_before"]["test"]["pass@1_greedy"]
     assert results["paired_test"]["uniform"]["0"]["all"]["pass@1_greedy"]["before"] == pytest.approx(shared)
+
+
+def test_the_figure_names_each_arm_once_whatever_the_seeds():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    for arm in ("curriculum", "selfplay"):
+        for seed in range(4):
+            ax.plot([0, 1], [seed, arm == "selfplay"], label=first_label(ax, arm))
+    assert ax.get_legend_handles_labels()[1] == ["curriculum", "selfplay"]
+    plt.close(fig)
