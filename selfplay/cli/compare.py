@@ -26,6 +26,11 @@ def configure(parser) -> None:
                              "longest collapse alarm) are over the iterations from this one on (default 10)")
     parser.add_argument("--report-only", action="store_true",
                         help="only collect the finished runs in --out into results.json/.md and compare.png")
+    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="WORD",
+                        help="NAME BASE KEY=VALUE...: an arm of your own, arm BASE with these overrides of its RL "
+                             "phase, from BASE's warm start; repeatable; it runs with the --arms (e.g. --variant "
+                             "curriculum_rloo curriculum ppo.advantage=rloo; it takes every word up to the next "
+                             "option, so put the config and overrides before it); give it again with --report-only")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", default=None,
                         help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
                              "machines) into one report in --out; runs nothing")
@@ -34,7 +39,7 @@ def configure(parser) -> None:
 def run(args) -> int:
     import json
 
-    from selfplay.eval.compare import ARMS, collect, merge, run_all, write_report
+    from selfplay.eval.compare import arm_specs, collect, merge, run_all, variant, write_report
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -54,23 +59,36 @@ def run(args) -> int:
         write_report(results, out)
         return finish(results, out)
     config, overrides = split_args(args)
-    bad = [a for a in args.arms if a not in ARMS]
+    variants = {}
+    for name, base, *keys in (v + ["", ""][len(v):] for v in args.variant):
+        try:
+            variants[name] = variant(name, base, keys)
+        except ValueError as e:
+            raise UserError(f"--variant: {e}") from None
+    arms = list(args.arms) + [name for name in variants if name not in args.arms]
+    specs = arm_specs(variants)
+    bad = [a for a in arms if a not in specs]
     if bad:
-        raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(ARMS)}")
+        raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(specs)}")
     for key in ("run.dir", "run.seed", "train.mode"):
         if any(o.startswith(key + "=") for o in overrides):
             raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
     load_config(config, overrides)  # a bad config fails here, before any run starts
+    for name, spec in variants.items():
+        try:
+            load_config(config, overrides + list(spec.overrides))
+        except UserError as e:
+            raise UserError(f"--variant {name}: {e}") from None
     if args.report_only:
         try:
-            results = collect(out, args.seeds, args.arms, args.from_iteration)
+            results = collect(out, args.seeds, arms, args.from_iteration, variants)
         except (FileNotFoundError, ValueError) as e:  # a run not there, or not finished
             raise UserError(f"--report-only: {e}") from None
         write_report(results, out)
     else:
-        results = run_all(config, overrides, args.seeds, args.arms, out,
+        results = run_all(config, overrides, args.seeds, arms, out,
                           log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
-                          from_iteration=args.from_iteration)
+                          from_iteration=args.from_iteration, variants=variants)
     return finish(results, out)
 
 

@@ -19,6 +19,12 @@ copy of that folder, so the arms of one seed differ only in what happens after t
                  (`mixer.instruction_follow=true`), from the same warm start as `selfplay`
     fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 
+An ablation is an arm of its own, from its base arm's warm start, with overrides of the RL phase added
+(`--variant NAME BASE KEY=VALUE ...`, `variant`), e.g. the curriculum without a critic:
+
+    selfplay compare --seeds 0 1 --shared-warmstart --arms warmstart curriculum \
+        --variant curriculum_rloo curriculum ppo.advantage=rloo
+
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
 for its generator on top. Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this
@@ -85,6 +91,30 @@ ARM_SPECS = {
     "fixed": Arm("fixed"),
 }
 ARMS = tuple(ARM_SPECS)
+# a variant shares its base arm's warm start, so it may not change what the warm start reads
+WARM_START_KEYS = ("warmstart.", "model.", "tasks.", "generator.format", "run.", "train.mode")
+
+
+def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
+    """The arm `name`: arm `base` with `overrides` (KEY=VALUE) added to its own, from the same warm start. Raises
+    ValueError naming what is wrong (an arm's name taken, an unknown base, a key the shared warm start reads)."""
+    if not name.isidentifier() or name in ARM_SPECS:
+        raise ValueError(f"variant name {name!r}: an identifier that is not an arm's ({', '.join(ARMS)})")
+    if base not in ARM_SPECS or base == "warmstart":
+        raise ValueError(f"variant {name}: base {base!r} must be an RL arm ({', '.join(ARMS[1:])})")
+    if not overrides or any("=" not in o for o in overrides):
+        raise ValueError(f"variant {name}: give its overrides as KEY=VALUE (got {' '.join(overrides) or 'none'})")
+    shared = [o for o in overrides if o.startswith(WARM_START_KEYS)]
+    if shared:
+        raise ValueError(f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
+                         f"{base}; a variant changes the RL phase only")
+    spec = ARM_SPECS[base]
+    return Arm(spec.mode, spec.overrides + tuple(overrides), spec.warm)
+
+
+def arm_specs(variants: dict[str, Arm] | None = None) -> dict[str, Arm]:
+    """The arms a comparison knows: the built-in ones and its variants."""
+    return {**ARM_SPECS, **(variants or {})}
 METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
 # what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
 COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
@@ -100,10 +130,11 @@ def run_folder(out: Path, seed: int, arm: str) -> Path:
     return out / f"seed_{seed}" / arm
 
 
-def warm_folder(out: Path, seed: int, arm: str, shared: bool | None = None) -> Path:
+def warm_folder(out: Path, seed: int, arm: str, shared: bool | None = None,
+                variants: dict[str, Arm] | None = None) -> Path:
     """The warm start `arm` starts from: OUT/seed_S/<its warm start>, or OUT/<its warm start> when shared (None:
     shared if the comparison's main warm start is)."""
-    name = ARM_SPECS[arm].warm
+    name = arm_specs(variants)[arm].warm
     if shared is None:
         shared = (out / SHARED_WARMSTART).exists()
     return out / name if shared else out / f"seed_{seed}" / name
@@ -137,17 +168,19 @@ def copy_warm_start(warm: Path, dst: Path) -> None:
 
 
 def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
-            log=print, shared_warmstart: bool = False, from_iteration: int = 10) -> dict:
+            log=print, shared_warmstart: bool = False, from_iteration: int = 10,
+            variants: dict[str, Arm] | None = None) -> dict:
     """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results."""
-    unknown = [a for a in arms if a not in ARMS]
+    specs = arm_specs(variants)
+    unknown = [a for a in arms if a not in specs]
     if unknown:
-        raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(ARMS)}")
+        raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(specs)}")
     base = ([config] if config else []) + list(overrides)
     t0 = time.perf_counter()
     for seed in seeds:
         for arm in ["warmstart", *arms]:
-            spec = ARM_SPECS[arm]
-            warm = warm_folder(out, seed, arm, shared_warmstart)
+            spec = specs[arm]
+            warm = warm_folder(out, seed, arm, shared_warmstart, variants)
             if not (RunPaths(warm).checkpoints / LATEST).exists():
                 log(f"seed {seed}: warm start -> {warm}")
                 _selfplay(["warmstart", *base, *spec.overrides, f"run.dir={warm}", f"run.seed={seed}"],
@@ -162,7 +195,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
             _selfplay(["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
                        f"train.mode={spec.mode}"], out / "logs" / f"seed_{seed}_{arm}.log")
-    results = collect(out, seeds, arms, from_iteration)
+    results = collect(out, seeds, arms, from_iteration, variants)
     write_report(results, out)
     return results
 
@@ -232,11 +265,11 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     return out
 
 
-def gather(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
+def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[str, Arm] | None = None) -> dict:
     """{arm: {seed: record}} of the finished runs in `out` (`run_result`). Each record also says which warm start it
     is (the warm-start arm) or started from (an RL arm: `paired_with`, with that warm start's test-split outcomes and
     task levels), so that a record needs nothing but itself: results from several --out folders can be pooled
-    (`merge`)."""
+    (`merge`); a variant's record also says what it is (`variant`: mode, overrides and warm start)."""
     warm_cache: dict[Path, dict] = {}
 
     def warm_record(folder: Path) -> dict:
@@ -252,13 +285,17 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str]) -> dict:
             if arm == "warmstart":  # a shared warm start is hashed once, not once per seed
                 run["warm_start"] = warm_record(run_folder(out, int(seed), arm))["warm_start"]
             else:
-                run["paired_with"] = warm_record(warm_folder(out, int(seed), arm))
+                run["paired_with"] = warm_record(warm_folder(out, int(seed), arm, variants=variants))
+            if arm in (variants or {}):
+                spec = variants[arm]
+                run["variant"] = {"mode": spec.mode, "overrides": list(spec.overrides), "warm": spec.warm}
     return runs
 
 
-def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10) -> dict:
+def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10,
+            variants: dict[str, Arm] | None = None) -> dict:
     """The results of the finished runs in `out` (`gather`, then `analyse`)."""
-    return analyse(gather(out, seeds, arms), from_iteration)
+    return analyse(gather(out, seeds, arms, variants), from_iteration)
 
 
 def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
@@ -337,8 +374,17 @@ def warm_starts(runs: dict) -> dict[str, dict[str, list[int]]]:
         for seed, run in by_seed.items():
             ident = run.get("warm_start") if arm == "warmstart" else (run.get("paired_with") or {}).get("warm_start")
             if ident:
-                out.setdefault(ARM_SPECS[arm].warm, {}).setdefault(ident, set()).add(int(seed))
+                name = (run.get("variant") or {}).get("warm") or ARM_SPECS[arm].warm
+                out.setdefault(name, {}).setdefault(ident, set()).add(int(seed))
     return {name: {ident: sorted(seeds) for ident, seeds in sorted(ids.items())} for name, ids in sorted(out.items())}
+
+
+def variants_line(results: dict) -> str:
+    """One line of the report naming each variant arm's mode and overrides ("" when there is none)."""
+    seen = {arm: run["variant"] for arm, by_seed in results["runs"].items() for run in by_seed.values()
+            if run.get("variant")}
+    return ("Variants: " + "; ".join(f"{arm} = train.mode={v['mode']} {' '.join(v['overrides'])}, from {v['warm']}"
+                                     for arm, v in seen.items()) + ".") if seen else ""
 
 
 def warm_starts_line(results: dict) -> str:
@@ -588,7 +634,8 @@ def paired_arms_table(results: dict) -> str:
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [warm_starts_line(results)] + [markdown_table(results, m) for m in METRICS]
+    tables = [line for line in (warm_starts_line(results), variants_line(results)) if line]
+    tables += [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
     if results.get("paired_test"):

@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd, merge,
-                                   paired_arms, paired_delta, seed_task_delta, summarize, warm_starts)
+from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
+                                   merge, paired_arms, paired_delta, seed_task_delta, summarize, variant, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -382,3 +382,58 @@ def test_the_figure_names_each_arm_once_whatever_the_seeds():
             ax.plot([0, 1], [seed, arm == "selfplay"], label=first_label(ax, arm))
     assert ax.get_legend_handles_labels()[1] == ["curriculum", "selfplay"]
     plt.close(fig)
+
+
+def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_path):
+    from selfplay.eval.compare import ARM_SPECS, warm_folder
+
+    v = variant("free_rloo", "selfplay_free", ["ppo.advantage=rloo"])
+    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "ppo.advantage=rloo"),
+                                             "warmstart_free")
+    assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
+    assert "free_rloo" not in ARM_SPECS  # nothing registered globally
+    for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
+                          (("a-b", "uniform", ["ppo.lr=1"]), "an identifier"),
+                          (("x", "warmstart", ["ppo.lr=1"]), "base 'warmstart' must be an RL arm"),
+                          (("x", "nope", ["ppo.lr=1"]), "base 'nope'"),
+                          (("x", "curriculum", []), "KEY=VALUE"),
+                          (("x", "curriculum", ["ppo.lr"]), "KEY=VALUE"),
+                          (("x", "curriculum", ["warmstart.solver_steps=3"]), "would change its warm start"),
+                          (("x", "selfplay", ["generator.format=free"]), "would change its warm start")]:
+        with pytest.raises(ValueError, match=message):
+            variant(*args)
+
+
+def test_compare_runs_a_variant_and_its_records_say_what_it_is(warm_run, tmp_path):
+    """Real runs: a variant of the curriculum (no critic) beside it, one iteration each, from one warm start."""
+    out = tmp_path / "compare"
+    shutil.copytree(warm_run, out / "seed_0" / "warmstart")
+    variant_args = ["--variant", "curriculum_rloo", "curriculum", "ppo.advantage=rloo"]
+    selfplay("compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out),
+             *variant_args)
+    results = json.loads((out / "results.json").read_text())
+    assert results["arms"] == ["warmstart", "curriculum", "curriculum_rloo"]
+    log = (out / "logs" / "seed_0_curriculum_rloo.log").read_text()
+    assert "train.mode=curriculum" in log and "ppo.advantage=rloo" in log
+    assert "ppo.advantage=rloo" not in (out / "logs" / "seed_0_curriculum.log").read_text()
+    record = results["runs"]["curriculum_rloo"]["0"]
+    assert record["variant"] == {"mode": "curriculum", "overrides": ["ppo.advantage=rloo"], "warm": "warmstart"}
+    assert "variant" not in results["runs"]["curriculum"]["0"]
+    assert set(results["paired_arms"]) == {"curriculum - warmstart", "curriculum_rloo - warmstart",
+                                           "curriculum_rloo - curriculum"}
+    assert list(results["warm_starts"]) == ["warmstart"]
+    assert list(results["warm_starts"]["warmstart"].values()) == [[0]]  # one warm start for both arms
+    report = (out / "results.md").read_text()
+    assert "Variants: curriculum_rloo = train.mode=curriculum ppo.advantage=rloo, from warmstart." in report
+    # the report again needs the variant to be named; a merge needs only the records
+    proc = selfplay("compare", "--report-only", "--seeds", "0", "--arms", "curriculum_rloo", "--out", str(out),
+                    check=False)
+    assert proc.returncode == 2 and "unknown arm(s) curriculum_rloo" in proc.stderr
+    selfplay("compare", "--report-only", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out),
+             *variant_args)
+    assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
+    selfplay("compare", "--merge", str(out / "results.json"), "--out", str(tmp_path / "merged"))
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert merged["warm_starts"] == results["warm_starts"] and merged["paired_arms"] == results["paired_arms"]
+    proc = selfplay("compare", *SMOKE, "--out", str(out), "--variant", "x", "curriculum", "ppo.nope=1", check=False)
+    assert proc.returncode == 2 and "--variant x:" in proc.stderr and "ppo.nope" in proc.stderr
