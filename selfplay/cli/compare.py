@@ -60,7 +60,8 @@ def run(args) -> int:
         return finish(results, out)
     config, overrides = split_args(args)
     variants = {}
-    for name, base, *keys in (v + ["", ""][len(v):] for v in args.variant):
+    for words in args.variant:  # NAME BASE KEY=VALUE ...
+        name, base, keys = words[0], (words[1] if len(words) > 1 else ""), words[2:]
         try:
             variants[name] = variant(name, base, keys)
         except ValueError as e:

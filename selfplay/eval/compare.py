@@ -91,8 +91,16 @@ ARM_SPECS = {
     "fixed": Arm("fixed"),
 }
 ARMS = tuple(ARM_SPECS)
+METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
+# what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
+COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
+
+
+SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)
+
 # a variant shares its base arm's warm start, so it may not change what the warm start reads
-WARM_START_KEYS = ("warmstart.", "model.", "tasks.", "generator.format", "run.", "train.mode")
+WARM_START_KEYS = ("warmstart.", "model.", "tasks.", "generator.format")
+PER_RUN_KEYS = ("run.dir", "run.seed", "train.mode")  # set for each run by `compare` (from --out, --seeds, the arm)
 
 
 def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
@@ -104,6 +112,10 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
         raise ValueError(f"variant {name}: base {base!r} must be an RL arm ({', '.join(ARMS[1:])})")
     if not overrides or any("=" not in o for o in overrides):
         raise ValueError(f"variant {name}: give its overrides as KEY=VALUE (got {' '.join(overrides) or 'none'})")
+    per_run = [o for o in overrides if o.split("=")[0] in PER_RUN_KEYS]
+    if per_run:
+        raise ValueError(f"variant {name}: {', '.join(per_run)} is set per run by `selfplay compare` (its mode is "
+                         f"{base}'s)")
     shared = [o for o in overrides if o.startswith(WARM_START_KEYS)]
     if shared:
         raise ValueError(f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
@@ -115,12 +127,6 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
 def arm_specs(variants: dict[str, Arm] | None = None) -> dict[str, Arm]:
     """The arms a comparison knows: the built-in ones and its variants."""
     return {**ARM_SPECS, **(variants or {})}
-METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
-# what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
-COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
-
-
-SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (--shared-warmstart)
 
 
 def run_folder(out: Path, seed: int, arm: str) -> Path:

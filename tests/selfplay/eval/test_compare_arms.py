@@ -399,7 +399,9 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
                           (("x", "curriculum", []), "KEY=VALUE"),
                           (("x", "curriculum", ["ppo.lr"]), "KEY=VALUE"),
                           (("x", "curriculum", ["warmstart.solver_steps=3"]), "would change its warm start"),
-                          (("x", "selfplay", ["generator.format=free"]), "would change its warm start")]:
+                          (("x", "selfplay", ["generator.format=free"]), "would change its warm start"),
+                          (("x", "curriculum", ["train.mode=uniform"]), "set per run"),
+                          (("x", "curriculum", ["ppo.lr=1", "run.seed=3"]), "set per run")]:
         with pytest.raises(ValueError, match=message):
             variant(*args)
 
