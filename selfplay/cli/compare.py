@@ -39,7 +39,7 @@ def configure(parser) -> None:
 def run(args) -> int:
     import json
 
-    from selfplay.eval.compare import arm_specs, collect, merge, run_all, variant, write_report
+    from selfplay.eval.compare import PER_RUN_KEYS, arm_specs, collect, merge, run_all, variant, write_report
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -71,7 +71,7 @@ def run(args) -> int:
     bad = [a for a in arms if a not in specs]
     if bad:
         raise UserError(f"--arms: unknown arm(s) {', '.join(bad)}; choose from {', '.join(specs)}")
-    for key in ("run.dir", "run.seed", "train.mode"):
+    for key in PER_RUN_KEYS:
         if any(o.startswith(key + "=") for o in overrides):
             raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
     load_config(config, overrides)  # a bad config fails here, before any run starts

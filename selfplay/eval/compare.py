@@ -124,6 +124,12 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
     return Arm(spec.mode, spec.overrides + tuple(overrides), spec.warm)
 
 
+def warm_start_overrides(warm: str) -> tuple[str, ...]:
+    """The overrides that make warm start `warm` (a folder name): those of the built-in arm it belongs to, whichever
+    arm (a variant with RL overrides included) comes to make it first."""
+    return next(spec.overrides for spec in ARM_SPECS.values() if spec.warm == warm)
+
+
 def arm_specs(variants: dict[str, Arm] | None = None) -> dict[str, Arm]:
     """The arms a comparison knows: the built-in ones and its variants."""
     return {**ARM_SPECS, **(variants or {})}
@@ -189,7 +195,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             warm = warm_folder(out, seed, arm, shared_warmstart, variants)
             if not (RunPaths(warm).checkpoints / LATEST).exists():
                 log(f"seed {seed}: warm start -> {warm}")
-                _selfplay(["warmstart", *base, *spec.overrides, f"run.dir={warm}", f"run.seed={seed}"],
+                _selfplay(["warmstart", *base, *warm_start_overrides(spec.warm), f"run.dir={warm}", f"run.seed={seed}"],
                           out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
             if arm == "warmstart":
                 continue

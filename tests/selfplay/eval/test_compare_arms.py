@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import pytest
 
 from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
-                                   merge, paired_arms, paired_delta, seed_task_delta, summarize, variant, warm_starts)
+                                   merge, paired_arms, paired_delta, seed_task_delta, summarize, variant,
+                                   warm_start_overrides, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -392,6 +393,8 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
                                              "warmstart_free")
     assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
     assert "free_rloo" not in ARM_SPECS  # nothing registered globally
+    # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
+    assert warm_start_overrides(v.warm) == ("generator.format=free",) and warm_start_overrides("warmstart") == ()
     for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
                           (("a-b", "uniform", ["ppo.lr=1"]), "an identifier"),
                           (("x", "warmstart", ["ppo.lr=1"]), "base 'warmstart' must be an RL arm"),
