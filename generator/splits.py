@@ -21,6 +21,10 @@ from generator.families.steps import KINDS
 from generator.families.values import TYPE_NAMES, input_etype
 
 SPLITS = ("train", "heldout_types", "heldout_compositions", "deeper", "noisy")
+# evaluation suites draw two more sets of `train`-split tasks, kept out of the corpus: the in-distribution held-out
+# split and a validation split for choosing settings (selfplay/eval/evaluate.py)
+TEST_SPLIT = "test"
+VAL_SPLIT = "val"
 
 
 class SplitError(ValueError):

@@ -31,6 +31,10 @@ def configure(parser) -> None:
                              "phase, from BASE's warm start; repeatable; it runs with the --arms (e.g. --variant "
                              "curriculum_rloo curriculum ppo.advantage=rloo; it takes every word up to the next "
                              "option, so put the config and overrides before it); give it again with --report-only")
+    parser.add_argument("--split", default="test",
+                        help="the held-out split the runs are paired and compared on: test (default), or val to "
+                             "choose a setting without looking at the held-out splits (the runs must evaluate it: "
+                             "give the override eval.splits=[val], which draws the validation split)")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", default=None,
                         help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
                              "machines) into one report in --out; runs nothing")
@@ -40,6 +44,7 @@ def run(args) -> int:
     import json
 
     from selfplay.eval.compare import PER_RUN_KEYS, arm_specs, collect, merge, run_all, variant, write_report
+    from selfplay.eval.evaluate import suite_splits
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -74,7 +79,10 @@ def run(args) -> int:
     for key in PER_RUN_KEYS:
         if any(o.startswith(key + "=") for o in overrides):
             raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
-    load_config(config, overrides)  # a bad config fails here, before any run starts
+    cfg = load_config(config, overrides)  # a bad config fails here, before any run starts
+    if args.split not in suite_splits(cfg):
+        raise UserError(f"--split {args.split}: the runs evaluate {', '.join(suite_splits(cfg))} (set eval.splits to "
+                        f"include {args.split})")
     for name, spec in variants.items():
         try:
             load_config(config, overrides + list(spec.overrides))
@@ -82,14 +90,14 @@ def run(args) -> int:
             raise UserError(f"--variant {name}: {e}") from None
     if args.report_only:
         try:
-            results = collect(out, args.seeds, arms, args.from_iteration, variants)
+            results = collect(out, args.seeds, arms, args.from_iteration, variants, args.split)
         except (FileNotFoundError, ValueError) as e:  # a run not there, or not finished
             raise UserError(f"--report-only: {e}") from None
         write_report(results, out)
     else:
         results = run_all(config, overrides, args.seeds, arms, out,
                           log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
-                          from_iteration=args.from_iteration, variants=variants)
+                          from_iteration=args.from_iteration, variants=variants, split=args.split)
     return finish(results, out)
 
 

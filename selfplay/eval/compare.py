@@ -41,6 +41,14 @@ and then tasks, so that the interval also covers which training runs happened). 
 `selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
 per task lower the noise), else from the run's own evaluation.
 
+Settings are chosen on a validation split, never on the held-out ones: with the override `eval.splits=[val]` every
+run draws and evaluates only the validation split (training-distribution tasks apart from the test split and the
+corpus), and `--split val` pairs the runs on it (the records then say `split: val`, and never pool with records of
+the test split), e.g. the solver's advantage estimator:
+
+    selfplay compare configs/tiny.yaml eval.splits=[val] --split val --seeds 0 1 --shared-warmstart \
+        --arms warmstart selfplay --variant selfplay_rloo selfplay ppo.advantage=rloo
+
 Seeds run apart (other machines, other days, a SLURM job each) are pooled with
 
     selfplay compare --merge A/results.json B/results.json --out DIR
@@ -181,8 +189,9 @@ def copy_warm_start(warm: Path, dst: Path) -> None:
 
 def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
             log=print, shared_warmstart: bool = False, from_iteration: int = 10,
-            variants: dict[str, Arm] | None = None) -> dict:
-    """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results."""
+            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT) -> dict:
+    """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results,
+    paired on `split` (the test split, or "val" when choosing settings: the overrides then set eval.splits=[val])."""
     specs = arm_specs(variants)
     unknown = [a for a in arms if a not in specs]
     if unknown:
@@ -207,7 +216,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
             log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
             _selfplay(["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
                        f"train.mode={spec.mode}"], out / "logs" / f"seed_{seed}_{arm}.log")
-    results = collect(out, seeds, arms, from_iteration, variants)
+    results = collect(out, seeds, arms, from_iteration, variants, split)
     write_report(results, out)
     return results
 
@@ -223,9 +232,10 @@ def _final_state(folder: Path) -> dict:
     return ckpt.load_state(latest)
 
 
-def run_result(folder: Path, arm: str) -> dict:
+def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
     """{"heldout": {split: {metric: value}}, "test_by_level": {level: {metric: value}}, "history": [...],
-    "seconds": s} of one finished run."""
+    "seconds": s} of one finished run. The test_* entries (levels, per-task outcomes, curve) are those of `split`,
+    the split the runs are paired on: the test split, or the validation split when settings are being chosen."""
     state = _final_state(folder)
     evals = state.get("evals") or {}
     if arm == "warmstart":
@@ -238,16 +248,17 @@ def run_result(folder: Path, arm: str) -> dict:
     heldout = {split: {m: res[m] for m in METRICS if m in res}
                for split, res in final.items() if split not in BREAKDOWNS}
     later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
-    by_level = (final.get("by_level") or later.get("by_level") or {}).get(TEST_SPLIT, {})
+    by_level = (final.get("by_level") or later.get("by_level") or {}).get(split, {})
     # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
-    per_task = (later.get("per_task") or final.get("per_task") or {}).get(TEST_SPLIT, {})
-    curve = {str(k): {m: res[TEST_SPLIT][m] for m in METRICS if m in res.get(TEST_SPLIT, {})}
+    per_task = (later.get("per_task") or final.get("per_task") or {}).get(split, {})
+    curve = {str(k): {m: res[split][m] for m in METRICS if m in res.get(split, {})}
              for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
     return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
             "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res}
                               for lv, res in by_level.items()},
             "test_per_task": per_task, "test_curve": curve,
-            "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state)}
+            "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state),
+            **({} if split == TEST_SPLIT else {"split": split})}  # records of the test split are as they always were
 
 
 def _eval_json(folder: Path, step: int) -> dict:
@@ -277,21 +288,23 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     return out
 
 
-def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[str, Arm] | None = None) -> dict:
-    """{arm: {seed: record}} of the finished runs in `out` (`run_result`). Each record also says which warm start it
-    is (the warm-start arm) or started from (an RL arm: `paired_with`, with that warm start's test-split outcomes and
-    task levels), so that a record needs nothing but itself: results from several --out folders can be pooled
-    (`merge`); a variant's record also says what it is (`variant`: mode, overrides and warm start)."""
+def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[str, Arm] | None = None,
+           split: str = TEST_SPLIT) -> dict:
+    """{arm: {seed: record}} of the finished runs in `out` (`run_result`, paired on `split`). Each record also says
+    which warm start it is (the warm-start arm) or started from (an RL arm: `paired_with`, with that warm start's
+    outcomes on `split` and task levels), so that a record needs nothing but itself: results from several --out
+    folders can be pooled (`merge`); a variant's record also says what it is (`variant`: mode, overrides and warm
+    start)."""
     warm_cache: dict[Path, dict] = {}
 
     def warm_record(folder: Path) -> dict:
         if folder not in warm_cache:
-            outcomes, levels = run_result(folder, "warmstart")["test_per_task"], _task_levels(folder)
+            outcomes, levels = run_result(folder, "warmstart", split)["test_per_task"], _task_levels(folder)
             warm_cache[folder] = {"test_per_task": outcomes, "warm_start": warm_start_id(folder),
                                   "levels": {task_id: levels[task_id] for task_id in outcomes if task_id in levels}}
         return warm_cache[folder]
 
-    runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm) for s in seeds} for arm in arms}
+    runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm, split) for s in seeds} for arm in arms}
     for arm, by_seed in runs.items():
         for seed, run in by_seed.items():
             if arm == "warmstart":  # a shared warm start is hashed once, not once per seed
@@ -305,9 +318,19 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[
 
 
 def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10,
-            variants: dict[str, Arm] | None = None) -> dict:
+            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT) -> dict:
     """The results of the finished runs in `out` (`gather`, then `analyse`)."""
-    return analyse(gather(out, seeds, arms, variants), from_iteration)
+    return analyse(gather(out, seeds, arms, variants, split), from_iteration)
+
+
+def paired_split(runs: dict) -> str:
+    """The one split every record is paired on (records of the test split name none). Raises ValueError when the
+    records mix splits: a validation result never pools with a test result."""
+    found = {run.get("split", TEST_SPLIT) for by_seed in runs.values() for run in by_seed.values()}
+    if len(found) > 1:
+        raise ValueError(f"the run records are paired on different splits ({', '.join(sorted(found))}): compare "
+                         "them apart")
+    return found.pop() if found else TEST_SPLIT
 
 
 def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
@@ -315,6 +338,7 @@ def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
     from `from_iteration` on, the summaries over seeds, each RL run against the warm start it started from, and
     every two arms paired over the seeds and tasks both ran (each interval from `n_boot` bootstrap draws)."""
     arms = list(runs)
+    split = paired_split(runs)
     seeds = sorted({int(s) for by_seed in runs.values() for s in by_seed})
     for arm, by_seed in runs.items():
         for run in by_seed.values():
@@ -323,7 +347,7 @@ def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
                                         run["paired_with"]["levels"], n_boot)
                     for seed, run in by_seed.items() if run["paired_with"]["test_per_task"] and run["test_per_task"]}
               for arm, by_seed in runs.items() if arm != "warmstart"}
-    return {"seeds": seeds, "arms": arms, "from_iteration": from_iteration, "runs": runs,
+    return {"seeds": seeds, "arms": arms, "from_iteration": from_iteration, "runs": runs, "split": split,
             "warm_starts": warm_starts(runs),
             "summary": summarize(runs),
             "summary_test_by_level": summarize(runs, "test_by_level"),
@@ -559,8 +583,8 @@ def summarize(runs: dict, key: str = "heldout") -> dict:
 def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: str = "summary") -> str:
     """Rows: arms; columns: held-out splits (or the test split's levels); cells: mean ± sd over seeds."""
     summary = results.get(summary_key) or {}
-    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
-    what = "" if summary_key == "summary" else ", test split by level"
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != TEST_SPLIT, s))
+    what = "" if summary_key == "summary" else f", {results.get('split', TEST_SPLIT)} split by level"
     lines = [f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
              "|---|" + "---|" * len(splits)]
     for arm in results["arms"]:
@@ -596,7 +620,9 @@ def cost_table(results: dict) -> str:
 def paired_table(results: dict) -> str:
     """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`), for the
     whole split and each of its levels."""
-    lines = ["Test split against the warm start, paired over tasks (bootstrap 95 % interval over tasks):", "",
+    split = results.get("split", TEST_SPLIT)
+    lines = [f"{split.capitalize()} split against the warm start, paired over tasks (bootstrap 95 % interval over "
+             "tasks):", "",
              "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
     for arm, by_seed in results["paired_test"].items():
         for seed, by_group in by_seed.items():
@@ -633,8 +659,9 @@ def later_table(results: dict) -> str:
 
 def paired_arms_table(results: dict) -> str:
     """Every two arms on the test split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
-    lines = ["Arm against arm on the test split, paired over seeds and tasks (bootstrap 95 % interval over seeds, "
-             "then tasks):", "", "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] |",
+    split = results.get("split", TEST_SPLIT)
+    lines = [f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval over "
+             "seeds, then tasks):", "", "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] |",
              "|---|---|---|---|---|---|---|"]
     for name, by_metric in results["paired_arms"].items():
         for metric, d in by_metric.items():
@@ -682,7 +709,7 @@ def plot(results: dict, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     summary, arms = results["summary"], results["arms"]
-    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != "test", s))
+    splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != TEST_SPLIT, s))
     fig, grid = plt.subplots(2, 4, figsize=(26, 9))
     axes = grid.ravel()
     ax = axes[0]
@@ -709,7 +736,7 @@ def plot(results: dict, path: Path) -> Path:
                 if pts:
                     ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
                             linestyle=SEED_STYLES[int(seed) % 4], label=first_label(ax, arm))
-    ax.set_title("held-out test pass@1 at each evaluation (o greedy, x sampled)")
+    ax.set_title(f"held-out {results.get('split', TEST_SPLIT)} pass@1 at each evaluation (o greedy, x sampled)")
     ax.set_xlabel("iteration")
     if ax.lines:
         ax.legend(fontsize=7)

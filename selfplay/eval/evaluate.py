@@ -4,7 +4,9 @@ episodes as training.
 Held-out suite: `tasks_per_split` tasks for each split (the in-distribution "test" split — training levels and
 families, fresh tasks not in the corpus — and every held-out split in `tasks.heldout_splits`: held-out element
 types, held-out compositions, deeper pipelines, noisy descriptions). They are generated once per run from
-`run.seed` and saved to RUN_DIR/heldout.jsonl, so every evaluation of a run sees the same tasks.
+`run.seed` and saved to RUN_DIR/heldout.jsonl, so every evaluation of a run sees the same tasks. With `eval.splits`
+an evaluation runs only the splits it names, and "val" adds a validation split drawn like "test", for choosing
+settings without looking at the held-out splits.
 
 Reported per split and per family: greedy pass@1, sampled pass@1 and pass@k (unbiased estimator, k = samples),
 mean share of hidden tests passed, steps to first success (multi-turn), and mean code quality (radon, relative to
@@ -35,11 +37,13 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from generator.schema import Task
+# "test": in-distribution held-out tasks (train distribution, not in the corpus); "val": the same, for choosing
+# settings (drawn only when eval.splits names it)
+from generator.splits import TEST_SPLIT, VAL_SPLIT
 from selfplay.eval.passk import mean_pass_at_k
 from selfplay.runtime import paths, seeds
 from selfplay.runtime.paths import RunPaths
 
-TEST_SPLIT = "test"  # in-distribution held-out tasks (train distribution, not in the corpus)
 SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task belongs to
 # keys of held-out results that are not splits: {split: {group: metrics}}, and per_task {split: {task_id: [g, n, c]}}
 BREAKDOWNS = ("by_family", "by_level", "per_task")
@@ -48,27 +52,53 @@ SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 
 
 # ---- held-out suite ---------------------------------------------------------------------------------------------
-def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
-    """The run's held-out tasks by split, generated on first use and then read from RUN_DIR/heldout.jsonl.
+def suite_splits(cfg) -> list[str]:
+    """The splits each evaluation runs: `eval.splits`, or the test split and every `tasks.heldout_splits`."""
+    return list(cfg.eval.splits) or [TEST_SPLIT, *cfg.tasks.heldout_splits]
 
-    On first use they are also reserved in `corpus` (Corpus.reserve): the loop draws them before the warm-start
-    corpus, so the `test` split samples the training distribution itself (not what is left once training has taken
-    the easy programs) and no training task, procedural or generated, can repeat a held-out program."""
+
+def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
+    """The run's held-out tasks of the splits each evaluation runs (`suite_splits`), drawn on first use and then
+    read from RUN_DIR/heldout.jsonl.
+
+    On first use every split is drawn (test, val when `eval.splits` names it, then `tasks.heldout_splits`) and
+    reserved in `corpus` (Corpus.reserve): the loop draws them before the warm-start corpus, so the `test` and `val`
+    splits sample the training distribution itself (not what is left once training has taken the easy programs) and
+    no training task, procedural or generated, can repeat a held-out program. A split asked for later that the file
+    lacks is an error: it could no longer be drawn apart from what training has seen."""
+    from selfplay.runtime.errors import UserError
+
+    path = RunPaths(run_dir).heldout
+    drawn = read_heldout(path) if path.exists() else draw_heldout(path, cfg, sb, corpus)
+    missing = [s for s in suite_splits(cfg) if s not in drawn]
+    if missing:
+        raise UserError(f"eval.splits: {', '.join(missing)} is not in {path} (drawn with {', '.join(drawn)}); a split "
+                        "is drawn with the run's first held-out suite, before its training corpus: start a new run "
+                        "with eval.splits naming it")
+    return {split: drawn[split] for split in suite_splits(cfg)}
+
+
+def read_heldout(path: Path) -> dict[str, list[Task]]:
+    by_split: dict[str, list[Task]] = defaultdict(list)
+    for task in read_tasks(path):
+        by_split[task.params.get(SPLIT_KEY, task.split)].append(task)
+    return dict(by_split)
+
+
+def draw_heldout(path: Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
+    """Draw every split of the held-out suite (one program appears in one split only, and in no corpus task),
+    reserve them in `corpus` and write them to `path`."""
     from generator.build import BuildConfig, ChainIndex, generate_tasks
     from generator.validity import MemoryIndex
 
-    path = RunPaths(run_dir).heldout
-    if path.exists():
-        by_split: dict[str, list[Task]] = defaultdict(list)
-        for task in read_tasks(path):
-            by_split[task.params.get(SPLIT_KEY, task.split)].append(task)
-        return dict(by_split)
     build_cfg = BuildConfig.from_config(cfg.tasks)
     out = {}
     seed = seeds.derive(cfg.run.seed, "heldout")
-    drawn = MemoryIndex()  # one program appears in one split only
-    for split in (TEST_SPLIT, *cfg.tasks.heldout_splits):
-        tasks = generate_tasks(cfg.eval.tasks_per_split, split="train" if split == TEST_SPLIT else split, seed=seed,
+    drawn = MemoryIndex()
+    val = [VAL_SPLIT] if VAL_SPLIT in cfg.eval.splits else []
+    for split in (TEST_SPLIT, *val, *cfg.tasks.heldout_splits):
+        tasks = generate_tasks(cfg.eval.tasks_per_split, split="train" if split in (TEST_SPLIT, VAL_SPLIT) else split,
+                               seed=seeds.derive(seed, VAL_SPLIT) if split == VAL_SPLIT else seed,
                                sb=sb, corpus_index=ChainIndex(corpus, drawn), cfg=build_cfg)
         for t in tasks:
             t.params = dict(t.params, **{SPLIT_KEY: split})

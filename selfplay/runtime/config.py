@@ -212,6 +212,11 @@ class GeneratorConfig:
 @dataclass
 class EvalConfig:
     tasks_per_split: int = 40  # held-out tasks per split (generated deterministically from run.seed)
+    # splits each evaluation runs (empty: "test" and every tasks.heldout_splits). "val" adds a validation split, drawn
+    # like "test" (training levels and families; programs in no other split and not in the corpus, and reserved so
+    # training never sees them) when the run's held-out suite is first drawn: choose settings with eval.splits=[val],
+    # and the held-out splits are never looked at (docs/results.md: "Choosing settings on the validation split")
+    splits: list[str] = field(default_factory=list)
     samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
     temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
     humaneval_limit: int = 0  # HumanEval problems in `--suite humaneval` (0 = all 164)
@@ -262,6 +267,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     except OmegaConfBaseException as exc:
         raise UserError(f"override: {_describe(exc)}") from exc
     _check_tasks(cfg.tasks)
+    _check_eval(cfg)
     _check_generator(cfg.generator)
     check_ppo(cfg)
     check_rollout(cfg)
@@ -323,6 +329,15 @@ def _check_tasks(tasks_cfg) -> None:
         BuildConfig.from_config(tasks_cfg)
     except SplitError as exc:
         raise UserError(str(exc)) from exc
+
+
+def _check_eval(cfg) -> None:
+    from generator.splits import TEST_SPLIT, VAL_SPLIT
+    known = (TEST_SPLIT, VAL_SPLIT, *cfg.tasks.heldout_splits)
+    unknown = [s for s in cfg.eval.splits if s not in known]
+    if unknown:
+        raise UserError(f"eval.splits: {', '.join(map(repr, unknown))} is not a split of this run's suite "
+                        f"({', '.join(known)}; held-out splits come from tasks.heldout_splits)")
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

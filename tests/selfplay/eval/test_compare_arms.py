@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import pytest
 
 from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
-                                   merge, paired_arms, paired_delta, seed_task_delta, summarize, variant,
-                                   warm_start_overrides, warm_starts)
+                                   merge, paired_arms, paired_arms_table, paired_delta, paired_table, seed_task_delta,
+                                   summarize, variant, warm_start_overrides, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -442,3 +442,41 @@ def test_compare_runs_a_variant_and_its_records_say_what_it_is(warm_run, tmp_pat
     assert merged["warm_starts"] == results["warm_starts"] and merged["paired_arms"] == results["paired_arms"]
     proc = selfplay("compare", *SMOKE, "--out", str(out), "--variant", "x", "curriculum", "ppo.nope=1", check=False)
     assert proc.returncode == 2 and "--variant x:" in proc.stderr and "ppo.nope" in proc.stderr
+
+
+def test_records_of_the_validation_split_are_reported_as_such_and_never_pool_with_test():
+    val = _records([0, 1], 5)
+    for by_seed in val.values():
+        for rec in by_seed.values():
+            rec["split"] = "val"
+    results = analyse(val, n_boot=50)
+    assert results["split"] == "val" and analyse(_records([0], 5), n_boot=50)["split"] == "test"
+    assert paired_table(results).startswith("Val split against the warm start")
+    assert "Arm against arm on the val split" in paired_arms_table(results)
+    test = _json(analyse(_records([2], 5), n_boot=50))
+    with pytest.raises(ValueError, match=r"paired on different splits \(test, val\)"):
+        merge([_json(results), test], n_boot=50)
+
+
+@pytest.mark.slow
+def test_compare_on_the_validation_split_from_a_warm_start_that_drew_it(tmp_path):
+    """Real runs: `eval.splits=[val]` makes the warm start draw (and evaluate only) the validation split, and
+    `--split val` pairs the runs on it; asking for a split the runs do not evaluate is a one-line error."""
+    out = tmp_path / "compare"
+    proc = selfplay("compare", *SMOKE, "--split", "val", "--out", str(out), check=False)
+    assert proc.returncode == 2 and "--split val: the runs evaluate test" in proc.stderr and not out.exists()
+    selfplay("compare", *SMOKE, "eval.splits=[val]", "train.steps=1", "--split", "val", "--seeds", "0",
+             "--arms", "warmstart", "curriculum", "--out", str(out))
+    drawn = [json.loads(line)["params"]["eval_split"]
+             for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text().splitlines()]
+    assert drawn.count("val") == drawn.count("test") == 2  # test is drawn (and reserved) but never evaluated
+    val_ids = {json.loads(line)["id"] for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text()
+               .splitlines() if json.loads(line)["params"]["eval_split"] == "val"}
+    results = json.loads((out / "results.json").read_text())
+    assert results["split"] == "val"
+    for arm in ("warmstart", "curriculum"):
+        record = results["runs"][arm]["0"]
+        assert record["split"] == "val" and list(record["heldout"]) == ["val"]
+        assert set(record["test_per_task"]) == val_ids
+    assert set(results["runs"]["curriculum"]["0"]["paired_with"]["test_per_task"]) == val_ids
+    assert "Val split against the warm start" in (out / "results.md").read_text()

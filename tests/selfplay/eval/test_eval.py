@@ -204,3 +204,35 @@ def test_heldout_programs_are_reserved_before_the_warm_start_corpus(warm_run):
         assert all(corpus.find_duplicate("probe", t.fingerprints["ast"], None) == t.id for t in heldout[:5])
     finally:
         corpus.close()
+
+
+def test_validation_split_is_drawn_like_test_and_apart_from_everything(tmp_path):
+    """eval.splits=[val]: a validation split of training-distribution tasks, drawn with the suite and reserved like
+    it, disjoint from the test split; the test split is the one drawn without it; each evaluation runs only the
+    splits eval.splits names; a split the run's file lacks is a one-line error, never drawn after the corpus."""
+    import sandbox
+    from selfplay.eval.evaluate import TEST_SPLIT, VAL_SPLIT, heldout_tasks
+    from selfplay.runtime.config import load_config
+    from selfplay.runtime.errors import UserError
+
+    n = ["eval.tasks_per_split=12", "tasks.heldout_splits=[deeper]"]
+    with_val = load_config(overrides=n + ["eval.splits=[val]"])
+    plain = load_config(overrides=n)
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        with Corpus(tmp_path / "a.sqlite") as corpus:
+            only_val = heldout_tasks(tmp_path / "a", with_val, sb, corpus)
+            reserved = corpus.reserved_count()
+        with Corpus(tmp_path / "b.sqlite") as corpus:
+            default = heldout_tasks(tmp_path / "b", plain, sb, corpus)
+        assert list(only_val) == [VAL_SPLIT] and list(default) == [TEST_SPLIT, "deeper"]
+        every = heldout_tasks(tmp_path / "a", load_config(overrides=n + ["eval.splits=[test,val,deeper]"]), sb)
+        with pytest.raises(UserError, match="eval.splits: val is not in"):
+            heldout_tasks(tmp_path / "b", with_val, sb)
+    val, test = every[VAL_SPLIT], every[TEST_SPLIT]
+    assert len(val) == len(test) == 12 and reserved == 36
+    assert {t.split for t in val} == {"train"} and {t.params["eval_split"] for t in val} == {VAL_SPLIT}
+    assert not {t.fingerprints["ast"] for t in val} & {t.fingerprints["ast"] for t in test}
+    assert [t.id for t in test] == [t.id for t in default[TEST_SPLIT]]  # drawing val leaves test as it was
+    assert [t.id for t in every["deeper"]] == [t.id for t in default["deeper"]]
+    with pytest.raises(UserError, match="eval.splits: 'heldout_types' is not a split"):
+        load_config(overrides=n + ["eval.splits=[heldout_types]"])
