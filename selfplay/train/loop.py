@@ -690,6 +690,8 @@ class SelfPlay:
         if self.step >= t.steps:
             self.log(f"run already at step {self.step} of {t.steps}: nothing to do (raise train.steps to continue)")
             return self.summary()
+        if self.main and RunPaths(self.run_dir).heldout.exists():  # a split eval.splits names that the run's
+            heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)  # held-out file lacks stops here, not later
         bar = _progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
         stopped = False
         while self.step < t.steps:

@@ -17,7 +17,7 @@ from selfplay.cli import main
 from selfplay.data.corpus import Corpus
 from selfplay.eval.evaluate import BREAKDOWNS
 from selfplay.runtime.tb import read_scalars
-from tests.conftest import copy_run, selfplay
+from tests.conftest import SMOKE, copy_run, selfplay
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -236,3 +236,10 @@ def test_validation_split_is_drawn_like_test_and_apart_from_everything(tmp_path)
     assert [t.id for t in every["deeper"]] == [t.id for t in default["deeper"]]
     with pytest.raises(UserError, match="eval.splits: 'heldout_types' is not a split"):
         load_config(overrides=n + ["eval.splits=[heldout_types]"])
+
+
+def test_a_run_whose_heldout_file_lacks_a_split_it_evaluates_stops_before_training(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)
+    proc = selfplay("train", *SMOKE, "eval.splits=[val]", "train.steps=1", f"run.dir={run}", check=False)
+    assert proc.returncode == 2 and "eval.splits: val is not in" in proc.stderr
+    assert not (run / "checkpoints" / "step_1").exists()
