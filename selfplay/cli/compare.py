@@ -31,6 +31,9 @@ def configure(parser) -> None:
                              "phase, from BASE's warm start; repeatable; it runs with the --arms (e.g. --variant "
                              "curriculum_rloo curriculum ppo.advantage=rloo; it takes every word up to the next "
                              "option, so put the config and overrides before it); give it again with --report-only")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at a time (default 1), each its own process: the warm starts first, then the RL "
+                             "runs; on a CPU machine about one per core (with run.torch_threads=1)")
     parser.add_argument("--split", default="test",
                         help="the held-out split the runs are paired and compared on: test (default), or val to "
                              "choose a setting without looking at the held-out splits (the runs must evaluate it: "
@@ -79,6 +82,8 @@ def run(args) -> int:
     for key in PER_RUN_KEYS:
         if any(o.startswith(key + "=") for o in overrides):
             raise UserError(f"{key} is set per run by `selfplay compare`; use --out, --seeds or --arms instead")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: at least 1")
     cfg = load_config(config, overrides)  # a bad config fails here, before any run starts
     if args.split not in suite_splits(cfg):
         raise UserError(f"--split {args.split}: the runs evaluate {', '.join(suite_splits(cfg))} (set eval.splits to "
@@ -97,7 +102,7 @@ def run(args) -> int:
     else:
         results = run_all(config, overrides, args.seeds, arms, out,
                           log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
-                          from_iteration=args.from_iteration, variants=variants, split=args.split)
+                          from_iteration=args.from_iteration, variants=variants, split=args.split, jobs=args.jobs)
     return finish(results, out)
 
 

@@ -28,7 +28,8 @@ An ablation is an arm of its own, from its base arm's warm start, with overrides
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
 for its generator on top. Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this
-command skips whatever is already done, so killing and restarting it loses at most the run in progress.
+command skips whatever is already done, so killing and restarting it loses at most the runs in progress. `--jobs N`
+runs N of them at a time (the warm starts first, then the RL runs), each its own process.
 
 Results (OUT/results.json, OUT/results.md, OUT/compare.png): per arm and held-out split, the mean and the sample
 standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed values, and per RL arm the curves
@@ -189,36 +190,74 @@ def copy_warm_start(warm: Path, dst: Path) -> None:
 
 def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
             log=print, shared_warmstart: bool = False, from_iteration: int = 10,
-            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT) -> dict:
-    """Warm start per seed (or one for all), then every arm from it; skips finished runs. Returns the results,
-    paired on `split` (the test split, or "val" when choosing settings: the overrides then set eval.splits=[val])."""
+            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT, jobs: int = 1) -> dict:
+    """Warm start per seed (or one for all), then every arm from it, `jobs` runs at a time; skips finished runs.
+    Returns the results, paired on `split` (the test split, or "val" when choosing settings: the overrides then set
+    eval.splits=[val])."""
     specs = arm_specs(variants)
     unknown = [a for a in arms if a not in specs]
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(specs)}")
     base = ([config] if config else []) + list(overrides)
     t0 = time.perf_counter()
+    warm_jobs: dict[Path, Job] = {}  # each warm start once (a shared one is made with the first seed)
+    rl_runs: list[Job] = []
     for seed in seeds:
         for arm in ["warmstart", *arms]:
             spec = specs[arm]
             warm = warm_folder(out, seed, arm, shared_warmstart, variants)
-            if not (RunPaths(warm).checkpoints / LATEST).exists():
-                log(f"seed {seed}: warm start -> {warm}")
-                _selfplay(["warmstart", *base, *warm_start_overrides(spec.warm), f"run.dir={warm}", f"run.seed={seed}"],
-                          out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
-            if arm == "warmstart":
-                continue
+            if warm not in warm_jobs and not (RunPaths(warm).checkpoints / LATEST).exists():
+                warm_jobs[warm] = Job(
+                    f"seed {seed}: warm start -> {warm}",
+                    ["warmstart", *base, *warm_start_overrides(spec.warm), f"run.dir={warm}", f"run.seed={seed}"],
+                    out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
             folder = run_folder(out, seed, arm)
-            if RunPaths(folder).summary.exists():
+            if arm == "warmstart" or RunPaths(folder).summary.exists():
                 continue
-            if not folder.exists():
-                copy_warm_start(warm, folder)
-            log(f"seed {seed}: {arm} -> {folder} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
-            _selfplay(["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
-                       f"train.mode={spec.mode}"], out / "logs" / f"seed_{seed}_{arm}.log")
+            rl_runs.append(Job(f"seed {seed}: {arm} -> {folder}",
+                               ["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
+                                f"train.mode={spec.mode}"],
+                               out / "logs" / f"seed_{seed}_{arm}.log", warm=warm, folder=folder))
+    run_jobs(list(warm_jobs.values()), jobs, log, t0)
+    run_jobs(rl_runs, jobs, log, t0)
     results = collect(out, seeds, arms, from_iteration, variants, split)
     write_report(results, out)
     return results
+
+
+@dataclass(frozen=True)
+class Job:
+    """One `selfplay` sub-process of a comparison: what to log, its arguments, its log file, and for an RL run the
+    warm start its folder is copied from (when the folder is not there yet)."""
+
+    message: str
+    args: list
+    log_path: Path
+    warm: Path | None = None
+    folder: Path | None = None
+
+
+def run_jobs(todo: Sequence[Job], jobs: int, log=print, t0: float | None = None) -> None:
+    """Run `todo`, `jobs` at a time, in order. A run that fails does not stop the others (their work is kept); once
+    all have ended, the failures are raised together (RuntimeError naming each run's log)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    t0 = time.perf_counter() if t0 is None else t0
+    failed: list[str] = []
+
+    def one(job: Job) -> None:
+        if job.folder is not None and not job.folder.exists():
+            copy_warm_start(job.warm, job.folder)
+        log(f"{job.message} ({(time.perf_counter() - t0) / 60:.0f} min so far)")
+        try:
+            _selfplay(job.args, job.log_path)
+        except RuntimeError as e:
+            failed.append(str(e))
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, todo))
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(todo)} runs failed: " + "; ".join(failed))
 
 
 # ---- results ----------------------------------------------------------------------------------------------------

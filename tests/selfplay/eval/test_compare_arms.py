@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
+from selfplay.eval.compare import (Job, analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
                                    merge, paired_arms, paired_arms_table, paired_delta, paired_table, seed_task_delta,
-                                   summarize, variant, warm_start_overrides, warm_starts)
+                                   run_jobs, summarize, variant, warm_start_overrides, warm_starts)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -216,11 +216,11 @@ def test_warm_starts_say_which_seeds_share_one():
 
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
-    iteration each."""
+    iteration each, side by side (--jobs 2)."""
     out = tmp_path / "compare"
     shutil.copytree(warm_run, out / "seed_0" / "warmstart")
     args = ["compare", *SMOKE, "train.steps=1", "train.fixed_tasks=8", "--seeds", "0",
-            "--arms", "warmstart", "curriculum", "fixed", "--out", str(out)]
+            "--arms", "warmstart", "curriculum", "fixed", "--out", str(out), "--jobs", "2"]
     selfplay(*args)
     results = json.loads((out / "results.json").read_text())
     assert results["arms"] == ["warmstart", "curriculum", "fixed"]
@@ -480,3 +480,17 @@ def test_compare_on_the_validation_split_from_a_warm_start_that_drew_it(tmp_path
         assert set(record["test_per_task"]) == val_ids
     assert set(results["runs"]["curriculum"]["0"]["paired_with"]["test_per_task"]) == val_ids
     assert "Val split against the warm start" in (out / "results.md").read_text()
+
+
+def test_jobs_run_side_by_side_and_a_failure_stops_none_of_the_others(tmp_path):
+    """run_jobs: every job runs (two at a time here), each into its own log; a failing one is reported with the
+    others' count once all have ended."""
+    logs = [tmp_path / f"{name}.log" for name in "abc"]
+    todo = [Job("a", ["--help"], logs[0]), Job("b", ["train", str(tmp_path / "missing.yaml")], logs[1]),
+            Job("c", ["--help"], logs[2])]
+    said: list[str] = []
+    with pytest.raises(RuntimeError, match=r"1 of 3 runs failed: selfplay train .*missing.yaml exited 2; see .*b.log"):
+        run_jobs(todo, 2, said.append)
+    assert sorted(m.split(" (")[0] for m in said) == ["a", "b", "c"]
+    assert all("usage: selfplay" in logs[i].read_text() for i in (0, 2))
+    assert "config file not found" in logs[1].read_text()
