@@ -215,7 +215,8 @@ class EvalConfig:
     # splits each evaluation runs (empty: "test" and every tasks.heldout_splits). "val" adds a validation split, drawn
     # like "test" (training levels and families; programs in no other split and not in the corpus, and reserved so
     # training never sees them) when the run's held-out suite is first drawn: choose settings with eval.splits=[val],
-    # and the held-out splits are never looked at (docs/results.md: "Choosing settings on the validation split")
+    # and the held-out splits are never looked at (docs/results.md: "Choosing the solver's RL settings on the validation
+    # split")
     splits: list[str] = field(default_factory=list)
     samples: int = 4  # samples per task for pass@k (k = 1 and k = samples)
     temperature: float = 1.0  # sampling temperature for pass@k > 1; pass@1 also reported greedy
