@@ -284,8 +284,8 @@ def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
             raise ValueError(f"{folder} has no held-out evaluation")
         step = max(map(int, evals))
         final = evals[str(step)]
-    heldout = {split: {m: res[m] for m in METRICS if m in res}
-               for split, res in final.items() if split not in BREAKDOWNS}
+    heldout = {name: {m: res[m] for m in METRICS if m in res}
+               for name, res in final.items() if name not in BREAKDOWNS}
     later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
     by_level = (final.get("by_level") or later.get("by_level") or {}).get(split, {})
     # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
@@ -370,6 +370,11 @@ def paired_split(runs: dict) -> str:
         raise ValueError(f"the run records are paired on different splits ({', '.join(sorted(found))}): compare "
                          "them apart")
     return found.pop() if found else TEST_SPLIT
+
+
+def split_of(results: dict) -> str:
+    """The split a report's runs are paired on (`analyse` records it; test for results made before it did)."""
+    return results.get("split", TEST_SPLIT)
 
 
 def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
@@ -620,10 +625,10 @@ def summarize(runs: dict, key: str = "heldout") -> dict:
 
 
 def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: str = "summary") -> str:
-    """Rows: arms; columns: held-out splits (or the test split's levels); cells: mean ± sd over seeds."""
+    """Rows: arms; columns: held-out splits (or the paired split's levels); cells: mean ± sd over seeds."""
     summary = results.get(summary_key) or {}
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != TEST_SPLIT, s))
-    what = "" if summary_key == "summary" else f", {results.get('split', TEST_SPLIT)} split by level"
+    what = "" if summary_key == "summary" else f", {split_of(results)} split by level"
     lines = [f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
              "|---|" + "---|" * len(splits)]
     for arm in results["arms"]:
@@ -657,9 +662,9 @@ def cost_table(results: dict) -> str:
 
 
 def paired_table(results: dict) -> str:
-    """Per RL run: the test split's change against the warm start, paired over tasks (`paired_delta`), for the
+    """Per RL run: the paired split's change against the warm start, paired over tasks (`paired_delta`), for the
     whole split and each of its levels."""
-    split = results.get("split", TEST_SPLIT)
+    split = split_of(results)
     lines = [f"{split.capitalize()} split against the warm start, paired over tasks (bootstrap 95 % interval over "
              "tasks):", "",
              "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
@@ -697,8 +702,8 @@ def later_table(results: dict) -> str:
 
 
 def paired_arms_table(results: dict) -> str:
-    """Every two arms on the test split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
-    split = results.get("split", TEST_SPLIT)
+    """Every two arms on the paired split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
+    split = split_of(results)
     lines = [f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval over "
              "seeds, then tasks):", "", "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] |",
              "|---|---|---|---|---|---|---|"]
@@ -737,7 +742,7 @@ def first_label(ax, arm: str) -> str:
 
 def plot(results: dict, path: Path) -> Path:
     """Left: held-out greedy pass@1 by split, one bar per arm (mean over seeds) with each seed as a dot.
-    Then, per RL arm and seed over iterations: the test split's greedy (o) and sampled (x) pass@1 at each held-out
+    Then, per RL arm and seed over iterations: the paired split's greedy (o) and sampled (x) pass@1 at each held-out
     evaluation, the solver's pass rate on its training batch, the procedural level (the curriculum's schedule or
     the mixer's choice), the generator's validity rate, the share of the solver's tasks in band (solved by some but
     not all of their answers), the share of the generator's valid proposals in band, and the generator's share of
@@ -775,7 +780,7 @@ def plot(results: dict, path: Path) -> Path:
                 if pts:
                     ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
                             linestyle=SEED_STYLES[int(seed) % 4], label=first_label(ax, arm))
-    ax.set_title(f"held-out {results.get('split', TEST_SPLIT)} pass@1 at each evaluation (o greedy, x sampled)")
+    ax.set_title(f"held-out {split_of(results)} pass@1 at each evaluation (o greedy, x sampled)")
     ax.set_xlabel("iteration")
     if ax.lines:
         ax.legend(fontsize=7)

@@ -79,6 +79,7 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
 
 
 def read_heldout(path: Path) -> dict[str, list[Task]]:
+    """{split: tasks} of a held-out file (RUN_DIR/heldout.jsonl), in the order they were drawn."""
     by_split: dict[str, list[Task]] = defaultdict(list)
     for task in read_tasks(path):
         by_split[task.params.get(SPLIT_KEY, task.split)].append(task)
