@@ -11,6 +11,7 @@ the update, how far the update moved the engine's log-probs, the weights' checks
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -86,3 +87,8 @@ def main(out: str) -> None:
 
 if __name__ == "__main__":
     main(sys.argv[1])
+    # as the CLI ends a distributed run: left to interpreter shutdown, torch's C++ store and group threads (and the
+    # engines') can abort a finished rank ("terminate called without an active exception", exit -6)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

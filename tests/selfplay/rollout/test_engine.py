@@ -276,7 +276,7 @@ def test_a_lora_policy_reaches_the_engine_merged(tmp_path):
     ids = agent.chat_ids("x") + [5, 6, 7, 8]
     before = engine_prompt_logprobs(agent, ids)
     answers = agent.sample([agent.chat_ids(f"task {i}") for i in range(4)])
-    agent.update(answers, [1.0, 0.0, 1.0, 0.0])
+    agent.update(answers, [1.0, 0.0, 1.0, 0.0], groups=[0, 0, 1, 1])  # groups: the default config's rloo needs them
     after = engine_prompt_logprobs(agent, ids)
     assert (after - trainer_logprobs(agent, ids)).abs().max() < GAP_TOL
     assert (after - before).abs().max() > 100 * GAP_TOL
