@@ -95,6 +95,10 @@ class MixerConfig:
     instruction_follow: bool = False
     instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
     instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
+    # each source's rounding carried from batch to batch, so that over iterations its tasks follow its share to
+    # within one task however small the batch (false: each batch rounded alone, by largest remainder: in a batch of
+    # 4 a share of 0.37 is 1 task, 0.25, every time)
+    carry_rounding: bool = True
 
 
 @dataclass
@@ -137,6 +141,7 @@ class _State:
     steps: int = 0
     # instruction -> [discounted proposals valid and in band, discounted proposals]
     instruction_counts: dict[str, list[float]] = field(default_factory=dict)
+    carry: dict[str, float] = field(default_factory=dict)  # source -> its share's rounding owed from past batches
 
 
 def _ema(old: float | None, new: float, w: float) -> float:
@@ -163,11 +168,23 @@ def _bump(p: float, centre: float, width: float) -> float:
 
 def largest_remainder(shares: dict[str, float], n: int) -> dict[str, int]:
     """Split n items by shares (summing to 1) into integers that sum to n, order-independent ties by name."""
-    raw = {k: v * n for k, v in shares.items()}
-    counts = {k: int(math.floor(v)) for k, v in raw.items()}
+    return round_quotas({k: v * n for k, v in shares.items()}, n)
+
+
+def round_quotas(quotas: dict[str, float], n: int) -> dict[str, int]:
+    """Non-negative integers summing to n from quotas summing to n: each quota's floor (0 for a negative quota),
+    one more for the largest remainders, ties by name; so each count is its quota's floor or ceiling, unless
+    several quotas are negative and the floors pass n, when the smallest remainders give back (a plan's carried
+    quotas have at most one below 0, by less than 1)."""
+    counts = {k: max(0, int(math.floor(v))) for k, v in quotas.items()}
+    by_remainder = sorted(quotas, key=lambda k: (-(quotas[k] - counts[k]), k))
     rest = n - sum(counts.values())
-    for k in sorted(raw, key=lambda k: (-(raw[k] - counts[k]), k))[:rest]:
+    for k in by_remainder[:max(rest, 0)]:
         counts[k] += 1
+    while rest < 0:  # floors above n (a negative quota's 0 stands above it): the smallest remainder gives one back
+        k = min((k for k in quotas if counts[k] > 0), key=lambda k: (quotas[k] - counts[k], k))
+        counts[k] -= 1
+        rest += 1
     return counts
 
 
@@ -249,7 +266,12 @@ class Mixer:
                 if available.get(src, 0) <= 0:
                     shares["procedural"] += shares[src]
                     shares[src] = 0.0
-        counts = largest_remainder(shares, batch_size)
+        if self.cfg.carry_rounding:  # this batch's quotas plus what rounding owes each source from the last ones
+            quotas = {k: v * batch_size + self.s.carry.get(k, 0.0) for k, v in shares.items()}
+            counts = round_quotas(quotas, batch_size)
+            self.s.carry = {k: quotas[k] - counts[k] for k in quotas}
+        else:
+            counts = largest_remainder(shares, batch_size)
         if available is not None:
             for src in ("generator", "replay"):
                 extra = max(0, counts[src] - available.get(src, 0))

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from selfplay.train.mixer import IterationStats, Mixer, MixerConfig, edit_drops, in_band_share, largest_remainder
+from selfplay.train.mixer import (IterationStats, Mixer, MixerConfig, edit_drops, in_band_share, largest_remainder,
+                                  round_quotas)
 
 K = 4  # attempts per task: measured solve rates are multiples of 1/4, as in the tiny default
 
@@ -335,6 +336,50 @@ def test_largest_remainder_sums_to_n(raw, n):
     assert sum(counts.values()) == n
     for k in shares:
         assert abs(counts[k] - shares[k] * n) < 1.0 + 1e-9
+
+
+shares_st = st.lists(st.floats(0, 1), min_size=3, max_size=3).filter(lambda v: sum(v) > 1e-3).map(
+    lambda v: dict(zip(("generator", "procedural", "replay"), (x / sum(v) for x in v))))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(shares_st, st.integers(1, 16)), min_size=1, max_size=60))
+def test_carried_rounding_follows_every_share_to_within_one_task(batches):
+    """Whatever the shares and batch sizes, iteration after iteration: each plan is well formed, and each source's
+    tasks so far are within one task of the sum of its quotas (share x batch size) so far."""
+    mixer = Mixer(MixerConfig(), seed=0)
+    owed = {k: 0.0 for k in ("generator", "procedural", "replay")}
+    given_ = dict.fromkeys(owed, 0)
+    for shares, n in batches:
+        mixer.s.shares = dict(shares)
+        counts = mixer.plan(n).counts
+        assert sum(counts.values()) == n and min(counts.values()) >= 0
+        for k in owed:
+            owed[k] += shares[k] * n
+            given_[k] += counts[k]
+            assert abs(given_[k] - owed[k]) < 1.0 + 1e-9, (k, given_[k], owed[k])
+        assert all(-1.0 < c < 1.0 + 1e-9 for c in mixer.s.carry.values())
+
+
+@pytest.mark.parametrize("carry, expected", [(True, 0.375), (False, 0.25)])
+def test_a_share_between_two_counts_is_met_on_average_only_when_rounding_is_carried(carry, expected):
+    """A generator share of 0.375 in batches of 4 tasks: 1.5 tasks a batch. Rounded alone, each batch gives it 1
+    task (its remainder, 0.5, is below procedural's 0.6); carried, it alternates 1 and 2."""
+    mixer = Mixer(MixerConfig(carry_rounding=carry), seed=0)
+    mixer.s.shares = {"generator": 0.375, "procedural": 0.4, "replay": 0.225}
+    given_ = sum(mixer.plan(4).counts["generator"] for _ in range(40))
+    assert given_ / 160 == pytest.approx(expected)
+
+
+@given(st.lists(st.floats(-0.99, 8), min_size=1, max_size=5), st.integers(0, 30))
+def test_rounded_quotas_are_counts_that_sum_to_n(quotas, n):
+    shift = (n - sum(quotas)) / len(quotas)  # quotas summing to n, as a plan's do
+    quotas = {f"s{i}": q + shift for i, q in enumerate(quotas)}
+    if min(quotas.values()) <= -1:
+        return
+    counts = round_quotas(quotas, n)
+    assert sum(counts.values()) == n and min(counts.values()) >= 0
+    assert round_quotas(quotas, n) == counts  # deterministic
 
 
 rates = st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), max_size=8)
