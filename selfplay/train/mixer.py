@@ -261,13 +261,16 @@ class Mixer:
     def plan(self, batch_size: int, available: dict[str, int] | None = None) -> BatchPlan:
         """Counts per source for a batch; sources with nothing available hand their share to procedural."""
         shares = dict(self.s.shares)
+        carry = dict(self.s.carry)
         if available is not None:
             for src in ("generator", "replay"):
                 if available.get(src, 0) <= 0:
                     shares["procedural"] += shares[src]
                     shares[src] = 0.0
+                    # it is owed nothing it cannot take: what rounding owed it goes to procedural with its share
+                    carry["procedural"] = carry.get("procedural", 0.0) + carry.pop(src, 0.0)
         if self.cfg.carry_rounding:  # this batch's quotas plus what rounding owes each source from the last ones
-            quotas = {k: v * batch_size + self.s.carry.get(k, 0.0) for k, v in shares.items()}
+            quotas = {k: v * batch_size + carry.get(k, 0.0) for k, v in shares.items()}
             counts = round_quotas(quotas, batch_size)
             self.s.carry = {k: quotas[k] - counts[k] for k in quotas}
         else:

@@ -407,6 +407,11 @@ def test_plans_are_always_well_formed(history, band, batch, n_gen, n_replay):
     assert plan.counts["generator"] <= n_gen and plan.counts["replay"] <= n_replay
     assert len(plan.levels) == plan.counts["procedural"]
     assert all(1 <= L <= 4 for L in plan.levels)
+    # what rounding owes the sources sums to nothing, stays within a task, and a source with nothing to offer is owed
+    # nothing after (its share and what it was owed went to procedural tasks)
+    assert sum(mixer.s.carry.values()) == pytest.approx(0.0, abs=1e-9)
+    assert all(-1.0 < c < 1.0 + 1e-9 for c in mixer.s.carry.values())
+    assert n_gen > 0 or mixer.s.carry.get("generator", 0.0) == 0.0
 
 
 def test_replay_prefers_the_learnability_band():
