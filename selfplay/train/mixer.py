@@ -21,9 +21,11 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    attempted counts at the solver's mean procedural solve rate (what a task of its kind is solved at).
 3. **lets the generator earn its share of the solver batch**: the share moves (by `share_rate` of the gap per
    iteration) towards `share_generator` while the generator is *trusted* and towards `min_share_generator`
-   while it is not, the rest going to procedural tasks. It becomes trusted when the EMAs of its validity rate
-   and of its in-band rate (share of valid proposals with 0 < p < 1) reach `earn_validity` and `earn_in_band`, and
-   loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in between, nothing changes);
+   while it is not, the rest going to procedural tasks (each source's rounding to whole tasks carried to the next
+   batch, `carry_rounding`, so that a small batch holds its shares on average). It becomes trusted when the EMAs
+   of its validity rate and of its in-band rate (share of valid proposals with 0 < p < 1) reach `earn_validity`
+   and `earn_in_band`, and loses that when either falls below `min_validity` or `min_in_band` (hysteresis: in
+   between, nothing changes);
 4. **can ask for the edits that land in the band** (mutation format, `instruction_follow`): the instruction of each
    generator prompt (add a step, change a constant, change the input type, ...) is then drawn among those its
    references allow with weights that follow each instruction's measured *yield*, the share of its proposals that
