@@ -271,12 +271,11 @@ class Mixer:
                     shares[src] = 0.0
                     # it is owed nothing it cannot take: what rounding owed it goes to procedural with its share
                     carry["procedural"] = carry.get("procedural", 0.0) + carry.pop(src, 0.0)
-        if self.cfg.carry_rounding:  # this batch's quotas plus what rounding owes each source from the last ones
-            quotas = {k: v * batch_size + carry.get(k, 0.0) for k, v in shares.items()}
-            counts = round_quotas(quotas, batch_size)
+        # this batch's quotas plus what rounding owes each source from the last ones (nothing unless carry_rounding)
+        quotas = {k: v * batch_size + carry.get(k, 0.0) for k, v in shares.items()}
+        counts = round_quotas(quotas, batch_size)
+        if self.cfg.carry_rounding:
             self.s.carry = {k: quotas[k] - counts[k] for k in quotas}
-        else:
-            counts = largest_remainder(shares, batch_size)
         if available is not None:
             for src in ("generator", "replay"):
                 extra = max(0, counts[src] - available.get(src, 0))
