@@ -197,12 +197,18 @@ class LMAgent:
 
 def agent_ppo_config(cfg, name: str):
     """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
-    (`train.generator_temperature`; PPO scores its tokens at that temperature too) and GAE advantages (it writes
-    one proposal per prompt, so there is no group for `ppo.advantage=rloo`)."""
+    (`train.generator_temperature`; PPO scores its tokens at that temperature too), GAE advantages (it writes
+    one proposal per prompt, so there is no group for `ppo.advantage=rloo`), and its own KL coefficient and
+    constant entropy bonus where `train.generator_kl_coef` / `train.generator_entropy_coef` are set."""
     ppo = copy.deepcopy(cfg.ppo)
     if name == "generator":
-        ppo.temperature = cfg.train.generator_temperature
+        t = cfg.train
+        ppo.temperature = t.generator_temperature
         ppo.advantage = "gae"
+        if t.generator_kl_coef is not None:
+            ppo.kl_coef = t.generator_kl_coef
+        if t.generator_entropy_coef is not None:
+            ppo.entropy_coef_start = ppo.entropy_coef_end = t.generator_entropy_coef
     return ppo
 
 

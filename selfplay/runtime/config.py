@@ -179,6 +179,9 @@ class TrainConfig:
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
+    generator_kl_coef: float | None = None  # the generator's per-token KL coefficient (None: ppo.kl_coef)
+    # the generator's entropy bonus, the same at every update (None: ppo.entropy_coef_start decayed to _end)
+    generator_entropy_coef: float | None = None
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
     fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
     fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
@@ -306,6 +309,9 @@ def check_ppo(cfg) -> None:
         key, value = ("ppo.top_k", p.top_k) if p.top_k != 0 else ("ppo.top_p", p.top_p)
         raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
                         "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
+    for key in ("generator_kl_coef", "generator_entropy_coef"):
+        if getattr(t, key) is not None and getattr(t, key) < 0:
+            raise UserError(f"train.{key} must be >= 0 (or null: as ppo's), got {getattr(t, key)}")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "

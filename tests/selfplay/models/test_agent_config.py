@@ -13,6 +13,25 @@ def test_generator_samples_at_its_own_temperature_and_agents_do_not_share_settin
     assert generator.kl_coef == cfg.ppo.kl_coef == 0.2 and cfg.ppo.temperature == 1.0
 
 
+def test_the_generator_takes_its_own_kl_and_entropy_coefficients_where_set():
+    from selfplay.rl.core import linear_schedule
+
+    base = ["ppo.kl_coef=0.05", "ppo.entropy_coef_start=0.01", "ppo.entropy_coef_end=0.001"]
+    cfg = load_config(None, base)
+    solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
+    assert generator.kl_coef == solver.kl_coef == 0.05  # unset: as ppo's
+    assert (generator.entropy_coef_start, generator.entropy_coef_end) == (0.01, 0.001)
+    cfg = load_config(None, base + ["train.generator_kl_coef=0.2", "train.generator_entropy_coef=0"])
+    solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
+    assert (solver.kl_coef, generator.kl_coef) == (0.05, 0.2)
+    assert (solver.entropy_coef_start, solver.entropy_coef_end) == (0.01, 0.001)
+    for update in (0, 10, 10_000):  # the generator's bonus is the same at every update
+        g = linear_schedule(generator.entropy_coef_start, generator.entropy_coef_end, update,
+                            generator.entropy_decay_updates)
+        assert g == 0.0
+    assert linear_schedule(solver.entropy_coef_start, solver.entropy_coef_end, 0, solver.entropy_decay_updates) == 0.01
+
+
 def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
     import pytest
 
@@ -24,6 +43,8 @@ def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
         ("ppo.top_k=5",): "ppo.top_k",
         ("ppo.top_p=0.9",): "ppo.top_p",
         ("ppo.mini_batch_size=6", "ppo.micro_batch_size=4"): "ppo.mini_batch_size",
+        ("train.generator_kl_coef=-0.1",): "train.generator_kl_coef",
+        ("train.generator_entropy_coef=-1",): "train.generator_entropy_coef",
     }
     for overrides, match in cases.items():
         with pytest.raises(UserError, match=match):
