@@ -1,6 +1,7 @@
 """`selfplay compare [CONFIG] [--seeds ...] [--arms ...] [--out DIR] [key=value ...]`: the research claim
 (self-play vs warm start only vs a fixed curriculum, per seed and held-out split); see selfplay/eval/compare.py.
-`selfplay compare --merge A/results.json B/results.json --out DIR` pools comparisons run apart."""
+`selfplay compare --merge A/results.json B/results.json --out DIR` pools comparisons run apart (records may be
+gzipped: `.json.gz`, as docs/data keeps them)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def configure(parser) -> None:
 
 
 def run(args) -> int:
+    import gzip
     import json
 
     from selfplay.eval.compare import PER_RUN_KEYS, arm_specs, collect, merge, run_all, variant, write_report
@@ -61,8 +63,10 @@ def run(args) -> int:
         if missing:
             raise UserError(f"--merge: no such file {', '.join(missing)}")
         try:
-            results = merge([json.loads(p.read_text()) for p in paths], args.from_iteration, [str(p) for p in paths])
-        except ValueError as e:  # json's decode errors too
+            records = [json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
+                       for p in paths]
+            results = merge(records, args.from_iteration, [str(p) for p in paths])
+        except (ValueError, OSError) as e:  # json's decode errors too, and gzip's (a .gz that is not gzip)
             raise UserError(f"--merge: {e}") from None
         write_report(results, out)
         return finish(results, out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import statistics
@@ -293,6 +294,13 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     merged = json.loads((tmp_path / "merged" / "results.json").read_text())
     assert merged["summary"] == results["summary"] and merged["paired_arms"] == results["paired_arms"]
     assert (tmp_path / "merged" / "compare.png").exists()
+    gz = tmp_path / "results.json.gz"  # a gzipped record (as docs/data keeps them) merges the same
+    gz.write_bytes(gzip.compress((out / "results.json").read_bytes()))
+    selfplay("compare", "--merge", str(gz), "--out", str(tmp_path / "merged_gz"))
+    assert json.loads((tmp_path / "merged_gz" / "results.json").read_text())["summary"] == results["summary"]
+    (tmp_path / "bad.json.gz").write_text("{}")
+    proc = selfplay("compare", "--merge", str(tmp_path / "bad.json.gz"), "--out", str(tmp_path / "m4"), check=False)
+    assert proc.returncode == 2 and "--merge:" in proc.stderr and "Traceback" not in proc.stderr
     proc = selfplay("compare", "--merge", str(tmp_path / "none.json"), "--out", str(tmp_path / "m2"), check=False)
     assert proc.returncode == 2 and "--merge: no such file" in proc.stderr
     proc = selfplay("compare", "train.steps=3", "--merge", str(out / "results.json"), "--out", str(tmp_path / "m3"),
