@@ -17,7 +17,7 @@ def test_the_generator_takes_its_own_kl_and_entropy_coefficients_where_set():
     from selfplay.rl.core import linear_schedule
 
     base = ["ppo.kl_coef=0.05", "ppo.entropy_coef_start=0.01", "ppo.entropy_coef_end=0.001"]
-    cfg = load_config(None, base)
+    cfg = load_config(None, base + ["train.generator_kl_coef=null", "train.generator_entropy_coef=null"])
     solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
     assert generator.kl_coef == solver.kl_coef == 0.05  # unset: as ppo's
     assert (generator.entropy_coef_start, generator.entropy_coef_end) == (0.01, 0.001)
