@@ -76,7 +76,7 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     # ... and a learning rate or KL coefficient given for the continuation is the one used (not the one saved with
     # the optimiser or the trainer)
     selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5",
-             "ppo.kl_coef=0.321")
+             "ppo.kl_coef=0.321", "train.generator_kl_coef=0.654", "train.generator_entropy_coef=0.0042")
     assert latest_state(run)["step"] == 4
     tags = read_scalars(run)
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
@@ -86,6 +86,10 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     assert tags["ppo/solver/lr"][0][1] <= 1e-4 + 1e-12  # the smoke config's own ppo.lr before
     assert tags["ppo/solver/kl_coef"][-1] == (4, pytest.approx(0.321))
     assert tags["ppo/solver/kl_coef"][0][1] == pytest.approx(load_config(REPO / "configs" / "smoke.yaml").ppo.kl_coef)
+    # the generator's own coefficients reach its trainer; the solver's stay ppo's
+    assert tags["ppo/generator/kl_coef"][-1] == (4, pytest.approx(0.654))
+    assert tags["ppo/generator/entropy_coef"][-1] == (4, pytest.approx(0.0042))
+    assert tags["ppo/solver/entropy_coef"][-1][1] != pytest.approx(0.0042)
 
 
 @pytest.mark.slow
