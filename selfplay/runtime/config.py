@@ -179,7 +179,8 @@ class TrainConfig:
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
-    generator_kl_coef: float | None = None  # the generator's per-token KL coefficient (None: ppo.kl_coef)
+    # the generator's per-token KL coefficient (its initial value with ppo.adaptive_kl; None: ppo.kl_coef)
+    generator_kl_coef: float | None = None
     # the generator's entropy bonus, the same at every update (None: ppo.entropy_coef_start decayed to _end)
     generator_entropy_coef: float | None = None
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
