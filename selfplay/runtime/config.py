@@ -311,8 +311,9 @@ def check_ppo(cfg) -> None:
         raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
                         "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
     for key in ("generator_kl_coef", "generator_entropy_coef"):
-        if getattr(t, key) is not None and getattr(t, key) < 0:
-            raise UserError(f"train.{key} must be >= 0 (or null: as ppo's), got {getattr(t, key)}")
+        value = getattr(t, key)
+        if value is not None and value < 0:
+            raise UserError(f"train.{key} must be >= 0 (or null: as ppo's), got {value}")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
