@@ -211,13 +211,14 @@ def python_rules(max_depth: int = 4) -> list[str]:
     return lines + identifier_rules(keyword.kwlist)
 
 
-def free_grammar() -> str:
-    """EBNF of a whole free-format proposal (DESCRIPTION, SIGNATURE, CODE, INPUTS, END): the CODE a `def` line and
-    a body in the Python subset of `python_rules`, the INPUTS lines JSON lists (numbers and strings as `json`
-    reads them: no leading zeros, no control characters)."""
-    return "\n".join([
-        'root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs'
-        ' "END\\n"',
+FREE_ROOT = ('root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs'
+             ' "END\\n"')
+
+
+def _free_rules() -> list[str]:
+    """The free format's rules below its root: the `def` line, the description line, the INPUTS lines (JSON lists,
+    numbers and strings as `json` reads them: no leading zeros, no control characters) and the Python subset."""
+    return [
         'def ::= "def " name "(" params ")" (" -> " type)?',
         'params ::= "" | param (", " param)*',
         'param ::= name (": " type)?',
@@ -230,7 +231,43 @@ def free_grammar() -> str:
         'jnumber ::= "-"? ("0" | [1-9] [0-9]{0,8}) ("." [0-9]{1,8})?',
         'jstring ::= "\\"" ([^"\\\\\\x00-\\x1f] | "\\\\" ["\\\\/nt]){0,120} "\\""',
         *python_rules(),
-    ]) + "\n"
+    ]
+
+
+def free_grammar() -> str:
+    """EBNF of a whole free-format proposal (DESCRIPTION, SIGNATURE, CODE, INPUTS, END): the CODE a `def` line and
+    a body in the Python subset of `python_rules`, the INPUTS lines JSON lists."""
+    return "\n".join([FREE_ROOT, *_free_rules()]) + "\n"
+
+
+def free_head_grammar() -> str:
+    """The first of the two stages of a tied free answer (`generator.tie_signature`): DESCRIPTION and SIGNATURE,
+    to the end of the SIGNATURE line."""
+    return "\n".join(['root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\n"', *_free_rules()]) + "\n"
+
+
+def free_tail_grammar(signature: str) -> str:
+    """The second stage: the rest of a free answer whose SIGNATURE line gave `signature`. The CODE's `def` line
+    names the function SIGNATURE names, with its parameters in its order (each with or without an annotation, with
+    or without a return annotation), and each INPUTS line passes as many arguments as it takes: what
+    `validity.check_signature` checks. Then the body, INPUTS and END as in `free_grammar`: together the two stages
+    accept exactly the texts of `free_grammar` that pass that check. A signature `parse_signature` refuses leaves
+    the rest as `free_grammar` has it (the answer is rejected at parsing whatever follows)."""
+    from generator.validity import parse_signature
+
+    tied, inputs = "def", "inputs"
+    try:
+        fn = parse_signature(signature)
+    except ValueError:
+        rules = []
+    else:
+        names = [a.arg for a in fn.args.posonlyargs + fn.args.args]
+        params = ' ", " '.join(f'{_literal(a)} (": " type)?' for a in names)
+        tied, inputs = f'"def " {_literal(fn.name)} "(" {params} ")" (" -> " type)?', "tinputs"
+        args = f'json (", " json){{{len(names) - 1}}}' if names else '""'
+        rules = [f'tinputs ::= ("[" {args} "]\\n"){{1,{MAX_INPUT_LINES}}}']
+    root = f'root ::= "CODE:\\n" {tied} ":\\n" body1 "INPUTS:\\n" {inputs} "END\\n"'
+    return "\n".join([root, *rules, *_free_rules()]) + "\n"
 
 
 GRAMMARS = {"mutation": mutation_grammar, "free": free_grammar}  # generator.format -> its grammar

@@ -88,7 +88,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
                                   max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
                                                                 positions - t.generator_max_new_tokens)),
                                   fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
-                                  redraws=cfg.generator.redraws)
+                                  redraws=cfg.generator.redraws, tie_signature=cfg.generator.tie_signature)
     valid = [r for r in rollouts if r.valid]
     rates = {}
     if solver is not None and valid:

@@ -12,7 +12,8 @@ its program, compiled by the procedural families, generator.mutation); an edit t
 invalid proposal, rejected as "edit" with its reason. Under `generator.constrained` a mutation answer is decoded
 under the grammar of its own prompt's references (generator.grammars): only edits that compile; with
 `generator.redraws` an answer whose program or behaviour the corpus already has is struck from its grammar and
-drawn again (`_sample_screened`).
+drawn again (`_sample_screened`). A constrained free answer is drawn in two stages, so that its CODE defines the
+function its SIGNATURE names (`generator.tie_signature`, `_sample_tied`).
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import torch
+
 from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
                              proposal_to_task)
 from generator.build import BuildConfig
-from generator.grammars import edits_grammar
+from generator.grammars import edits_grammar, free_head_grammar, free_tail_grammar
 from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
                                 compile_mutation, parse_mutation, possible_edits)
 from generator.screen import Screen
@@ -167,11 +170,68 @@ def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_ind
     return answers, [len(s) for s in struck]
 
 
+def _rest_groups(lengths: Sequence[int], needs: Sequence[int], limit: int | None) -> list[list[int]]:
+    """Rows grouped for batched sampling so that each row gets its own token budget (`needs`): a batch's room is
+    the model's positions (`limit`) less its longest prompt (`lengths`), which must cover the batch's largest need.
+    Longest prompts first, each row joins the last group if that still holds."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        if groups and (limit is None or limit - lengths[groups[-1][0]] >= max(needs[j] for j in [*groups[-1], i])):
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _cut(answer: Answer, n: int) -> tuple[list[int], bool, object, object]:
+    """An answer's first n tokens: (tokens, finished, allowed bits, log-probs); finished only if it ended within n."""
+    allowed = None if answer.allowed is None else answer.allowed[:n]
+    logprobs = None if answer.logprobs is None else answer.logprobs[:n]
+    return answer.tokens[:n], answer.finished and len(answer.tokens) <= n, allowed, logprobs
+
+
+def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None) -> list[Answer]:
+    """Free answers under the free grammar, drawn in two stages so that CODE defines the function SIGNATURE names,
+    with its parameters (`generator.tie_signature`; a context-free grammar cannot tie the two lines). Each answer
+    is drawn up to the end of its SIGNATURE line (generator.grammars.free_head_grammar); then, from its prompt and
+    those tokens, the rest under the grammar of that signature (`free_tail_grammar`), within what is left of the
+    same token budget. The answer is the two parts joined, the first part's end-of-sequence token left out: every
+    token was drawn from the policy under the mask it carries, given all the tokens before it, so the trainer
+    scores the joined answer exactly as it was sampled. A first part the budget cut off is the whole answer."""
+    budget = max_new_tokens or agent.cfg.max_new_tokens
+    try:
+        agent.constraint = constraint.per_prompt([free_head_grammar()] * len(prompts))
+        heads = agent.sample(prompts, max_new_tokens=budget)
+        answers = list(heads)
+        go = [i for i, h in enumerate(heads) if h.finished and h.tokens and h.tokens[-1] in agent.eos_ids]
+        firsts = {i: _cut(heads[i], len(heads[i].tokens) - 1) for i in go}  # the end-of-sequence token left out
+        lengths = [len(prompts[i]) + len(firsts[i][0]) for i in go]
+        needs = [budget - len(firsts[i][0]) for i in go]
+        for group in _rest_groups(lengths, needs, agent.max_positions):
+            rows = [go[g] for g in group]
+            # the line after the first "\nSIGNATURE: " (a description has no newline; a parameter may hold the word)
+            signatures = [heads[i].text.split("\nSIGNATURE: ", 1)[-1].strip() for i in rows]
+            agent.constraint = constraint.per_prompt([free_tail_grammar(sig) for sig in signatures])
+            rests = agent.sample([list(prompts[i]) + firsts[i][0] for i in rows],
+                                 max_new_tokens=max(needs[g] for g in group))
+            for g, i, rest in zip(group, rows, rests):
+                tokens, finished, allowed, logprobs = _cut(rest, needs[g])
+                first_tokens, _, first_allowed, first_logprobs = firsts[i]
+                joined = first_tokens + tokens
+                answers[i] = Answer(
+                    list(prompts[i]), joined, agent.decode(joined), finished,
+                    None if allowed is None or first_allowed is None else torch.cat([first_allowed, allowed]),
+                    None if logprobs is None or first_logprobs is None else list(first_logprobs) + list(logprobs))
+    finally:
+        agent.constraint = constraint
+    return answers
+
+
 def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
                        corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
                        max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
                        fmt: str = "free", build_cfg: BuildConfig | None = None,
-                       redraws: int = 0,
+                       redraws: int = 0, tie_signature: bool = True,
                        instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None
                        ) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
@@ -179,8 +239,10 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
     mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
     built with `build_cfg`, the `tasks:` section's). `redraws` (generator.redraws): under the mutation grammar, an
     answer the novelty screen rejects is struck from its prompt's grammar and drawn again, up to this many times
-    (`_sample_screened`). `instruction_weights(names)`: the mutation instructions' draw weights among those a
-    prompt's references allow (the mixer's `instruction_weights`; None: uniform)."""
+    (`_sample_screened`). `tie_signature` (generator.tie_signature): under the free grammar, each answer is drawn in
+    two stages whose second makes CODE define SIGNATURE's function (`_sample_tied`). `instruction_weights(names)`:
+    the mutation instructions' draw weights among those a prompt's references allow (the mixer's
+    `instruction_weights`; None: uniform)."""
     if fmt not in FORMATS:
         raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
     mutation = fmt == "mutation"
@@ -198,6 +260,8 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
     if mutation and hasattr(constraint, "per_prompt"):  # generator.constrained: each prompt's possible edits only
         answers, redrawn = _sample_screened(agent, constraint, prompts, references, corpus_index, redraws,
                                             build_cfg or BuildConfig(), max_new_tokens)
+    elif not mutation and tie_signature and hasattr(constraint, "per_prompt"):  # the free grammar, tied
+        answers = _sample_tied(agent, constraint, prompts, max_new_tokens)
     else:
         answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
     rollouts = []

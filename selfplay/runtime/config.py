@@ -211,6 +211,10 @@ class GeneratorConfig:
     # prompt's grammar and drawn again, up to this many times (0 = off: the grammar itself leaves out the corpus's
     # programs, the novelty check their behaviours)
     redraws: int = 3
+    # with constrained and the free format: each answer drawn in two stages, up to its SIGNATURE line and then the
+    # rest under that signature's grammar, so that CODE defines the function SIGNATURE names with its parameters (a
+    # context-free grammar cannot tie the two; false: one grammar, and the `signature` check rejects a mismatch)
+    tie_signature: bool = True
 
 
 @dataclass

@@ -457,6 +457,7 @@ class SelfPlay:
                 max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
                 max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
                 build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
+                tie_signature=cfg.generator.tie_signature,
                 instruction_weights=self.mixer.instruction_weights)
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([SharedProposal(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,

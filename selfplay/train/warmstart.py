@@ -221,7 +221,7 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
                                   max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
                                                                 positions - t.generator_max_new_tokens)),
                                   fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
-                                  redraws=cfg.generator.redraws)
+                                  redraws=cfg.generator.redraws, tie_signature=cfg.generator.tie_signature)
     n = max(1, len(rollouts))
     rejections = Counter(r.rejection for r in rollouts if not r.valid)
     return {"generator_probe_proposals": len(rollouts),

@@ -147,3 +147,78 @@ def test_what_the_free_grammar_accepts_parses_as_python(free_matcher, task_pool,
     if free_matcher(text):  # a CFG cannot make CODE define the very name SIGNATURE gives: that is left to the check
         parsed = parse_proposal(text)
         assert not isinstance(parsed, ProposalError) or parsed.reason.startswith("CODE does not define"), (text, parsed)
+
+
+# ---- the free format tied: SIGNATURE's function in CODE (generator.tie_signature) ---------------------------
+@pytest.fixture(scope="module")
+def tied_matcher(compiler):
+    """text -> whether the two stages accept it: its head (to the end of the SIGNATURE line) under
+    free_head_grammar, the rest under free_tail_grammar of that signature."""
+    from generator.grammars import free_head_grammar, free_tail_grammar
+
+    tok, comp = compiler
+    head = comp.compile_grammar(free_head_grammar())
+
+    def match(text: str) -> bool:
+        at = text.find("\nCODE:")
+        if at < 0:
+            return False
+        first, rest = text[: at + 1], text[at + 1:]
+        signature = first.split("\nSIGNATURE: ", 1)[-1].strip()
+        return accepts(head, tok, first) and accepts(comp.compile_grammar(free_tail_grammar(signature)), tok, rest)
+    return match
+
+
+def test_the_tied_stages_accept_every_procedural_proposal(tied_matcher, task_pool):
+    """Not tighter than the format: every proposal the warm start teaches (a procedural task's) passes both stages."""
+    from generator.agent import format_proposal
+
+    for task in task_pool:
+        assert tied_matcher(format_proposal(task)), format_proposal(task)
+
+
+def test_the_tied_tail_takes_only_the_signatures_function_parameters_and_arity(tied_matcher, free_matcher):
+    head = "DESCRIPTION: d\nSIGNATURE: def solve(xs: list[int], k: int) -> list[int]\nCODE:\n"
+    body = "    return xs[:k]\nINPUTS:\n[[1, -2, 30], 2]\n[[], 0]\nEND\n"
+    for line in ("def solve(xs, k):\n", "def solve(xs: list[int], k: int) -> list[int]:\n", "def solve(xs, k: int):\n"):
+        assert tied_matcher(head + line + body), line
+    for line in ("def solve(xs):\n", "def solve(k, xs):\n", "def solve(xs, k, j):\n", "def solve(ys, k):\n",
+                 "def solver(xs, k):\n", "def f(xs, k):\n"):
+        assert free_matcher(head + line + body), line  # one grammar cannot tell: the signature check did
+        assert not tied_matcher(head + line + body), line
+    for inputs in ("[[1, 2]]\n", "[[1], 2, 3]\n", "[[1], 2]\n[3]\n", "[]\n"):  # each line passes two arguments
+        text = head + "def solve(xs, k):\n    return xs[:k]\nINPUTS:\n" + inputs + "END\n"
+        assert free_matcher(text) and not tied_matcher(text), inputs
+    empty = "DESCRIPTION: d\nSIGNATURE: def solve() -> int\nCODE:\n"
+    assert tied_matcher(empty + "def solve():\n    return 1\nINPUTS:\n[]\n[]\nEND\n")
+    assert not tied_matcher(empty + "def solve(xs):\n    return 1\nINPUTS:\n[]\nEND\n")
+    assert not tied_matcher(empty + "def solve():\n    return 1\nINPUTS:\n[1]\nEND\n")
+    one = "DESCRIPTION: d\nSIGNATURE: def solve(xs: list[int]) -> int\nCODE:\ndef solve(xs):\n    return 1\n"
+    assert tied_matcher(one + FREE_TAIL) and not tied_matcher(one + "INPUTS:\n[[1], 2]\nEND\n")
+
+
+@hypothesis.settings(max_examples=200, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(data=hypothesis.strategies.data())
+def test_what_the_tied_stages_accept_parses_and_defines_the_signatures_function(tied_matcher, task_pool, data):
+    """Soundness on near misses, as for the one grammar, and without its exception: whatever the two stages accept,
+    `parse_proposal` reads, its CODE defines SIGNATURE's function with SIGNATURE's parameters, and each INPUTS line
+    passes as many arguments."""
+    import ast
+
+    from generator.agent import ProposalError, format_proposal, parse_proposal
+    from generator.validity import parse_signature
+
+    text = format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool)))
+    alphabet = " \n()[]{}:,.=+-*/%<>\"'_0123456789abcdefinorstxk"
+    for _ in range(data.draw(hypothesis.strategies.integers(1, 3))):
+        i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
+        c = data.draw(hypothesis.strategies.sampled_from(alphabet))
+        op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
+        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+    if tied_matcher(text):
+        parsed = parse_proposal(text)
+        assert not isinstance(parsed, ProposalError), (text, parsed)
+        sig = parse_signature(parsed.signature)
+        fn = next(n for n in ast.parse(parsed.code).body if isinstance(n, ast.FunctionDef) and n.name == sig.name)
+        assert [a.arg for a in fn.args.args] == [a.arg for a in sig.args.args], text
+        assert all(len(args) == len(sig.args.args) for args in parsed.inputs), text

@@ -3,6 +3,7 @@ distribution, and the trainer scores every token under the same mask (old, new, 
 
 import random
 
+import hypothesis
 import pytest
 import torch
 
@@ -221,3 +222,106 @@ def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_the
     for b, x in enumerate(answers):
         pos = prepared.action_mask[b].bool()
         assert torch.allclose(prepared.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
+
+
+# ---- the free format tied: SIGNATURE's function in CODE (generator.tie_signature) ---------------------------
+MISMATCHED = ("DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int], k: int) -> list[int]\n"
+              "CODE:\ndef solve(xs):\n    return xs\nINPUTS:\n[[1, 2], 3]\nEND\n")
+
+
+@pytest.fixture(scope="module")
+def mismatcher(tok):
+    """A generator that has learnt one free answer by heart, whose CODE defines solve(xs) under a SIGNATURE of
+    solve(xs, k): sampled from under the one free grammar it writes the mismatch."""
+    from selfplay.rl.sft import sft
+
+    torch.manual_seed(0)
+    policy = build_tiny_model(tok, n_layer=2, n_embd=64, n_head=2, max_positions=192)
+    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, max_new_tokens=128, temperature=1.0, epochs=1)
+    a = LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
+    answer = list(tok(MISMATCHED, add_special_tokens=False)["input_ids"]) + [a.eos_ids[0]]
+    examples = [(p, answer) for p in prompts(a, 8)]
+    sft(policy, examples, steps=150, batch_size=8, lr=1e-2, pad_id=tok.pad_token_id, max_len=192, warmup=10)
+    a.constrain("free")
+    return a
+
+
+def _code_params(text: str):
+    import ast
+
+    from generator.agent import parse_proposal
+
+    parsed = parse_proposal(text)
+    if isinstance(parsed, ProposalError):
+        return None
+    fn = next(n for n in ast.parse(parsed.code).body if isinstance(n, ast.FunctionDef))
+    return [a.arg for a in fn.args.args]
+
+
+def test_tied_answers_define_the_signatures_parameters_and_are_scored_as_sampled(mismatcher):
+    """Drawn in two stages (episodes._sample_tied), the memorised mismatch cannot be written: every finished answer's
+    CODE takes SIGNATURE's parameters; under the one grammar the same model writes solve(xs). The trainer scores each
+    joined answer's tokens exactly as the two stages drew them."""
+    from selfplay.rollout.episodes import _sample_tied
+
+    a = mismatcher
+    ps = prompts(a, 16)
+    untied = [_code_params(x.text) for x in a.sample(ps, max_new_tokens=128)]
+    assert untied.count(["xs"]) >= 8, untied  # the model writes the mismatch: the test can fail
+    tied = _sample_tied(a, a.constraint, ps, 128)
+    assert a.constraint is not None and not hasattr(a.constraint, "rows")  # the agent's grammar is given back
+    finished = [x for x in tied if x.finished]
+    assert len(finished) >= 8, [x.text for x in tied]
+    assert all(_code_params(x.text) == ["xs", "k"] for x in finished), [x.text for x in finished]
+    for x in tied:
+        assert len(x.allowed) == len(x.tokens) == len(x.logprobs) and x.prompt in ps
+        assert x.text == a.decode(x.tokens) and x.text.startswith("DESCRIPTION: ")
+    prepared, _ = a.trainer._prepare([x.prompt for x in tied[:6]], [x.tokens for x in tied[:6]], [0.0] * 6, None,
+                                     None, [x.allowed for x in tied[:6]])
+    for b, x in enumerate(tied[:6]):
+        pos = prepared.action_mask[b].bool()
+        assert torch.allclose(prepared.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
+
+
+def test_tied_answers_keep_the_one_stage_token_budget(mismatcher):
+    """The two stages share one budget: no answer is longer than it, and one the budget cuts off says so."""
+    from selfplay.rollout.episodes import _sample_tied
+
+    ps = prompts(mismatcher, 6)
+    for budget in (30, 40):  # the answer learnt is 64 tokens, 34 of them to its SIGNATURE line's end
+        answers = _sample_tied(mismatcher, mismatcher.constraint, ps, budget)
+        assert all(len(x.tokens) <= budget for x in answers)
+        assert all(not x.finished and len(x.tokens) == budget for x in answers), [len(x.tokens) for x in answers]
+
+
+@hypothesis.settings(max_examples=200, deadline=None)
+@hypothesis.given(lengths=hypothesis.strategies.lists(hypothesis.strategies.integers(1, 100), min_size=1, max_size=12),
+                  data=hypothesis.strategies.data())
+def test_rest_groups_give_every_row_its_budget(lengths, data):
+    from selfplay.rollout.episodes import _rest_groups
+
+    limit = 160
+    needs = [data.draw(hypothesis.strategies.integers(1, limit - n)) for n in lengths]
+    groups = _rest_groups(lengths, needs, limit)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for g in groups:  # the batch's room (the positions less its longest prompt) covers each row's need
+        assert all(limit - max(lengths[j] for j in g) >= needs[i] for i in g)
+    assert len(_rest_groups(lengths, needs, None)) == 1
+
+
+def test_generator_rollouts_tie_the_free_signature_unless_told_not_to(mismatcher):
+    """generator.tie_signature in the rollouts: untied, the memorised answer parses and fails the signature check;
+    tied (the default), no proposal is rejected for its signature."""
+    import sandbox
+    from generator.build import materialise, sample_params
+    from selfplay.rollout.episodes import generator_rollouts
+
+    rng = random.Random(3)
+    groups = [[materialise(sample_params(rng, 1), "train")] for _ in range(12)]
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        runs = {tie: generator_rollouts(mismatcher, groups, sb, step=1, rng=random.Random(0), max_prompt_tokens=60,
+                                        max_new_tokens=128, fmt="free", tie_signature=tie) for tie in (False, True)}
+    assert sum(r.rejection == "signature" for r in runs[False]) >= 4, [r.rejection for r in runs[False]]
+    assert not any(r.rejection == "signature" for r in runs[True]), [(r.reasons, r.answer.text) for r in runs[True]
+                                                                       if r.rejection == "signature"]
+    assert sum(r.parsed for r in runs[True]) >= 4, [r.parse_error for r in runs[True]]
