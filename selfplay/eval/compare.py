@@ -477,8 +477,8 @@ def warm_starts_line(results: dict) -> str:
     return "Warm starts: " + (", ".join(parts) if parts else "not recorded") + "."
 
 
-LATER_FIGURES = ("validity", "generator_in_band", "generator_share", "generator_batch_share", "solver_in_band",
-                 "level")
+LATER_FIGURES = ("parse_rate", "validity", "generator_in_band", "generator_share", "generator_batch_share",
+                 "solver_in_band", "level")
 
 
 def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dict:
@@ -685,17 +685,17 @@ def later_table(results: dict) -> str:
 
     start = results.get("from_iteration", 10)
     lines = [f"Per RL run, means from iteration {start} on:", "",
-             "| arm | seed | iterations | validity | generator in band | generator share (mixer / batch) | "
+             "| arm | seed | iterations | parse | validity | generator in band | generator share (mixer / batch) | "
              "solver in band | level | longest collapse alarm | generator reward, first -> last ten |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in results["arms"]:
         for seed, run in results["runs"][arm].items():
             f = run.get("from_iteration") or {}
             if not f:
                 continue
             reward = ("-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}")
-            lines.append(f"| {arm} | {seed} | {f['iterations']} | {cell(f['validity'])} | "
-                         f"{cell(f['generator_in_band'])} | {cell(f['generator_share'])} / "
+            lines.append(f"| {arm} | {seed} | {f['iterations']} | {cell(f.get('parse_rate'))} | "
+                         f"{cell(f['validity'])} | {cell(f['generator_in_band'])} | {cell(f['generator_share'])} / "
                          f"{cell(f['generator_batch_share'])} | {cell(f['solver_in_band'])} | "
                          f"{cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
     return "\n".join(lines)

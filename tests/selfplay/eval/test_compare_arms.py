@@ -131,15 +131,16 @@ def test_paired_arms_names_later_minus_earlier_and_skips_arms_without_outcomes()
 
 def test_later_figures_by_hand():
     def entry(step, alarm=0.0, **kw):
-        return {"step": step, "validity": 0.5, "generator_in_band": None, "solver_in_band": step / 100,
-                "generator_reward": float(step), "alarm_solver_collapse": alarm, "alarm_generator_validity": 1.0,
+        return {"step": step, "parse_rate": 1.0, "validity": 0.5, "generator_in_band": None,
+                "solver_in_band": step / 100, "generator_reward": float(step), "alarm_solver_collapse": alarm,
+                "alarm_generator_validity": 1.0,
                 **kw}
     # a collapse alarm at 3-5 (before the window) and 12-14 (inside it); a trust alarm throughout (not counted)
     history = [entry(s, alarm=1.0 if s in (3, 4, 5, 12, 13, 14) else 0.0) for s in range(1, 31)]
     history[20]["alarm_kl_blowup"] = 1.0  # step 21, on its own
     f = later_figures(history, start=10)
     assert f["iterations"] == 21 and f["longest_collapse_alarm"] == 3
-    assert f["validity"] == 0.5 and f["generator_in_band"] is None and f["level"] is None
+    assert f["parse_rate"] == 1.0 and f["validity"] == 0.5 and f["generator_in_band"] is None and f["level"] is None
     assert f["solver_in_band"] == pytest.approx(sum(range(10, 31)) / 21 / 100)
     assert (f["reward_first"], f["reward_last"]) == (5.5, 25.5)  # steps 1-10 and 21-30
     assert later_figures(history, start=31)["iterations"] == 0
