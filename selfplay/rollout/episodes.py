@@ -36,6 +36,7 @@ from generator.schema import Task
 from generator.validity import validate_many
 from sandbox.incremental import IncrementalRunner
 from selfplay.models.agent import Answer, LMAgent
+from selfplay.runtime.distributed import gather_objects, is_distributed
 from solver.episode import CodeEpisode, EpisodeResult
 from solver.prompts import task_prompt
 from solver.rewards import RewardConfig
@@ -131,6 +132,26 @@ class ProposalRollout:
         return self.parse_error is None
 
 
+def _calls_in_step(agent: LMAgent, calls: int) -> int:
+    """How many sampling calls this rank makes in a round where it has `calls` of its own. Under ZeRO-3 across
+    ranks with the trainer's own `generate` (rollout.engine=hf) every generation step gathers the partitioned
+    weights from all ranks, so every rank makes as many calls as the rank with the most (`_idle_call` for those it
+    has nothing for); elsewhere `calls`. Redraws and the tied free answer make data-dependent numbers of calls."""
+    if agent.engine is not None or not agent.zero3 or not is_distributed():
+        return calls
+    return max(gather_objects(calls))
+
+
+def _idle_call(agent: LMAgent, prompt) -> None:
+    """A call this rank has nothing for: one token from one prompt, no grammar, thrown away (`generate` keeps the
+    rank stepping, synced, while the others sample)."""
+    constraint, agent.constraint = agent.constraint, None
+    try:
+        agent.sample([list(prompt)], max_new_tokens=1)
+    finally:
+        agent.constraint = constraint
+
+
 def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_index, redraws: int,
                      build_cfg: BuildConfig, max_new_tokens) -> tuple[list[Answer], list[int]]:
     """Mutation answers, each under its prompt's grammar (the edits that compile, generator.grammars); then, up to
@@ -147,7 +168,9 @@ def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_ind
     answers: list[Answer | None] = [None] * len(prompts)
     screen = Screen(corpus_index)
     pending = list(range(len(prompts)))
-    for attempt in range(redraws + 1):
+
+    def draw(attempt: int) -> list[int]:
+        """Sample the pending prompts; strike what the screen rejects; the prompts to draw again."""
         agent.constraint = constraint.per_prompt([edits_grammar(edits[i], struck[i]) for i in pending])
         try:
             drawn = agent.sample([prompts[i] for i in pending], max_new_tokens=max_new_tokens)
@@ -164,8 +187,14 @@ def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_ind
                 struck[i].add((parsed.ref, answer.text.split("EDIT ", 1)[1].split("\n", 1)[0]))  # as the grammar has it
                 if edits_grammar(edits[i], struck[i]) is not None:  # else keep it: nothing else is left to draw
                     again.append(i)
-        pending = again
-        if not pending:
+        return again
+
+    for attempt in range(redraws + 1):
+        if pending:
+            pending = draw(attempt)
+        else:  # done, while another rank draws again (_calls_in_step)
+            _idle_call(agent, prompts[0])
+        if not _calls_in_step(agent, int(bool(pending))):
             break
     return answers, [len(s) for s in struck]
 
@@ -207,7 +236,10 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
         firsts = {i: _cut(heads[i], len(heads[i].tokens) - 1) for i in go}  # the end-of-sequence token left out
         lengths = [len(prompts[i]) + len(firsts[i][0]) for i in go]
         needs = [budget - len(firsts[i][0]) for i in go]
-        for group in _rest_groups(lengths, needs, agent.max_positions):
+        groups = _rest_groups(lengths, needs, agent.max_positions)
+        for _ in range(len(groups), _calls_in_step(agent, len(groups))):
+            _idle_call(agent, prompts[0])
+        for group in groups:
             rows = [go[g] for g in group]
             # the line after the first "\nSIGNATURE: " (a description has no newline; a parameter may hold the word)
             signatures = [heads[i].text.split("\nSIGNATURE: ", 1)[-1].strip() for i in rows]

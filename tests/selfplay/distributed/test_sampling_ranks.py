@@ -1,0 +1,23 @@
+"""The generator's sampling on 2 real ranks under DeepSpeed ZeRO-3 (torchrun, gloo, CPU): redraws and the tied free
+format make data-dependent numbers of `generate` calls, and each generation step is a collective, so the ranks
+agree on their calls (`episodes._calls_in_step`); tests/selfplay/distributed/sampling_ranks.py runs on each rank."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.selfplay.distributed.test_distributed import two_ranks
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+SCRIPT = Path(__file__).with_name("sampling_ranks.py")
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_ranks_that_sample_different_numbers_of_times_under_zero3_finish(tmp_path):
+    two_ranks([str(SCRIPT), str(tmp_path)], timeout=600,
+              env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
+    assert ranks[0]["redrawn"] > 0 and ranks[1]["redrawn"] == 0, ranks  # rank 0 made calls rank 1 did not
+    assert ranks[0]["second_stages"] > 0 and ranks[1]["second_stages"] == 0, ranks  # only rank 0 drew them
