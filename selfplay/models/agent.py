@@ -19,6 +19,7 @@ import torch
 
 from selfplay.models.factory import ActorCritic, ensure_chat_template, fresh_lora, frozen_copy, torch_dtype
 from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
+from selfplay.runtime.distributed import gather_objects, is_distributed
 
 
 @dataclass
@@ -105,15 +106,21 @@ class LMAgent:
 
     def sample_hf(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
                   batch_size: int = 64) -> list[Answer]:
-        """`sample` with Hugging Face `generate` on the trainer's own model (rollout.engine=hf)."""
+        """`sample` with Hugging Face `generate` on the trainer's own model (rollout.engine=hf). Under ZeRO-3 across
+        ranks each generation step gathers the partitioned weights, so every rank runs as many batches as the rank
+        with the most: a rank with fewer (or no prompts) runs one-token batches of nothing for the rest."""
         out: list[Answer] = []
         max_new = max_new_tokens or self.cfg.max_new_tokens
         limit = self.max_positions
         if limit is not None and any(len(p) >= limit for p in prompts):
             raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
                              f"{limit} positions")
-        for i in range(0, len(prompts), batch_size):
-            chunk = [list(p) for p in prompts[i: i + batch_size]]
+        chunks = [[list(p) for p in prompts[i: i + batch_size]] for i in range(0, len(prompts), batch_size)]
+        if self.zero3 and is_distributed():  # each generation step gathers the weights: as many batches as any rank
+            for _ in range(len(chunks), max(gather_objects(len(chunks)))):
+                generate(self.model, [[self.eos_ids[0]]], pad_token_id=self.tokenizer.pad_token_id,
+                         eos_token_id=self.eos_ids, max_new_tokens=1, synced_gpus=True)  # a batch of nothing
+        for chunk in chunks:
             room = max_new if limit is None else max(1, min(max_new, limit - max(len(p) for p in chunk)))
             samples: list[Sample] = generate(
                 self.model, chunk, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,

@@ -84,7 +84,7 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
                         if not ep.done and len(prompts[i]) + len(tokens[i]) + 16 > limit]
                 list(pool.map(lambda i: episodes[i].act("ACTION: submit"), full))
             active = [i for i, ep in enumerate(episodes) if not ep.done]
-            if not active:
+            if not _calls_in_step(agent, int(bool(active))):  # every rank done (a rank done early samples nothing)
                 break
             answers = agent.sample([prompts[i] + tokens[i] for i in active], greedy=greedy)
             observations = list(pool.map(lambda pair: episodes[pair[0]].act(pair[1].text), zip(active, answers)))
@@ -135,21 +135,12 @@ class ProposalRollout:
 def _calls_in_step(agent: LMAgent, calls: int) -> int:
     """How many sampling calls this rank makes in a round where it has `calls` of its own. Under ZeRO-3 across
     ranks with the trainer's own `generate` (rollout.engine=hf) every generation step gathers the partitioned
-    weights from all ranks, so every rank makes as many calls as the rank with the most (`_idle_call` for those it
-    has nothing for); elsewhere `calls`. Redraws and the tied free answer make data-dependent numbers of calls."""
+    weights from all ranks, so every rank makes as many calls as the rank with the most, calling `agent.sample([])`
+    for those it has nothing for (which takes part in the other ranks' batches: LMAgent.sample_hf); elsewhere
+    `calls`. Redraws, the tied free format and multi-turn episodes make data-dependent numbers of calls."""
     if agent.engine is not None or not agent.zero3 or not is_distributed():
         return calls
     return max(gather_objects(calls))
-
-
-def _idle_call(agent: LMAgent, prompt) -> None:
-    """A call this rank has nothing for: one token from one prompt, no grammar, thrown away (`generate` keeps the
-    rank stepping, synced, while the others sample)."""
-    constraint, agent.constraint = agent.constraint, None
-    try:
-        agent.sample([list(prompt)], max_new_tokens=1)
-    finally:
-        agent.constraint = constraint
 
 
 def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_index, redraws: int,
@@ -193,7 +184,7 @@ def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_ind
         if pending:
             pending = draw(attempt)
         else:  # done, while another rank draws again (_calls_in_step)
-            _idle_call(agent, prompts[0])
+            agent.sample([])
         if not _calls_in_step(agent, int(bool(pending))):
             break
     return answers, [len(s) for s in struck]
@@ -238,7 +229,7 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
         needs = [budget - len(firsts[i][0]) for i in go]
         groups = _rest_groups(lengths, needs, agent.max_positions)
         for _ in range(len(groups), _calls_in_step(agent, len(groups))):
-            _idle_call(agent, prompts[0])
+            agent.sample([])
         for group in groups:
             rows = [go[g] for g in group]
             # the line after the first "\nSIGNATURE: " (a description has no newline; a parameter may hold the word)

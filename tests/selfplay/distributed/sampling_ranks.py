@@ -1,8 +1,8 @@
 """Run under torchrun (2 ranks, gloo, DS_ACCELERATOR=cpu) by test_sampling_ranks.py: the generator under DeepSpeed
 ZeRO-3 with the trainer's own `generate`, where every generation step gathers the partitioned weights from both
 ranks, while the ranks make different numbers of sampling calls: mutation answers drawn again on rank 0 only (rank
-1's one proposal has nothing to be screened against), and free answers in two tied stages whose first stage ends
-(so that a second is drawn) on rank 0 only. Unless the ranks agree on their calls, a rank's extra call waits on the
+1's one proposal has nothing to be screened against), batches of one prompt (three on rank 0, one on rank 1), and
+free answers in two tied stages whose first stage ends (so that a second is drawn) on rank 0 only. Unless the ranks agree on their calls, a rank's extra call waits on the
 other forever or their collectives cross.
 
 Writes OUT/rank_N.json: what each rank drew (how many answers were struck and drawn again; how many free answers
@@ -63,11 +63,13 @@ def main(out: str) -> None:
         rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
                                       fmt="mutation", redraws=3)
     result["redrawn"] = sum(r.redrawn for r in rollouts)
+    # one sampling call, in batches of one prompt: three on rank 0, one on rank 1 (LMAgent.sample_hf)
+    prompt = list(tok("Write a task.", add_special_tokens=False)["input_ids"])
+    result["answers"] = len(a.sample([prompt] * (3 if info.rank == 0 else 1), max_new_tokens=8, batch_size=1))
     # free answers in two stages: rank 0's first stages end, rank 1's are cut off (no second stage to draw)
     g = zero3_agent(tok, info, memorise=MISMATCHED)
     g.constrain("free")
-    prompts = [list(tok("Write a task.", add_special_tokens=False)["input_ids"])] * 4
-    answers = _sample_tied(g, g.constraint, prompts, 128 if info.rank == 0 else 12)
+    answers = _sample_tied(g, g.constraint, [prompt] * 4, 128 if info.rank == 0 else 12)
     result["second_stages"] = sum("\nCODE:" in x.text for x in answers)  # the first stage ends at SIGNATURE
     Path(out).mkdir(parents=True, exist_ok=True)
     (Path(out) / f"rank_{info.rank}.json").write_text(json.dumps(result))

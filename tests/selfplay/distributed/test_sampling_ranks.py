@@ -1,6 +1,7 @@
-"""The generator's sampling on 2 real ranks under DeepSpeed ZeRO-3 (torchrun, gloo, CPU): redraws and the tied free
-format make data-dependent numbers of `generate` calls, and each generation step is a collective, so the ranks
-agree on their calls (`episodes._calls_in_step`); tests/selfplay/distributed/sampling_ranks.py runs on each rank."""
+"""Sampling on 2 real ranks under DeepSpeed ZeRO-3 (torchrun, gloo, CPU): redraws, the tied free format and batches
+make data-dependent numbers of `generate` calls, and each generation step is a collective, so the ranks agree on
+their calls (`episodes._calls_in_step`, `LMAgent.sample_hf`); tests/selfplay/distributed/sampling_ranks.py runs on
+each rank."""
 
 import json
 import os
@@ -20,4 +21,5 @@ def test_ranks_that_sample_different_numbers_of_times_under_zero3_finish(tmp_pat
               env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
     ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["redrawn"] > 0 and ranks[1]["redrawn"] == 0, ranks  # rank 0 made calls rank 1 did not
+    assert ranks[0]["answers"] == 3 and ranks[1]["answers"] == 1, ranks
     assert ranks[0]["second_stages"] > 0 and ranks[1]["second_stages"] == 0, ranks  # only rank 0 drew them
