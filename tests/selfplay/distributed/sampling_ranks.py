@@ -2,11 +2,11 @@
 ZeRO-3 with the trainer's own `generate`, where every generation step gathers the partitioned weights from both
 ranks, while the ranks make different numbers of sampling calls: mutation answers drawn again on rank 0 only (rank
 1's one proposal has nothing to be screened against), batches of one prompt (three on rank 0, one on rank 1), and
-free answers in two tied stages whose first stage ends (so that a second is drawn) on rank 0 only. Unless the ranks agree on their calls, a rank's extra call waits on the
-other forever or their collectives cross.
+free answers in two tied stages whose first stage ends (so that a second is drawn) on rank 0 only. Unless the ranks
+agree on their calls, a rank's extra call waits on the other forever or their collectives cross.
 
-Writes OUT/rank_N.json: what each rank drew (how many answers were struck and drawn again; how many free answers
-went on to a second stage)."""
+Writes OUT/rank_N.json: what each rank drew (how many answers were struck and drawn again, how many answers each
+call returned, how many free answers went on to a second stage)."""
 
 from __future__ import annotations
 
