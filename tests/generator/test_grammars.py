@@ -129,6 +129,19 @@ def test_the_free_grammar_accepts_the_python_a_task_needs_and_rejects_what_does_
         assert not free_matcher(FREE_HEAD + "    return xs\nINPUTS:\n" + inputs + "END\n"), inputs
 
 
+NEAR_MISS_CHARS = " \n()[]{}:,.=+-*/%<>\"'_0123456789abcdefinorstx"
+
+
+def near_miss(data, text: str, alphabet: str = NEAR_MISS_CHARS) -> str:
+    """`text` with one to three characters deleted, inserted (from `alphabet`) or replaced: the errors a model makes."""
+    for _ in range(data.draw(hypothesis.strategies.integers(1, 3))):
+        i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
+        c = data.draw(hypothesis.strategies.sampled_from(alphabet))
+        op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
+        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+    return text
+
+
 @hypothesis.settings(max_examples=300, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
 @hypothesis.given(data=hypothesis.strategies.data())
 def test_what_the_free_grammar_accepts_parses_as_python(free_matcher, task_pool, data):
@@ -137,13 +150,7 @@ def test_what_the_free_grammar_accepts_parses_as_python(free_matcher, task_pool,
     its INPUTS are JSON lists, its sections are there."""
     from generator.agent import ProposalError, format_proposal, parse_proposal
 
-    text = format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool)))
-    alphabet = " \n()[]{}:,.=+-*/%<>\"'_0123456789abcdefinorstx"
-    for _ in range(data.draw(hypothesis.strategies.integers(1, 3))):
-        i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
-        c = data.draw(hypothesis.strategies.sampled_from(alphabet))
-        op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
-        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+    text = near_miss(data, format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool))))
     if free_matcher(text):  # a CFG cannot make CODE define the very name SIGNATURE gives: that is left to the check
         parsed = parse_proposal(text)
         assert not isinstance(parsed, ProposalError) or parsed.reason.startswith("CODE does not define"), (text, parsed)
@@ -208,13 +215,8 @@ def test_what_the_tied_stages_accept_parses_and_defines_the_signatures_function(
     from generator.agent import ProposalError, format_proposal, parse_proposal
     from generator.validity import parse_signature
 
-    text = format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool)))
-    alphabet = " \n()[]{}:,.=+-*/%<>\"'_0123456789abcdefinorstxk"
-    for _ in range(data.draw(hypothesis.strategies.integers(1, 3))):
-        i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
-        c = data.draw(hypothesis.strategies.sampled_from(alphabet))
-        op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
-        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+    text = near_miss(data, format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool))),
+                     NEAR_MISS_CHARS + "k")
     if tied_matcher(text):
         parsed = parse_proposal(text)
         assert not isinstance(parsed, ProposalError), (text, parsed)
