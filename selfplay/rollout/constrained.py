@@ -47,9 +47,14 @@ class GrammarConstraint:
         return Decoding(self, batch)
 
     def per_prompt(self, grammars) -> "PromptGrammars":
-        """One compiled grammar per prompt: each EBNF text, or this grammar where the text is None."""
-        return PromptGrammars([self.compiled if g is None else self.compiler.compile_grammar(g) for g in grammars],
-                              self.vocab_size, self.fmt, texts=[self.text if g is None else g for g in grammars])
+        """One compiled grammar per prompt: each EBNF text (a text given more than once compiled once), or this
+        grammar where the text is None."""
+        texts = [self.text if g is None else g for g in grammars]
+        compiled = {self.text: self.compiled}
+        for text in texts:
+            if text not in compiled:
+                compiled[text] = self.compiler.compile_grammar(text)
+        return PromptGrammars([compiled[t] for t in texts], self.vocab_size, self.fmt, texts=texts)
 
 
 @dataclass
