@@ -109,6 +109,9 @@ SHARED_WARMSTART = "warmstart"  # OUT/warmstart: one warm start for every seed (
 
 # a variant shares its base arm's warm start, so it may not change what the warm start reads
 WARM_START_KEYS = ("warmstart.", "model.", "tasks.", "generator.format")
+# ... but these model settings it may change: a value head with or without gradients into the backbone is the same
+# parameters, switchable at any checkpoint (ActorCritic.from_pretrained)
+RL_PHASE_MODEL_OVERRIDES = ("model.value_model=head", "model.value_model=detached")
 PER_RUN_KEYS = ("run.dir", "run.seed", "train.mode")  # set for each run by `compare` (from --out, --seeds, the arm)
 
 
@@ -125,7 +128,7 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
     if per_run:
         raise ValueError(f"variant {name}: {', '.join(per_run)} is set per run by `selfplay compare` (its mode is "
                          f"{base}'s)")
-    shared = [o for o in overrides if o.startswith(WARM_START_KEYS)]
+    shared = [o for o in overrides if o.startswith(WARM_START_KEYS) and o not in RL_PHASE_MODEL_OVERRIDES]
     if shared:
         raise ValueError(f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
                          f"{base}; a variant changes the RL phase only")

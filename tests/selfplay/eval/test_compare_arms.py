@@ -402,6 +402,10 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
                                              "warmstart_free")
     assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
     assert "free_rloo" not in ARM_SPECS  # nothing registered globally
+    # a value head with or without gradients into the backbone: the same parameters, so the RL phase may choose
+    for kind in ("head", "detached"):
+        key = f"model.value_model={kind}"
+        assert variant("free_v", "selfplay_free", [key]).overrides[-1] == key
     # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
     assert warm_start_overrides(v.warm) == ("generator.format=free",) and warm_start_overrides("warmstart") == ()
     for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
@@ -412,6 +416,8 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
                           (("x", "curriculum", ["ppo.lr"]), "KEY=VALUE"),
                           (("x", "curriculum", ["warmstart.solver_steps=3"]), "would change its warm start"),
                           (("x", "selfplay", ["generator.format=free"]), "would change its warm start"),
+                          (("x", "selfplay", ["model.value_model=separate"]), "would change its warm start"),
+                          (("x", "selfplay", ["model.n_layer=2"]), "would change its warm start"),
                           (("x", "curriculum", ["train.mode=uniform"]), "set per run"),
                           (("x", "curriculum", ["ppo.lr=1", "run.seed=3"]), "set per run")]:
         with pytest.raises(ValueError, match=message):
