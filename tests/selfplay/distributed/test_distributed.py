@@ -27,13 +27,17 @@ def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) ->
            *args]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {}))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group, so that a hung rank can be killed
+                            start_new_session=True)  # its own process group, so that a hung run can be stopped
     try:
         output, _ = proc.communicate(timeout=timeout)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc.poll() is None:  # the launcher starts each rank in a session of its own: ask it to stop them first
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
     assert proc.returncode == 0, output[-3000:]
     return output
 
