@@ -366,6 +366,7 @@ def test_uniform_and_free_format_arms_the_free_one_from_a_warm_start_of_its_own(
     trained = CheckpointManager(out / "seed_0" / "selfplay_free")
     state = trained.load_state(trained.latest_checkpoint())
     assert state["config"]["generator"]["format"] == "free" and state["config"]["train"]["mode"] == "selfplay"
+    assert state["config"]["model"]["value_model"] == "detached"  # the free format's critic
     results = json.loads((out / "results.json").read_text())
     assert results["arms"] == ["uniform", "selfplay_free"]
     free = results["runs"]["selfplay_free"]["0"]
@@ -398,7 +399,8 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     from selfplay.eval.compare import ARM_SPECS, warm_folder
 
     v = variant("free_rloo", "selfplay_free", ["ppo.advantage=rloo"])
-    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "ppo.advantage=rloo"),
+    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "model.value_model=detached",
+                                                          "ppo.advantage=rloo"),
                                              "warmstart_free")
     assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
     assert "free_rloo" not in ARM_SPECS  # nothing registered globally
@@ -407,7 +409,8 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
         key = f"model.value_model={kind}"
         assert variant("free_v", "selfplay_free", [key]).overrides[-1] == key
     # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
-    assert warm_start_overrides(v.warm) == ("generator.format=free",) and warm_start_overrides("warmstart") == ()
+    assert warm_start_overrides(v.warm) == ("generator.format=free", "model.value_model=detached")
+    assert warm_start_overrides("warmstart") == ()
     for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
                           (("a-b", "uniform", ["ppo.lr=1"]), "an identifier"),
                           (("x", "warmstart", ["ppo.lr=1"]), "base 'warmstart' must be an RL arm"),
