@@ -78,6 +78,17 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     return {split: drawn[split] for split in suite_splits(cfg)}
 
 
+def suite_size_note(drawn: dict[str, list[Task]], cfg) -> str | None:
+    """A line to log when `eval.tasks_per_split` is not the size the run's held-out suite was drawn with (it is
+    fixed at the first draw: a later value would evaluate the suite as drawn, unknown to whoever set it); else None."""
+    sizes = {split: len(tasks) for split, tasks in drawn.items() if split in (TEST_SPLIT, VAL_SPLIT)}
+    if all(n == cfg.eval.tasks_per_split for n in sizes.values()):
+        return None
+    drawn_with = ", ".join(f"{n} {split}" for split, n in sizes.items())
+    return (f"eval.tasks_per_split={cfg.eval.tasks_per_split}, but this run's held-out suite was drawn with "
+            f"{drawn_with} tasks: every evaluation runs the suite as drawn (its size is fixed at the first draw)")
+
+
 def read_heldout(path: Path) -> dict[str, list[Task]]:
     """{split: tasks} of a held-out file (RUN_DIR/heldout.jsonl), in the order they were drawn."""
     by_split: dict[str, list[Task]] = defaultdict(list)

@@ -219,7 +219,7 @@ class GeneratorConfig:
 
 @dataclass
 class EvalConfig:
-    tasks_per_split: int = 40  # held-out tasks per split (generated deterministically from run.seed)
+    tasks_per_split: int = 40  # held-out tasks per split (generated from run.seed when a run's suite is first drawn)
     # splits each evaluation runs (empty: "test" and every tasks.heldout_splits). "val" adds a validation split, drawn
     # like "test" (training levels and families; programs in no other split and not in the corpus, and reserved so
     # training never sees them) when the run's held-out suite is first drawn: choose settings with eval.splits=[val],

@@ -71,7 +71,7 @@ from selfplay.data.corpus import Corpus, CorpusError
 from selfplay.runtime import seeds
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
-from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
+from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks, suite_size_note
 from selfplay.train.mixer import IterationStats, Mixer, edit_drops, in_band_share
 from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
 from selfplay.train.sources import validate as validate_task_choice
@@ -692,7 +692,10 @@ class SelfPlay:
             self.log(f"run already at step {self.step} of {t.steps}: nothing to do (raise train.steps to continue)")
             return self.summary()
         if self.main and RunPaths(self.run_dir).heldout.exists():  # a split eval.splits names that the run's
-            heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)  # held-out file lacks stops here, not later
+            drawn = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)  # held-out file lacks stops here
+            note = suite_size_note(drawn, self.cfg)
+            if note:
+                self.log(note)
         bar = _progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
         stopped = False
         while self.step < t.steps:

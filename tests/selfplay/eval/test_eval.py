@@ -211,7 +211,7 @@ def test_validation_split_is_drawn_like_test_and_apart_from_everything(tmp_path)
     it, disjoint from the test split; the test split is the one drawn without it; each evaluation runs only the
     splits eval.splits names; a split the run's file lacks is a one-line error, never drawn after the corpus."""
     import sandbox
-    from selfplay.eval.evaluate import TEST_SPLIT, VAL_SPLIT, heldout_tasks
+    from selfplay.eval.evaluate import TEST_SPLIT, VAL_SPLIT, heldout_tasks, suite_size_note
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -236,6 +236,10 @@ def test_validation_split_is_drawn_like_test_and_apart_from_everything(tmp_path)
     assert [t.id for t in every["deeper"]] == [t.id for t in default["deeper"]]
     with pytest.raises(UserError, match="eval.splits: 'heldout_types' is not a split"):
         load_config(overrides=n + ["eval.splits=[heldout_types]"])
+    # the suite's size is fixed at its first draw: a later eval.tasks_per_split is said to be ignored, not silently
+    assert suite_size_note(every, load_config(overrides=n)) is None
+    note = suite_size_note(every, load_config(overrides=n[1:] + ["eval.tasks_per_split=20"]))
+    assert "eval.tasks_per_split=20" in note and "12 test, 12 val" in note
 
 
 def test_a_run_whose_heldout_file_lacks_a_split_it_evaluates_stops_before_training(warm_run, tmp_path):
