@@ -136,7 +136,7 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
         raise ValueError(f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
                          f"{base}; a variant changes the RL phase only")
     spec = ARM_SPECS[base]
-    return Arm(spec.mode, spec.overrides + tuple(overrides), spec.warm)
+    return Arm(spec.mode, spec.overrides + tuple(o for o in overrides if o not in spec.overrides), spec.warm)
 
 
 def warm_start_overrides(warm: str) -> tuple[str, ...]:

@@ -407,7 +407,10 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     # a value head with or without gradients into the backbone: the same parameters, so the RL phase may choose
     for kind in ("head", "detached"):
         key = f"model.value_model={kind}"
-        assert variant("free_v", "selfplay_free", [key]).overrides[-1] == key
+        assert variant("v", "selfplay", [key]).overrides == (key,)
+    # an override its base already has is not repeated
+    free = ARM_SPECS["selfplay_free"].overrides
+    assert variant("v", "selfplay_free", ["model.value_model=detached"]).overrides == free
     # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
     assert warm_start_overrides(v.warm) == ("generator.format=free", "model.value_model=detached")
     assert warm_start_overrides("warmstart") == ()
