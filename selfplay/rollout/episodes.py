@@ -61,6 +61,9 @@ class SolverRollout:
         return self.result.reward
 
 
+TURN_ROOM = 16  # positions a multi-turn episode needs left for another answer; with fewer it is submitted
+
+
 def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_turns: int = 1,
                     reward_cfg: RewardConfig | None = None, greedy: bool = False, threads: int = 8,
                     max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> list[SolverRollout]:
@@ -81,7 +84,7 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
         for _ in range(max_turns):
             if limit is not None:  # a context with no room for another answer ends the episode (submit)
                 full = [i for i, ep in enumerate(episodes)
-                        if not ep.done and len(prompts[i]) + len(tokens[i]) + 16 > limit]
+                        if not ep.done and len(prompts[i]) + len(tokens[i]) + TURN_ROOM > limit]
                 list(pool.map(lambda i: episodes[i].act("ACTION: submit"), full))
             active = [i for i, ep in enumerate(episodes) if not ep.done]
             if not _calls_in_step(agent, int(bool(active))):  # every rank done (a rank done early samples nothing)

@@ -27,7 +27,7 @@ from generator.validity import MemoryIndex
 from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
 from selfplay.rl.sft import sft
-from selfplay.rollout.episodes import _sample_tied, generator_rollouts, solver_rollouts
+from selfplay.rollout.episodes import TURN_ROOM, _sample_tied, generator_rollouts, solver_rollouts
 from selfplay.runtime.config import DistributedConfig, PPOConfig
 from selfplay.runtime.distributed import init_distributed, wrap_model
 from solver.episode import static_report
@@ -84,7 +84,7 @@ def zero3_checker(tok, info, tasks) -> LMAgent:
         for cut in SOLVER_CUTS:
             context = plain.chat_ids(task_prompt(task, multi_turn=True), cut)
             for _ in range(SOLVER_TURNS):
-                if len(context) + 16 > POSITIONS:  # no room for another answer: solver_rollouts submits
+                if len(context) + TURN_ROOM > POSITIONS:  # no room for another answer: solver_rollouts submits
                     break
                 examples.append((context, answer))
                 context = context + answer + observation
