@@ -126,6 +126,7 @@ IDENT_CHARS = IDENT_START + "0123456789"
 # where an unbounded one could loop on one expression or one input list until it is cut off unparsable
 MAX_STATEMENTS = 16
 MAX_INPUT_LINES = 8
+MAX_EXPR_DEPTH = 5
 
 
 def identifier_rules(keywords, rule: str = "name") -> list[str]:
@@ -151,7 +152,7 @@ def identifier_rules(keywords, rule: str = "name") -> list[str]:
     return lines
 
 
-def python_rules(max_depth: int = 4) -> list[str]:
+def python_rules(max_depth: int = 4, max_expr_depth: int = MAX_EXPR_DEPTH) -> list[str]:
     """EBNF of a function body in a subset of Python (`body1`, the statements one indent deep, blocks nested up to
     `max_depth` indents): assignments (to names, attributes, subscripts, tuples of them), augmented assignments,
     `return`, `pass`, expression statements, `for`, `while`, `if`/`elif`/`else`; expressions with Python's
@@ -181,34 +182,57 @@ def python_rules(max_depth: int = 4) -> list[str]:
         'simple ::= "return" (" " exprlist)? | "pass" | targets " = " exprlist | target augop exprlist | expr',
         'augop ::= " += " | " -= " | " *= " | " /= " | " //= " | " %= "',
         'targets ::= target (", " target)*',
-        'target ::= name ("." name | "[" subscript "]")*',
+        'target ::= name ("." name | "[" subscript1 "]")*',
         'ctargets ::= name (", " name)*',
         'exprlist ::= expr (", " expr)*',
-        'expr ::= "lambda" lparams ": " expr | disj (" if " disj " else " expr)?',
-        'lparams ::= "" | " " name (", " name)*',
-        'disj ::= conj (" or " conj){0,3}',
-        'conj ::= inv (" and " inv){0,3}',
-        'inv ::= "not " inv | comparison',
-        'comparison ::= arith (compop arith){0,2}',
+        'expr ::= expr0',
         'compop ::= " < " | " > " | " == " | " != " | " <= " | " >= " | " in " | " not in " | " is " | " is not "',
-        'arith ::= unary (arop unary){0,4}',
         'arop ::= " + " | " - " | " * " | " / " | " // " | " % " | " ** "',
-        'unary ::= "-" unary | primary',
-        'primary ::= (atom | string) trailer{0,6} | number | "True" | "False" | "None"',
-        'trailer ::= "." name | "(" args ")" | "[" subscript "]"',
-        'atom ::= name | "(" ")" | "(" expr ")" | "(" expr ",)" | "(" expr (", " expr)+ ")" | "(" expr compfor ")"'
-        ' | "[" "]" | "[" expr (", " expr)* "]" | "[" expr compfor "]" | "{" "}" | "{" pair (", " pair)* "}"'
-        ' | "{" pair compfor "}" | "{" expr (", " expr)* "}" | "{" expr compfor "}"',
-        'pair ::= expr ": " expr',
-        'compfor ::= (" for " ctargets " in " disj (" if " disj)*)+',
-        'args ::= "" | expr compfor | expr (", " expr){0,3} (", " kwarg){0,3} | kwarg (", " kwarg){0,3}',
-        'kwarg ::= name "=" expr',
-        'subscript ::= expr | disj? ":" disj? (":" disj?)?',
+        'lparams ::= "" | " " name (", " name)*',
         'number ::= ("0" | [1-9] [0-9]{0,8}) ("." [0-9]{1,8})?',
         'string ::= "\\"" ([^"\\\\\\n\\r] | escape){0,64} "\\"" | "\'" ([^\'\\\\\\n\\r] | escape){0,64} "\'"',
         'escape ::= "\\\\" ["\'\\\\nt]',
     ]
+    for d in range(max_expr_depth + 1):
+        lines += expression_rules(d, max_expr_depth)
     return lines + identifier_rules(keyword.kwlist)
+
+
+def expression_rules(d: int, top: int) -> list[str]:
+    """The expression rules of nesting level d (`expr{d}`, `disj{d}`, ...; 0 is a statement's own level), for a
+    subset nested at most `top` levels deep. A level's brackets (displays, calls, subscripts, comprehensions) and
+    its recursions without brackets (`lambda`'s body, a conditional's `else`, `not`, unary minus) open the next
+    level; at `top` none is left, so an expression cannot nest without end (a comprehension inside a call inside
+    a subscript inside ...): its length is bounded, as a statement's count is."""
+    n = d + 1
+    last = d == top
+    lines = [
+        f'expr{d} ::= disj{d}' if last else
+        f'expr{d} ::= "lambda" lparams ": " expr{n} | disj{d} (" if " disj{d} " else " expr{n})?',
+        f'disj{d} ::= conj{d} (" or " conj{d}){{0,3}}',
+        f'conj{d} ::= inv{d} (" and " inv{d}){{0,3}}',
+        f'inv{d} ::= "not "? comparison{d}' if last else f'inv{d} ::= "not " inv{n} | comparison{d}',
+        f'comparison{d} ::= arith{d} (compop arith{d}){{0,2}}',
+        f'arith{d} ::= unary{d} (arop unary{d}){{0,4}}',
+        f'unary{d} ::= "-"? primary{d}' if last else f'unary{d} ::= "-" unary{n} | primary{d}',
+        f'primary{d} ::= (atom{d} | string) trailer{d}{{0,6}} | number | "True" | "False" | "None"',
+        f'trailer{d} ::= "." name' if last else f'trailer{d} ::= "." name | "(" args{n} ")" | "[" subscript{n} "]"',
+        f'atom{d} ::= name | "(" ")" | "[" "]" | "{{" "}}"' if last else
+        f'atom{d} ::= name | "(" ")" | "(" expr{n} ")" | "(" expr{n} ",)" | "(" expr{n} (", " expr{n}){{1,15}} ")"'
+        f' | "(" expr{n} compfor{n} ")" | "[" "]" | "[" expr{n} (", " expr{n}){{0,15}} "]"'
+        f' | "[" expr{n} compfor{n} "]" | "{{" "}}" | "{{" pair{n} (", " pair{n}){{0,15}} "}}"'
+        f' | "{{" pair{n} compfor{n} "}}" | "{{" expr{n} (", " expr{n}){{0,15}} "}}" | "{{" expr{n} compfor{n} "}}"',
+    ]
+    if d >= 1:  # what only brackets hold
+        lines += [
+            f'pair{d} ::= expr{d} ": " expr{d}',
+            f'compfor{d} ::= (" for " ctargets " in " disj{d} (" if " disj{d}){{0,2}}){{1,2}}',
+            f'args{d} ::= "" | expr{d} compfor{d} | expr{d} (", " expr{d}){{0,3}} (", " kwarg{d}){{0,3}}'
+            f' | kwarg{d} (", " kwarg{d}){{0,3}}',
+            f'kwarg{d} ::= name "=" expr{d}',
+            f'subscript{d} ::= expr{d} | disj{d}? ":" disj{d}? (":" disj{d}?)?',
+        ]
+    return lines
 
 
 FREE_ROOT = ('root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs'

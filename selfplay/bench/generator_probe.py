@@ -108,6 +108,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
                "validity_rate": len(valid) / count,
                "redrawn": sum(r.redrawn for r in rollouts) / count,
                "cut_off_rate": sum(not r.answer.finished for r in rollouts) / count,  # reached the token limit
+               "closed_rate": sum(r.answer.closed > 0 for r in rollouts) / count,  # generator.close_reserve
                "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
                "by_op": {op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
                          for op, c in Counter(r["op"] for r in rows).most_common()},
@@ -180,7 +181,7 @@ def main() -> None:
                                      loop.corpus, build)
         solver, generator = build_agents(cfg, run, [x for pair in s_pairs + g_pairs for x in pair])
         if cfg.generator.constrained:
-            generator.constrain(cfg.generator.format)
+            generator.constrain(cfg.generator.format, cfg.generator.close_reserve)
         ws = cfg.warmstart
         trained_solver = None
         if args.solver_steps > 0:

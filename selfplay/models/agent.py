@@ -32,6 +32,7 @@ class Answer:
     finished: bool
     allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each answer token
     logprobs: list[float] | None = None  # the sampler's log-prob of each answer token (rollout/logprob_gap)
+    closed: int = 0  # tokens of a forced closing at its end (generator.close_reserve; one-token masks)
 
 
 class LMAgent:
@@ -48,14 +49,20 @@ class LMAgent:
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
         self.constraint = None  # a compiled grammar (selfplay.rollout.constrained): sample() then decodes under it
         self.engine = None  # a rollout engine (selfplay.rollout.engine, rollout.engine=vllm); None: sample_hf
+        self.close_reserve = 0  # tokens of the budget kept to close a cut-off answer under its grammar (constrain)
+        self.closer = None
 
-    def constrain(self, fmt: str) -> None:
+    def constrain(self, fmt: str, close_reserve: int = 0) -> None:
         """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
-        the key, a grammar that cannot be compiled for this tokenizer."""
-        from selfplay.rollout.constrained import compile_constraint
+        the key, a grammar that cannot be compiled for this tokenizer. `close_reserve` > 0 (generator.close_reserve):
+        answers are sampled within the budget less that many tokens, and one still unfinished there is closed under
+        its grammar in what is left (selfplay.rollout.constrained.Closer)."""
+        from selfplay.rollout.constrained import Closer, compile_constraint
 
         vocab = policy_of(self.model).config.vocab_size  # the logits' width (weights may be partitioned)
         self.constraint = compile_constraint(self.tokenizer, fmt, vocab, self.eos_ids)
+        self.close_reserve = int(close_reserve)
+        self.closer = Closer(self.tokenizer, vocab, self.eos_ids) if close_reserve > 0 else None
 
     @property
     def zero3(self) -> bool:
@@ -98,11 +105,36 @@ class LMAgent:
 
     # ---- sampling -------------------------------------------------------------------------------------
     def sample(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
-               batch_size: int = 64) -> list[Answer]:
-        """One answer per prompt (repeat a prompt for k samples), batched, from the agent's rollout engine."""
+               batch_size: int = 64, budgets: Sequence[int] | None = None) -> list[Answer]:
+        """One answer per prompt (repeat a prompt for k samples), batched, from the agent's rollout engine. Under a
+        grammar with a closing reserve (`constrain`), sampling stops `close_reserve` tokens short of the budget and
+        an answer unfinished there is closed under its grammar within the rest (its closing tokens forced: masks
+        that allow only them, so every policy gives them log-prob 0 and PPO stays on-policy). `budgets`: each row's
+        own budget, at most `max_new_tokens` (a row is then cut at its budget less the reserve, and closed within it;
+        without a reserve the caller cuts)."""
+        from selfplay.rollout.constrained import close_answers, grammars_ahead
+
+        max_new = max_new_tokens or self.cfg.max_new_tokens
+        closing = self.closer is not None and self.constraint is not None and len(prompts) > 0
+        grammars = grammars_ahead(self.constraint, len(prompts)) if closing else None
+        budget = max(1, max_new - self.close_reserve) if closing else max_new_tokens
         if self.engine is not None:
-            return self.engine.sample(self, prompts, greedy=greedy, max_new_tokens=max_new_tokens)
-        return self.sample_hf(prompts, greedy=greedy, max_new_tokens=max_new_tokens, batch_size=batch_size)
+            answers = self.engine.sample(self, prompts, greedy=greedy, max_new_tokens=budget)
+        else:
+            answers = self.sample_hf(prompts, greedy=greedy, max_new_tokens=budget, batch_size=batch_size)
+        if closing:
+            limit = self.max_positions
+            budgets = [max_new] * len(answers) if budgets is None else budgets
+            for a, b in zip(answers, budgets):
+                keep = max(1, b - self.close_reserve)
+                if len(a.tokens) > keep:  # this row's own budget is shorter than the batch's
+                    a.tokens, a.finished, a.text = a.tokens[:keep], False, self.decode(a.tokens[:keep])
+                    a.allowed = None if a.allowed is None else a.allowed[:keep]
+                    a.logprobs = None if a.logprobs is None else a.logprobs[:keep]
+            room = [(b if limit is None else min(b, limit - len(a.prompt))) - len(a.tokens)
+                    for a, b in zip(answers, budgets)]
+            close_answers(answers, grammars, self.closer, room, self.decode)
+        return answers
 
     def sample_hf(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
                   batch_size: int = 64) -> list[Answer]:

@@ -129,3 +129,126 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
         raise UserError(f"{KEY}=true: the {fmt or 'given'} grammar cannot be compiled for this tokenizer: "
                         f"{first[:200]}") from exc
     return GrammarConstraint(compiled, vocab_size, fmt, compiler, grammar)
+
+
+# ---- closing an answer inside its token budget (generator.close_reserve) ------------------------------------------
+# The characters a closing tries first, in this order: brackets and the line's end close what is open, "0" is the
+# shortest operand, "I" and "E" begin INPUTS and END, ":" before "," (a dict's key wants its value; a list needs no
+# more items). Inside free text (a string, the description: nearly every character allowed) a quote or the line's
+# end come first. Every other character follows, so nothing the grammar allows is out of reach.
+CLOSING_ORDER = (")", "]", "}", "\n", "0", "I", "E", ":", ",", " ", "e", "l", "s", "i", "n", "x", "(", "[", "=",
+                 '"', "'")
+FREE_TEXT_ORDER = ('"', "'", "\n")
+CLOSING_BRANCHES = 6  # the first few characters of each state are tried; the rest are never needed in practice
+CLOSING_NODES = 4000  # states a search may visit before it gives up (the answer then stays cut off)
+
+
+class Closer:
+    """The shortest way this tokenizer's one-character tokens find to end an answer under its grammar: a best-first
+    search from the matcher's state, fewest departures from the closing order first, then fewest characters. The
+    closing is then written in the tokenizer's own tokens where they take the same way (fewer tokens), else one
+    character a token, and ends with the grammar's end (end of sequence)."""
+
+    def __init__(self, tokenizer, vocab_size: int, eos_ids):
+        self.tokenizer, self.vocab_size, self.eos = tokenizer, vocab_size, list(eos_ids)
+        single: dict[str, int] = {}
+        for piece, i in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1]):
+            text = tokenizer.convert_tokens_to_string([piece])
+            if i < vocab_size and len(text) == 1 and (text.isprintable() or text == "\n"):
+                single.setdefault(text, i)
+        self.single = single
+        self.rest = [c for c in single if c not in CLOSING_ORDER]
+
+    def _options(self, matcher, bitmask) -> list[str] | None:
+        """The characters allowed next, in closing order; None where the grammar may end here."""
+        matcher.fill_next_token_bitmask(bitmask, 0)
+        words = bitmask[0].tolist()
+
+        def on(i: int) -> bool:
+            return bool((words[i >> 5] >> (i & 31)) & 1)
+
+        if any(on(e) for e in self.eos if e < self.vocab_size):
+            return None
+        allowed = {c for c, i in self.single.items() if on(i)}
+        order = FREE_TEXT_ORDER + CLOSING_ORDER if len(allowed) >= len(self.single) - 8 else CLOSING_ORDER
+        seen: set[str] = set()
+        return [c for c in (*order, *self.rest) if c in allowed and not (c in seen or seen.add(c))]
+
+    def text(self, matcher, limit: int) -> str | None:
+        """The closing characters (at most `limit`) from this matcher's state, or None if none was found."""
+        import heapq
+
+        import xgrammar as xgr
+
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        heap, count = [(0, 0, 0, matcher.fork(), "")], 0
+        while heap and count < CLOSING_NODES:
+            departures, depth, _, state, path = heapq.heappop(heap)
+            options = self._options(state, bitmask)
+            if options is None:
+                return path
+            if depth >= limit:
+                continue
+            for rank, ch in enumerate(options[:CLOSING_BRANCHES]):
+                child = state.fork()
+                child.accept_token(self.single[ch])
+                count += 1
+                heapq.heappush(heap, (departures + rank, depth + 1, count, child, path + ch))
+        return None
+
+    def tokens(self, matcher, limit: int) -> list[int] | None:
+        """The closing as token ids, end of sequence included, within `limit` tokens; None if it does not fit. The
+        matcher is left as it was."""
+        text = self.text(matcher, limit - 1)
+        if text is None:
+            return None
+        own = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
+        for ids in (own, [self.single[c] for c in text]):
+            trial = matcher.fork()
+            if len(ids) < limit and all(i < self.vocab_size and trial.accept_token(i) for i in ids) \
+                    and trial.accept_token(self.eos[0]):
+                return ids + [self.eos[0]]
+        return None
+
+
+def one_hot_bits(tokens, vocab_size: int) -> torch.Tensor:
+    """Packed masks [len(tokens), words] that allow only each step's token: a forced step, whose log-prob under the
+    masked distribution is 0 for every policy."""
+    out = torch.zeros(len(tokens), words(vocab_size), dtype=torch.int32)
+    for row, t in enumerate(tokens):
+        word, bit = divmod(int(t), 32)
+        out[row, word] = (1 << bit) - (1 << 32 if bit == 31 else 0)  # bit 31 is the int32's sign bit
+    return out
+
+
+def grammars_ahead(constraint, n: int) -> list:
+    """The compiled grammars of the next n prompts this constraint decodes (not taken)."""
+    if hasattr(constraint, "rows"):
+        return list(constraint.rows[constraint.used: constraint.used + n])
+    return [constraint.compiled] * n
+
+
+def close_answers(answers, grammars, closer: Closer, room, decode) -> int:
+    """Ends each answer the token budget cut off (not finished) with `closer`'s closing, within `room[i]` more
+    tokens, under the grammar it was drawn with; each closing token is recorded with a mask that allows only it
+    (and a sampler's log-prob of 0), and the text is decoded again with `decode`. Answers are changed in place;
+    returns how many were closed."""
+    import xgrammar as xgr
+
+    closed = 0
+    for answer, compiled, limit in zip(answers, grammars, room):
+        if answer.finished or answer.allowed is None or limit < 1:
+            continue
+        matcher = xgr.GrammarMatcher(compiled)
+        if not all(matcher.accept_token(int(t)) for t in answer.tokens):
+            continue
+        ids = closer.tokens(matcher, limit)
+        if ids is None:
+            continue
+        answer.tokens = list(answer.tokens) + ids
+        answer.allowed = torch.cat([answer.allowed, one_hot_bits(ids, closer.vocab_size)])
+        if answer.logprobs is not None:
+            answer.logprobs = list(answer.logprobs) + [0.0] * len(ids)
+        answer.text, answer.finished, answer.closed = decode(answer.tokens), True, len(ids)
+        closed += 1
+    return closed

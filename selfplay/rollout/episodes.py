@@ -239,7 +239,7 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
             signatures = [heads[i].text.split("\nSIGNATURE: ", 1)[-1].strip() for i in rows]
             agent.constraint = constraint.per_prompt([free_tail_grammar(sig) for sig in signatures])
             rests = agent.sample([list(prompts[i]) + firsts[i][0] for i in rows],
-                                 max_new_tokens=max(needs[g] for g in group))
+                                 max_new_tokens=max(needs[g] for g in group), budgets=[needs[g] for g in group])
             for g, i, rest in zip(group, rows, rests):
                 tokens, finished, allowed, logprobs = _cut(rest, needs[g])
                 first_tokens, _, first_allowed, first_logprobs = firsts[i]
@@ -247,7 +247,8 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
                 answers[i] = Answer(
                     list(prompts[i]), joined, agent.decode(joined), finished,
                     None if allowed is None or first_allowed is None else torch.cat([first_allowed, allowed]),
-                    None if logprobs is None or first_logprobs is None else list(first_logprobs) + list(logprobs))
+                    None if logprobs is None or first_logprobs is None else list(first_logprobs) + list(logprobs),
+                    closed=rest.closed + max(0, heads[i].closed - 1))  # the first part's closing less its end
     finally:
         agent.constraint = constraint
     return answers

@@ -215,6 +215,12 @@ class GeneratorConfig:
     # rest under that signature's grammar, so that CODE defines the function SIGNATURE names with its parameters (a
     # context-free grammar cannot tie the two; false: one grammar, and the `signature` check rejects a mismatch)
     tie_signature: bool = True
+    # with constrained: tokens of the answer's budget kept to close it. Sampling stops this many tokens short of the
+    # budget, and an answer unfinished there is ended under its grammar in the rest by the shortest closing found
+    # (its tokens forced, so PPO scores them with log-prob 0 under every policy; selfplay/rollout/constrained.py
+    # Closer). 0 = off: an answer the budget cuts off is unparsable. Meant for the free format, whose answers a
+    # budget can cut; a mutation answer always fits (generator.mutation.MAX_ANSWER_TOKENS)
+    close_reserve: int = 0
 
 
 @dataclass
@@ -332,6 +338,8 @@ def _check_generator(gen_cfg) -> None:
     from generator.agent import FORMATS
     if gen_cfg.format not in FORMATS:
         raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
+    if int(gen_cfg.close_reserve) < 0:
+        raise UserError(f"generator.close_reserve must be >= 0 (tokens; 0 = off), got {gen_cfg.close_reserve}")
 
 
 def _check_tasks(tasks_cfg) -> None:

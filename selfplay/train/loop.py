@@ -102,6 +102,7 @@ class SharedProposal(NamedTuple):
     redrawn: int  # answers struck by the novelty screen before this one
     instruction: str  # the instruction its prompt gave
     cut_off: bool  # its answer reached the token limit before its end
+    closed: bool  # its answer was closed under its grammar inside the token budget (generator.close_reserve)
 
 
 def quiet_transformers() -> None:
@@ -314,7 +315,7 @@ class SelfPlay:
                             seed=self.cfg.run.seed)
             agent.load_training_state(folder / name)
             if name == "generator" and self.cfg.generator.constrained:  # refused here if it cannot compile
-                agent.constrain(self.cfg.generator.format)
+                agent.constrain(self.cfg.generator.format, self.cfg.generator.close_reserve)
             scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
             agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
             agent.engine = make_engine(self.cfg, agent, folder / name, rank=self.rank)  # rollout.engine; hf: None
@@ -462,7 +463,8 @@ class SelfPlay:
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([SharedProposal(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,
                                                   (p.task.fingerprints or {}).get("ast") if p.task else None,
-                                                  p.redrawn, p.instruction, not p.answer.finished)
+                                                  p.redrawn, p.instruction, not p.answer.finished,
+                                                  p.answer.closed > 0)
                                    for p in proposals])
         flat = [x for rank_list in shared for x in rank_list]
         valid_generator = [Task.from_dict(x.task) for x in flat if x.task is not None]
@@ -569,6 +571,7 @@ class SelfPlay:
             metrics["generator/redrawn"] = sum(x.redrawn for x in flat) / max(1, n_props)
             # answers that reached their token limit before their end (train.generator_max_new_tokens)
             metrics["generator/cut_off_rate"] = sum(x.cut_off for x in flat) / max(1, n_props)
+            metrics["generator/closed_rate"] = sum(x.closed for x in flat) / max(1, n_props)
             # valid proposals solved by some but not all of the solver's samples
             metrics["generator/in_band_rate"] = generator_in_band if generator_in_band is not None else float("nan")
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))

@@ -114,7 +114,7 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
         agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
                               seed=cfg.run.seed))
     if cfg.generator.constrained:  # the probe samples under the format's grammar (SFT itself is not sampled)
-        agents[1].constrain(cfg.generator.format)
+        agents[1].constrain(cfg.generator.format, cfg.generator.close_reserve)
     return agents
 
 
@@ -229,6 +229,7 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
             "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
             "generator_probe_redrawn": sum(r.redrawn for r in rollouts) / n,
             "generator_probe_cut_off_rate": sum(not r.answer.finished for r in rollouts) / n,  # hit the token limit
+            "generator_probe_closed_rate": sum(r.answer.closed > 0 for r in rollouts) / n,  # generator.close_reserve
             **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
             "generator_probe_s": time.perf_counter() - t0}
 
