@@ -211,10 +211,10 @@ def expression_rules(d: int, top: int) -> list[str]:
         f'expr{d} ::= "lambda" lparams ": " expr{n} | disj{d} (" if " disj{d} " else " expr{n})?',
         f'disj{d} ::= conj{d} (" or " conj{d}){{0,3}}',
         f'conj{d} ::= inv{d} (" and " inv{d}){{0,3}}',
-        f'inv{d} ::= "not "? comparison{d}' if last else f'inv{d} ::= "not " inv{n} | comparison{d}',
+        f'inv{d} ::= comparison{d}' if last else f'inv{d} ::= "not " inv{n} | comparison{d}',
         f'comparison{d} ::= arith{d} (compop arith{d}){{0,2}}',
         f'arith{d} ::= unary{d} (arop unary{d}){{0,4}}',
-        f'unary{d} ::= "-"? primary{d}' if last else f'unary{d} ::= "-" unary{n} | primary{d}',
+        f'unary{d} ::= primary{d}' if last else f'unary{d} ::= "-" unary{n} | primary{d}',
         f'primary{d} ::= (atom{d} | string) trailer{d}{{0,6}} | number | "True" | "False" | "None"',
         f'trailer{d} ::= "." name' if last else f'trailer{d} ::= "." name | "(" args{n} ")" | "[" subscript{n} "]"',
         f'atom{d} ::= name | "(" ")" | "[" "]" | "{{" "}}"' if last else

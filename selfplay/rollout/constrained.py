@@ -134,11 +134,11 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
 # ---- closing an answer inside its token budget (generator.close_reserve) ------------------------------------------
 # The characters a closing tries first, in this order: brackets and the line's end close what is open, "0" is the
 # shortest operand, "I" and "E" begin INPUTS and END, ":" before "," (a dict's key wants its value; a list needs no
-# more items). Inside free text (a string, the description: nearly every character allowed) a quote or the line's
-# end come first. Every other character follows, so nothing the grammar allows is out of reach.
+# more items). Inside free text (a string, the description: nearly every character allowed) the line's end or a
+# quote comes first, one that leaves the free text before one that does not. The other characters follow.
 CLOSING_ORDER = (")", "]", "}", "\n", "0", "I", "E", ":", ",", " ", "e", "l", "s", "i", "n", "x", "(", "[", "=",
                  '"', "'")
-FREE_TEXT_ORDER = ('"', "'", "\n")
+FREE_TEXT_ORDER = ("\n", '"', "'")
 CLOSING_BRANCHES = 6  # the first few characters of each state are tried; the rest are never needed in practice
 CLOSING_NODES = 4000  # states a search may visit before it gives up (the answer then stays cut off)
 
@@ -159,8 +159,8 @@ class Closer:
         self.single = single
         self.rest = [c for c in single if c not in CLOSING_ORDER]
 
-    def _options(self, matcher, bitmask) -> list[str] | None:
-        """The characters allowed next, in closing order; None where the grammar may end here."""
+    def _allowed(self, matcher, bitmask) -> set[str] | None:
+        """The characters allowed next; None where the grammar may end here."""
         matcher.fill_next_token_bitmask(bitmask, 0)
         words = bitmask[0].tolist()
 
@@ -169,13 +169,31 @@ class Closer:
 
         if any(on(e) for e in self.eos if e < self.vocab_size):
             return None
-        allowed = {c for c, i in self.single.items() if on(i)}
-        order = FREE_TEXT_ORDER + CLOSING_ORDER if len(allowed) >= len(self.single) - 8 else CLOSING_ORDER
-        seen: set[str] = set()
-        return [c for c in (*order, *self.rest) if c in allowed and not (c in seen or seen.add(c))]
+        return {c for c, i in self.single.items() if on(i)}
 
-    def text(self, matcher, limit: int) -> str | None:
-        """The closing characters (at most `limit`) from this matcher's state, or None if none was found."""
+    def _free_text(self, allowed) -> bool:
+        return allowed is not None and len(allowed) >= len(self.single) - 8
+
+    def _options(self, matcher, bitmask, last: str = "") -> list[str] | None:
+        """The characters allowed next, in closing order; None where the grammar may end here. After a name or a
+        number's character (`last`), what would only lengthen it comes after everything else."""
+        allowed = self._allowed(matcher, bitmask)
+        if allowed is None:
+            return None
+        order: list[str] = []
+        if self._free_text(allowed):  # the ender first: the line's end or the quote after which it is not free text
+            enders = [c for c in FREE_TEXT_ORDER if c in allowed]
+            leaves = {c for c in enders if not self._free_text(self._allowed(_after(matcher, self.single[c]), bitmask))}
+            order = sorted(enders, key=lambda c: c not in leaves)
+        seen: set[str] = set()
+        options = [c for c in (*order, *CLOSING_ORDER, *self.rest) if c in allowed and not (c in seen or seen.add(c))]
+        if _word(last) and not self._free_text(allowed):
+            options.sort(key=_word)
+        return options
+
+    def text(self, matcher, limit: int, last: str = "") -> str | None:
+        """The closing characters (at most `limit`) from this matcher's state (after the character `last`), or None
+        if none was found."""
         import heapq
 
         import xgrammar as xgr
@@ -184,22 +202,20 @@ class Closer:
         heap, count = [(0, 0, 0, matcher.fork(), "")], 0
         while heap and count < CLOSING_NODES:
             departures, depth, _, state, path = heapq.heappop(heap)
-            options = self._options(state, bitmask)
+            options = self._options(state, bitmask, path[-1:] or last)
             if options is None:
                 return path
             if depth >= limit:
                 continue
             for rank, ch in enumerate(options[:CLOSING_BRANCHES]):
-                child = state.fork()
-                child.accept_token(self.single[ch])
                 count += 1
-                heapq.heappush(heap, (departures + rank, depth + 1, count, child, path + ch))
+                heapq.heappush(heap, (departures + rank, depth + 1, count, _after(state, self.single[ch]), path + ch))
         return None
 
-    def tokens(self, matcher, limit: int) -> list[int] | None:
+    def tokens(self, matcher, limit: int, last: str = "") -> list[int] | None:
         """The closing as token ids, end of sequence included, within `limit` tokens; None if it does not fit. The
         matcher is left as it was."""
-        text = self.text(matcher, limit - 1)
+        text = self.text(matcher, limit - 1, last)
         if text is None:
             return None
         own = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
@@ -209,6 +225,16 @@ class Closer:
                     and trial.accept_token(self.eos[0]):
                 return ids + [self.eos[0]]
         return None
+
+
+def _word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
+
+
+def _after(matcher, token: int):
+    child = matcher.fork()
+    child.accept_token(token)
+    return child
 
 
 def one_hot_bits(tokens, vocab_size: int) -> torch.Tensor:
@@ -242,7 +268,7 @@ def close_answers(answers, grammars, closer: Closer, room, decode) -> int:
         matcher = xgr.GrammarMatcher(compiled)
         if not all(matcher.accept_token(int(t)) for t in answer.tokens):
             continue
-        ids = closer.tokens(matcher, limit)
+        ids = closer.tokens(matcher, limit, answer.text[-1:])
         if ids is None:
             continue
         answer.tokens = list(answer.tokens) + ids

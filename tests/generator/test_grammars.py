@@ -224,3 +224,21 @@ def test_what_the_tied_stages_accept_parses_and_defines_the_signatures_function(
         fn = next(n for n in ast.parse(parsed.code).body if isinstance(n, ast.FunctionDef) and n.name == sig.name)
         assert [a.arg for a in fn.args.args] == [a.arg for a in sig.args.args], text
         assert all(len(args) == len(sig.args.args) for args in parsed.inputs), text
+
+
+def test_free_expressions_nest_at_most_max_expr_depth_levels(free_matcher):
+    """Brackets and the recursions without them (`not`, unary minus, `lambda`, a conditional's `else`) open a level;
+    MAX_EXPR_DEPTH levels are accepted, one more is not, so no expression runs on without end."""
+    from generator.grammars import MAX_EXPR_DEPTH
+
+    def nested(opener: str, closer: str, depth: int) -> str:
+        return FREE_HEAD + f"    return {opener * depth}0{closer * depth}\n" + FREE_TAIL
+
+    for opener, closer in (("[", "]"), ("f(", ")"), ("-", ""), ("not ", ""), ("lambda: ", "")):
+        assert free_matcher(nested(opener, closer, MAX_EXPR_DEPTH)), opener
+        assert not free_matcher(nested(opener, closer, MAX_EXPR_DEPTH + 1)), opener
+    chain = " else ".join(["0 if x"] * MAX_EXPR_DEPTH) + " else 0"
+    assert free_matcher(FREE_HEAD + f"    return {chain}\n" + FREE_TAIL)
+    assert not free_matcher(FREE_HEAD + f"    return 0 if x else {chain}\n" + FREE_TAIL)
+    assert free_matcher(FREE_HEAD + "    return [x for x in xs if x if x for y in xs if y]\n" + FREE_TAIL)
+    assert not free_matcher(FREE_HEAD + "    return [x for x in xs for y in xs for z in xs]\n" + FREE_TAIL)

@@ -325,3 +325,97 @@ def test_generator_rollouts_tie_the_free_signature_unless_told_not_to(mismatcher
     assert not any(r.rejection == "signature" for r in runs[True]), [(r.reasons, r.answer.text) for r in runs[True]
                                                                        if r.rejection == "signature"]
     assert sum(r.parsed for r in runs[True]) >= 4, [r.parse_error for r in runs[True]]
+
+
+# ---- closing a cut-off answer inside its budget (generator.close_reserve) ------------------------------------------
+@pytest.fixture(scope="module")
+def closer(tok):
+    from selfplay.rollout.constrained import CLOSING_ORDER, Closer
+
+    c = Closer(tok, len(tok), [tok.eos_token_id])
+    assert set(CLOSING_ORDER) <= set(c.single)  # the tokenizer writes every closing character alone
+    return c
+
+
+def test_one_hot_bits_allow_only_their_token():
+    from selfplay.rollout.constrained import one_hot_bits
+
+    tokens = [0, 5, 31, 32, 63, 69]
+    bits = unpack_bits(one_hot_bits(tokens, 70), 70)
+    assert bits.sum(-1).tolist() == [1] * len(tokens)
+    assert bits.nonzero()[:, 1].tolist() == tokens
+
+
+@hypothesis.settings(max_examples=60, deadline=None, suppress_health_check=[hypothesis.HealthCheck.too_slow])
+@hypothesis.given(seed=hypothesis.strategies.integers(0, 10_000), cut=hypothesis.strategies.floats(0.0, 1.0))
+def test_a_proposal_cut_anywhere_is_closed_into_one_that_parses(tok, closer, seed, cut):
+    """Any prefix of a procedural proposal (what a warm-started generator writes), drawn in the tied stages as the
+    loop draws it (generator.tie_signature), is ended by the closer within 120 characters a stage, and the closed
+    answer is read by `parse_proposal`, its CODE defining SIGNATURE's function, each INPUTS line of its arity."""
+    import ast
+
+    import xgrammar as xgr
+
+    from generator.agent import format_proposal, parse_proposal
+    from generator.build import materialise, sample_params
+    from generator.grammars import free_head_grammar, free_tail_grammar
+    from generator.validity import parse_signature
+
+    def close(grammar: str, prefix: str) -> str:
+        matcher = xgr.GrammarMatcher(compile_grammar(tok, grammar, len(tok)).compiled)
+        assert matcher.accept_string(prefix)
+        closing = closer.text(matcher, 120)
+        assert closing is not None, prefix
+        return prefix + closing
+
+    text = format_proposal(materialise(sample_params(random.Random(seed), 1 + seed % 4), "train"))
+    prefix = text[: int(cut * (len(text) - 1))]
+    at = text.find("\nCODE:") + 1
+    head = close(free_head_grammar(), prefix) if len(prefix) < at else text[:at]
+    signature = head.split("\nSIGNATURE: ", 1)[-1].strip()
+    answer = head + close(free_tail_grammar(signature), prefix[at:] if len(prefix) >= at else "")
+    parsed = parse_proposal(answer)
+    assert not isinstance(parsed, ProposalError), (answer, parsed)
+    sig = parse_signature(parsed.signature)
+    fn = next(n for n in ast.parse(parsed.code).body if isinstance(n, ast.FunctionDef))
+    assert fn.name == sig.name and [a.arg for a in fn.args.args] == [a.arg for a in sig.args.args]
+    assert all(len(args) == len(sig.args.args) for args in parsed.inputs)
+
+
+def test_cut_off_answers_are_closed_and_their_forced_tokens_scored_as_sampled(tok):
+    """generator.close_reserve: sampling stops the reserve short of the budget, each answer unfinished there is
+    closed under its grammar within the budget, and the closing's tokens carry masks that allow only them: the
+    sampler's log-prob and the trainer's (old policy and reference) are 0 there, and a PPO step's ratios are 1."""
+    from generator.agent import parse_proposal
+
+    a = agent(tok, temperature=1.0)
+    a.constrain("free", close_reserve=96)
+    ps = prompts(a, 4)
+    answers = a.sample(ps, max_new_tokens=128)
+    assert all(x.finished and x.closed > 0 and len(x.tokens) <= 128 for x in answers), [len(x.tokens) for x in answers]
+    assert all(len(x.tokens) - x.closed <= 128 - 96 for x in answers)  # sampled within the budget less the reserve
+    assert all(not isinstance(parse_proposal(x.text), ProposalError) for x in answers), [x.text for x in answers]
+    for x in answers:
+        forced = unpack_bits(x.allowed[-x.closed:], len(tok))
+        assert forced.sum(-1).tolist() == [1] * x.closed and x.logprobs[-x.closed:] == [0.0] * x.closed
+    t = a.trainer
+    queries, responses, allowed = ps, [x.tokens for x in answers], [x.allowed for x in answers]
+    r, _ = t._prepare(queries, responses, [1.0, 0.0, 0.5, 0.0], None, None, allowed)
+    packed = ppo.pack_allowed(allowed, ppo.first_action(ppo.pad_rollouts(queries, responses, tok.pad_token_id)[2])[1])
+    ref = t._ref_logprobs(r.input_ids, r.attention_mask, r.start, packed)
+    for b, x in enumerate(answers):
+        pos = r.action_mask[b].bool()
+        assert torch.allclose(r.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
+        assert torch.allclose(r.old_logp[b][pos][-x.closed:], torch.zeros(x.closed), atol=1e-6)
+        assert torch.allclose(ref[b][pos], r.old_logp[b][pos], atol=1e-5)
+    stats = a.update(answers, [1.0, 0.0, 0.5, 0.0])
+    assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0
+    a.close_reserve, a.closer = 0, None  # without the reserve the same budget cuts them off
+    assert not any(x.finished for x in a.sample(ps, max_new_tokens=32))
+
+
+def test_a_negative_close_reserve_is_refused_naming_the_key():
+    from selfplay.runtime.config import load_config
+
+    with pytest.raises(UserError, match="generator.close_reserve"):
+        load_config(None, ["generator.close_reserve=-1"])
