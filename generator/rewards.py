@@ -7,7 +7,10 @@ the solver's solve rate over k attempts, `generator.reward.learnability` chooses
     p_one_minus_p   r = p (1 - p)  if 0 < p < 1, else 0   (SFL's learnability: the variance of the outcome)
 
 (never solved may mean ill-posed; always solved is too easy). Invalid proposals get fixed penalties: -1 when the
-answer could not be parsed into a task at all, -0.5 when it parsed but failed a validity check (AZR's values).
+answer could not be parsed into a task at all, -0.5 when it parsed but failed a validity check (AZR's values). An
+answer the sampler had to close inside its token budget (generator.close_reserve) that then fails a check gets
+`generator.reward.closed_invalid`: "invalid" (-0.5, as any parsed answer) or "unparsable" (-1, as the cut-off
+answer it would have been without the closing).
 
 Valid proposals then pay R-Zero's repetition penalty: the size |C| of their near-duplicate cluster among the
 batch's valid proposals, divided by the batch size B (every proposal of the iteration, valid or not), times a
@@ -33,11 +36,15 @@ PENALTY_UNPARSABLE = -1.0
 PENALTY_INVALID = -0.5
 VALID_FLOOR = PENALTY_INVALID / 2  # the lowest reward a valid proposal can get: strictly above any invalid one
 LEARNABILITY = ("one_minus_p", "p_one_minus_p")
+CLOSED_INVALID = {"invalid": PENALTY_INVALID, "unparsable": PENALTY_UNPARSABLE}
 
 
 @dataclass
 class GeneratorRewardConfig:
     learnability: str = "one_minus_p"  # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL)
+    # the penalty of an answer closed inside its budget (generator.close_reserve) that fails a check: "invalid" (-0.5)
+    # or "unparsable" (-1, what it would have scored cut off)
+    closed_invalid: str = "invalid"
 
 
 def check_learnability(kind: str) -> str:
@@ -69,6 +76,7 @@ class ProposalOutcome:
     valid: bool  # ... and it passed every validity check
     solve_rate: float | None = None  # solver solve rate over k attempts (valid proposals only)
     cluster: str | None = None  # near-duplicate key (e.g. normalised-AST or behaviour hash)
+    closed: bool = False  # its answer was closed inside the token budget by the sampler (generator.close_reserve)
 
 
 def repetition_penalties(clusters: Sequence[str | None], batch_size: int | None = None) -> list[float]:
@@ -92,11 +100,14 @@ def diversity(outcomes: Sequence[ProposalOutcome]) -> float | None:
 
 
 def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: float = 1.0,
-                      learnability_kind: str = "one_minus_p") -> list[float]:
+                      learnability_kind: str = "one_minus_p", closed_invalid: str = "invalid") -> list[float]:
     """Scalar reward per proposal of one batch (all of the iteration's proposals: B = len(outcomes))."""
     if repetition_weight < 0:
         raise ValueError(f"repetition weight must be >= 0, got {repetition_weight}")
     check_learnability(learnability_kind)
+    if closed_invalid not in CLOSED_INVALID:
+        raise ValueError(f"generator.reward.closed_invalid must be one of {', '.join(CLOSED_INVALID)}, got "
+                         f"{closed_invalid!r}")
     valid_idx = [i for i, o in enumerate(outcomes) if o.parsed and o.valid]
     rep = repetition_penalties([outcomes[i].cluster for i in valid_idx], batch_size=len(outcomes))
     rep_of = dict(zip(valid_idx, rep))
@@ -105,7 +116,7 @@ def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: fl
         if not o.parsed:
             rewards.append(PENALTY_UNPARSABLE)
         elif not o.valid:
-            rewards.append(PENALTY_INVALID)
+            rewards.append(CLOSED_INVALID[closed_invalid] if o.closed else PENALTY_INVALID)
         else:
             if o.solve_rate is None:
                 raise ValueError(f"proposal {i} is valid but has no solve rate")

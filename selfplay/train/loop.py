@@ -198,6 +198,7 @@ class SelfPlay:
             raise UserError("train.samples_per_task must be >= 1")
         try:
             check_learnability(cfg.generator.reward.learnability)
+            generator_rewards([], closed_invalid=cfg.generator.reward.closed_invalid)  # refuses an unknown one
             Mixer(cfg.mixer)
         except ValueError as exc:
             raise UserError(str(exc)) from exc
@@ -493,9 +494,9 @@ class SelfPlay:
         # 4. rewards -------------------------------------------------------------------------------------------
         outcomes = [ProposalOutcome(parsed=x.parsed, valid=x.task is not None,
                                     solve_rate=rates_all.get(x.task["id"]) if x.task is not None else None,
-                                    cluster=x.cluster) for x in flat]
+                                    cluster=x.cluster, closed=x.closed) for x in flat]
         g_rewards_all = generator_rewards(outcomes, self.mixer.repetition_weight,
-                                          cfg.generator.reward.learnability)
+                                          cfg.generator.reward.learnability, cfg.generator.reward.closed_invalid)
         offsets = np.cumsum([0] + [len(x) for x in shared])
         g_rewards = g_rewards_all[offsets[self.rank]: offsets[self.rank + 1]]
 
