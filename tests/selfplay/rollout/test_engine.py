@@ -162,6 +162,27 @@ def test_vllm_decodes_under_the_generators_grammar_with_the_hf_paths_masks(serve
 
 
 @pytest.mark.vllm
+def test_vllm_answers_are_closed_inside_the_budget_as_the_hf_paths_are(served):
+    """generator.close_reserve through vLLM: the engine samples within the budget less the reserve, the answer is
+    closed under its grammar in the rest, and the trainer, scoring under the recorded masks (the closing's allowing
+    only its token), gives the engine's log-probs (0 for the forced tokens)."""
+    from generator.agent import parse_proposal
+
+    served.constrain("free", close_reserve=96)
+    try:
+        answers = served.sample(prompts(served, 4), max_new_tokens=128)
+    finally:
+        served.constraint, served.closer, served.close_reserve = None, None, 0
+    assert any(a.closed for a in answers) and all(a.finished and len(a.tokens) <= 128 for a in answers)
+    assert all(len(a.tokens) - a.closed <= 32 for a in answers)
+    # one grammar (untied) cannot make CODE define SIGNATURE's name: the one thing parse_proposal may still refuse
+    assert not [(a.text, p.reason) for a in answers
+                if isinstance(p := parse_proposal(a.text), ProposalError) and "named in SIGNATURE" not in p.reason]
+    assert logprob_gap(served, answers) < GAP_TOL
+    served.engine.take_metrics()
+
+
+@pytest.mark.vllm
 def test_vllm_decodes_each_prompt_under_its_own_grammar(served):
     """GrammarConstraint.per_prompt (the mutation format's possible edits of each prompt's references): each row is
     decoded under its own grammar, and the rows are consumed as the Hugging Face path consumes them."""
