@@ -174,21 +174,21 @@ def python_rules(max_depth: int = 4, max_expr_depth: int = MAX_EXPR_DEPTH) -> li
             inner = f"body{d + 1}"
             alts += [f'{ind} "for " ctargets " in " exprlist ":\\n" {inner}',
                      f'{ind} "while " expr ":\\n" {inner}',
-                     f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner})* ({ind} "else:\\n"'
+                     f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner}){{0,7}} ({ind} "else:\\n"'
                      f' {inner})?']
         most = MAX_STATEMENTS if d == 1 else MAX_STATEMENTS // 2
         lines += [f"body{d} ::= stmt{d}{{1,{most}}}", f"stmt{d} ::= " + " | ".join(alts)]
     lines += [
         'simple ::= "return" (" " exprlist)? | "pass" | targets " = " exprlist | target augop exprlist | expr',
         'augop ::= " += " | " -= " | " *= " | " /= " | " //= " | " %= "',
-        'targets ::= target (", " target)*',
-        'target ::= name ("." name | "[" subscript1 "]")*',
-        'ctargets ::= name (", " name)*',
-        'exprlist ::= expr (", " expr)*',
+        'targets ::= target (", " target){0,7}',
+        'target ::= name ("." name | "[" subscript1 "]"){0,6}',
+        'ctargets ::= name (", " name){0,7}',
+        'exprlist ::= expr (", " expr){0,7}',
         'expr ::= expr0',
         'compop ::= " < " | " > " | " == " | " != " | " <= " | " >= " | " in " | " not in " | " is " | " is not "',
         'arop ::= " + " | " - " | " * " | " / " | " // " | " % " | " ** "',
-        'lparams ::= "" | " " name (", " name)*',
+        'lparams ::= "" | " " name (", " name){0,7}',
         'number ::= ("0" | [1-9] [0-9]{0,8}) ("." [0-9]{1,8})?',
         'string ::= "\\"" ([^"\\\\\\n\\r] | escape){0,64} "\\"" | "\'" ([^\'\\\\\\n\\r] | escape){0,64} "\'"',
         'escape ::= "\\\\" ["\'\\\\nt]',
@@ -244,9 +244,12 @@ def _free_rules() -> list[str]:
     numbers and strings as `json` reads them: no leading zeros, no control characters) and the Python subset."""
     return [
         'def ::= "def " name "(" params ")" (" -> " type)?',
-        'params ::= "" | param (", " param)*',
+        'params ::= "" | param (", " param){0,7}',  # up to 8 parameters (a procedural task takes one)
         'param ::= name (": " type)?',
-        'type ::= name ("[" type (", " type)* "]")? | "None" | "..."',
+        # annotations nest three deep (list[tuple[int, str]]; a procedural task's one: list[int])
+        'type ::= name ("[" type1 (", " type1){0,3} "]")? | "None" | "..."',
+        'type1 ::= name ("[" type2 (", " type2){0,3} "]")? | "None" | "..."',
+        'type2 ::= name | "None" | "..."',
         'line ::= [^\\n \\t\\r] [^\\n]{0,599}',  # a description that is not blank
         f'inputs ::= ("[" (json (", " json){{0,7}})? "]\\n"){{1,{MAX_INPUT_LINES}}}',
         'json ::= jnumber | jstring | "[" (json (", " json){0,15})? "]" | "{" (member (", " member){0,15})? "}"'
