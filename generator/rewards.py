@@ -53,6 +53,12 @@ def check_learnability(kind: str) -> str:
     return kind
 
 
+def check_closed_invalid(kind: str) -> str:
+    if kind not in CLOSED_INVALID:
+        raise ValueError(f"generator.reward.closed_invalid must be one of {', '.join(CLOSED_INVALID)}, got {kind!r}")
+    return kind
+
+
 def learnability(solve_rate: float, kind: str = "one_minus_p") -> float:
     """1 - p (or p (1 - p)) for 0 < p < 1, else 0."""
     check_learnability(kind)
@@ -105,9 +111,7 @@ def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: fl
     if repetition_weight < 0:
         raise ValueError(f"repetition weight must be >= 0, got {repetition_weight}")
     check_learnability(learnability_kind)
-    if closed_invalid not in CLOSED_INVALID:
-        raise ValueError(f"generator.reward.closed_invalid must be one of {', '.join(CLOSED_INVALID)}, got "
-                         f"{closed_invalid!r}")
+    check_closed_invalid(closed_invalid)
     valid_idx = [i for i, o in enumerate(outcomes) if o.parsed and o.valid]
     rep = repetition_penalties([outcomes[i].cluster for i in valid_idx], batch_size=len(outcomes))
     rep_of = dict(zip(valid_idx, rep))

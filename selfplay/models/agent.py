@@ -34,6 +34,12 @@ class Answer:
     logprobs: list[float] | None = None  # the sampler's log-prob of each answer token (rollout/logprob_gap)
     closed: int = 0  # tokens of a forced closing at its end (generator.close_reserve; one-token masks)
 
+    def cut(self, n: int) -> tuple[list[int], bool, object, object]:
+        """The first n tokens: (tokens, finished, allowed bits, log-probs); finished only if it ended within n."""
+        allowed = None if self.allowed is None else self.allowed[:n]
+        logprobs = None if self.logprobs is None else self.logprobs[:n]
+        return self.tokens[:n], self.finished and len(self.tokens) <= n, allowed, logprobs
+
 
 class LMAgent:
     def __init__(self, name: str, model: ActorCritic, reference, tokenizer, ppo_cfg, *, wrap=None, seed: int = 0):
@@ -128,9 +134,8 @@ class LMAgent:
             for a, b in zip(answers, budgets):
                 keep = max(1, b - self.close_reserve)
                 if len(a.tokens) > keep:  # this row's own budget is shorter than the batch's
-                    a.tokens, a.finished, a.text = a.tokens[:keep], False, self.decode(a.tokens[:keep])
-                    a.allowed = None if a.allowed is None else a.allowed[:keep]
-                    a.logprobs = None if a.logprobs is None else a.logprobs[:keep]
+                    a.tokens, a.finished, a.allowed, a.logprobs = a.cut(keep)
+                    a.text = self.decode(a.tokens)
             room = [(b if limit is None else min(b, limit - len(a.prompt))) - len(a.tokens)
                     for a, b in zip(answers, budgets)]
             close_answers(answers, grammars, self.closer, room, self.decode)

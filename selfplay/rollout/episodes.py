@@ -206,13 +206,6 @@ def _rest_groups(lengths: Sequence[int], needs: Sequence[int], limit: int | None
     return groups
 
 
-def _cut(answer: Answer, n: int) -> tuple[list[int], bool, object, object]:
-    """An answer's first n tokens: (tokens, finished, allowed bits, log-probs); finished only if it ended within n."""
-    allowed = None if answer.allowed is None else answer.allowed[:n]
-    logprobs = None if answer.logprobs is None else answer.logprobs[:n]
-    return answer.tokens[:n], answer.finished and len(answer.tokens) <= n, allowed, logprobs
-
-
 def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None) -> list[Answer]:
     """Free answers under the free grammar, drawn in two stages so that CODE defines the function SIGNATURE names,
     with its parameters (`generator.tie_signature`; a context-free grammar cannot tie the two lines). Each answer
@@ -227,7 +220,7 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
         heads = agent.sample(prompts, max_new_tokens=budget)
         answers = list(heads)
         go = [i for i, h in enumerate(heads) if h.finished and h.tokens and h.tokens[-1] in agent.eos_ids]
-        firsts = {i: _cut(heads[i], len(heads[i].tokens) - 1) for i in go}  # the end-of-sequence token left out
+        firsts = {i: heads[i].cut(len(heads[i].tokens) - 1) for i in go}  # the end-of-sequence token left out
         lengths = [len(prompts[i]) + len(firsts[i][0]) for i in go]
         needs = [budget - len(firsts[i][0]) for i in go]
         groups = _rest_groups(lengths, needs, agent.max_positions)
@@ -241,7 +234,7 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
             rests = agent.sample([list(prompts[i]) + firsts[i][0] for i in rows],
                                  max_new_tokens=max(needs[g] for g in group), budgets=[needs[g] for g in group])
             for g, i, rest in zip(group, rows, rests):
-                tokens, finished, allowed, logprobs = _cut(rest, needs[g])
+                tokens, finished, allowed, logprobs = rest.cut(needs[g])
                 first_tokens, _, first_allowed, first_logprobs = firsts[i]
                 joined = first_tokens + tokens
                 answers[i] = Answer(

@@ -58,7 +58,7 @@ import torch
 
 import sandbox
 from sandbox.files import owner_dir
-from generator.rewards import ProposalOutcome, check_learnability, generator_rewards, in_band
+from generator.rewards import ProposalOutcome, check_closed_invalid, check_learnability, generator_rewards, in_band
 from generator.rewards import diversity as proposal_diversity
 from generator.schema import Task
 from selfplay.runtime import distributed as D
@@ -198,7 +198,7 @@ class SelfPlay:
             raise UserError("train.samples_per_task must be >= 1")
         try:
             check_learnability(cfg.generator.reward.learnability)
-            generator_rewards([], closed_invalid=cfg.generator.reward.closed_invalid)  # refuses an unknown one
+            check_closed_invalid(cfg.generator.reward.closed_invalid)
             Mixer(cfg.mixer)
         except ValueError as exc:
             raise UserError(str(exc)) from exc
