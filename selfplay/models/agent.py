@@ -241,14 +241,16 @@ class LMAgent:
 
 def agent_ppo_config(cfg, name: str):
     """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
-    (`train.generator_temperature`; PPO scores its tokens at that temperature too), GAE advantages (it writes
-    one proposal per prompt, so there is no group for `ppo.advantage=rloo`), and its own KL coefficient and
-    constant entropy bonus where `train.generator_kl_coef` / `train.generator_entropy_coef` are set."""
+    (`train.generator_temperature`; PPO scores its tokens at that temperature too), its own advantage
+    (`train.generator_advantage`: GAE, or `rloo` over one group, the iteration's proposals, which the loop passes:
+    it writes one proposal per prompt, so there is no task group as the solver's `ppo.advantage=rloo` has), and
+    its own KL coefficient and constant entropy bonus where `train.generator_kl_coef` /
+    `train.generator_entropy_coef` are set."""
     ppo = copy.deepcopy(cfg.ppo)
     if name == "generator":
         t = cfg.train
         ppo.temperature = t.generator_temperature
-        ppo.advantage = "gae"
+        ppo.advantage = "rloo" if t.generator_advantage == "rloo_batch" else "gae"
         if t.generator_kl_coef is not None:
             ppo.kl_coef = t.generator_kl_coef
         if t.generator_entropy_coef is not None:

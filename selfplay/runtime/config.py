@@ -25,6 +25,7 @@ from solver.rewards import RewardConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
+GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # train.generator_advantage
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 
@@ -183,6 +184,10 @@ class TrainConfig:
     generator_kl_coef: float | None = None
     # the generator's entropy bonus, the same at every update (None: ppo.entropy_coef_start decayed to _end)
     generator_entropy_coef: float | None = None
+    # the generator's advantage: "gae" (its critic, per token) | "rloo_batch" (no critic: a proposal's return against
+    # the mean return of the iteration's other proposals on its rank, one group as Absolute Zero's per-role baseline;
+    # docs/rl.md). The solver's is ppo.advantage
+    generator_advantage: str = "gae"
     curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
     fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
     fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
@@ -324,6 +329,13 @@ def check_ppo(cfg) -> None:
         value = getattr(t, key)
         if value is not None and value < 0:
             raise UserError(f"train.{key} must be >= 0 (or null: as ppo's), got {value}")
+    if t.generator_advantage not in GENERATOR_ADVANTAGES:
+        raise UserError(f"train.generator_advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, "
+                        f"got {t.generator_advantage!r}")
+    if t.generator_advantage == "rloo_batch" and t.proposals < 2:
+        raise UserError(f"train.generator_advantage=rloo_batch with train.proposals={t.proposals} leaves every "
+                        "proposal without a baseline (no other proposal in its iteration): set train.proposals >= 2 "
+                        "or train.generator_advantage=gae")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "

@@ -514,7 +514,11 @@ class SelfPlay:
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
         if self.generates and t.train_generator and proposals:
-            stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale)
+            # train.generator_advantage=rloo_batch: this rank's proposals are one group, each one's baseline the
+            # mean return of the others (different prompts, one policy: the baseline leaves the gradient unbiased)
+            one_group = [0] * len(proposals) if t.generator_advantage == "rloo_batch" else None
+            stats = self.generator.update([p.answer for p in proposals], g_rewards, lr_scale=lr_scale,
+                                          groups=one_group)
             metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
         timing["update_s"] += time.perf_counter() - t0
 

@@ -32,6 +32,16 @@ def test_the_generator_takes_its_own_kl_and_entropy_coefficients_where_set():
     assert linear_schedule(solver.entropy_coef_start, solver.entropy_coef_end, 0, solver.entropy_decay_updates) == 0.01
 
 
+def test_the_generator_takes_its_own_advantage_and_the_solver_keeps_ppos():
+    cfg = load_config(None, ["ppo.advantage=gae"])
+    assert agent_ppo_config(cfg, "generator").advantage == "gae"  # the default: its critic, as before
+    cfg = load_config(None, ["ppo.advantage=gae", "train.generator_advantage=rloo_batch"])
+    solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
+    assert (solver.advantage, generator.advantage) == ("gae", "rloo")
+    cfg = load_config(None, ["ppo.advantage=rloo", "train.generator_advantage=gae"])
+    assert (agent_ppo_config(cfg, "solver").advantage, agent_ppo_config(cfg, "generator").advantage) == ("rloo", "gae")
+
+
 def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
     import pytest
 
@@ -45,6 +55,8 @@ def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
         ("ppo.mini_batch_size=6", "ppo.micro_batch_size=4"): "ppo.mini_batch_size",
         ("train.generator_kl_coef=-0.1",): "train.generator_kl_coef",
         ("train.generator_entropy_coef=-1",): "train.generator_entropy_coef",
+        ("train.generator_advantage=grpo",): "train.generator_advantage",
+        ("train.generator_advantage=rloo_batch", "train.proposals=1"): "train.generator_advantage.*train.proposals",
     }
     for overrides, match in cases.items():
         with pytest.raises(UserError, match=match):

@@ -93,6 +93,28 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
 
 
 @pytest.mark.slow
+def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_group(warm_run, tmp_path):
+    """train.generator_advantage=rloo_batch: the generator's update passes its proposals as one group (the
+    trainer logs `mixed_groups` only when it is given groups) and leaves its value head as it was; the default
+    (gae) trains the value head."""
+    import torch
+
+    def value_head(run, step):
+        return torch.load(run / "checkpoints" / f"step_{step}" / "generator" / "value_head.pt")
+
+    for advantage, critic_trained in (("rloo_batch", False), ("gae", True)):
+        run = copy_run(warm_run, tmp_path / advantage)
+        selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
+                 f"train.generator_advantage={advantage}")
+        before, after = value_head(run, 0), value_head(run, 1)
+        same = all(torch.equal(before[k], after[k]) for k in before)
+        assert same != critic_trained, advantage
+        tags = read_scalars(run)
+        assert ("ppo/generator/mixed_groups" in tags) == (advantage == "rloo_batch")
+        assert "ppo/solver/mixed_groups" in tags  # the solver's groups, its tasks, either way
+
+
+@pytest.mark.slow
 def test_sigkill_mid_run_resumes_with_the_corpus_intact(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     args = [sys.executable, "-m", "selfplay", "train", *SMOKE, f"run.dir={run}", "train.steps=5",
