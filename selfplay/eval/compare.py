@@ -684,6 +684,48 @@ def paired_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+WINDOW_FIGURES = ("validity", "generator_in_band", "generator_batch_share", "solver_in_band", "level",
+                  "generator_reward")
+
+
+def window_figures(history: list[dict], window: int = 10) -> list[dict]:
+    """A run's history cut into consecutive windows of `window` iterations (the last one may be shorter): per
+    window its first and last step and the mean of each of WINDOW_FIGURES (None where no iteration had it). The
+    first and the last window are the closing summary's first and last iterations when the run is a multiple of
+    `window` long."""
+    out = []
+    for i in range(0, len(history), window):
+        chunk = history[i:i + window]
+        row: dict = {"first": chunk[0]["step"], "last": chunk[-1]["step"]}
+        for key in WINDOW_FIGURES:
+            values = [h[key] for h in chunk if h.get(key) is not None]
+            row[key] = statistics.fmean(values) if values else None
+        out.append(row)
+    return out
+
+
+def window_table(results: dict, window: int = 10) -> str:
+    """Per RL run longer than two windows: the means over each window of `window` iterations (`window_figures`),
+    how the figures moved over a long run rather than their mean from `from_iteration` on."""
+    def cell(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+
+    lines = [f"Per RL run longer than {2 * window} iterations, means over each {window} iterations:", "",
+             "| arm | seed | iterations | validity | generator in band | generator share (batch) | solver in band | "
+             "level | generator reward |", "|---|---|---|---|---|---|---|---|---|"]
+    for arm in results["arms"]:
+        for seed, run in results["runs"][arm].items():
+            history = run.get("history") or []
+            if arm == "warmstart" or len(history) <= 2 * window:
+                continue
+            for w in window_figures(history, window):
+                lines.append(f"| {arm} | {seed} | {w['first']}-{w['last']} | {cell(w['validity'])} | "
+                             f"{cell(w['generator_in_band'])} | {cell(w['generator_batch_share'])} | "
+                             f"{cell(w['solver_in_band'])} | {cell(w['level'], '{:.2f}')} | "
+                             f"{cell(w['generator_reward'], '{:+.3f}')} |")
+    return "\n".join(lines) if len(lines) > 4 else ""  # a title, a blank line and the header: no run
+
+
 def later_table(results: dict) -> str:
     """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
     def cell(x, fmt="{:.3f}"):
@@ -733,6 +775,9 @@ def write_report(results: dict, out: Path) -> None:
         tables.append(paired_arms_table(results))
     if any(r.get("from_iteration") for by_seed in results["runs"].values() for r in by_seed.values()):
         tables.append(later_table(results))
+    windows = window_table(results)
+    if windows:
+        tables.append(windows)
     tables.append("Per iteration (medians):\n\n" + cost_table(results))
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")

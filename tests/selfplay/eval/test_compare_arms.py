@@ -14,7 +14,8 @@ import pytest
 
 from selfplay.eval.compare import (Job, analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
                                    merge, paired_arms, paired_arms_table, paired_delta, paired_table, seed_task_delta,
-                                   run_jobs, summarize, variant, warm_start_overrides, warm_starts)
+                                   run_jobs, summarize, variant, warm_start_overrides, warm_starts, window_figures,
+                                   window_table)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -145,6 +146,29 @@ def test_later_figures_by_hand():
     assert (f["reward_first"], f["reward_last"]) == (5.5, 25.5)  # steps 1-10 and 21-30
     assert later_figures(history, start=31)["iterations"] == 0
     assert later_figures([entry(s, generator_reward=None) for s in (1, 2)])["reward_first"] is None
+
+
+def test_window_figures_cut_a_long_run_into_its_windows():
+    history = [{"step": s, "validity": s / 100, "generator_in_band": None if s > 20 else 0.5,
+                "generator_reward": float(s)} for s in range(1, 26)]
+    windows = window_figures(history, 10)
+    assert [(w["first"], w["last"]) for w in windows] == [(1, 10), (11, 20), (21, 25)]
+    assert [w["generator_reward"] for w in windows] == [5.5, 15.5, 23.0]
+    assert windows[2]["generator_in_band"] is None and windows[0]["generator_in_band"] == 0.5
+    assert windows[0]["level"] is None  # a figure no iteration had
+    # the first and the last window of a run ten iterations long per window are the closing summary's
+    f = later_figures(history[:20])
+    assert (f["reward_first"], f["reward_last"]) == (windows[0]["generator_reward"], windows[1]["generator_reward"])
+
+
+def test_the_report_shows_windows_only_for_runs_longer_than_two_of_them():
+    def results(steps):
+        run = {"history": [{"step": s, "validity": 0.5, "generator_reward": -s} for s in range(1, steps + 1)]}
+        return {"arms": ["warmstart", "selfplay"], "runs": {"warmstart": {"0": {}}, "selfplay": {"0": run}}}
+    assert window_table(results(20)) == ""
+    table = window_table(results(30))
+    assert "| selfplay | 0 | 21-30 | 0.500 |" in table and table.count("| selfplay |") == 3
+    assert "-25.500" in table
 
 
 def _records(seeds, draw, tasks=12, warm_id="w0"):
