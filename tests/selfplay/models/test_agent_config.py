@@ -33,8 +33,9 @@ def test_the_generator_takes_its_own_kl_and_entropy_coefficients_where_set():
 
 
 def test_the_generator_takes_its_own_advantage_and_the_solver_keeps_ppos():
-    cfg = load_config(None, ["ppo.advantage=gae"])
-    assert agent_ppo_config(cfg, "generator").advantage == "gae"  # the default: its critic, as before
+    cfg = load_config("configs/smoke.yaml", ["ppo.advantage=gae"])
+    assert agent_ppo_config(cfg, "generator").advantage == "gae"  # the key's default: its critic
+    assert agent_ppo_config(load_config(None), "generator").advantage == "rloo"  # the tiny default's
     cfg = load_config(None, ["ppo.advantage=gae", "train.generator_advantage=rloo_batch"])
     solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
     assert (solver.advantage, generator.advantage) == ("gae", "rloo")
