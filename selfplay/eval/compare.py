@@ -12,8 +12,9 @@ copy of that folder, so the arms of one seed differ only in what happens after t
     curriculum   PPO on procedural tasks only, on a fixed level schedule (`train.mode=curriculum`)
     uniform      PPO on procedural tasks only, each at a level drawn uniformly (`train.mode=uniform`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
-    selfplay_free  the same with the free proposal format (`generator.format=free`) and the generator's value head
-                 detached from its backbone (`model.value_model=detached`); the format is learnt at the warm start,
+    selfplay_free  the same with the free proposal format (`generator.format=free`) and the generator's critic, its
+                 value head detached from its backbone (`train.generator_advantage=gae model.value_model=detached`,
+                 the setting it was measured with); the format is learnt at the warm start,
                  so this arm has its own (`OUT/seed_S/warmstart_free`, or `OUT/warmstart_free`), made with the same
                  seed, and is paired with it
     selfplay_follow  self-play whose mixer draws the mutation instructions by their measured yield
@@ -97,8 +98,10 @@ ARM_SPECS = {
     "uniform": Arm("uniform"),
     "selfplay": Arm("selfplay"),
     # the free format's answers are ~300 tokens: its critic's gradient in the backbone made its PPO drift, so its
-    # value head is detached (docs/generator.md: "The free format under PPO")
-    "selfplay_free": Arm("selfplay", ("generator.format=free", "model.value_model=detached"), warm="warmstart_free"),
+    # value head is detached (docs/generator.md: "The free format under PPO"); the tiny default's critic-free
+    # generator advantage was chosen on the mutation format, so this arm keeps the critic it was measured with
+    "selfplay_free": Arm("selfplay", ("generator.format=free", "train.generator_advantage=gae",
+                                      "model.value_model=detached"), warm="warmstart_free"),
     "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
     "fixed": Arm("fixed"),
 }
