@@ -687,6 +687,11 @@ def paired_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def _cell(x, fmt="{:.3f}") -> str:
+    """A table cell: the figure formatted, or "-" where the run has none."""
+    return "-" if x is None else fmt.format(x)
+
+
 WINDOW_FIGURES = ("validity", "generator_in_band", "generator_batch_share", "solver_in_band", "level",
                   "generator_reward")
 
@@ -710,9 +715,7 @@ def window_figures(history: list[dict], window: int = 10) -> list[dict]:
 def window_table(results: dict, window: int = 10) -> str:
     """Per RL run longer than two windows: the means over each window of `window` iterations (`window_figures`),
     how the figures moved over a long run rather than their mean from `from_iteration` on."""
-    def cell(x, fmt="{:.3f}"):
-        return "-" if x is None else fmt.format(x)
-
+    cell = _cell
     lines = [f"Per RL run longer than {2 * window} iterations, means over each {window} iterations:", "",
              "| arm | seed | iterations | validity | generator in band | generator share (batch) | solver in band | "
              "level | generator reward |", "|---|---|---|---|---|---|---|---|---|"]
@@ -731,9 +734,7 @@ def window_table(results: dict, window: int = 10) -> str:
 
 def later_table(results: dict) -> str:
     """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
-    def cell(x, fmt="{:.3f}"):
-        return "-" if x is None else fmt.format(x)
-
+    cell = _cell
     start = results.get("from_iteration", 10)
     lines = [f"Per RL run, means from iteration {start} on:", "",
              "| arm | seed | iterations | parse | validity | generator in band | generator share (mixer / batch) | "

@@ -95,8 +95,8 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
 @pytest.mark.slow
 def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_group(warm_run, tmp_path):
     """train.generator_advantage=rloo_batch: the generator's update passes its proposals as one group (the
-    trainer logs `mixed_groups` only when it is given groups) and leaves its value head as it was; the default
-    (gae) trains the value head."""
+    trainer logs `mixed_groups` only when it is given groups) and leaves its value head as it was; with `gae`,
+    the key's default, the value head trains."""
     import torch
 
     def value_head(run, step):
