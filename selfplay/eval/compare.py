@@ -306,6 +306,7 @@ def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
                               for lv, res in by_level.items()},
             "test_per_task": per_task, "test_curve": curve,
             "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state),
+            "code": state.get("code") or [],  # the code versions the run (and the warm start it began as) ran under
             **({} if split == TEST_SPLIT else {"split": split})}  # records of the test split are as they always were
 
 
@@ -484,6 +485,28 @@ def warm_starts_line(results: dict) -> str:
         seeds = "; ".join(f"{ident}: seeds {', '.join(map(str, s))}" for ident, s in ids.items())
         parts.append(f"{name} ({shared}; {seeds})")
     return "Warm starts: " + (", ".join(parts) if parts else "not recorded") + "."
+
+
+def code_line(results: dict) -> str:
+    """One line of the report: the code the runs ran under (their checkpoints' `code`: an RL run's includes its
+    warm start's) and which runs ran under each version; "" when no record has it (records made before)."""
+    where: dict[str, list[str]] = {}
+    missing = [f"{arm} {seed}" for arm, by_seed in results["runs"].items() for seed, run in by_seed.items()
+               if not run.get("code")]
+    for arm, by_seed in results["runs"].items():
+        for seed, run in by_seed.items():
+            for version in run.get("code") or []:
+                name = (version.get("commit") or "")[:12] or f"version {version.get('version')} (no git commit)"
+                name += " with uncommitted changes" if version.get("dirty") else ""
+                runs = where.setdefault(name, [])
+                if f"{arm} {seed}" not in runs:
+                    runs.append(f"{arm} {seed}")
+    if not where:
+        return ""
+    if len(where) == 1 and not missing:
+        return f"Code: {next(iter(where))}, every run."
+    parts = [f"{name} ({', '.join(runs)})" for name, runs in where.items()]
+    return "Code: " + "; ".join(parts + ([f"not recorded ({', '.join(missing)})"] if missing else [])) + "."
 
 
 LATER_FIGURES = ("parse_rate", "validity", "generator_in_band", "generator_share", "generator_batch_share",
@@ -769,7 +792,7 @@ def paired_arms_table(results: dict) -> str:
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [line for line in (warm_starts_line(results), variants_line(results)) if line]
+    tables = [line for line in (warm_starts_line(results), code_line(results), variants_line(results)) if line]
     tables += [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))

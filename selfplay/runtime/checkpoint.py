@@ -13,10 +13,12 @@ On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders f
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
 import shutil
+import subprocess
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable
@@ -126,6 +128,41 @@ class CheckpointManager:
         for s in steps[: max(0, len(steps) - self.keep_last)]:
             if f"step_{s}" != keep:
                 shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)
+
+
+# ---- the code a run ran -----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def code_version() -> dict:
+    """{"version", "commit", "dirty"}: the package's version and, where it runs from a git checkout of the project,
+    the commit and whether tracked files had changes not committed (`dirty`); commit and dirty are None otherwise
+    (an installed wheel, no git). Read once per process, when the run starts: the code it imported then. Every
+    checkpoint records the versions its run ran under (`code` in state.json), so a figure can be traced to its
+    code, and two warm starts that differ can be told apart from one that is not repeatable."""
+    import selfplay
+
+    root = Path(selfplay.__file__).resolve().parent.parent
+    out = {"version": selfplay.__version__, "commit": None, "dirty": None}
+
+    def git(*args: str) -> str | None:
+        try:
+            proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return proc.stdout.strip() if proc.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top and Path(top).resolve() == root and (root / "setup.cfg").exists():  # this project's checkout, no other
+        out["commit"] = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain", "--untracked-files=no")
+        out["dirty"] = None if status is None else bool(status)
+    return out
+
+
+def code_versions(recorded: list | None) -> list[dict]:
+    """The code versions a run has run under, oldest first: those `recorded` in its checkpoint, then this
+    process's when it differs from the last (a run resumed or a warm start trained on by other code)."""
+    versions = list(recorded or [])
+    return versions if versions and versions[-1] == code_version() else versions + [code_version()]
 
 
 # ---- RNG states ---------------------------------------------------------------------------------------------

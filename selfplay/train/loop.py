@@ -65,7 +65,8 @@ from selfplay.runtime import distributed as D
 from selfplay.rl import core as rl
 from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.models.factory import is_lora, lora_settings
-from selfplay.runtime.checkpoint import CheckpointManager, preserved_rng, rng_state, set_rng_state
+from selfplay.runtime.checkpoint import (CheckpointManager, code_versions, preserved_rng, rng_state,
+                                         set_rng_state)
 from selfplay.runtime.config import to_dict
 from selfplay.data.corpus import Corpus, CorpusError
 from selfplay.runtime import seeds
@@ -140,8 +141,10 @@ class SelfPlay:
         self.info = D.init_distributed(cfg.distributed.backend, cfg.distributed.timeout_min)
         self.rank, self.world = self.info.rank, self.info.world_size
         self.main = self.info.is_main
-        # numpy's global generator, for any library that draws from it (the project's own draws use named streams);
-        # a checkpoint saves and restores it with python's and torch's
+        # python's and numpy's global generators, for any library that draws from them (the project's own draws use
+        # named streams): seeded, so that two runs of one command save the same states; a checkpoint saves and
+        # restores them with torch's
+        random.seed(seeds.derive(cfg.run.seed, "python-global", self.rank))
         np.random.seed(seeds.derive(cfg.run.seed, "numpy-global", self.rank) % 2**32)
         self.log = log or (lambda msg: print(f"[selfplay] {msg}", flush=True) if self.main else None)
         self.run_dir = Path(cfg.run.dir)
@@ -162,6 +165,7 @@ class SelfPlay:
         self.stop_requested = False
         self.t_start = time.perf_counter()
         self.warmstart_s: float | None = None  # the warm start's wall time (in elapsed_s too)
+        self.code = code_versions(None)  # the code versions this run has run under (checkpoint's "code")
         self.solver: LMAgent | None = None
         self.generator: LMAgent | None = None
         workers = cfg.sandbox.workers or max(1, (os.cpu_count() or 1) // max(1, self._local_world()))
@@ -336,6 +340,7 @@ class SelfPlay:
         self.evals = state.get("evals", {})
         self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
         self.warmstart_s = state.get("warmstart_s")
+        self.code = code_versions(state.get("code"))
         if self.step > 0 or "eval_before" in state:
             self.evals.setdefault("0", state.get("eval_before", {}))
         ahead = len(self.corpus) - int(state.get("corpus_size", len(self.corpus)))
@@ -373,6 +378,7 @@ class SelfPlay:
                 "corpus_size": len(self.corpus),
                 "world_size": self.world,
                 "config": to_dict(self.cfg),
+                "code": self.code,
                 **(extra or {}),
             }
             self.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (Job, analyse, copy_warm_start, first_label, later_figures, markdown_table, mean_sd,
-                                   merge, paired_arms, paired_arms_table, paired_delta, paired_table, seed_task_delta,
-                                   run_jobs, summarize, variant, warm_start_overrides, warm_starts, window_figures,
-                                   window_table)
+from selfplay.eval.compare import (Job, analyse, code_line, copy_warm_start, first_label, later_figures,
+                                   markdown_table, mean_sd, merge, paired_arms, paired_arms_table, paired_delta,
+                                   paired_table, seed_task_delta, run_jobs, summarize, variant, warm_start_overrides,
+                                   warm_starts, window_figures, window_table)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -240,6 +240,24 @@ def test_warm_starts_say_which_seeds_share_one():
     assert pooled["warm_starts"] == {"warmstart": {"w0": [0, 1], "w1": [2]}}
 
 
+def test_the_code_line_names_each_version_and_the_runs_that_ran_under_it():
+    runs = _records([0, 1], 3)
+    a = {"version": "0.1.0", "commit": "a" * 40, "dirty": False}
+    b = {"version": "0.1.0", "commit": "b" * 40, "dirty": True}
+    assert code_line({"runs": runs}) == ""  # records made before runs recorded their code
+    for by_seed in runs.values():
+        for run in by_seed.values():
+            run["code"] = [a]
+    assert code_line({"runs": runs}) == f"Code: {'a' * 12}, every run."
+    runs["selfplay"]["1"]["code"] = [a, b]  # its warm start at a, its RL at b
+    del runs["curriculum"]["0"]["code"]
+    assert code_line({"runs": runs}) == (f"Code: {'a' * 12} (warmstart 0, warmstart 1, curriculum 1, selfplay 0, "
+                                         f"selfplay 1); {'b' * 12} with uncommitted changes (selfplay 1); "
+                                         "not recorded (curriculum 0).")
+    runs["selfplay"]["1"]["code"] = [{"version": "0.1.0", "commit": None, "dirty": None}]
+    assert "version 0.1.0 (no git commit) (selfplay 1)" in code_line({"runs": runs})
+
+
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
     iteration each, side by side (--jobs 2)."""
@@ -314,6 +332,11 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert results["warm_starts"] == {"warmstart": {ident: [0]}}
     assert results["runs"]["curriculum"]["0"]["paired_with"]["warm_start"] == ident
     assert warm_start_id(out / "seed_0" / "curriculum") != ident  # trained weights
+    # each record names the code its run ran under (the warm start and its RL ran from this checkout)
+    from selfplay.runtime.checkpoint import code_version
+
+    assert all(run["code"] == [code_version()] for by_seed in results["runs"].values() for run in by_seed.values())
+    assert code_line(results) in report and code_line(results).endswith(", every run.")
     # --merge pools results.json files into a report of their own (here one file: the same figures)
     selfplay("compare", "--merge", str(out / "results.json"), "--out", str(tmp_path / "merged"))
     merged = json.loads((tmp_path / "merged" / "results.json").read_text())

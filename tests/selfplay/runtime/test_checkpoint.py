@@ -85,3 +85,22 @@ def test_rng_states_round_trip_through_json():
 def test_keep_last_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="keep_last"):
         CheckpointManager(tmp_path, keep_last=0)
+
+
+def test_code_version_is_this_checkouts_commit_and_a_resume_under_other_code_is_appended():
+    from pathlib import Path
+
+    import selfplay
+    from selfplay.runtime.checkpoint import code_version, code_versions
+
+    root = Path(selfplay.__file__).resolve().parent.parent
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True)
+    here = code_version()
+    assert here["version"] == selfplay.__version__
+    assert here["commit"] == (head.stdout.strip() if head.returncode == 0 else None)
+    assert (here["dirty"] is None) == (here["commit"] is None)
+    assert code_versions(None) == [here] and code_versions([]) == [here]
+    assert code_versions([here]) == [here]  # resumed under the same code: nothing new
+    older = {"version": "0.0.9", "commit": "f" * 40, "dirty": False}
+    assert code_versions([older]) == [older, here]
+    assert code_versions([here, older]) == [here, older, here]  # back under this code: said again, in order
