@@ -114,6 +114,24 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
         assert "ppo/solver/mixed_groups" in tags  # the solver's groups, its tasks, either way
 
 
+def test_the_generator_without_a_critic_needs_two_proposals_on_every_rank(monkeypatch):
+    """Each rank's proposals are one group: over 2 ranks, train.proposals=2 leaves each rank one proposal and no
+    baseline (its advantage would be its raw return); refused at start naming the keys, 4 is accepted."""
+    from selfplay.runtime.errors import UserError
+    from selfplay.train.loop import SelfPlay
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rloo = ["train.generator_advantage=rloo_batch", "train.solver_tasks=4"]
+    with pytest.raises(UserError, match=r"train.generator_advantage=rloo_batch .* train.proposals=2 over 2 ranks "
+                                        r"gives each 1.*train.proposals >= 4"):
+        SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
+    SelfPlay._validate(load_config(None, [*rloo, "train.proposals=4"]))
+    SelfPlay._validate(load_config(None, ["train.generator_advantage=gae", "train.solver_tasks=4",
+                                          "train.proposals=2"]))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
+
+
 @pytest.mark.slow
 def test_sigkill_mid_run_resumes_with_the_corpus_intact(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
