@@ -9,10 +9,16 @@ for S steps first, and each valid proposal is attempted `train.samples_per_task`
 all attempts pass (0 < p < 1). Writes RUN_DIR/probe.jsonl (one summary per point) and RUN_DIR/probe_<steps>.jsonl
 (one line per proposal: instruction, answer, rejection, reason). With `--load` it probes the agents of a finished
 warm start in RUN_DIR instead (`selfplay warmstart`; its solver gives the in-band rate), e.g. with
-`generator.constrained=true` to compare the same weights under the prompt grammar.
+`generator.constrained=true` to compare the same weights under the prompt grammar. With `--load` and
+`--generator-from CKPT` the generator's weights come from another checkpoint (e.g. the warm start's step_0) and the
+solver's from RUN_DIR's latest: two generators probed against one solver, on the same references, say whether the
+trained one proposes more tasks that solver solves sometimes (in band) than its warm start would, apart from how
+the solver moved while it trained.
 
     python -m selfplay.bench.generator_probe configs/tiny.yaml /tmp/probe_s0 --at 200,1000 \
         --n 128 --solver-steps 1000 run.seed=0
+    python -m selfplay.bench.generator_probe configs/tiny.yaml RUN --load --references mixer --pool 200 --n 128 \
+        --generator-from WARM/checkpoints/step_0
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from selfplay.models.factory import frozen_copy
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime.config import load_config
+from selfplay.runtime.distributed import param_checksum
 from selfplay.train.loop import SelfPlay
 from selfplay.train.mixer import Mixer
 from selfplay.train.warmstart import (build_agents, generator_examples, solver_examples, tokenize_pairs,
@@ -151,6 +158,9 @@ def main() -> None:
     ap.add_argument("--pool", type=int, default=0,
                     help="with --load: draw references from this many procedural tasks, each attempted by the "
                          "solver first (their solve rates split the in-band rate by the reference's)")
+    ap.add_argument("--generator-from", default=None, metavar="CKPT",
+                    help="with --load: the generator from this checkpoint folder (RUN/checkpoints/step_N), the solver "
+                         "from RUN_DIR's latest; the files written are tagged with the folder's name")
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_intermixed_args()
     at = sorted({int(x) for x in args.at.split(",")})
@@ -158,19 +168,32 @@ def main() -> None:
     cfg = load_config(args.config, [f"run.dir={run}", *args.overrides])
     torch.manual_seed(cfg.run.seed)
     loop = SelfPlay(cfg)
-    out = (run / ("probe_loaded.jsonl" if args.load else "probe.jsonl")).open("w")
+    if args.generator_from and not args.load:
+        ap.error("--generator-from goes with --load (the solver is RUN_DIR's latest)")
+    if args.references == "mixer" and not (args.load and args.pool):
+        ap.error("--references mixer needs --load and --pool N (the solve rates it chooses by)")
+    tag = f"_gen_{Path(args.generator_from).name}" if args.generator_from else ""
+    out = (run / (f"probe_loaded{tag}.jsonl" if args.load else "probe.jsonl")).open("w")
     try:
-        if args.load:  # the warm start's own agents and corpus
+        if args.load:  # a finished warm start's or run's own agents and corpus
+            generator = None
+            if args.generator_from:  # loaded first and kept: the second load replaces everything but it
+                loop._load(Path(args.generator_from))
+                generator = loop.generator
             loop._load(loop.ckpt.latest_checkpoint())
+            generator = generator or loop.generator
+            if generator.tokenizer.get_vocab() != loop.generator.tokenizer.get_vocab():
+                ap.error(f"--generator-from {args.generator_from}: its tokenizer is not RUN_DIR's")
             tasks = loop.corpus.query(source="procedural")
-            if args.references == "mixer" and not args.pool:
-                ap.error("--references mixer needs --pool N (the solve rates it chooses by)")
-            summary, rows = probe(cfg, loop.generator, loop.solver, tasks, loop.sb, loop.corpus, args.n,
+            summary, rows = probe(cfg, generator, loop.solver, tasks, loop.sb, loop.corpus, args.n,
                                   f"probe:{cfg.run.seed}", references=args.references, pool_size=args.pool)
-            summary = {"references": args.references, "pool": args.pool, **summary}
+            summary = {"references": args.references, "pool": args.pool,
+                       "generator_from": args.generator_from or str(loop.ckpt.latest_checkpoint()),
+                       "generator_weights": param_checksum(generator.module.policy)["sha256"][:16],
+                       "solver_weights": param_checksum(loop.solver.module.policy)["sha256"][:16], **summary}
             print(json.dumps(summary), flush=True)
             out.write(json.dumps(summary) + "\n")
-            with (run / "probe_loaded_rows.jsonl").open("w") as f:
+            with (run / f"probe_loaded_rows{tag}.jsonl").open("w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in rows)
             return
         heldout_tasks(loop.run_dir, cfg, loop.sb, loop.corpus)  # reserved first, as the warm start does
