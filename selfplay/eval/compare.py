@@ -306,7 +306,9 @@ def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
                               for lv, res in by_level.items()},
             "test_per_task": per_task, "test_curve": curve,
             "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state),
-            "code": state.get("code") or [],  # the code versions the run (and the warm start it began as) ran under
+            # the code versions the run (and the warm start it began as) ran under; runs made before they were
+            # recorded keep the record they always had (so that it pools with itself)
+            **({"code": state["code"]} if state.get("code") else {}),
             **({} if split == TEST_SPLIT else {"split": split})}  # records of the test split are as they always were
 
 
