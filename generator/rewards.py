@@ -41,7 +41,10 @@ CLOSED_INVALID = {"invalid": PENALTY_INVALID, "unparsable": PENALTY_UNPARSABLE}
 
 @dataclass
 class GeneratorRewardConfig:
-    learnability: str = "one_minus_p"  # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL)
+    # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL); one_minus_p gave more valid proposals
+    # in band on the tiny default's validation split (docs/selfplay.md: "The two learnability options under the
+    # current default")
+    learnability: str = "one_minus_p"
     # the penalty of an answer closed inside its budget (generator.close_reserve) that fails a check: "invalid" (-0.5)
     # or "unparsable" (-1, what it would have scored cut off)
     closed_invalid: str = "invalid"
