@@ -165,13 +165,13 @@ def main() -> None:
     args = ap.parse_intermixed_args()
     at = sorted({int(x) for x in args.at.split(",")})
     run = Path(args.run_dir)
-    cfg = load_config(args.config, [f"run.dir={run}", *args.overrides])
-    torch.manual_seed(cfg.run.seed)
-    loop = SelfPlay(cfg)
     if args.generator_from and not args.load:
         ap.error("--generator-from goes with --load (the solver is RUN_DIR's latest)")
     if args.references == "mixer" and not (args.load and args.pool):
         ap.error("--references mixer needs --load and --pool N (the solve rates it chooses by)")
+    cfg = load_config(args.config, [f"run.dir={run}", *args.overrides])
+    torch.manual_seed(cfg.run.seed)
+    loop = SelfPlay(cfg)
     tag = f"_gen_{Path(args.generator_from).name}" if args.generator_from else ""
     out = (run / (f"probe_loaded{tag}.jsonl" if args.load else "probe.jsonl")).open("w")
     try:
