@@ -740,7 +740,6 @@ def window_figures(history: list[dict], window: int = 10) -> list[dict]:
 def window_table(results: dict, window: int = 10) -> str:
     """Per RL run longer than two windows: the means over each window of `window` iterations (`window_figures`),
     how the figures moved over a long run rather than their mean from `from_iteration` on."""
-    cell = _cell
     lines = [f"Per RL run longer than {2 * window} iterations, means over each {window} iterations:", "",
              "| arm | seed | iterations | validity | generator in band | generator share (batch) | solver in band | "
              "level | generator reward |", "|---|---|---|---|---|---|---|---|---|"]
@@ -750,16 +749,15 @@ def window_table(results: dict, window: int = 10) -> str:
             if arm == "warmstart" or len(history) <= 2 * window:
                 continue
             for w in window_figures(history, window):
-                lines.append(f"| {arm} | {seed} | {w['first']}-{w['last']} | {cell(w['validity'])} | "
-                             f"{cell(w['generator_in_band'])} | {cell(w['generator_batch_share'])} | "
-                             f"{cell(w['solver_in_band'])} | {cell(w['level'], '{:.2f}')} | "
-                             f"{cell(w['generator_reward'], '{:+.3f}')} |")
+                lines.append(f"| {arm} | {seed} | {w['first']}-{w['last']} | {_cell(w['validity'])} | "
+                             f"{_cell(w['generator_in_band'])} | {_cell(w['generator_batch_share'])} | "
+                             f"{_cell(w['solver_in_band'])} | {_cell(w['level'], '{:.2f}')} | "
+                             f"{_cell(w['generator_reward'], '{:+.3f}')} |")
     return "\n".join(lines) if len(lines) > 4 else ""  # a title, a blank line and the header: no run
 
 
 def later_table(results: dict) -> str:
     """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
-    cell = _cell
     start = results.get("from_iteration", 10)
     lines = [f"Per RL run, means from iteration {start} on:", "",
              "| arm | seed | iterations | parse | validity | generator in band | generator share (mixer / batch) | "
@@ -771,10 +769,10 @@ def later_table(results: dict) -> str:
             if not f:
                 continue
             reward = ("-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}")
-            lines.append(f"| {arm} | {seed} | {f['iterations']} | {cell(f.get('parse_rate'))} | "
-                         f"{cell(f['validity'])} | {cell(f['generator_in_band'])} | {cell(f['generator_share'])} / "
-                         f"{cell(f['generator_batch_share'])} | {cell(f['solver_in_band'])} | "
-                         f"{cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
+            lines.append(f"| {arm} | {seed} | {f['iterations']} | {_cell(f.get('parse_rate'))} | "
+                         f"{_cell(f['validity'])} | {_cell(f['generator_in_band'])} | {_cell(f['generator_share'])} / "
+                         f"{_cell(f['generator_batch_share'])} | {_cell(f['solver_in_band'])} | "
+                         f"{_cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
     return "\n".join(lines)
 
 

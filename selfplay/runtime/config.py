@@ -10,6 +10,7 @@ Sections are owned by the package that uses them; add a field here (with a comme
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,10 +333,12 @@ def check_ppo(cfg) -> None:
     if t.generator_advantage not in GENERATOR_ADVANTAGES:
         raise UserError(f"train.generator_advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, "
                         f"got {t.generator_advantage!r}")
-    if t.generator_advantage == "rloo_batch" and t.proposals < 2:
-        raise UserError(f"train.generator_advantage=rloo_batch with train.proposals={t.proposals} leaves every "
-                        "proposal without a baseline (no other proposal in its iteration): set train.proposals >= 2 "
-                        "or train.generator_advantage=gae")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks this process is one of (torchrun sets it)
+    if t.generator_advantage == "rloo_batch" and t.proposals // world < 2:
+        raise UserError(f"train.generator_advantage=rloo_batch takes each rank's proposals as one group, and "
+                        f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
+                        f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
+                        "train.generator_advantage=gae")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "

@@ -200,11 +200,6 @@ class SelfPlay:
                 raise UserError(f"{key} ({value}) must be a positive multiple of the number of ranks ({world})")
         if t.samples_per_task < 1:
             raise UserError("train.samples_per_task must be >= 1")
-        if t.generator_advantage == "rloo_batch" and t.proposals // world < 2:
-            raise UserError(f"train.generator_advantage=rloo_batch takes each rank's proposals as one group, and "
-                            f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
-                            f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
-                            "train.generator_advantage=gae")
         try:
             check_learnability(cfg.generator.reward.learnability)
             check_closed_invalid(cfg.generator.reward.closed_invalid)
