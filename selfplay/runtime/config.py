@@ -180,6 +180,9 @@ class TrainConfig:
     generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); solver: ppo.temperature
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
+    # PPO on the solver; False keeps it at its warm start (it still attempts its batch and every valid proposal): the
+    # generator then learns against one fixed solver, a stationary reward
+    train_solver: bool = True
     generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
     # the generator's per-token KL coefficient (its initial value with ppo.adaptive_kl; None: ppo.kl_coef)
     generator_kl_coef: float | None = None
@@ -339,6 +342,10 @@ def check_ppo(cfg) -> None:
                         f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
                         f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
                         "train.generator_advantage=gae")
+    if not t.train_solver and t.mode != "warmstart" and not (t.mode == "selfplay" and t.train_generator):
+        raise UserError(f"train.train_solver=false with train.mode={t.mode}"
+                        f"{' and train.train_generator=false' if t.mode == 'selfplay' else ''} trains nothing: "
+                        "hold the solver only in train.mode=selfplay, where the generator learns against it")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "

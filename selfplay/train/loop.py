@@ -184,7 +184,8 @@ class SelfPlay:
         self.source = make_source(cfg, mixer=self.mixer, sb=self.sb, corpus=self.corpus, run_dir=self.run_dir,
                                   log=self.log)
         self.generates = cfg.train.mode == "selfplay"  # the generator proposes tasks and learns
-        self.learns = cfg.train.mode != "warmstart"  # the solver learns (warmstart mode: evaluated only)
+        # the solver learns (warmstart mode: evaluated only; train.train_solver=false: held at its warm start)
+        self.learns = cfg.train.mode != "warmstart" and cfg.train.train_solver
         if self.world > 1:  # every rank says it is here (the only line ranks other than 0 print)
             print(f"[selfplay] rank {self.rank} of {self.world} on {os.uname().nodename} ready "
                   f"({workers} sandbox workers)", flush=True)

@@ -114,6 +114,40 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
         assert "ppo/solver/mixed_groups" in tags  # the solver's groups, its tasks, either way
 
 
+@pytest.mark.slow
+def test_a_held_solver_keeps_its_weights_while_the_generator_learns_against_it(warm_run, tmp_path):
+    """train.train_solver=false: an iteration leaves the solver's weights as the warm start's (it still attempts
+    its batch and the proposals, whose solve rates pay the generator) while the generator's change."""
+    import hashlib
+
+    def weights(run, step, agent):
+        folder = run / "checkpoints" / f"step_{step}" / agent
+        files = sorted(folder.glob("*.safetensors")) + sorted(folder.glob("*.bin"))
+        assert files, folder
+        return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+    run = copy_run(warm_run, tmp_path)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
+             "train.train_solver=false")
+    assert weights(run, 1, "solver") == weights(run, 0, "solver")
+    assert weights(run, 1, "generator") != weights(run, 0, "generator")
+    tags = read_scalars(run)
+    assert "ppo/generator/policy_loss" in tags and "solver/pass_rate" in tags
+    assert not any(tag.startswith("ppo/solver/") for tag in tags)
+
+
+def test_a_run_that_trains_nothing_is_refused_naming_the_keys():
+    from selfplay.runtime.errors import UserError
+    from selfplay.train.loop import SelfPlay
+
+    for mode in ("curriculum", "uniform", "fixed"):
+        with pytest.raises(UserError, match=rf"train.train_solver=false with train.mode={mode} trains nothing"):
+            SelfPlay._validate(load_config(None, ["train.train_solver=false", f"train.mode={mode}"]))
+    with pytest.raises(UserError, match=r"train.mode=selfplay and train.train_generator=false trains nothing"):
+        SelfPlay._validate(load_config(None, ["train.train_solver=false", "train.train_generator=false"]))
+    SelfPlay._validate(load_config(None, ["train.train_solver=false"]))
+
+
 def test_the_generator_without_a_critic_needs_two_proposals_on_every_rank(monkeypatch):
     """Each rank's proposals are one group: over 2 ranks, train.proposals=2 leaves each rank one proposal and no
     baseline (its advantage would be its raw return); refused at start naming the keys, 4 is accepted."""
