@@ -722,11 +722,14 @@ class SelfPlay:
                 bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
                                 validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}")
             last = self.step >= t.steps
-            if t.eval_every and self.step % t.eval_every == 0 and not last:
+            # a solver that does not learn is the one step 0 evaluated: its figures are those, not measured again
+            if self.learns and t.eval_every and self.step % t.eval_every == 0 and not last:
                 self._evaluate(self.step)
             stopped = self._stop_now()
-            if last:
+            if last and self.learns:
                 self._evaluate(self.step)
+            elif last and self.main:
+                self.log("the solver was held at its warm start: its held-out figures are step 0's, not measured again")
             if stopped or last or self.step % t.checkpoint_every == 0:
                 self._save(self.step)
             if stopped:

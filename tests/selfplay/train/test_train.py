@@ -127,8 +127,10 @@ def test_a_held_solver_keeps_its_weights_while_the_generator_learns_against_it(w
         return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
     run = copy_run(warm_run, tmp_path)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
-             "train.train_solver=false")
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
+                    "train.train_solver=false")
+    assert "held at its warm start: its held-out figures are step 0's" in proc.stdout
+    assert "eval step 1" not in proc.stdout + proc.stderr
     assert weights(run, 1, "solver") == weights(run, 0, "solver")
     assert weights(run, 1, "generator") != weights(run, 0, "generator")
     tags = read_scalars(run)
