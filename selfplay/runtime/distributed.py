@@ -19,6 +19,7 @@ each rank's parameter checksum to OUT/rank_N.json: a quick check that a cluster 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import hashlib
 import json
@@ -123,6 +124,7 @@ class Heartbeat(threading.Thread):
         self.reporting = False  # the main thread is in the excepthook, naming the lost ranks itself
         self.message = ""
         self.can_interrupt = False  # SIGUSR2 raises RankLost in the main thread (set up from the main thread only)
+        self.stopping = threading.Event()  # set at exit (`stop`): the thread ends between two store calls
 
     @classmethod
     def start_for(cls, rank: int, world: int, timeout_s: float) -> Heartbeat:
@@ -137,7 +139,16 @@ class Heartbeat(threading.Thread):
         previous = sys.excepthook
         sys.excepthook = lambda *exc: beat._excepthook(previous, *exc)
         beat.start()
+        atexit.register(beat.stop)
         return beat
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the thread and wait for it (registered to run at exit). A daemon thread still inside a store call when
+        the interpreter finalises is ended by the C library in the middle of C++ code, which aborts the process
+        ("terminate called without an active exception") after its work is done; so it is stopped first."""
+        self.stopping.set()
+        if self.is_alive() and self is not threading.current_thread():
+            self.join(timeout_s)
 
     def name(self, rank: int) -> str:
         key = f"{self.prefix}who/{rank}"
@@ -149,8 +160,7 @@ class Heartbeat(threading.Thread):
         return f"rank {rank}"
 
     def run(self) -> None:
-        while True:
-            time.sleep(self.BEAT_S)
+        while not self.stopping.wait(self.BEAT_S):
             try:
                 self.store.add(f"{self.prefix}beat/{self.rank}", 1)
                 for r in self.watched:
@@ -159,7 +169,8 @@ class Heartbeat(threading.Thread):
                         self.seen[r] = (count, time.monotonic())
             except Exception:  # noqa: BLE001 - any store failure means the rank holding it is gone
                 self.store_lost = True
-                time.sleep(self.LOST_S)
+                if self.stopping.wait(self.LOST_S):  # this process is exiting: nothing to report
+                    return
                 if not self.reporting:
                     self._end(f"lost the rendezvous store at {os.environ['MASTER_ADDR']}:"
                               f"{os.environ['MASTER_PORT']}: rank 0 (or its launcher) has ended")

@@ -76,3 +76,31 @@ def test_single_process_helpers_and_config_filling():
         assert distributed.load_deepspeed_config(name)["zero_optimization"]["stage"] in (1, 2, 3)
     with pytest.raises(distributed.UserError, match="zero9.json"):
         distributed.load_deepspeed_config("zero9.json")
+
+
+HEARTBEAT_AT_EXIT = """
+import atexit, datetime, os, sys, time
+import torch.distributed as dist
+from selfplay.runtime.distributed import Heartbeat
+port = int(sys.argv[1])
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=30))
+beats = []
+atexit.register(lambda: print("at exit: alive", beats[0].is_alive(), flush=True))  # runs after the heartbeat's own
+beats.append(Heartbeat.start_for(0, 2, 60.0))
+time.sleep(3 * Heartbeat.BEAT_S + 0.5)
+print("beats", server.add("selfplay/0/beat/0", 0), "alive", beats[0].is_alive(), flush=True)
+"""
+
+
+def test_the_heartbeat_ends_before_the_interpreter_does():
+    """A daemon thread still inside a store call when the interpreter finalises is ended by the C library in the
+    middle of C++ code, which aborts a rank whose work is done ("terminate called without an active exception");
+    the heartbeat is stopped and joined at exit instead, before the handlers registered ahead of it run."""
+    proc = subprocess.run([sys.executable, "-c", HEARTBEAT_AT_EXIT, str(free_port())], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    beats, alive = lines[0].split()[1], lines[0].split()[3]
+    assert int(beats) >= 2 and alive == "True"  # it was beating
+    assert lines[1] == "at exit: alive False"
