@@ -39,6 +39,7 @@ from selfplay.eval.evaluate import heldout_tasks
 from selfplay.models.factory import frozen_copy
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
+from selfplay.runtime.checkpoint import preserved_rng
 from selfplay.runtime.config import load_config
 from selfplay.runtime.distributed import param_checksum
 from selfplay.train.loop import SelfPlay
@@ -176,12 +177,11 @@ def main() -> None:
     out = (run / (f"probe_loaded{tag}.jsonl" if args.load else "probe.jsonl")).open("w")
     try:
         if args.load:  # a finished warm start's or run's own agents and corpus
-            generator = None
-            if args.generator_from:  # loaded first and kept: the second load replaces everything but it
-                loop._load(Path(args.generator_from))
-                generator = loop.generator
             loop._load(loop.ckpt.latest_checkpoint())
-            generator = generator or loop.generator
+            generator = loop.generator
+            if args.generator_from:  # that checkpoint's generator alone; the random states stay the run's
+                with preserved_rng():
+                    generator = loop._load_agent(Path(args.generator_from), "generator")
             if generator.tokenizer.get_vocab() != loop.generator.tokenizer.get_vocab():
                 ap.error(f"--generator-from {args.generator_from}: its tokenizer is not RUN_DIR's")
             tasks = loop.corpus.query(source="procedural")

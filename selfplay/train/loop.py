@@ -300,33 +300,34 @@ class SelfPlay:
         self.warmstart_s = time.perf_counter() - t0
         self._save(0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
 
-    def _load(self, folder: Path) -> None:
-        state = self.ckpt.load_state(folder)
+    def _load_agent(self, folder: Path, name: str) -> LMAgent:
+        """The agent `name` ("solver" or "generator") of checkpoint `folder`: weights, reference, tokenizer and
+        training state, wrapped for DeepSpeed/DDP where the run is, at the config's learning rate."""
         wrap = None
         if self.cfg.distributed.deepspeed or self.world > 1:
             wrap = lambda m: D.wrap_model(m, self.cfg.ppo, self.cfg.distributed, self.info)  # noqa: E731
-        agents = []
-        for name in ("solver", "generator"):
-            model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype,
-                                                           self.cfg.model.value_model)
-            if (lora_settings(self.cfg.model, name) is not None) != is_lora(model.policy):
-                had = "has a LoRA adapter" if is_lora(model.policy) else "has no LoRA adapter"
-                raise UserError(f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
-                                "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "
-                                "new run.dir)")
-            device = D.local_device(self.info.local_rank)  # one GPU per rank; DeepSpeed/DDP keep it there
-            model.to(device)
-            reference.to(device)
-            agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
-                            seed=self.cfg.run.seed)
-            agent.load_training_state(folder / name)
-            if name == "generator" and self.cfg.generator.constrained:  # refused here if it cannot compile
-                agent.constrain(self.cfg.generator.format, self.cfg.generator.close_reserve)
-            scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
-            agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
-            agent.engine = make_engine(self.cfg, agent, folder / name, rank=self.rank)  # rollout.engine; hf: None
-            agents.append(agent)
-        self.solver, self.generator = agents
+        model, reference, tokenizer = load_agent_parts(folder / name, self.cfg.model.dtype, self.cfg.model.value_model)
+        if (lora_settings(self.cfg.model, name) is not None) != is_lora(model.policy):
+            had = "has a LoRA adapter" if is_lora(model.policy) else "has no LoRA adapter"
+            raise UserError(f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
+                            "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "
+                            "new run.dir)")
+        device = D.local_device(self.info.local_rank)  # one GPU per rank; DeepSpeed/DDP keep it there
+        model.to(device)
+        reference.to(device)
+        agent = LMAgent(name, model, reference, tokenizer, agent_ppo_config(self.cfg, name), wrap=wrap,
+                        seed=self.cfg.run.seed)
+        agent.load_training_state(folder / name)
+        if name == "generator" and self.cfg.generator.constrained:  # refused here if it cannot compile
+            agent.constrain(self.cfg.generator.format, self.cfg.generator.close_reserve)
+        scale = self.cfg.train.generator_lr_scale if name == "generator" else 1.0
+        agent.set_learning_rate(self.cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
+        agent.engine = make_engine(self.cfg, agent, folder / name, rank=self.rank)  # rollout.engine; hf: None
+        return agent
+
+    def _load(self, folder: Path) -> None:
+        state = self.ckpt.load_state(folder)
+        self.solver, self.generator = (self._load_agent(folder, name) for name in ("solver", "generator"))
         self.step = int(state["step"])
         if "mixer" in state:
             self.mixer.load_state_dict(state["mixer"])
