@@ -562,7 +562,9 @@ class SelfPlay:
                                                kl=metrics.get("ppo/solver/kl"), task_rates=task_rates,
                                                procedural_rates=procedural_rates,
                                                generator_in_band=generator_in_band, edit_drops=drops,
-                                               instructions=instructions))
+                                               instructions=instructions,
+                                               proposal_rates={x.id: rates_all[x.id] for x in valid_generator
+                                                               if x.id in rates_all}))
         if self.world > 1:  # rank 0's mixer state on every rank, in place (the task source holds this mixer)
             self.mixer.load_state_dict(D.broadcast_object(self.mixer.state_dict() if self.main else None))
 
@@ -572,6 +574,12 @@ class SelfPlay:
         # tasks solved (every hidden test passed) by some but not all of their samples: what PPO can learn from
         solver_in_band = in_band_share(task_rates)
         metrics["solver/in_band_rate"] = solver_in_band if solver_in_band is not None else float("nan")
+        start = 0  # ... and by where they came from (a draw lists its sources' tasks in the order of its counts)
+        for origin, count in plan["counts"].items():
+            part = in_band_share([rates_all[x.id] for x in batch[start: start + count] if x.id in rates_all])
+            start += count
+            if part is not None:
+                metrics[f"solver/in_band_rate/{origin}"] = part
         metrics["solver/reward_mean"] = D.all_reduce_mean(statistics.mean(rewards) if rewards else 0.0)
         for name in train_rollouts[0].result.terms if train_rollouts else []:
             metrics[f"solver/reward/{name}"] = D.all_reduce_mean(

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 SOURCES = ("generator", "procedural", "replay")
+GENERATOR_TASKS = ("fresh", "in_band")  # mixer.generator_tasks
 BANDS = ("adaptive", "fixed")
 
 
@@ -101,6 +102,11 @@ class MixerConfig:
     # within one task however small the batch (false: each batch rounded alone, by largest remainder: in a batch of
     # 4 a share of 0.37 is 1 task, 0.25, every time)
     carry_rounding: bool = True
+    # which generator tasks fill its share of the batch: fresh (this iteration's valid proposals, unmeasured) or
+    # in_band (proposals the solver was measured to solve sometimes, 0 < p < 1, in the last in_band_max_age
+    # iterations, each served once, newest first; fresh ones top the share up while too few are kept)
+    generator_tasks: str = "fresh"
+    in_band_max_age: int = 4
 
 
 @dataclass
@@ -123,6 +129,8 @@ class IterationStats:
     edit_drops: Sequence[float] | None = None
     # (instruction, valid and in band) for each mutation proposal of the iteration
     instructions: Sequence[tuple[str, bool]] | None = None
+    # task id -> measured solve rate p of each valid proposal of the iteration
+    proposal_rates: dict[str, float] | None = None
 
 
 @dataclass
@@ -213,6 +221,11 @@ class Mixer:
         if not 0.0 < c.instruction_explore <= 1.0:
             raise ValueError(f"mixer.instruction_explore must be in (0, 1] (0 could drop an instruction for good), got "
                              f"{c.instruction_explore}")
+        if c.generator_tasks not in GENERATOR_TASKS:
+            raise ValueError(f"mixer.generator_tasks must be one of {', '.join(GENERATOR_TASKS)}, got "
+                             f"{c.generator_tasks!r}")
+        if c.in_band_max_age < 1:
+            raise ValueError(f"mixer.in_band_max_age must be >= 1 (iterations), got {c.in_band_max_age}")
         if not 0.0 <= c.instruction_discount < 1.0:
             raise ValueError(f"mixer.instruction_discount must be in [0, 1), got {c.instruction_discount}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,

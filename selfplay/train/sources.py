@@ -48,7 +48,7 @@ class Draw:
     """One iteration's solver tasks as a source chose them."""
 
     tasks: list[Task]  # for PPO, in this order (the loop tops it up from the replay pool if short)
-    counts: dict[str, int]  # tasks per origin: the `solver/batch/<origin>` scalars
+    counts: dict[str, int]  # tasks per origin, in the order `tasks` lists them: the `solver/batch/<origin>` scalars
     extra: list[Task] = field(default_factory=list)  # generator tasks beyond its share: attempted to measure only
     new_ids: set[str] = field(default_factory=set)  # fresh procedural tasks, not yet in the corpus
     queued: list[Task] = field(default_factory=list)  # new tasks to write to the corpus now (fixed_source=fresh)
@@ -95,20 +95,68 @@ class TaskSource:
         pass
 
 
-class MixerSource(TaskSource):
-    """Self-play (`adapt=True`): the mixer splits the batch over the generator's fresh tasks (shuffled, those beyond
-    its share kept to measure their solve rate), procedural tasks at its level and replayed corpus tasks near the
-    solver's frontier, and adapts to what it observes. The `warmstart` mode draws the same way and never adapts."""
+class InBandPool:
+    """Generator tasks the solver was measured to solve sometimes (0 < p < 1), kept to fill the generator's share
+    of a later batch (`mixer.generator_tasks=in_band`). A fresh proposal is in band about one time in four on the
+    tiny default; one measured in band once is likelier to be in band again (its measure selected it), so the
+    solver trains on generator tasks that give its PPO a signal, as SFL trains on the levels of highest measured
+    learnability. Each task is served once, newest first; one measured more than `max_age` iterations ago is
+    dropped (the solver it was measured against has moved on)."""
 
-    def __init__(self, mixer: Mixer, procedural: ProceduralStream, *, adapt: bool):
-        self.mixer, self.procedural, self.adapt = mixer, procedural, adapt
+    def __init__(self, max_age: int):
+        self.max_age = max_age
+        self.entries: list[tuple[int, Task]] = []  # (iteration measured, task), oldest first
+
+    def add(self, tasks: list[Task], rates: dict[str, float], step: int) -> None:
+        for task in tasks:
+            p = rates.get(task.id)
+            if p is not None and 0.0 < p < 1.0:
+                self.entries.append((step, task))
+
+    def prune(self, step: int) -> int:
+        """Drop what is too old to serve at `step`; the number of tasks left."""
+        self.entries = [(s, t) for s, t in self.entries if step - s <= self.max_age]
+        return len(self.entries)
+
+    def take(self, n: int, step: int) -> list[Task]:
+        """Up to n tasks for iteration `step`, newest first, each removed from the pool."""
+        self.prune(step)
+        k = min(max(0, n), len(self.entries))
+        taken = [t for _, t in reversed(self.entries[len(self.entries) - k:])]
+        del self.entries[len(self.entries) - k:]
+        return taken
+
+    def state_dict(self) -> dict:
+        return {"in_band_pool": [[s, t.to_dict()] for s, t in self.entries]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.entries = [(int(s), Task.from_dict(t)) for s, t in state.get("in_band_pool", [])]
+
+
+class MixerSource(TaskSource):
+    """Self-play (`adapt=True`): the mixer splits the batch over the generator's tasks, procedural tasks at its level
+    and replayed corpus tasks near the solver's frontier, and adapts to what it observes. The generator's tasks are
+    its fresh proposals (shuffled; those beyond its share kept to measure their solve rate), or with an
+    `InBandPool` (`mixer.generator_tasks=in_band`) earlier proposals measured in band, topped up with fresh ones;
+    then every fresh proposal not served is measured and those in band join the pool. The `warmstart` mode draws
+    the same way and never adapts."""
+
+    def __init__(self, mixer: Mixer, procedural: ProceduralStream, *, adapt: bool, in_band: InBandPool | None = None):
+        self.mixer, self.procedural, self.adapt, self.in_band = mixer, procedural, adapt, in_band
         self.name = "selfplay" if adapt else "warmstart"
+        self.step, self.unserved, self.served_in_band = 0, [], 0  # the last draw's, for observe and metrics
 
     def draw(self, n, rng, *, step, offered, pool):
-        plan = self.mixer.plan(n, available={"generator": len(offered), "replay": len(pool)})
+        kept = self.in_band.prune(step) if self.in_band is not None else 0
+        plan = self.mixer.plan(n, available={"generator": len(offered) + kept, "replay": len(pool)})
         gen = list(offered)
         rng.shuffle(gen)
-        chosen, extra = gen[: plan.counts["generator"]], gen[plan.counts["generator"]:]
+        share = plan.counts["generator"]
+        from_pool = self.in_band.take(share, step) if self.in_band is not None else []
+        chosen = from_pool + gen[: share - len(from_pool)]
+        extra = gen[share - len(from_pool):]
+        self.step, self.unserved, self.served_in_band = step, extra, len(from_pool)
+        pool = [x for x in pool if x.id not in {c.id for c in from_pool}]  # served once in a batch
         replay_ids = set(self.mixer.choose_replay([x.id for x in pool], [x.difficulty for x in pool],
                                                   plan.counts["replay"]))
         replay = [x for x in pool if x.id in replay_ids]
@@ -119,9 +167,24 @@ class MixerSource(TaskSource):
     def observe(self, stats):
         if self.adapt:
             self.mixer.observe(stats)
+            if self.in_band is not None and stats.proposal_rates:
+                self.in_band.add(self.unserved, stats.proposal_rates, self.step)
 
     def metrics(self, step):
-        return self.mixer.metrics() if self.adapt else {}  # a mixer that never adapts has nothing to say
+        if not self.adapt:
+            return {}  # a mixer that never adapts has nothing to say
+        out = self.mixer.metrics()
+        if self.in_band is not None:  # generator tasks served from the pool this iteration, and kept for later
+            out["mixer/in_band_pool/served"] = self.served_in_band
+            out["mixer/in_band_pool/kept"] = len(self.in_band.entries)
+        return out
+
+    def state_dict(self):
+        return self.in_band.state_dict() if self.in_band is not None else {}
+
+    def load_state_dict(self, state):
+        if self.in_band is not None:
+            self.in_band.load_state_dict(state)
 
 
 class CurriculumSource(TaskSource):
@@ -263,7 +326,8 @@ def make_source(cfg, *, mixer: Mixer, sb, corpus, run_dir: Path, log: Callable[[
     t = cfg.train
     procedural = ProceduralStream(cfg.tasks, cfg.run.seed, sb, corpus)
     if t.mode in ("selfplay", "warmstart"):
-        return MixerSource(mixer, procedural, adapt=t.mode == "selfplay")
+        in_band = InBandPool(cfg.mixer.in_band_max_age) if cfg.mixer.generator_tasks == "in_band" else None
+        return MixerSource(mixer, procedural, adapt=t.mode == "selfplay", in_band=in_band)
     if t.mode == "curriculum":
         return CurriculumSource(procedural, t.curriculum_steps_per_level)
     if t.mode == "uniform":

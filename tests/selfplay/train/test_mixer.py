@@ -459,6 +459,10 @@ def test_bad_settings_are_rejected():
         Mixer(MixerConfig(band="moving"))
     with pytest.raises(ValueError, match="hysteresis"):
         Mixer(MixerConfig(earn_validity=0.1, min_validity=0.2))
+    with pytest.raises(ValueError, match="mixer.generator_tasks must be one of fresh, in_band, got 'best'"):
+        Mixer(MixerConfig(generator_tasks="best"))
+    with pytest.raises(ValueError, match="mixer.in_band_max_age must be >= 1"):
+        Mixer(MixerConfig(in_band_max_age=0))
 
 
 # ---- the generator's references ----------------------------------------------------------------------------

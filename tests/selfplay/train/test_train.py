@@ -114,6 +114,23 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
         assert "ppo/solver/mixed_groups" in tags  # the solver's groups, its tasks, either way
 
 
+def test_the_in_band_pool_of_generator_tasks_is_logged_and_checkpointed(warm_run, tmp_path):
+    """mixer.generator_tasks=in_band: each iteration logs what the pool served and kept, and a checkpoint holds the
+    pool (the source's state) for an exact resume."""
+    import json
+
+    run = copy_run(warm_run, tmp_path)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2", "train.checkpoint_every=1",
+             "mixer.generator_tasks=in_band")
+    tags = read_scalars(run)
+    assert {"mixer/in_band_pool/served", "mixer/in_band_pool/kept", "solver/in_band_rate/procedural"} <= set(tags)
+    assert [v for _, v in tags["mixer/in_band_pool/served"]][0] == 0  # nothing measured before the first draw
+    state = json.loads((run / "checkpoints" / "step_2" / "state.json").read_text())
+    pooled = state["source"]["in_band_pool"]
+    assert len(pooled) == [v for _, v in tags["mixer/in_band_pool/kept"]][-1]
+    assert all(step in (1, 2) and task["source"] == "generator" for step, task in pooled)
+
+
 @pytest.mark.slow
 def test_a_held_solver_keeps_its_weights_while_the_generator_learns_against_it(warm_run, tmp_path):
     """train.train_solver=false: an iteration leaves the solver's weights as the warm start's (it still attempts
@@ -207,6 +224,9 @@ def test_bad_mode_and_batch_sizes_are_named(tmp_path):
     proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "train.mode=magic", check=False,
                     timeout=120)
     assert proc.returncode == 2 and "train.mode" in proc.stderr
+    proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "mixer.generator_tasks=best",
+                    check=False, timeout=120)
+    assert proc.returncode == 2 and "mixer.generator_tasks must be one of fresh, in_band" in proc.stderr
 
 
 def test_lora_switched_on_after_the_warm_start_is_refused_naming_the_key(warm_run, tmp_path):
