@@ -156,7 +156,8 @@ class MixerSource(TaskSource):
         chosen = from_pool + gen[: share - len(from_pool)]
         extra = gen[share - len(from_pool):]
         self.step, self.unserved, self.served_in_band = step, extra, len(from_pool)
-        pool = [x for x in pool if x.id not in {c.id for c in from_pool}]  # served once in a batch
+        pooled_ids = {x.id for x in from_pool}
+        pool = [x for x in pool if x.id not in pooled_ids]  # a task is served once in a batch
         replay_ids = set(self.mixer.choose_replay([x.id for x in pool], [x.difficulty for x in pool],
                                                   plan.counts["replay"]))
         replay = [x for x in pool if x.id in replay_ids]
