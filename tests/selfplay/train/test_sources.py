@@ -12,6 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 import sandbox
 from generator.build import generate_tasks
+from generator.schema import Task
 from selfplay.data.corpus import Corpus
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
@@ -93,12 +94,18 @@ def test_a_pooled_mixer_source_restored_from_json_state_draws_the_same_tasks(wor
     assert a.metrics(2)["mixer/in_band_pool/served"] == 2 and a.metrics(2)["mixer/in_band_pool/kept"] == 0
 
 
+def a_proposal() -> Task:
+    """A minimal valid-looking generator task (the pool reads only its id)."""
+    return Task(id="t", family="generator", source="generator", split="train", level=1, description="d",
+                entry_point="f", signature="def f(x)", reference_solution="def f(x):\n    return x")
+
+
 @settings(max_examples=60, deadline=None)
 @given(max_age=st.integers(1, 4),
        events=st.lists(st.tuples(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), max_size=4), st.integers(0, 3)),
                        max_size=12))
 def test_the_in_band_pool_serves_tasks_measured_in_band_once_newest_first_and_never_stale(max_age, events):
-    pool, template = InBandPool(max_age), _template()
+    pool, template = InBandPool(max_age), a_proposal()
     measured: dict[str, tuple[int, float]] = {}  # task id -> (step measured, p)
     served: set[str] = set()
     for step, (rates, want) in enumerate(events, start=1):
@@ -114,13 +121,6 @@ def test_the_in_band_pool_serves_tasks_measured_in_band_once_newest_first_and_ne
         tasks = [dataclasses.replace(template, id=f"t{step}-{i}") for i in range(len(rates))]
         measured.update({t.id: (step, p) for t, p in zip(tasks, rates)})
         pool.add(tasks, {t.id: p for t, p in zip(tasks, rates)}, step)
-
-
-def _template():
-    from generator.schema import Task
-
-    return Task(id="t", family="generator", source="generator", split="train", level=1, description="d",
-                entry_point="f", signature="def f(x)", reference_solution="def f(x):\n    return x")
 
 
 def test_generator_tasks_from_the_in_band_pool_are_in_band_more_often_than_fresh_ones(world):
