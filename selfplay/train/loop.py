@@ -545,16 +545,10 @@ class SelfPlay:
         instructions = ([(x.instruction, o.valid and in_band(o.solve_rate)) for x, o in zip(flat, outcomes)]
                         if cfg.generator.format == "mutation" else None)
         if self.main:
-            for task in valid_generator:
-                rate = rates_all.get(task.id)
-                self.pending_tasks.append(task)
-                if rate is not None:
-                    self.pending_difficulty.append((task.id, rate, t.samples_per_task, step))
-            for task in batch:
-                if task.id in plan["new_ids"] and task.id in rates_all:
-                    self.pending_tasks.append(task)
-                if task.id in rates_all and task.source != "generator":
-                    self.pending_difficulty.append((task.id, rates_all[task.id], t.samples_per_task, step))
+            tasks, measured = corpus_updates(valid_generator, batch, plan["new_ids"], rates_all,
+                                             t.samples_per_task, step)
+            self.pending_tasks += tasks
+            self.pending_difficulty += measured
             # written now, not at the next checkpoint: which tasks the next iteration sees must not depend on
             # where the checkpoints fell (a run resumed after step N would otherwise see step N's tasks early)
             self._flush_corpus()
@@ -796,6 +790,20 @@ class SelfPlay:
         self.tb.close()
         self.sb.close()
         self.corpus.close()
+
+
+def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates: dict, n_samples: int,
+                   step: int) -> tuple[list[Task], list[tuple[str, float, int, int]]]:
+    """What an iteration adds to the corpus: this iteration's valid proposals and the batch's new procedural tasks
+    that were attempted, and a solve rate for every task measured, each once. A task served again (replayed, or a
+    proposal from the in-band pool) is measured again by the solver it now meets: its difficulty follows that."""
+    tasks = list(proposals) + [x for x in batch if x.id in new_ids and x.id in rates]
+    seen, measured = set(), []
+    for task in list(proposals) + list(batch):
+        if task.id in rates and task.id not in seen:
+            seen.add(task.id)
+            measured.append((task.id, rates[task.id], n_samples, step))
+    return tasks, measured
 
 
 def history_entry(step: int, metrics: dict) -> dict:

@@ -16,7 +16,10 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from generator.schema import Task
 from selfplay.runtime.config import load_config
 from selfplay.runtime.tb import read_scalars
 
@@ -129,6 +132,33 @@ def test_the_in_band_pool_of_generator_tasks_is_logged_and_checkpointed(warm_run
     pooled = state["source"]["in_band_pool"]
     assert len(pooled) == [v for _, v in tags["mixer/in_band_pool/kept"]][-1]
     assert all(step in (1, 2) and task["source"] == "generator" for step, task in pooled)
+
+
+def a_task(task_id: str, source: str) -> Task:
+    return Task(id=task_id, family=source, source=source, split="train", level=1, description="d", entry_point="f",
+                signature="def f(x)", reference_solution="def f(x):\n    return x")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_every_task_the_solver_measured_gets_its_rate_once_replayed_generator_tasks_too(data):
+    """An iteration's corpus rows: its valid proposals and the batch's new procedural tasks are added, and every
+    task measured gets one difficulty row, whatever its source: a generator task served again (replayed, or from the
+    in-band pool) is measured by the solver it meets now."""
+    from selfplay.train.loop import corpus_updates
+
+    proposals = [a_task(f"g{i}", "generator") for i in range(data.draw(st.integers(0, 5)))]
+    earlier = [a_task(f"old{i}", data.draw(st.sampled_from(["generator", "procedural"]))) for i in range(3)]
+    new = [a_task(f"p{i}", "procedural") for i in range(data.draw(st.integers(0, 3)))]
+    served = data.draw(st.lists(st.sampled_from(proposals + earlier), unique_by=lambda x: x.id))
+    batch = data.draw(st.permutations(served + new))
+    everything = {x.id for x in proposals + batch}
+    rates = {i: data.draw(st.sampled_from([0.0, 0.5, 1.0])) for i in everything if data.draw(st.booleans())}
+    tasks, measured = corpus_updates(proposals, batch, {x.id for x in new}, rates, 8, 3)
+    assert [x.id for x in tasks] == [x.id for x in proposals] + [x.id for x in batch if x.id in rates
+                                                                 and x.id.startswith("p")]
+    assert sorted(m[0] for m in measured) == sorted(rates)  # each measured task once, nothing unmeasured
+    assert all(rates[i] == r and (n, step) == (8, 3) for i, r, n, step in measured)
 
 
 @pytest.mark.slow
