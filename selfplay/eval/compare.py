@@ -511,8 +511,8 @@ def code_line(results: dict) -> str:
     return "Code: " + "; ".join(parts + ([f"not recorded ({', '.join(missing)})"] if missing else [])) + "."
 
 
-LATER_FIGURES = ("parse_rate", "validity", "generator_in_band", "generator_share", "generator_batch_share",
-                 "solver_in_band", "level")
+LATER_FIGURES = ("parse_rate", "validity", "generator_in_band", "generator_never_solved", "generator_always_solved",
+                 "generator_share", "generator_batch_share", "solver_in_band", "level")
 
 
 def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dict:
@@ -760,9 +760,9 @@ def later_table(results: dict) -> str:
     """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
     start = results.get("from_iteration", 10)
     lines = [f"Per RL run, means from iteration {start} on:", "",
-             "| arm | seed | iterations | parse | validity | generator in band | generator share (mixer / batch) | "
-             "solver in band | level | longest collapse alarm | generator reward, first -> last ten |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | seed | iterations | parse | validity | generator in band | generator never / always solved | "
+             "generator share (mixer / batch) | solver in band | level | longest collapse alarm | "
+             "generator reward, first -> last ten |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for arm in results["arms"]:
         for seed, run in results["runs"][arm].items():
             f = run.get("from_iteration") or {}
@@ -770,7 +770,9 @@ def later_table(results: dict) -> str:
                 continue
             reward = ("-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}")
             lines.append(f"| {arm} | {seed} | {f['iterations']} | {_cell(f.get('parse_rate'))} | "
-                         f"{_cell(f['validity'])} | {_cell(f['generator_in_band'])} | {_cell(f['generator_share'])} / "
+                         f"{_cell(f['validity'])} | {_cell(f['generator_in_band'])} | "
+                         f"{_cell(f.get('generator_never_solved'))} / {_cell(f.get('generator_always_solved'))} | "
+                         f"{_cell(f['generator_share'])} / "
                          f"{_cell(f['generator_batch_share'])} | {_cell(f['solver_in_band'])} | "
                          f"{_cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
     return "\n".join(lines)

@@ -85,6 +85,8 @@ REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
 # per-iteration figures kept in the run's history (checkpointed) and summed up at the end: history key -> scalar
 HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
            "parse_rate": "generator/parse_rate", "generator_in_band": "generator/in_band_rate",
+           "generator_never_solved": "generator/never_solved_rate",
+           "generator_always_solved": "generator/always_solved_rate",
            "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
            "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean",
            "alarm_solver_collapse": "mixer/alarm/solver_collapse",
@@ -592,6 +594,10 @@ class SelfPlay:
             metrics["solver/share/generator"] = plan["counts"]["generator"] / max(1, len(batch))
             measured = [o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]
             metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
+            # where the valid proposals out of band fall: never solved (too hard) or solved by every sample (too easy)
+            for name, p in (("never_solved_rate", 0.0), ("always_solved_rate", 1.0)):
+                metrics[f"generator/{name}"] = (sum(r == p for r in measured) / len(measured) if measured
+                                                else float("nan"))
             metrics["generator/diversity"] = diversity if diversity is not None else 0.0
             metrics["generator/valid_tasks"] = len(valid_generator)
             rejections = Counter(x.rejection for x in flat if x.rejection)

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import pytest
 
-from selfplay.eval.compare import (Job, analyse, code_line, copy_warm_start, first_label, later_figures,
+from selfplay.eval.compare import (Job, analyse, code_line, copy_warm_start, first_label, later_figures, later_table,
                                    markdown_table, mean_sd, merge, paired_arms, paired_arms_table, paired_delta,
                                    paired_table, seed_task_delta, run_jobs, summarize, variant, warm_start_overrides,
                                    warm_starts, window_figures, window_table)
@@ -146,6 +146,19 @@ def test_later_figures_by_hand():
     assert (f["reward_first"], f["reward_last"]) == (5.5, 25.5)  # steps 1-10 and 21-30
     assert later_figures(history, start=31)["iterations"] == 0
     assert later_figures([entry(s, generator_reward=None) for s in (1, 2)])["reward_first"] is None
+
+
+def test_the_later_table_shows_where_the_valid_proposals_out_of_band_fall():
+    """Never solved / always solved beside the in-band share; a record written before these figures shows "-"."""
+    history = [{"step": s, "validity": 0.9, "generator_in_band": 0.25, "generator_never_solved": 0.6,
+                "generator_always_solved": 0.15, "generator_reward": 0.0} for s in range(1, 21)]
+    old = later_figures(history)
+    del old["generator_never_solved"], old["generator_always_solved"]
+    results = {"arms": ["selfplay"], "runs": {"selfplay": {"0": {"from_iteration": later_figures(history)},
+                                                           "1": {"from_iteration": old}}}}
+    table = later_table(results)
+    assert "| selfplay | 0 | 11 | - | 0.900 | 0.250 | 0.600 / 0.150 |" in table
+    assert "| selfplay | 1 | 11 | - | 0.900 | 0.250 | - / - |" in table
 
 
 def test_window_figures_cut_a_long_run_into_its_windows():

@@ -65,6 +65,10 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
                 "mixer/generator_trusted", "generator/cut_off_rate"):
         assert [s for s, _ in tags[tag]] == [1, 2], tag
     assert all(0.0 <= v <= 1.0 for tag in ("solver/in_band_rate", "generator/cut_off_rate") for _, v in tags[tag])
+    # each valid proposal measured is in band, never solved or solved by every sample: the three shares make 1
+    shares = [dict(tags[f"generator/{name}"]) for name in ("in_band_rate", "never_solved_rate", "always_solved_rate")]
+    assert shares[0] and all(d.keys() == shares[0].keys() for d in shares)
+    assert all(sum(d[step] for d in shares) == pytest.approx(1.0) for step in shares[0])
     # the mixer measures the yield of each edit instruction it asked for (valid and in band), from its first use on
     yields = {tag: v for tag, v in tags.items() if tag.startswith("mixer/instruction_yield/")}
     assert any(s == 1 for v in yields.values() for s, _ in v)
