@@ -547,10 +547,10 @@ class SelfPlay:
         instructions = ([(x.instruction, o.valid and in_band(o.solve_rate)) for x, o in zip(flat, outcomes)]
                         if cfg.generator.format == "mutation" else None)
         if self.main:
-            tasks, measured = corpus_updates(valid_generator, batch, plan["new_ids"], rates_all,
-                                             t.samples_per_task, step)
-            self.pending_tasks += tasks
-            self.pending_difficulty += measured
+            new_tasks, difficulty_rows = corpus_updates(valid_generator, batch, plan["new_ids"], rates_all,
+                                                        t.samples_per_task, step)
+            self.pending_tasks += new_tasks
+            self.pending_difficulty += difficulty_rows
             # written now, not at the next checkpoint: which tasks the next iteration sees must not depend on
             # where the checkpoints fell (a run resumed after step N would otherwise see step N's tasks early)
             self._flush_corpus()
