@@ -595,8 +595,8 @@ class SelfPlay:
             measured = [o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]
             metrics["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
             # where the valid proposals out of band fall: never solved (too hard) or solved by every sample (too easy)
-            for name, p in (("never_solved_rate", 0.0), ("always_solved_rate", 1.0)):
-                metrics[f"generator/{name}"] = (sum(r == p for r in measured) / len(measured) if measured
+            for name, end in (("never_solved_rate", 0.0), ("always_solved_rate", 1.0)):
+                metrics[f"generator/{name}"] = (sum(r == end for r in measured) / len(measured) if measured
                                                 else float("nan"))
             metrics["generator/diversity"] = diversity if diversity is not None else 0.0
             metrics["generator/valid_tasks"] = len(valid_generator)
@@ -804,12 +804,8 @@ def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates
     that were attempted, and a solve rate for every task measured, each once. A task served again (replayed, or a
     proposal from the in-band pool) is measured again by the solver it now meets: its difficulty follows that."""
     tasks = list(proposals) + [x for x in batch if x.id in new_ids and x.id in rates]
-    seen, measured = set(), []
-    for task in list(proposals) + list(batch):
-        if task.id in rates and task.id not in seen:
-            seen.add(task.id)
-            measured.append((task.id, rates[task.id], n_samples, step))
-    return tasks, measured
+    measured = {x.id: rates[x.id] for x in [*proposals, *batch] if x.id in rates}  # each once, first seen first
+    return tasks, [(task_id, rate, n_samples, step) for task_id, rate in measured.items()]
 
 
 def history_entry(step: int, metrics: dict) -> dict:
