@@ -28,7 +28,8 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    between, nothing changes);
 4. **can ask for the edits that land in the band** (mutation format, `instruction_follow`): the instruction of each
    generator prompt (add a step, change a constant, change the input type, ...) is then drawn among those its
-   references allow with weights that follow each instruction's measured *yield*, the share of its proposals that
+   references allow with weights that follow each instruction's measured *yield* (raised to `instruction_power`:
+   1 in proportion, larger leaning on the best), the share of its proposals that
    were valid and in band (discounted counts, `instruction_discount`, with one success in two as the prior: an
    instruction not yet tried counts as promising), mixed with `instruction_explore` of the uniform draw so that no
    instruction is dropped; with `instruction_follow=false` (the default) the draw stays uniform, the warm start's,
@@ -98,6 +99,7 @@ class MixerConfig:
     instruction_follow: bool = False
     instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
     instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
+    instruction_power: float = 1.0  # weights follow yield ** power: 1 in proportion, larger leans on the best yields
     # each source's rounding carried from batch to batch, so that over iterations its tasks follow its share to
     # within one task however small the batch (false: each batch rounded alone, by largest remainder: in a batch of
     # 4 a share of 0.37 is 1 task, 0.25, every time)
@@ -228,6 +230,9 @@ class Mixer:
             raise ValueError(f"mixer.in_band_max_age must be >= 1 (iterations), got {c.in_band_max_age}")
         if not 0.0 <= c.instruction_discount < 1.0:
             raise ValueError(f"mixer.instruction_discount must be in [0, 1), got {c.instruction_discount}")
+        if not 0.0 < c.instruction_power <= 32.0:
+            raise ValueError(f"mixer.instruction_power must be in (0, 32] (0 is the uniform draw: "
+                             f"mixer.instruction_follow=false), got {c.instruction_power}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
                             "replay": c.share_replay / total}
         self.min_generator = min(c.min_share_generator, self.base_shares["generator"])
@@ -332,14 +337,14 @@ class Mixer:
         return (hits + 1.0) / (n + 2.0)
 
     def instruction_weights(self, names: Sequence[str]) -> list[float] | None:
-        """Draw weights for the edit instructions `names` (those one prompt's references allow): their yields,
-        normalised, mixed with `instruction_explore` of the uniform draw. None with `instruction_follow=false`
-        (the caller then draws uniformly, as the warm start does)."""
+        """Draw weights for the edit instructions `names` (those one prompt's references allow): their yields raised
+        to `instruction_power`, normalised, mixed with `instruction_explore` of the uniform draw. None with
+        `instruction_follow=false` (the caller then draws uniformly, as the warm start does)."""
         if not self.cfg.instruction_follow or not names:
             return None
-        yields = [self.instruction_yield(n) for n in names]
-        total, explore = sum(yields), self.cfg.instruction_explore
-        return [(1.0 - explore) * y / total + explore / len(names) for y in yields]
+        powered = [self.instruction_yield(n) ** self.cfg.instruction_power for n in names]
+        total, explore = sum(powered), self.cfg.instruction_explore
+        return [(1.0 - explore) * y / total + explore / len(names) for y in powered]
 
     def _draw(self, ids: Sequence[str], weights: Sequence[float], n: int) -> list[str]:
         pool = list(zip(ids, weights))
