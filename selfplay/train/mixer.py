@@ -28,12 +28,12 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    between, nothing changes);
 4. **can ask for the edits that land in the band** (mutation format, `instruction_follow`): the instruction of each
    generator prompt (add a step, change a constant, change the input type, ...) is then drawn among those its
-   references allow with weights that follow each instruction's measured *yield* (raised to `instruction_power`:
-   1 in proportion, larger leaning on the best), the share of its proposals that
+   references allow with weights that follow each instruction's measured *yield*, the share of its proposals that
    were valid and in band (discounted counts, `instruction_discount`, with one success in two as the prior: an
-   instruction not yet tried counts as promising), mixed with `instruction_explore` of the uniform draw so that no
-   instruction is dropped; with `instruction_follow=false` (the default) the draw stays uniform, the warm start's,
-   and the yields are only measured and logged;
+   instruction not yet tried counts as promising), raised to `instruction_power` (1: in proportion; larger leans on
+   the best), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped; with
+   `instruction_follow=false` (the default) the draw stays uniform, the warm start's, and the yields are only
+   measured and logged;
 5. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
    - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
