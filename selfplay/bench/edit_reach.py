@@ -9,10 +9,10 @@ and validated against the corpus; the valid ones are attempted the same way. A t
 of its attempts pass every hidden test. Prints one JSON summary; writes RUN_DIR/edit_reach.jsonl (one line per valid
 edit, with the reference and the edit as tasks).
 
-`--tasks-from FILE` attempts exactly the references and edits of an earlier run's edit_reach.jsonl instead of
-drawing them (another solver, another model: the tasks are the same whatever the tokenizer), and adds to the
-summary the paired comparison with that run's solve rates: each solver's share in band on those edits and the
-difference with a 95 % bootstrap interval over the edits.
+`--tasks-from FILE` attempts exactly the valid edits of an earlier run's edit_reach.jsonl, and their references
+(those with a valid edit), instead of drawing them (another solver, another model: the tasks are the same whatever
+the tokenizer), and adds to the summary the paired comparison with that run's solve rates: each solver's share in
+band on those edits and the difference with a 95 % bootstrap interval over the edits, and both solvers' solve rates.
 
     python -m selfplay.bench.edit_reach configs/tiny.yaml runs/ws0 --refs 48 --max-level 2
     python -m selfplay.bench.edit_reach configs/smollm2.yaml runs/smol --tasks-from runs/ws0/edit_reach.jsonl
@@ -67,14 +67,25 @@ def edits_from(rows: list[dict]) -> tuple[list, list]:
 
 def paired(rows: list[dict], earlier: list[dict]) -> dict:
     """In-band shares of the same edits under this solver and the earlier run's, and their difference (this minus
-    that) with a 95 % bootstrap interval over the edits."""
+    that) with a 95 % bootstrap interval over the edits; beside them both solvers' mean solve rates of the edits
+    and of their references."""
     then = {r["task"]: r["solve_rate"] for r in earlier}
     now_in = [float(0 < r["solve_rate"] < 1) for r in rows]
     then_in = [float(0 < then[r["task"]] < 1) for r in rows]
     diff = [a - b for a, b in zip(now_in, then_in)]
-    return {"edits": len(rows), "in_band": round(sum(now_in) / len(rows), 3),
-            "earlier_in_band": round(sum(then_in) / len(rows), 3),
-            "difference": round(sum(diff) / len(rows), 3), "ci95": [round(x, 3) for x in bootstrap_ci95(diff)]}
+    refs_now = {r["reference"]: r["reference_solve_rate"] for r in rows}
+    refs_then = {r["reference"]: r["reference_solve_rate"] for r in earlier}
+
+    def mean(xs) -> float:
+        xs = list(xs)
+        return round(sum(xs) / len(xs), 3)
+
+    return {"edits": len(rows), "in_band": mean(now_in), "earlier_in_band": mean(then_in),
+            "difference": mean(diff), "ci95": [round(x, 3) for x in bootstrap_ci95(diff)],
+            "solve_rate": mean(r["solve_rate"] for r in rows),
+            "earlier_solve_rate": mean(then[r["task"]] for r in rows),
+            "references": len(refs_now), "reference_solve_rate": mean(refs_now.values()),
+            "earlier_reference_solve_rate": mean(refs_then[k] for k in refs_now)}
 
 
 def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str,

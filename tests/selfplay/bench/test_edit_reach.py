@@ -30,8 +30,10 @@ RATES = st.sampled_from([0.0, 0.25, 0.5, 1.0])
 
 @given(st.lists(st.tuples(RATES, RATES), min_size=1, max_size=40))
 def test_the_paired_shares_count_each_edit_once_under_each_solver(pairs):
-    rows = [{"task": f"t{i}", "solve_rate": now} for i, (now, _) in enumerate(pairs)]
-    earlier = [{"task": f"t{i}", "solve_rate": then} for i, (_, then) in reversed(list(enumerate(pairs)))]
+    rows = [{"task": f"t{i}", "solve_rate": now, "reference": f"r{i % 3}", "reference_solve_rate": 1.0}
+            for i, (now, _) in enumerate(pairs)]
+    earlier = [{"task": f"t{i}", "solve_rate": then, "reference": f"r{i % 3}", "reference_solve_rate": 0.5}
+               for i, (_, then) in reversed(list(enumerate(pairs)))]
     out = paired(rows, earlier)  # matched by task id, not by order
     now_in = sum(0 < now < 1 for now, _ in pairs) / len(pairs)
     then_in = sum(0 < then < 1 for _, then in pairs) / len(pairs)
@@ -40,6 +42,10 @@ def test_the_paired_shares_count_each_edit_once_under_each_solver(pairs):
     assert out["difference"] == round(now_in - then_in, 3)
     lo, hi = out["ci95"]
     assert -1.0 <= lo <= round(now_in - then_in, 3) + 1e-3 and round(now_in - then_in, 3) - 1e-3 <= hi <= 1.0
+    assert out["solve_rate"] == round(sum(now for now, _ in pairs) / len(pairs), 3)
+    assert out["earlier_solve_rate"] == round(sum(then for _, then in pairs) / len(pairs), 3)
+    assert out["references"] == min(3, len(pairs))
+    assert (out["reference_solve_rate"], out["earlier_reference_solve_rate"]) == (1.0, 0.5)
 
 
 @pytest.mark.slow
@@ -61,10 +67,11 @@ def test_edits_drawn_once_are_attempted_again_from_their_file(warm_run, tmp_path
     rows2 = [json.loads(line) for line in (again / "edit_reach.jsonl").read_text().splitlines()]
     assert [(r["reference"], r["instruction"], r["task"]) for r in rows2] == \
            [(r["reference"], r["instruction"], r["task"]) for r in rows]  # the same edits, none drawn
-    assert second["references"] == 3 and second["valid"] == len(rows)
+    assert second["references"] == len({r["reference"] for r in rows}) and second["valid"] == len(rows)
     assert second["paired"]["edits"] == len(rows)
     assert second["paired"]["earlier_in_band"] == shares["in_band"]
     assert second["paired"]["in_band"] == second["in_band"]["all"]["in_band"]
+    assert second["paired"]["references"] == second["references"]
 
 
 def test_a_tasks_file_that_is_missing_or_lacks_its_tasks_is_refused(tmp_path):
