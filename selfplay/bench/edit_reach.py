@@ -31,6 +31,7 @@ import torch
 from generator.build import BuildConfig
 from generator.families.grammar import program_of
 from generator.mutation import INSTRUCTIONS, random_mutation
+from generator.rewards import in_band
 from generator.schema import Task
 from generator.validity import validate_many
 from selfplay.bench.generator_probe import reference_rates
@@ -70,8 +71,8 @@ def paired(rows: list[dict], earlier: list[dict]) -> dict:
     that) with a 95 % bootstrap interval over the edits; beside them both solvers' mean solve rates of the edits
     and of their references."""
     then = {r["task"]: r["solve_rate"] for r in earlier}
-    now_in = [float(0 < r["solve_rate"] < 1) for r in rows]
-    then_in = [float(0 < then[r["task"]] < 1) for r in rows]
+    now_in = [float(in_band(r["solve_rate"])) for r in rows]
+    then_in = [float(in_band(then[r["task"]])) for r in rows]
     diff = [a - b for a, b in zip(now_in, then_in)]
     refs_now = {r["reference"]: r["reference_solve_rate"] for r in rows}
     refs_then = {r["reference"]: r["reference_solve_rate"] for r in earlier}
@@ -113,9 +114,9 @@ def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str
     ref_values = list(ref_rates.values())
     summary = {"references": len(refs), "max_level": max_level, "attempts": attempts,
                "reference_solve_rate": sum(ref_values) / max(1, len(ref_values)),
-               "references_in_band": sum(0 < p < 1 for p in ref_values) / max(1, len(ref_values)),
+               "references_in_band": sum(map(in_band, ref_values)) / max(1, len(ref_values)),
                "edits": n_drawn, "valid": len(valid),
-               "in_band": {k: {"n": len(v), "in_band": round(sum(0 < r["solve_rate"] < 1 for r in v) / len(v), 3),
+               "in_band": {k: {"n": len(v), "in_band": round(sum(in_band(r["solve_rate"]) for r in v) / len(v), 3),
                                "never_solved": round(sum(r["solve_rate"] <= 0 for r in v) / len(v), 3),
                                "always_solved": round(sum(r["solve_rate"] >= 1 for r in v) / len(v), 3),
                                "solve_rate": round(sum(r["solve_rate"] for r in v) / len(v), 3)}
