@@ -192,7 +192,10 @@ class TrainConfig:
     # the mean return of the iteration's other proposals on its rank, one group as Absolute Zero's per-role baseline;
     # docs/rl.md). The solver's is ppo.advantage
     generator_advantage: str = "gae"
-    curriculum_steps_per_level: int = 50  # curriculum mode: iterations spent on each level 1..4
+    # curriculum mode: iterations spent on each level of mixer.level_min..level_max, lowest first; None = train.steps
+    # cut into one equal stretch per level, so that the schedule reaches the top level within the run whatever its
+    # length (a set value is the same for runs of every length: a short run may never leave the lowest levels)
+    curriculum_steps_per_level: int | None = None
     fixed_tasks: int = 256  # fixed mode: training tasks taken once from the corpus (the warm start's), cycled through
     fixed_levels: list[int] = field(default_factory=lambda: [1, 2])  # fixed mode: their levels, in equal shares
     # fixed mode: "corpus" = the warm start's own tasks (their reference solutions were in its SFT data); "fresh" =

@@ -22,9 +22,9 @@ One iteration (all sizes in the `train:` config section):
 7. logs                  TensorBoard scalars (tags: docs/architecture.md), sample proposals and solutions as text.
 
 Modes (`train.mode`): `selfplay` (all of the above), `curriculum` (no generator: procedural tasks on a fixed level
-schedule, `curriculum_steps_per_level` iterations per level), `uniform` (no generator: procedural tasks, each at a
-level drawn uniformly from the mixer's range), `warmstart` (no RL at all: the warm-started solver is only
-evaluated) — the baselines of the research claim — and `fixed` (no generator: PPO
+schedule that reaches the top level within `train.steps`, `sources.curriculum_level`), `uniform` (no generator:
+procedural tasks, each at a level drawn uniformly from the mixer's range), `warmstart` (no RL at all: the
+warm-started solver is only evaluated) — the baselines of the research claim — and `fixed` (no generator: PPO
 on one fixed set of `fixed_tasks` corpus tasks at `fixed_levels`, chosen once and kept in RUN_DIR/fixed_tasks.jsonl,
 `solver_tasks` of them per iteration in a seeded order that depends only on the step; the plain RL setting of
 "train on these problems, measure on held-out ones"). How each mode chooses the solver's tasks is one small source

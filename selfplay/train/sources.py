@@ -11,7 +11,7 @@
 |--------------|--------------------|-------------------------------------------------------------------------------|
 | `selfplay`   | `MixerSource`      | generator proposals, procedural and replayed tasks, split by the adaptive mixer |
 | `warmstart`  | `MixerSource`      | the same split by a mixer that never adapts (no RL: the solver is evaluated)  |
-| `curriculum` | `CurriculumSource` | procedural tasks on a fixed level schedule                                    |
+| `curriculum` | `CurriculumSource` | procedural tasks on a fixed level schedule that reaches the top within the run |
 | `uniform`    | `UniformSource`    | procedural tasks, each at a level drawn uniformly from the mixer's range       |
 | `fixed`      | `FixedSource`      | one fixed task set, in a seeded order that depends only on the step           |
 
@@ -188,16 +188,44 @@ class MixerSource(TaskSource):
             self.in_band.load_state_dict(state)
 
 
+def curriculum_level(step: int, steps: int, levels, steps_per_level: int | None = None) -> int:
+    """The curriculum's level at iteration `step` (1-based) of a run of `steps` iterations over `levels` (lowest
+    first). Without `steps_per_level`, the run is cut into len(levels) equal stretches, the k-th at the k-th level
+    (level index floor((step - 1) * L / steps)): every level is visited, in order, and the last stretch is the top
+    level, whatever the run's length (a run shorter than L iterations goes from the lowest to the highest level
+    evenly, skipping some between). With `steps_per_level`: that many iterations per level, then the top level
+    (a run shorter than L * steps_per_level never reaches it)."""
+    levels = list(levels)
+    top = len(levels) - 1
+    if steps_per_level:
+        return levels[min(top, (step - 1) // steps_per_level)]
+    steps = max(1, steps)
+    if steps >= len(levels):
+        return levels[min(top, (step - 1) * len(levels) // steps)]
+    if steps == 1:
+        return levels[0]
+    return levels[min(top, math.floor((step - 1) * top / (steps - 1) + 0.5))]
+
+
 class CurriculumSource(TaskSource):
-    """Procedural tasks only, on a fixed schedule: level 1 for `steps_per_level` iterations, then 2, 3, 4."""
+    """Procedural tasks only, on a fixed schedule from the lowest of `levels` to the highest
+    (`curriculum_level`): `steps_per_level` iterations per level when given (train.curriculum_steps_per_level),
+    else the run's `steps` (train.steps) cut into one equal stretch per level, so that the schedule reaches the top
+    level within the run whatever its length."""
 
     name = "curriculum"
 
-    def __init__(self, procedural: ProceduralStream, steps_per_level: int):
+    def __init__(self, procedural: ProceduralStream, steps_per_level: int | None = None, *, steps: int = 0,
+                 levels=(1, 2, 3, 4)):
+        if not levels:
+            raise UserError("mode curriculum: mixer.level_min..mixer.level_max holds no level")
+        if steps_per_level is None and steps < 1:
+            raise UserError("mode curriculum: the schedule needs train.steps >= 1 or train.curriculum_steps_per_level")
         self.procedural, self.steps_per_level = procedural, steps_per_level
+        self.steps, self.levels = steps, sorted(levels)
 
     def level(self, step: int) -> int:
-        return min(4, 1 + (step - 1) // max(1, self.steps_per_level))
+        return curriculum_level(step, self.steps, self.levels, self.steps_per_level)
 
     def draw(self, n, rng, *, step, offered, pool):
         procedural = self.procedural([self.level(step)] * n, step)
@@ -330,11 +358,16 @@ def make_source(cfg, *, mixer: Mixer, sb, corpus, run_dir: Path, log: Callable[[
         in_band = InBandPool(cfg.mixer.in_band_max_age) if cfg.mixer.generator_tasks == "in_band" else None
         return MixerSource(mixer, procedural, adapt=t.mode == "selfplay", in_band=in_band)
     if t.mode == "curriculum":
-        return CurriculumSource(procedural, t.curriculum_steps_per_level)
+        return CurriculumSource(procedural, t.curriculum_steps_per_level, steps=t.steps, levels=mixer_levels(cfg))
     if t.mode == "uniform":
-        levels = list(range(math.ceil(cfg.mixer.level_min), math.floor(cfg.mixer.level_max) + 1))
-        return UniformSource(procedural, levels, cfg.run.seed)
+        return UniformSource(procedural, mixer_levels(cfg), cfg.run.seed)
     return FixedSource(t, cfg.tasks, cfg.run.seed, sb, corpus, run_dir, log)
+
+
+def mixer_levels(cfg) -> list[int]:
+    """The whole levels of the mixer's range, mixer.level_min..mixer.level_max: where self-play's level moves, the
+    uniform baseline draws and the curriculum climbs."""
+    return list(range(math.ceil(cfg.mixer.level_min), math.floor(cfg.mixer.level_max) + 1))
 
 
 def validate(train_cfg) -> None:
@@ -344,6 +377,9 @@ def validate(train_cfg) -> None:
         raise UserError(f"train.mode must be one of {', '.join(MODES)}, got {t.mode!r}")
     if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
         raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
+    if t.curriculum_steps_per_level is not None and t.curriculum_steps_per_level < 1:
+        raise UserError(f"train.curriculum_steps_per_level must be >= 1 or null (train.steps cut into one stretch per "
+                        f"level), got {t.curriculum_steps_per_level}")
     if t.mode == "fixed":
         if t.fixed_tasks < t.solver_tasks:
             raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")

@@ -18,7 +18,7 @@ from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import IterationStats, Mixer
 from selfplay.train.sources import (CurriculumSource, FixedSource, InBandPool, MixerSource, ProceduralStream,
-                                    UniformSource, fixed_schedule, make_source, validate)
+                                    UniformSource, curriculum_level, fixed_schedule, make_source, validate)
 
 
 @pytest.fixture(scope="module")
@@ -176,6 +176,41 @@ def test_curriculum_follows_its_level_schedule(world):
     assert {t.level for t in drawn.tasks} == {2} and drawn.new_ids == set(ids(drawn.tasks))
     assert drawn.counts == {"generator": 0, "procedural": 3, "replay": 0}
     assert source.metrics(3) == {"mixer/level": 2} and source.state_dict() == {}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(4, 400), st.sampled_from([(1, 4), (1, 3), (2, 4), (1, 2)]))
+def test_the_default_curriculum_visits_every_level_in_order_within_any_run(steps, bounds):
+    """Without train.curriculum_steps_per_level the schedule is set by train.steps: it climbs the mixer's range one
+    level at a time, lowest first, spends a stretch of about steps / L iterations on each, and ends at the top."""
+    cfg = load_config(overrides=[f"train.steps={steps}", "train.mode=curriculum", f"mixer.level_min={bounds[0]}",
+                                 f"mixer.level_max={bounds[1]}"])
+    source = make_source(cfg, mixer=Mixer(cfg.mixer), sb=None, corpus=None, run_dir=None, log=print)
+    levels = list(range(bounds[0], bounds[1] + 1))
+    schedule = [source.level(s) for s in range(1, steps + 1)]
+    assert schedule[0] == levels[0] and schedule[-1] == levels[-1]
+    assert list(dict.fromkeys(schedule)) == levels  # each level, in order ...
+    assert all(b - a in (0, 1) for a, b in zip(schedule, schedule[1:]))  # ... one step up at a time
+    stretch = [schedule.count(lv) for lv in levels]
+    assert max(stretch) - min(stretch) <= 1  # equal stretches
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3])
+def test_a_run_shorter_than_the_levels_still_goes_from_the_lowest_to_the_highest(steps):
+    schedule = [curriculum_level(s, steps, [1, 2, 3, 4]) for s in range(1, steps + 1)]
+    assert schedule == {1: [1], 2: [1, 4], 3: [1, 3, 4]}[steps]  # (the middle step: 1.5 levels up, rounded up)
+
+
+def test_the_recorded_comparisons_length_reaches_the_top_level():
+    """train.steps=20 with the default schedule: five iterations at each of levels 1-4 (it used to stay at 1)."""
+    cfg = load_config(overrides=["train.steps=20", "train.mode=curriculum"])
+    source = make_source(cfg, mixer=Mixer(cfg.mixer), sb=None, corpus=None, run_dir=None, log=print)
+    assert [source.level(s) for s in range(1, 21)] == [1] * 5 + [2] * 5 + [3] * 5 + [4] * 5
+    explicit = load_config(overrides=["train.steps=20", "train.mode=curriculum", "train.curriculum_steps_per_level=8"])
+    source = make_source(explicit, mixer=Mixer(cfg.mixer), sb=None, corpus=None, run_dir=None, log=print)
+    assert [source.level(s) for s in range(1, 21)] == [1] * 8 + [2] * 8 + [3] * 4  # a set value is kept
+    with pytest.raises(UserError, match="train.curriculum_steps_per_level"):
+        validate(load_config(overrides=["train.curriculum_steps_per_level=0"]).train)
 
 
 def test_uniform_draws_every_level_of_the_mixers_range_alike_and_as_a_function_of_the_step(world):
