@@ -10,6 +10,7 @@ import threading
 import time
 import weakref
 from dataclasses import asdict, dataclass, field
+from fractions import Fraction
 from typing import Any, Sequence
 
 from sandbox.errors import SandboxConfigError
@@ -125,27 +126,57 @@ def normalize(value: Any) -> Any:
 def outputs_equal(output: Any, expected: Any) -> bool:
     """Compare a normalised output with a normalised expectation, exactly where the expectation is exact:
     - a float expectation accepts an int or float within math.isclose(rel_tol=1e-6, abs_tol=1e-9) (NaN == NaN):
-      the tolerance exists only where the reference itself produced a float;
+      the tolerance exists only where the reference itself produced a float; an int too large for a float is
+      compared exactly (never converted);
     - an int expectation accepts only an int of the same value (12345678.0 is not 12345679, nor is 12345679.0);
     - bool only equals bool (True is not 1), strings and None exactly;
-    - lists element by element, dicts by equal keys and values, each by the same rules."""
-    a, b = output, expected
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    if isinstance(b, float):
-        if not isinstance(a, (int, float)):
+    - lists (and tuples) element by element, dicts by equal keys and values, each by the same rules.
+    Total: it never raises, whatever the two values are (any nesting depth, huge ints, NaN, inf, values outside
+    the protocol): what cannot be compared is not equal."""
+    try:
+        return _equal(output, expected)
+    except Exception:  # noqa: BLE001 - a value outside the protocol whose ==, keys() or hash raised: not equal
+        return False
+
+
+def _float_close(a: Any, b: float) -> bool:
+    """An int or float answer against a float expectation (bools are handled by the caller)."""
+    if not isinstance(a, (int, float)):
+        return False
+    if math.isnan(b) or (isinstance(a, float) and math.isnan(a)):
+        return isinstance(a, float) and math.isnan(a) and math.isnan(b)
+    try:
+        return math.isclose(float(a), b, rel_tol=1e-6, abs_tol=1e-9)
+    except OverflowError:  # an int beyond a float's range: no float is within tolerance unless exactly so
+        if math.isinf(b):
             return False
-        a, b = float(a), float(b)
-        if math.isnan(a) or math.isnan(b):
-            return math.isnan(a) and math.isnan(b)
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-9)
-    if isinstance(b, int):
-        return type(a) is int and a == b
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(outputs_equal(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(outputs_equal(a[k], b[k]) for k in a)
-    return type(a) is type(b) and a == b
+        fa, fb = Fraction(int(a)), Fraction(b)
+        return abs(fa - fb) <= max(Fraction(1e-6) * max(abs(fa), abs(fb)), Fraction(1e-9))
+
+
+def _equal(output: Any, expected: Any) -> bool:
+    pending = [(output, expected)]  # a stack, not recursion: any nesting depth compares
+    while pending:
+        a, b = pending.pop()
+        if isinstance(a, bool) or isinstance(b, bool):
+            same = type(a) is type(b) and a == b
+        elif isinstance(b, float):
+            same = _float_close(a, b)
+        elif isinstance(b, int):
+            same = type(a) is int and a == b
+        elif isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+            same = type(a) is type(b) and len(a) == len(b)
+            if same:
+                pending.extend(zip(a, b))
+        elif isinstance(a, dict) and isinstance(b, dict):
+            same = a.keys() == b.keys()
+            if same:
+                pending.extend((a[k], b[k]) for k in a)
+        else:
+            same = type(a) is type(b) and a == b
+        if not same:
+            return False
+    return True
 
 
 # ------------------------------------------------------------------------------------------ sandbox
@@ -358,12 +389,15 @@ class Sandbox:
         read every file, or see the host's file tree rather than a root of their own (the process backend
         without root), "fresh_state" when the shared temporary dirs and IPC are not private, "processes" when
         programs see host processes in /proc or share the host's pid namespace, "resources" when a program's
-        processes are limited only one by one (no cgroup per worker: memory and pids of the whole tree). The
-        docker backend lacks none: the container is the boundary. An RL run should refuse to start when this is
+        processes are limited only one by one (no cgroup per worker: memory and pids of the whole tree),
+        "seccomp" (either backend) when the kernel cannot apply the children's seccomp filter (keyrings, POSIX
+        message queues, file locks and socket families but AF_UNIX denied: sandbox/seccomp.py). The docker
+        backend lacks nothing else: the container is the boundary. An RL run should refuse to start when this is
         not empty unless its configuration says otherwise."""
-        if self.backend == "docker":
-            return []
         infos = [h["info"] for h in self.health()]
+        seccomp = [] if all(i.get("seccomp") for i in infos) else ["seccomp"]
+        if self.backend == "docker":
+            return seccomp
         missing = []
         if not all(i.get("network_isolated") for i in infos):
             missing.append("network")
@@ -375,7 +409,7 @@ class Sandbox:
             missing.append("processes")
         if not all(i.get("cgroup") for i in infos):
             missing.append("resources")
-        return missing
+        return missing + seccomp
 
     def require_isolation(self, allow: bool = False) -> list[str]:
         """missing_isolation(), refused (SandboxConfigError) unless `allow`: what an RL run calls before it starts,

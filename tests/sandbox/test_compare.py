@@ -83,3 +83,121 @@ def test_child_serialisation_matches_normalize(sb, value):
     rep = sb.run_tests("def identity(x):\n    return x\n", "identity", [[value]], [value])
     assert rep.status == "ok" and rep.all_passed
     assert outputs_equal(rep.outputs[0], normalize(value))
+
+
+# ------------------------------------------------------------------- the compare is total over protocol values
+huge_ints = st.builds(lambda sign, e, d: sign * (10 ** e + d), st.sampled_from([1, -1]), st.integers(300, 2000),
+                      st.integers(0, 10 ** 6))
+any_scalars = (st.none() | st.booleans() | st.integers() | huge_ints | st.floats(allow_nan=True, allow_infinity=True)
+               | st.text(max_size=10) | st.binary(max_size=4) | st.complex_numbers(allow_nan=True))
+any_values = st.recursive(
+    any_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
+    | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
+    | st.frozensets(st.integers() | huge_ints | st.text(max_size=4), max_size=3),
+    max_leaves=25,
+)
+
+
+def _nested(depth: int, leaf):
+    value = leaf
+    for level in range(depth):
+        value = [value] if level % 2 else {"k": value}
+    return value
+
+
+@settings(max_examples=300)
+@given(any_values, any_values)
+def test_outputs_equal_never_raises(a, b):
+    assert outputs_equal(a, b) in (True, False)
+    assert outputs_equal(b, a) in (True, False)
+
+
+@given(st.integers() | huge_ints, st.floats(allow_nan=True, allow_infinity=True), st.integers(0, 3))
+def test_any_int_against_any_float_expectation_is_a_verdict(answer, expected, depth):
+    wrapped_answer, wrapped_expected = _nested(depth, answer), _nested(depth, expected)
+    assert outputs_equal(wrapped_answer, wrapped_expected) in (True, False)
+    assert not outputs_equal(wrapped_expected, wrapped_answer)  # a float never meets an int expectation
+
+
+def _same_shape(value, draw):
+    """`value` with each leaf (scalar) replaced by itself, a float (nan, inf included) or any other scalar."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_same_shape(v, draw) for v in value)
+    if isinstance(value, dict):
+        return {k: _same_shape(v, draw) for k, v in value.items()}
+    return draw(st.just(value) | st.floats(allow_nan=True, allow_infinity=True) | any_scalars)
+
+
+@settings(max_examples=300)
+@given(any_values, st.data())
+def test_outputs_equal_never_raises_against_an_expectation_of_the_same_shape(value, data):
+    expected = _same_shape(value, data.draw)
+    assert outputs_equal(value, expected) in (True, False)
+    assert outputs_equal(expected, value) in (True, False)
+
+
+@given(any_values)
+def test_outputs_equal_is_reflexive_on_json_values(value):
+    value = normalize(_jsonable(value))
+    assert outputs_equal(value, value)
+
+
+def _jsonable(value):
+    """`value` with what JSON cannot carry (bytes, complex, sets, non-str keys) made plain."""
+    if isinstance(value, (list, tuple, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (bytes, complex)):
+        return repr(value)
+    return value
+
+
+def test_a_huge_int_against_a_float_is_compared_not_raised():
+    assert not outputs_equal(10 ** 400, 1.5) and not outputs_equal(-(10 ** 400), -1.5)
+    assert not outputs_equal(10 ** 400, math.inf) and not outputs_equal(10 ** 400, math.nan)
+    assert not outputs_equal([1, {"a": 10 ** 400}], [1, {"a": 2.0}])
+    assert outputs_equal(2 ** 1024 - 1, 1.7976931348623157e308)  # within the tolerance, exactly computed
+    assert outputs_equal(10 ** 400, 10 ** 400) and not outputs_equal(10 ** 400 + 1, 10 ** 400)
+
+
+def test_any_nesting_depth_compares():
+    for depth in (1000, 50_000):
+        assert outputs_equal(_nested(depth, 1), _nested(depth, 1.0))
+        assert not outputs_equal(_nested(depth, 10 ** 400), _nested(depth, 1.0))
+
+
+def test_values_whose_equality_raises_are_not_equal():
+    class Raises:
+        def __eq__(self, other):
+            raise RuntimeError("no")
+
+        __hash__ = object.__hash__
+
+    assert not outputs_equal(Raises(), Raises()) and not outputs_equal([Raises()], [Raises()])
+
+
+def test_an_int_too_large_for_a_float_fails_its_test_through_run_tests(sb):
+    program = "def f(x):\n    return 10 ** 400 if x else 2.5\n"
+    rep = sb.run_tests(program, "f", [[1], [0]], [1.5, 2.5])
+    assert rep.status == "ok" and rep.tests[0].status == "ok" and rep.tests[0].output == 10 ** 400
+    assert [t.passed for t in rep.tests] == [False, True]
+    rep = sb.run_tests(program, "f", [[1]], [[1.5]])
+    assert rep.tests[0].passed is False
+
+
+json_protocol = st.recursive(
+    st.none() | st.booleans() | st.integers() | huge_ints | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=10),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=15,
+)
+
+
+@settings(max_examples=20, deadline=None)
+@given(answer=json_protocol, expected=json_protocol)
+def test_run_tests_always_returns_a_report(sb, answer, expected):
+    rep = sb.run_tests("def f(x):\n    return x\n", "f", [[answer]], [expected])
+    assert rep.status == "ok" and rep.tests[0].status == "ok"
+    assert rep.tests[0].passed is outputs_equal(normalize(answer), normalize(expected))
