@@ -23,7 +23,8 @@ generation configuration that leaves a checkpoint's own decoding options (repeti
 update the model is in `models.update_mode`: no dropout, gradient checkpointing where it is enabled. docs/rl.md.
 
 Optional replay (`ppo.replay_coef` > 0 and `step(..., replay=...)`): past successful answers (selfplay.rl.replay) add
-replay_coef * their token-mean negative log-likelihood (answer tokens only) to the loss of every optimiser step. The
+replay_coef * their token-mean negative log-likelihood (answer tokens only, under the untempered policy: temperature
+1 whatever ppo.temperature is, since the T = 1 policy is the one evaluated) to the loss of every optimiser step. The
 replay rows are split over the micro-batches of each minibatch and scored in the same forward pass as the PPO rows
 (one forward per backward, as DDP and DeepSpeed expect); the chunks' losses add up to the whole replay batch's mean.
 
@@ -293,7 +294,8 @@ class PPOTrainer:
 
     def _joint_forward(self, r: _Rollout, idx: torch.Tensor, rep: _Replay, ridx: torch.Tensor):
         """PPO rows `idx` and replay rows `ridx` in one forward pass (right-padded to one width, scored from the
-        earlier start). Returns the PPO rows' (logp, values, logits) on their own axis and the replay rows' logp."""
+        earlier start). Returns the PPO rows' (logp, values, logits) on their own axis, scored at ppo.temperature,
+        and the replay rows' logp, scored at temperature 1."""
         a_ids, b_ids = r.input_ids[idx], rep.input_ids[ridx]
         width = max(a_ids.shape[1], b_ids.shape[1])
         ids = torch.cat([_pad_right(a_ids, width, self.pad_token_id), _pad_right(b_ids, width, self.pad_token_id)])
@@ -304,10 +306,17 @@ class PPOTrainer:
         b = slice(b0, b0 + b_ids.shape[1] - 1 - rep.start)
         bits = None
         if r.allowed is not None:  # the PPO rows' recorded bits on the joint axis; replay rows allow every token
-            bits = torch.full((len(ids), width - 1 - start, r.allowed.shape[-1]), -1, dtype=torch.int32)
-            bits[:n, a] = r.allowed[idx.cpu()]
-        logp, values, logits = self._policy_forward(ids, att, start, bits)
-        return (logp[:n, a], values[:n, a], logits[:n, a]), logp[n:, b]
+            bits = torch.full((n, width - 1 - start, r.allowed.shape[-1]), -1, dtype=torch.int32)
+            bits[:, a] = r.allowed[idx.cpu()]
+        logits, values = self.model(ids, att, logits_to_keep=width - start)
+        logits, targets = logits[:, :-1], ids[:, start + 1:]
+        # PPO rows: the distribution they were sampled from (ppo.temperature, their grammar's mask)
+        logdist = rl.sampling_logprobs(logits[:n], self.cfg.temperature, _unpacked(bits, logits))
+        logp = rl.gather_tokens(logdist, targets[:n])
+        # replay rows: the untempered policy's (T = 1) likelihood, the policy that is evaluated; an NLL taken at the
+        # sampling temperature T would fit logits / T to the data and leave the T = 1 policy flatter (docs/rl.md)
+        replay_logp = rl.gather_tokens(rl.sampling_logprobs(logits[n:], 1.0), targets[n:])
+        return (logp[:, a], values[:n, :-1].float()[:, a], logdist[:, a]), replay_logp[:, b]
 
     # -- stage 4: minibatch updates
 

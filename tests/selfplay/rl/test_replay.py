@@ -3,11 +3,13 @@
 
 import copy
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from transformers import GPT2Config, GPT2LMHeadModel
 
 from selfplay.rl import ppo
 
@@ -170,18 +172,22 @@ def test_nll_loss_matches_hand_numbers():
         pytest.approx(3.5 / 3)  # chunks normalised by the whole batch's count add up to its mean
 
 
-def trainer(model, coef, lr=0.0, optimizer=None):
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, epochs=1, replay_coef=coef, max_grad_norm=1e9, lr=lr)
+def trainer(model, coef, lr=0.0, optimizer=None, temperature=1.0):
+    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, epochs=1, replay_coef=coef, max_grad_norm=1e9, lr=lr,
+                    temperature=temperature)
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
     return ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, optimizer, pad_token_id=PAD, seed=0)
 
 
-def test_replay_loss_equals_the_hand_computed_nll_and_leaves_ppo_terms_alone():
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_replay_loss_equals_the_hand_computed_nll_and_leaves_ppo_terms_alone(temperature):
+    """hand_nll is the untempered (T = 1) policy's: the replay NLL is that one at any sampling temperature, while
+    the PPO terms of the same joint forward stay those of plain PPO at the sampling temperature."""
     model = tiny_model()
     with torch.no_grad():
         expected = hand_nll(model.policy).item()
-    plain = trainer(model, 0.5, lr=0.0).step(QUERIES, RESPONSES, SCORES)
-    with_replay = trainer(model, 0.5, lr=0.0).step(QUERIES, RESPONSES, SCORES, replay=REPLAY)
+    plain = trainer(model, 0.5, lr=0.0, temperature=temperature).step(QUERIES, RESPONSES, SCORES)
+    with_replay = trainer(model, 0.5, lr=0.0, temperature=temperature).step(QUERIES, RESPONSES, SCORES, replay=REPLAY)
     assert "replay_loss" not in plain
     assert with_replay["replay_loss"] == pytest.approx(expected, rel=1e-5)
     for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "loss"):  # one joint forward, same PPO numbers
@@ -190,9 +196,11 @@ def test_replay_loss_equals_the_hand_computed_nll_and_leaves_ppo_terms_alone():
     assert "replay_loss" not in off  # coef 0: replay is ignored
 
 
-def test_the_replay_term_moves_parameters_by_coef_times_its_gradient():
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_replay_term_moves_parameters_by_coef_times_its_gradient(temperature):
     """SGD with lr 1 and no clipping: parameters move by minus the gradient. With replay at coef c the move differs
-    from plain PPO's by exactly -c * grad(hand NLL); with coef 0 it does not differ at all."""
+    from plain PPO's by exactly -c * grad(hand NLL), the untempered NLL at any PPO temperature; with coef 0 it does
+    not differ at all."""
     base, coef = tiny_model(seed=1), 0.5
     reference = copy.deepcopy(base)
     nll = hand_nll(reference.policy)
@@ -201,7 +209,7 @@ def test_the_replay_term_moves_parameters_by_coef_times_its_gradient():
 
     def moved(c, replay):
         model = copy.deepcopy(base)
-        trainer(model, c, lr=1.0).step(QUERIES, RESPONSES, SCORES, replay=replay)
+        trainer(model, c, lr=1.0, temperature=temperature).step(QUERIES, RESPONSES, SCORES, replay=replay)
         return {n: p.detach() - q.detach() for (n, p), q in zip(model.named_parameters(), base.parameters())}
 
     plain, replayed, zero = moved(0.0, None), moved(coef, REPLAY), moved(0.0, REPLAY)
@@ -215,6 +223,37 @@ def test_the_replay_term_moves_parameters_by_coef_times_its_gradient():
     assert torch.allclose(replayed[head], plain[head], rtol=0, atol=1e-6)
 
 
+def two_token_model() -> ActorCritic:
+    """A GPT-2 over a 2-token vocabulary whose logits are (0, log 3) at every position, whatever the input: the
+    final layer norm's output is its bias h = (0, log 3, 0, 0) and the tied head reads the first two coordinates.
+    So p(1) = 3/4 at temperature 1 and 9/10 at temperature 1/2 (logits / T = (0, 2 log 3))."""
+    torch.manual_seed(0)
+    policy = GPT2LMHeadModel(GPT2Config(vocab_size=2, n_layer=1, n_embd=4, n_head=1, n_positions=16, bos_token_id=1,
+                                        eos_token_id=1, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
+                                        attn_pdrop=0.0))
+    with torch.no_grad():
+        policy.transformer.wte.weight.copy_(torch.eye(2, 4))
+        policy.transformer.ln_f.weight.zero_()
+        policy.transformer.ln_f.bias.copy_(torch.tensor([0.0, math.log(3.0), 0.0, 0.0]))
+    return ActorCritic(policy)
+
+
+def test_the_replay_nll_is_the_untempered_policys_by_hand_on_two_tokens():
+    """PPO samples at T = 1/2; the replayed answers' NLL is taken at T = 1: tokens 1, 1, 0 give
+    (2 log(4/3) + log 4) / 3, not the tempered (2 log(10/9) + log 10) / 3. The PPO rows of the same forward stay
+    at T = 1/2: their entropy is that of (1/10, 9/10)."""
+    model = two_token_model()
+    cfg = PPOConfig(mini_batch_size=2, micro_batch_size=2, epochs=1, replay_coef=1.0, lr=0.0, temperature=0.5)
+    t = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=0.0),
+                       pad_token_id=0, seed=0)
+    stats = t.step([[1, 0], [0, 1, 1]], [[1, 1], [0]], [1.0, 0.0], replay=([[0, 1, 1], [1]], [[1, 1], [0]], None))
+    untempered = (2 * math.log(4 / 3) + math.log(4)) / 3  # 0.6539
+    tempered = (2 * math.log(10 / 9) + math.log(10)) / 3  # 0.8378
+    assert stats["replay_loss"] == pytest.approx(untempered, rel=1e-5)
+    assert abs(stats["replay_loss"] - tempered) > 0.1
+    assert stats["entropy"] == pytest.approx(-(0.1 * math.log(0.1) + 0.9 * math.log(0.9)), rel=1e-5)  # 0.3251
+
+
 def test_replay_raises_the_likelihood_of_the_replayed_answers():
     model = tiny_model(seed=2)
     with torch.no_grad():
@@ -226,3 +265,30 @@ def test_replay_raises_the_likelihood_of_the_replayed_answers():
         after = hand_nll(model.policy).item()
     assert after < 0.7 * before, (before, after)
     assert stats["replay_loss"] < before
+
+
+def test_the_joint_forward_scores_constrained_ppo_rows_as_alone_and_replay_rows_untempered():
+    """PPO rows carrying grammar masks (some tokens banned at some positions) are scored in the joint forward
+    exactly as without replay rows beside them (masked, at ppo.temperature); the replay rows get the full
+    vocabulary at temperature 1."""
+    model = tiny_model(seed=3)
+    t = trainer(model, 1.0, temperature=0.6)
+    allowed = []
+    for k, r in enumerate(RESPONSES):  # ban token (k + 6) % 8 at every step (never a token the row took)
+        bits = torch.full((len(r), 1), 0xFF, dtype=torch.int32)
+        bits[:, 0] &= ~(1 << ((k + 6) % 8))
+        allowed.append(bits)
+    assert all((k + 6) % 8 not in r for k, r in enumerate(RESPONSES))
+    rollout, _ = t._prepare(QUERIES, RESPONSES, SCORES, None, groups=None, allowed=allowed)
+    rep = t._prepare_replay(REPLAY)
+    idx, ridx = torch.tensor([1, 2]), torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        (logp, values, logdist), replay_logp = t._joint_forward(rollout, idx, rep, ridx)
+        alone_logp, alone_values, alone_logdist = t._policy_forward(
+            rollout.input_ids[idx], rollout.attention_mask[idx], rollout.start, rollout.allowed[idx])
+        expected_nll = hand_nll(model.policy)
+    assert torch.allclose(logp * rollout.action_mask[idx], alone_logp * rollout.action_mask[idx], atol=1e-5)
+    acts = rollout.action_mask[idx].bool()  # the banned token at every action position, only there
+    assert torch.isinf(logdist[0, acts[0], 7]).all() and torch.isinf(logdist[1, acts[1], 0]).all()
+    assert torch.isfinite(logdist[0, ~acts[0]]).all()
+    assert rl.nll_loss(replay_logp, rep.action_mask).item() == pytest.approx(expected_nll.item(), rel=1e-5)
