@@ -48,9 +48,11 @@ from typing import Any
 
 from sandbox.files import owner_file
 
-SANDBOX_VERSION = "sandbox-2"  # bump when a program's result could change for the same code, inputs and limits
+SANDBOX_VERSION = "sandbox-3"  # bump when a program's result could change for the same code, inputs and limits
 # sandbox-2: statuses only from what the server observed (an exit before the end is never "ok"), parent-measured
 # durations, exact integer comparison, trusted checks
+# sandbox-3: a call record with a gap (the profile function dropped) is sent as none; a trusted check takes only
+# the entry point (never a builtin's name) from the module and runs the prompt's helpers itself
 KEY_VERSION = f"{SANDBOX_VERSION}/py{sys.version_info[0]}.{sys.version_info[1]}"  # ast.dump differs by version
 CACHEABLE_STATUSES = frozenset({"ok", "error", "timeout", "memory", "output_limit"})
 UNCACHEABLE_TEST_STATUSES = frozenset({"killed", "sandbox_error"})  # per-test outcomes that may be our fault

@@ -1167,6 +1167,7 @@ def child_tests(req: dict, start: int) -> None:
 
     dumps, pack, write = json.dumps, struct.pack, _os_write
     len_, sorted_, setprofile = len, sorted, sys.setprofile  # the harness's own, whatever the program rebinds
+    getprofile = sys.getprofile
     getattr_, callable_, range_, too_deep = getattr, callable, range, json_too_deep
     record = bool(req.get("record_calls"))
     calls: set = set()
@@ -1226,10 +1227,13 @@ def child_tests(req: dict, start: int) -> None:
                     status, error, text = "unserializable", f"answer nested deeper than {MAX_DEPTH}", None
             except BaseException as exc:  # noqa: BLE001 - a set, an object, a cycle: not an answer
                 status, error = "unserializable", _short_error(exc)
+        # CPython drops a profile function that raised (the recursion limit reached inside it, a MemoryError):
+        # calls after that went unrecorded, so a record with a gap is no record ("calls": null, never reused)
+        whole = record and getprofile() is profiler
         if record:
             setprofile(None)
         frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
-                 "calls": sorted_(calls) if record else None}
+                 "calls": sorted_(calls) if whole else None}
         if text is None:
             emit(frame)
         else:  # splice the serialised output in rather than parse and dump it again

@@ -56,8 +56,10 @@ Reuse returns exactly what a fresh run would, provided that, for the solution be
    __code__, __dict__, f_locals, ...), sys.setprofile/settrace (which would also blind the call record);
 4. the previous outcome of the test was a clean per-test result (not a module-level crash, a timeout, a memory
    or output limit, a killed child, or a test that never ran) — those are always re-run;
-5. the call record is honest: it is written in the child (sys.setprofile, kept on while the answer is serialised),
-   so the program must be unable to switch it off or to write result frames itself. `analyse` proves that only
+5. the call record is honest and whole: it is written in the child (sys.setprofile, kept on while the answer is
+   serialised), so the program must be unable to switch it off or to write result frames itself; where CPython
+   dropped the profile function during a test (it raised: the recursion limit reached inside it), the child sends
+   no record for that test, and an outcome without a record is never remembered. `analyse` proves that only
    for programs within an allowlist (SOUND_MODULES, `sys` only for SAFE_SYS_ATTRS, no dunder outside
    SAFE_DUNDERS, no getattr & co of introspective names, classes derived only from object, exceptions, their own
    module's classes and SAFE_BASES); anything else falls back (docs/sandbox.md).

@@ -345,3 +345,74 @@ def test_incremental_verdicts_equal_a_fresh_run(sb, start, edits):
         fresh = sb.run_tests(code, "solve", inputs, expected, use_cache=False)
         assert [(t.status, t.output, t.passed) for t in inc.tests] == \
             [(t.status, t.output, t.passed) for t in fresh.tests], code
+
+
+# ------------------------------------------------------------ a call record with a gap is never reused
+# Deep recursion (caught) reaches the recursion limit inside the call-recording profile function, and CPython then
+# drops it: every call after that goes unrecorded. Such a test's record must not be used for reuse.
+DEEP = src('''
+    def deep(n):
+        return deep(n + 1)
+
+    def helper(x):
+        return x + 1
+
+    def solve(x):
+        try:
+            deep(0)
+        except RecursionError:
+            pass
+        return helper(x)
+''')
+
+
+def test_a_record_with_a_gap_is_no_record(sb):
+    fresh = sb.run_tests(DEEP, "solve", [[1], [2]], [2, 3], record_calls=True, use_cache=False)
+    assert fresh.all_passed and [t.calls for t in fresh.tests] == [None, None]
+    whole = sb.run_tests(DEEP.replace("deep(0)", "pass"), "solve", [[1]], record_calls=True, use_cache=False)
+    assert whole.tests[0].calls == ["helper", "solve"]
+
+
+def test_an_edit_after_deep_recursion_is_graded_fresh(sb):
+    runner = IncrementalRunner(sb)
+    first = runner.run_tests(DEEP, "solve", [[1], [2], [3]], [2, 3, 4])
+    assert first.all_passed
+    wrong = DEEP.replace("return x + 1", "return x + 2")
+    second = runner.run_tests(wrong, "solve", [[1], [2], [3]], [2, 3, 4])
+    assert info(second)["reused"] == 0 and [t.passed for t in second.tests] == [False] * 3
+    assert second.passed == sb.run_tests(wrong, "solve", [[1], [2], [3]], [2, 3, 4], use_cache=False).passed == 0
+
+
+GAP_PARTS = {
+    "deep": ["def deep(n):\n    return deep(n + 1)", "def deep(n):\n    return n if n > 20 else deep(n + 1)"],
+    "guard": ["def guard(x):\n    try:\n        deep(0)\n    except RecursionError:\n        return 0\n    return 1",
+              "def guard(x):\n    if x > 0:\n        try:\n            deep(x)\n        except RecursionError:\n"
+              "            return 0\n    return 1",
+              "def guard(x):\n    return 1"],
+    "helper": ["def helper(x):\n    return x + 1", "def helper(x):\n    return x + 2",
+               "def helper(x):\n    return -x", "def helper(x):\n    raise ValueError(x)"],
+    "other": ["def other(x):\n    return helper(x) * 2", "def other(x):\n    return x * 2",
+              "def other(x):\n    return helper(helper(x))"],
+    "solve": ["def solve(x):\n    g = guard(x)\n    return helper(x) + g",
+              "def solve(x):\n    g = guard(x)\n    return other(x) - g",
+              "def solve(x):\n    return other(x) + guard(x) + helper(x)"],
+}
+GAP_ORDER = ["deep", "guard", "helper", "other", "solve"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.fixed_dictionaries({k: st.integers(0, len(v) - 1) for k, v in GAP_PARTS.items()}),
+       st.lists(st.tuples(st.sampled_from(["helper", "other", "helper", "guard", "deep", "solve"]),
+                          st.integers(0, 3)), min_size=1, max_size=4))
+def test_edits_of_unrecorded_helpers_equal_a_fresh_run(sb, start, edits):
+    inputs = [[-2], [0], [1], [5]]
+    expected = [x + 1 for (x,) in inputs]
+    runner, choice = IncrementalRunner(sb), dict(start)
+    for part, version in [(None, 0)] + edits:
+        if part is not None:
+            choice[part] = version % len(GAP_PARTS[part])
+        code = "\n\n".join(GAP_PARTS[k][choice[k]] for k in GAP_ORDER) + "\n"
+        inc = runner.run_tests(code, "solve", inputs, expected)
+        fresh = sb.run_tests(code, "solve", inputs, expected, use_cache=False)
+        assert [(t.status, t.output, t.passed) for t in inc.tests] == \
+            [(t.status, t.output, t.passed) for t in fresh.tests], code
