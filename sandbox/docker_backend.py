@@ -15,6 +15,9 @@ Each container:
   and the socket folder;
 - a non-root user of its own (uid 62000 + worker index, no passwd entry needed), so the per-uid process limit
   of one worker's children never counts another worker's; `cap_drop=["ALL"]`, `no-new-privileges`;
+- Docker's default seccomp profile denies the keyring calls but allows every socket family (AF_VSOCK, which
+  is outside the network namespace, among them), POSIX message queues and file locks: the fork server's
+  own filter (sandbox/seccomp.py, mounted beside forkserver.py) denies those too in every child;
 - the server marks itself non-dumpable before it starts (children inherit it), so a program running under
   the same uid cannot ptrace the server or write its memory through /proc;
 - as root on the host, the socket folder is handed back to root (0755) once the socket exists: programs cannot
@@ -59,6 +62,8 @@ LABEL = "selfplay.sandbox.worker"  # container label: the owning host process id
 UID_BASE = 62000  # container i runs as uid UID_BASE + i (the process backend's children use 61000 + i)
 SOCKET_DIR = "/run/sandbox"  # where the host socket folder is mounted in the container
 SERVER_PATH = "/opt/selfplay/forkserver.py"  # where forkserver.py is mounted (read-only)
+SECCOMP_SOURCE = os.path.join(os.path.dirname(FORKSERVER_PATH), "seccomp.py")  # the children's filter,
+SECCOMP_PATH = "/opt/selfplay/seccomp.py"  # loaded by the server from beside itself (read-only)
 WORK_DIR = "/tmp"  # the tmpfs holding the programs' work dirs
 PING_TIMEOUT_S = 2.0  # a health check that takes longer counts as failed
 PR_SET_DUMPABLE = 4
@@ -173,7 +178,8 @@ class DockerLauncher:
                 pids_limit=self.pids_limit, nano_cpus=int(self.cpus * 1e9), ipc_mode="private",
                 tmpfs={WORK_DIR: f"size={self.tmpfs_mb}m,mode=1777"}, working_dir=WORK_DIR,
                 volumes={folder: {"bind": SOCKET_DIR, "mode": "rw"},
-                         FORKSERVER_PATH: {"bind": SERVER_PATH, "mode": "ro"}})
+                         FORKSERVER_PATH: {"bind": SERVER_PATH, "mode": "ro"},
+                         SECCOMP_SOURCE: {"bind": SECCOMP_PATH, "mode": "ro"}})
         except Exception as exc:  # noqa: BLE001 - engine errors come in many types
             shutil.rmtree(folder, ignore_errors=True)
             raise SandboxUnavailable(f"cannot start a sandbox container from image {self.image!r}: "

@@ -6,6 +6,7 @@ a container and start it there the same way it is started on the host:
     python3 -I -S forkserver.py --socket /path/to/worker.sock [--uid N|auto] [--no-netns] [--no-private-tmp]
                                 [--no-prefork] [--work-dir DIR] [--nproc N] [--fsize-mb N] [--nofile N]
                                 [--no-cgroup] [--no-pidns] [--no-private-root] [--container-oom]
+                                [--no-seccomp]
 
 Why a fork server: a fresh `python` costs 30-200 ms; forking a small warm process that already imported what
 programs commonly use costs a few milliseconds at most. The server is deliberately small (never a fork of a
@@ -195,6 +196,8 @@ ROOT_ETC = ("ld.so.cache", "ld.so.conf", "localtime")  # the only files of /etc 
 ROOT_DEV = ("null", "zero", "full", "random", "urandom")  # device nodes in it
 OOM_CHECK_S = 0.05                      # how often a container's OOM count is read while a program runs
 OOM_SCORE_ADJ = b"1000"                 # children are the OOM killer's first choice, never the server or trainer
+CLEAN_S = 2.0                           # longest a program's clean-up may take; the rest goes with the worker
+REMOVE_CHECK = 256                      # remove_tree looks at its deadline once per this many entries
 
 
 # ----------------------------------------------------------------------------------------------- framing
@@ -258,12 +261,15 @@ def json_too_deep(data, limit: int, _count=bytes.count, _len=len) -> bool:
     return _len(data) > 0
 
 
-def remove_tree(path: str) -> bool:
+def remove_tree(path: str, deadline: float | None = None) -> bool:
     """Remove `path` and everything under it, iteratively (any depth, any path length: it walks by descriptors,
     one open at a time, up through ".."), making closed directories accessible first. Symlinks are removed, never
-    followed. True when nothing is left; never raises."""
+    followed. True when nothing is left; never raises. With a `deadline` (time.monotonic()), it gives up once past
+    it, leaving the rest (False): however many entries a program made, its clean-up is bounded in time, and what
+    is left goes with the worker (Server._clean_tmp)."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     fd = -1
+    budget = REMOVE_CHECK  # entries until the next look at the clock
     try:
         try:
             st = os.lstat(path)
@@ -280,6 +286,11 @@ def remove_tree(path: str) -> bool:
             sub = None
             with os.scandir(fd) as entries:
                 for entry in entries:
+                    budget -= 1
+                    if budget <= 0 and deadline is not None:
+                        if time.monotonic() > deadline:
+                            return False
+                        budget = REMOVE_CHECK
                     if entry.is_dir(follow_symlinks=False):
                         sub = entry.name
                         break
@@ -953,6 +964,25 @@ def ready_for_children() -> None:
     sys.setrecursionlimit(1000)
 
 
+def seccomp_filter():
+    """The children's seccomp filter (sandbox/seccomp.py: keyrings, POSIX message queues, file locks, sockets of
+    any family but AF_UNIX, io_uring and bpf fail with EPERM), built once here in the server and installed by
+    every child last in _child_setup; None where this machine cannot apply it (no seccomp in the kernel, another
+    architecture, or the file missing beside this one), which results say (meta "seccomp": false). Loaded by path:
+    the server runs as a script, in a container too, without the `sandbox` package on sys.path."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "seccomp.py")
+    try:
+        spec = importlib.util.spec_from_file_location("_sandbox_seccomp", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        filt = module.build()
+        return filt if filt is not None and module.works(filt) else None
+    except (OSError, ImportError, AttributeError):
+        return None
+
+
 def install_stdio() -> None:
     """Standard streams on descriptors 0-2 that children reuse (they dup their pipes onto 0-2)."""
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
@@ -1016,6 +1046,8 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
         raise OSError(ctypes.get_errno(), "capset failed")  # at least no capabilities (no mount, setns, ...)
     if not cfg["no_new_privs"]:  # normally inherited from the server (Server.__init__), like what follows:
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if cfg.get("seccomp") is not None:  # last: keyrings, message queues, locks, sockets but AF_UNIX (seccomp.py)
+        cfg["seccomp"].install()        # fail with EPERM for the program and every process it makes
     # the server set, before forking us, what a program sees as a fresh process would (each page written here
     # would be a copy-on-write fault in every child): HOME=TMPDIR=workdir (Server._fork_child), tempfile.tempdir
     # None, sys.argv, the recursion limit and sys.std* = sys.__std*__ (Server.ready_for_children); `random`
@@ -1250,8 +1282,9 @@ def child_tests(req: dict, start: int) -> None:
 
 # ------------------------------------------------------------------------------------ trusted checks
 # A "check" grades a module with trusted test code (HumanEval's `check(candidate)`) that never runs next to the
-# program: the job's child becomes the checker, forks the candidate process, and runs the test code itself, with
-# the module's functions as proxies whose every call goes to the candidate process and comes back as a value.
+# program: the job's child becomes the checker, forks the candidate process, and runs the test code itself (after
+# the problem's prompt, when given: its helpers are trusted code too), with the entry point as a proxy whose every
+# call goes to the candidate process and comes back as a value.
 # Values cross in VALUE tags so tuples, sets and dict keys survive; the checker builds only plain builtin values
 # from them, so a program's answers are data there, never objects with behaviour of their own.
 VALUE_TAGS = {"l": list, "t": tuple, "s": set, "f": frozenset}
@@ -1359,8 +1392,9 @@ class CandidateGone(BaseException):
 
 
 def child_check(req: dict) -> None:
-    """The checker: fork the candidate process, run the trusted test code against proxies of its functions,
-    send the verdict on RESULT_FD (which the candidate never holds), exit."""
+    """The checker: fork the candidate process, run the trusted test code with a proxy of the entry point (and,
+    without req["prompt"], of the module's other functions but those named like a builtin; with it, the prompt's
+    own helpers run here), send the verdict on RESULT_FD (which the candidate never holds), exit."""
     import builtins
 
     _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)  # the candidate (same uid) cannot ptrace us or open our descriptors
@@ -1428,9 +1462,18 @@ def child_check(req: dict) -> None:
         if first.get("t") != "loaded" or not isinstance(first.get("names"), list):
             raise CandidateGone(f"the module did not load: {str(first.get('error'))[:300]}")
         namespace = {"__name__": "check", "__builtins__": builtins}
-        namespace.update({name: Proxy(name) for name in first["names"] if isinstance(name, str)})
+        entry, prompt, builtin_names = req["entry_point"], req.get("prompt"), frozenset(vars(builtins))
+        if isinstance(prompt, str):  # the problem's own helpers run here: only the entry point is the module's
+            exec(compile(prompt, "<prompt>", "exec"), namespace)
+        else:  # helpers from the module, never one named like a builtin (a module `abs` would answer the test's)
+            namespace.update({name: Proxy(name) for name in first["names"]
+                              if isinstance(name, str) and name not in builtin_names})
+        if entry in builtin_names:  # passed as `candidate` only: the test's own calls of that name stay builtin
+            namespace.pop(entry, None)
+        else:
+            namespace[entry] = Proxy(entry)
         exec(compile(req["test"], "<check>", "exec"), namespace)
-        namespace["check"](Proxy(req["entry_point"]))
+        namespace["check"](Proxy(entry))
         verdict["passed"] = not gone
     except BaseException as exc:  # noqa: BLE001 - a failed assert, a candidate that raised or died
         verdict["error"] = _short_error(exc)
@@ -1524,6 +1567,8 @@ class Server:
                      "cgroup": self.cgroup.version if self.cgroup else None,
                      "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
                      "tree_memory_limit": bool(self.oom_watch)}
+        self.cfg["seccomp"] = None if getattr(args, "no_seccomp", False) else seccomp_filter()  # _child_setup
+        self.meta["seccomp"] = self.cfg["seccomp"] is not None
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it
         # here, once, takes nothing from the server and spares each child the call (a failure: children set it)
@@ -1632,38 +1677,46 @@ class Server:
     def _clean_tmp(self, workdir: str) -> None:
         """Remove the program's work dir (never reused: the next program gets a new one, with no timestamps,
         extended attributes or inode of this one), anything else in the work base, and with private or wiped
-        temporary dirs what it left there. Anything left over (remove_tree failed) recycles the worker."""
+        temporary dirs what it left there. Anything left over (remove_tree failed, or CLEAN_S passed: a flood of
+        entries) recycles the worker, so the clean-up is bounded in time however many entries the program made:
+        the response (the program's own status) goes out, the server exits, and what it left goes with its private
+        tmpfs mounts (the kernel drops them whole with the server's mount namespace) or its container."""
+        deadline = time.monotonic() + CLEAN_S
         left = []
-        if not remove_tree(workdir):
+        if not remove_tree(workdir, deadline):
             left.append(workdir)
-        try:
-            names = os.listdir(self.work_base)  # without a uid of its own the program could write here
-        except OSError:
-            names, left = [], left + [self.work_base]
-        for name in names:
-            path = os.path.join(self.work_base, name)
-            if not (self._ready and path == self._ready.workdir) and not remove_tree(path):
-                left.append(path)
+        keep = {self._ready.workdir} if self._ready else set()
+        left += self._empty_dir(self.work_base, keep, deadline)  # without a uid of its own it could write here
         if self.wipe_tmp:
-            left += self._wipe_shared_tmp()
+            left += self._wipe_shared_tmp(deadline)
         if self.wipe_ipc:
             remove_sysv_ipc()
         if left:
-            self.recycle = f"could not remove what a program left: {left[:3]}"
+            self.recycle = f"could not remove what a program left (in {CLEAN_S:g} s): {left[:3]}"
 
-    def _wipe_shared_tmp(self) -> list[str]:
+    @staticmethod
+    def _empty_dir(base: str, keep: set, deadline: float | None) -> list[str]:
+        """Remove every entry of `base` but those in `keep` (never listing it whole: a program may have made
+        millions); returns what is left (`base` itself when it could not be read, or the deadline passed)."""
+        left = []
+        try:
+            with os.scandir(base) as entries:
+                for entry in entries:
+                    if deadline is not None and time.monotonic() > deadline:
+                        return left + [base]
+                    if entry.path not in keep and not remove_tree(entry.path, deadline):
+                        left.append(entry.path)
+        except OSError:
+            left.append(base)
+        return left
+
+    def _wipe_shared_tmp(self, deadline: float | None = None) -> list[str]:
         """Remove what the program left in the shared dirs (our private tmpfs mounts: /tmp, /var/tmp, /dev/shm,
         /run/lock, ...; or in a container its own /tmp, /dev/shm); returns what could not be removed."""
         left = []
         for base in self.wipe_dirs:
-            try:
-                entries = os.listdir(base)
-            except OSError:
-                continue
-            for name in entries:
-                path = os.path.join(base, name)
-                if path != self.work_base and not remove_tree(path):
-                    left.append(path)
+            if os.path.isdir(base):
+                left += self._empty_dir(base, {self.work_base}, deadline)
         return left
 
     # -- one child
@@ -2269,6 +2322,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="programs see the host's file tree, not a root of their own (root only)")
     parser.add_argument("--container-oom", action="store_true",
                         help="read the container's OOM-kill count during and after every program")
+    parser.add_argument("--no-seccomp", action="store_true", help="no seccomp filter for children (seccomp.py)")
     args = parser.parse_args(argv)
     if sys.flags.no_site:
         add_site_packages()
