@@ -38,6 +38,11 @@ BANNED_MODULES = frozenset({
     "secrets", "tempfile", "glob", "fcntl", "mmap", "code", "codeop", "runpy", "sched", "_thread", "atexit",
     "webbrowser", "platform", "sysconfig", "faulthandler", "tracemalloc", "zipimport", "pdb", "trace",
 })
+# The interpreter's system interfaces a task's reference has no reason to load: private modules (`_ctypes`,
+# `_posixsubprocess`, `_socket`, ...: a leading underscore, `__future__` aside) reach what the banned public ones
+# wrap, and these reach the process, the files or the kernel directly (`posix` is `os`).
+SYSTEM_MODULES = frozenset({"posix", "nt", "pwd", "grp", "spwd", "termios", "tty", "syslog", "sqlite3", "dbm",
+                            "shelve", "ssl", "socketserver", "xmlrpc", "mailbox", "logging"})
 BANNED_CALLS = frozenset({"eval", "exec", "compile", "open", "__import__", "input", "breakpoint", "globals",
                           "locals", "vars", "exit", "quit", "getattr", "setattr", "delattr", "memoryview", "help"})
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__repr__", "__str__", "__eq__", "__lt__",
@@ -139,7 +144,8 @@ def _is_fixed_seed(call: ast.Call) -> bool:
 
 
 def check_safe(task: Task) -> CheckResult:
-    """No banned imports or calls, no dunder attribute tricks, `random` only with a fixed seed."""
+    """No banned imports (BANNED_MODULES, SYSTEM_MODULES, any private module such as `_ctypes`) or calls, no
+    dunder attribute tricks, `random` only with a fixed seed."""
     tree = _parse(task)
     if tree is None:
         return fail("reference does not parse")
@@ -151,6 +157,9 @@ def check_safe(task: Task) -> CheckResult:
                 top = name.split(".")[0]
                 if top in BANNED_MODULES:
                     return fail(f"imports banned module '{top}'")
+                if (top.startswith("_") and top != "__future__") or top in SYSTEM_MODULES:
+                    return fail(f"imports banned module '{top}': a reference has no reason to load the interpreter's "
+                                f"private or system interfaces")
                 if top == "random":
                     uses_random = True
         elif isinstance(node, ast.Call):
