@@ -196,6 +196,49 @@ def _check_source(source, what: str = "program") -> str:
     return source
 
 
+NO_USERNS = "no user namespace"  # in a gap's reason: the kernel refused the server an unprivileged one
+
+
+def process_isolation_gaps(infos: list[dict]) -> dict[str, str]:
+    """What the process backend's workers lack, each with why, from their hello (forkserver.Server.meta)."""
+    refused = next((i["userns_error"] for i in infos if i.get("userns_error")), None)
+    cause = f" ({NO_USERNS}: {refused})" if refused else ""
+    gaps = {}
+    if not all(i.get("network_isolated") for i in infos):
+        gaps["network"] = "programs share the host's network (no network namespace)" + cause
+    files = []
+    if not all(i.get("private_root") for i in infos):
+        files.append("programs see the host's file tree, not a root of their own")
+    if not all(i.get("user_isolated") or i.get("user_namespace") for i in infos):
+        files.append("they run under the server's uid, outside any user namespace of theirs")
+    if any(i.get("read_all_files") for i in infos):
+        files.append("they may read every file (CAP_DAC_READ_SEARCH: the Python installation is in a closed "
+                     "directory)")
+    if files:
+        gaps["files"] = "; ".join(files) + cause
+    if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
+        gaps["fresh_state"] = "/tmp, /dev/shm and SysV IPC are the host's, shared with other programs" + cause
+    if not all(i.get("private_proc") and i.get("pid_namespace") for i in infos):
+        gaps["processes"] = "programs see and may signal host processes (no pid namespace)" + cause
+    if not all(i.get("cgroup") for i in infos):
+        gaps["resources"] = ("no cgroup per worker (it needs root, or a cgroup v2 subtree with the memory and pids "
+                             "controllers delegated to this user): memory and processes are limited per process "
+                             "(RLIMIT_AS, RLIMIT_NPROC), not for a program's whole tree")
+    return gaps
+
+
+def isolation_refusal(backend: str, why: dict[str, str]) -> str:
+    """Why a run that needs isolation does not start, and what to do about it."""
+    gaps = "; ".join(f"{name}: {reason}" for name, reason in why.items())
+    remedy = "run the process backend as root or use the docker backend"
+    if any(NO_USERNS in reason for reason in why.values()):
+        remedy = ("allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 where the kernel "
+                  "has it, and user.max_user_namespaces above 0), " + remedy)
+    return (f"the {backend} sandbox lacks isolation: {gaps} (docs/sandbox.md, 'What isolation holds where'): "
+            f"programs could read hidden tests or the host; {remedy}, or set sandbox.allow_unisolated=true to "
+            f"accept it")
+
+
 class Sandbox:
     """Runs programs and gradings over a pool of workers. Use as a context manager (or call close())."""
 
@@ -383,44 +426,32 @@ class Sandbox:
         """Per worker: alive, restarts, leftovers of the last program (work dirs, child processes), info."""
         return self._pool.health()
 
-    def missing_isolation(self) -> list[str]:
+    def missing_isolation(self, why: bool = False) -> list[str] | dict[str, str]:
         """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):
-        "network" when a worker has no network namespace, "files" when programs share the server's uid, may
-        read every file, or see the host's file tree rather than a root of their own (the process backend
-        without root), "fresh_state" when the shared temporary dirs and IPC are not private, "processes" when
+        "network" when a worker has no network namespace, "files" when programs may read every file or see the
+        host's file tree rather than a root of their own, or run under the server's uid outside a user namespace
+        of its own, "fresh_state" when the shared temporary dirs and IPC are not private, "processes" when
         programs see host processes in /proc or share the host's pid namespace, "resources" when a program's
         processes are limited only one by one (no cgroup per worker: memory and pids of the whole tree),
         "seccomp" (either backend) when the kernel cannot apply the children's seccomp filter (keyrings, POSIX
         message queues, file locks and socket families but AF_UNIX denied: sandbox/seccomp.py). The docker
-        backend lacks nothing else: the container is the boundary. An RL run should refuse to start when this is
-        not empty unless its configuration says otherwise."""
+        backend lacks nothing else: the container is the boundary. Without root the process backend gets all but
+        "resources" through an unprivileged user namespace where the kernel allows one. `why=True`: a dict, each
+        missing name with why it is missing. An RL run should refuse to start when this is not empty unless its
+        configuration says otherwise."""
         infos = [h["info"] for h in self.health()]
-        seccomp = [] if all(i.get("seccomp") for i in infos) else ["seccomp"]
-        if self.backend == "docker":
-            return seccomp
-        missing = []
-        if not all(i.get("network_isolated") for i in infos):
-            missing.append("network")
-        if not all(i.get("user_isolated") and not i.get("read_all_files") and i.get("private_root") for i in infos):
-            missing.append("files")
-        if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
-            missing.append("fresh_state")
-        if not all(i.get("private_proc") and i.get("pid_namespace") for i in infos):
-            missing.append("processes")
-        if not all(i.get("cgroup") for i in infos):
-            missing.append("resources")
-        return missing + seccomp
+        gaps = {} if self.backend == "docker" else process_isolation_gaps(infos)
+        if not all(i.get("seccomp") for i in infos):
+            gaps["seccomp"] = "the kernel cannot apply the children's seccomp filter (sandbox/seccomp.py)"
+        return gaps if why else list(gaps)
 
     def require_isolation(self, allow: bool = False) -> list[str]:
         """missing_isolation(), refused (SandboxConfigError) unless `allow`: what an RL run calls before it starts,
         since a policy that can read hidden tests or the host learns to."""
-        missing = self.missing_isolation()
-        if missing and not allow:
-            raise SandboxConfigError(
-                f"the {self.backend} sandbox lacks isolation: {', '.join(missing)} (docs/sandbox.md, 'What isolation "
-                f"holds where'): programs could read hidden tests or the host; run the process backend as root or "
-                f"use the docker backend, or set sandbox.allow_unisolated: true to accept it")
-        return missing
+        why = self.missing_isolation(why=True)
+        if why and not allow:
+            raise SandboxConfigError(isolation_refusal(self.backend, why))
+        return list(why)
 
     def stats(self) -> dict:
         """Counters since opening: runs, cache_hits, exec_s (seconds spent waiting on workers)."""

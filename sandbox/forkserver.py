@@ -325,6 +325,44 @@ def _unshare(flags: int) -> bool:
     return _libc.unshare(flags) == 0
 
 
+USERNS_SYSCTLS = ("kernel.unprivileged_userns_clone", "user.max_user_namespaces")  # what turns them on or off
+PR_CAPBSET_DROP, PR_SET_SECUREBITS, SECBIT_NOROOT, SECBIT_NOROOT_LOCKED = 24, 28, 1, 2
+
+
+def userns_sysctls() -> str:
+    """The sysctls that allow or refuse unprivileged user namespaces, as this kernel has them ("name=value")."""
+    found = []
+    for name in USERNS_SYSCTLS:
+        try:
+            with open("/proc/sys/" + name.replace(".", "/")) as f:
+                found.append(f"{name}={f.read().strip()}")
+        except OSError:
+            pass
+    return ", ".join(found) or "neither sysctl exists"
+
+
+def enter_user_namespace() -> str | None:
+    """Without root: enter a user namespace of our own, whose id map holds one id (our uid and gid, as 0 in it: no
+    setuid helper such as newuidmap is needed, so there is no second uid for children), so that the network, IPC,
+    mount and pid namespaces, the private tmpfs and the programs' root (Server.__init__) need no privilege outside
+    it. What a uid per worker gives as root is replaced by: that one uid owns nothing outside the programs' root,
+    every child drops every capability (_child_setup) and can regain none (an empty bounding set, SECBIT_NOROOT,
+    no_new_privs; chrooted, it cannot make a user namespace), and each program gets a fresh work dir on a private
+    tmpfs. None when it worked, else why not (reported by missing_isolation, with the sysctls to look at)."""
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(CLONE_NEWUSER) != 0:
+        err = ctypes.get_errno()
+        return f"the kernel refused an unprivileged user namespace ({os.strerror(err)}; {userns_sysctls()})"
+    _write("/proc/self/setgroups", "deny")  # as the namespace's creator this cannot fail; if it did, we would
+    _write("/proc/self/uid_map", f"0 {uid} 1")  # be an unmapped uid: better not to start (the pool says why)
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+    for cap in range(64):  # the server keeps its capabilities in the namespace; children can never regain one
+        if _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    _libc.prctl(PR_SET_SECUREBITS, SECBIT_NOROOT | SECBIT_NOROOT_LOCKED, 0, 0, 0)
+    return None
+
+
 def _write(path: str, text: str) -> None:
     with open(path, "w") as f:
         f.write(text)
@@ -1522,7 +1560,14 @@ class ProtocolViolation(Exception):
 class Server:
     def __init__(self, args: argparse.Namespace):
         self.args = args
-        self.network_isolated = False if args.no_netns else isolate_network()
+        # without root, first a user namespace of our own (enter_user_namespace): inside it we are uid 0 with the
+        # capabilities the namespaces, mounts, root and pid namespace below need; userns_error says why not
+        self.userns, self.userns_error = False, None
+        if os.geteuid() != 0:
+            self.userns_error = "not tried (--no-userns)" if args.no_userns else enter_user_namespace()
+            self.userns = self.userns_error is None
+        no_netns = args.no_netns or (os.geteuid() != 0)  # still not root: no user namespace, so no network one
+        self.network_isolated = False if no_netns else isolate_network()
         self.ipc_isolated = isolate_ipc()  # after isolate_network: without root, inside its user namespace
         self.private_dirs = [] if args.no_private_tmp else private_tmp(args.tmpfs_mb)
         self.private_tmp = bool(self.private_dirs)
@@ -1532,7 +1577,9 @@ class Server:
         # under a uid of its own a child must read the installation by its own modes: never with
         # CAP_DAC_READ_SEARCH in a chroot (open_by_handle_at would leave it), so a closed one means no root
         readable = all(os.stat(p).st_mode & 0o005 == 0o005 for p in needed)
-        if as_root and "/tmp" in self.private_dirs and not args.no_private_root and (args.uid is None or readable):
+        # (in our user namespace children keep our one uid, which reads the installation as we do)
+        if as_root and "/tmp" in self.private_dirs and not args.no_private_root and \
+                (args.uid is None or self.userns or readable):
             self.root = build_root(needed, self.private_dirs)
         self.pidns = None  # (init pid, command fd, answer fd) of the pid namespace children are forked into
         if as_root and self.private_tmp and not args.no_pidns:
@@ -1546,14 +1593,20 @@ class Server:
         self.work_base = tempfile.mkdtemp(prefix="sandbox-work-", dir=base)
         os.chmod(self.work_base, 0o711)
         uid = None
-        if args.uid is not None and os.geteuid() == 0:
+        if args.uid is not None and os.geteuid() == 0 and not self.userns:  # (its map has no second uid)
             uid = UID_AUTO_BASE + os.getpid() if args.uid == "auto" else int(args.uid)
         read_cap = False
         if uid is not None and self.root is None:  # (in the root: bound under open directories of ours)
             if any(_blocking_ancestor(p) for p in needed):
                 read_cap = not (self.private_tmp and expose_python(needed))
-        nproc = args.nproc if uid is not None else _count_user_processes(os.geteuid()) + args.nproc
-        self.cgroup = WorkerCgroup.create(args.nproc) if as_root and not args.no_cgroup else None
+        if uid is not None:
+            nproc = args.nproc
+        elif self.userns:  # RLIMIT_NPROC counts per user namespace: its processes are ours, the init and theirs
+            nproc = args.nproc + 2
+        else:
+            nproc = _count_user_processes(os.geteuid()) + args.nproc
+        # not root: works only where the server's own cgroup (v2) is delegated to its user (create says None)
+        self.cgroup = WorkerCgroup.create(args.nproc) if not args.no_cgroup else None
         self.container_oom = ContainerOom.open() if args.container_oom else None
         self.oom_watch = self.cgroup or self.container_oom  # whichever tells us of an OOM kill in the tree
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
@@ -1566,7 +1619,8 @@ class Server:
                      "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid(),
                      "cgroup": self.cgroup.version if self.cgroup else None,
                      "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
-                     "tree_memory_limit": bool(self.oom_watch)}
+                     "tree_memory_limit": bool(self.oom_watch),
+                     "user_namespace": self.userns, "userns_error": self.userns_error}
         self.cfg["seccomp"] = None if getattr(args, "no_seccomp", False) else seccomp_filter()  # _child_setup
         self.meta["seccomp"] = self.cfg["seccomp"] is not None
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -2311,6 +2365,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=None, help="where work dirs go without a private tmpfs")
     parser.add_argument("--no-prefork", action="store_true", help="fork each child only when its job comes")
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
+    parser.add_argument("--no-userns", action="store_true",
+                        help="without root, no user namespace of its own (enter_user_namespace): no namespace at all")
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
     parser.add_argument("--wipe-ipc", action="store_true",
                         help="remove every SysV IPC object after every program (a container's own namespace)")
