@@ -320,33 +320,49 @@ class Sandbox:
         return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, [use_cache] * len(jobs))]
 
     # -- trusted checks
-    def run_check(self, source: str, entry_point: str, check: str, *, timeout_s: float | None = None,
-                  memory_mb: int | None = None, use_cache: bool = True) -> ExecResult:
+    def run_check(self, source: str, entry_point: str, check: str, *, prompt: str | None = None,
+                  timeout_s: float | None = None, memory_mb: int | None = None, use_cache: bool = True) -> ExecResult:
         """Grade module `source` with trusted test code `check` that defines `check(candidate)` (HumanEval's
-        form). The test code runs in a checker process the program cannot reach; every call of `candidate` (and of
-        any module function the test code names) is answered by the module in its own process, as a value.
+        form). The test code runs in a checker process the program cannot reach; every call of `candidate` is
+        answered by the module in its own process, as a value. `prompt` (the problem's own code, e.g. HumanEval's
+        prompt, which `source` usually begins with) runs in the checker before the test code, so the helpers the
+        test uses (`poly`, `encode_cyclic`) are the problem's, not the module's: then only the entry point comes
+        from the module. Without it the test code may also call the module's other functions, but never one named
+        like a builtin (`abs`, `range`, `len` stay the builtins).
         status "ok" means check(entry_point) returned; "error" that it raised (meta["check"]["error"]), or that
         the module did not load, raised, exited or died where an answer was due; otherwise how the run ended."""
-        return self.run_check_many([dict(source=source, entry_point=entry_point, check=check)],
-                                   timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
+        job = dict(source=source, entry_point=entry_point, check=check)
+        if prompt is not None:
+            job["prompt"] = prompt
+        return self.run_check_many([job], timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
 
     def run_check_many(self, jobs: Sequence[dict], *, timeout_s: float | None = None, memory_mb: int | None = None,
                        use_cache: bool = True) -> list[ExecResult]:
-        """Many run_check calls (dicts with source, entry_point, check) in parallel over the workers."""
+        """Many run_check calls (dicts with source, entry_point, check and optionally prompt) in parallel over
+        the workers."""
         limits = self._limits(timeout_s, memory_mb)
         ld = limits.as_dict()
         prepared = []
         for job in jobs:
-            if not isinstance(job, dict) or set(job) != {"source", "entry_point", "check"}:
-                raise SandboxConfigError("each check job is a dict with exactly source, entry_point and check")
+            if not isinstance(job, dict) or not {"source", "entry_point", "check"} <= set(job) <= \
+                    {"source", "entry_point", "check", "prompt"}:
+                raise SandboxConfigError("each check job is a dict with source, entry_point, check and optionally "
+                                         "prompt")
             _check_source(job["source"], "module")
             _check_source(job["check"], "check code")
             if not isinstance(job["entry_point"], str) or not job["entry_point"].isidentifier():
                 raise SandboxConfigError(f"entry_point={job['entry_point']!r}: pass the name of a module function")
             payload = {"entry_point": job["entry_point"], "check": job["check"]}
-            prepared.append((job["source"], payload, ld, {"op": "check", "source": job["source"],
-                                                          "entry_point": job["entry_point"], "test": job["check"],
-                                                          **ld}))
+            req = {"op": "check", "source": job["source"], "entry_point": job["entry_point"], "test": job["check"],
+                   **ld}
+            if job.get("prompt") is not None:
+                _check_source(job["prompt"], "prompt")
+                try:
+                    compile(job["prompt"], "<prompt>", "exec")
+                except (SyntaxError, ValueError) as exc:
+                    raise SandboxConfigError(f"the prompt does not compile: {exc}") from None
+                payload["prompt"] = req["prompt"] = job["prompt"]
+            prepared.append((job["source"], payload, ld, req))
         out = self._cached_execute("check", prepared, [use_cache] * len(prepared))
         return [ExecResult.from_dict(r) for r in out]
 

@@ -260,3 +260,88 @@ def test_a_check_sees_values_not_objects(sb):
     tuples = "def pair(x):\n    return (x, {x}, {(x,): b'x'})\n"
     r = sb.run_check(tuples, "pair", "def check(c):\n    assert c(1) == (1, {1}, {(1,): b'x'})\n")
     assert r.status == "ok", r
+
+
+# --------------------------------------------------------------- the trusted check's names are its own
+MAD_TASK = {"prompt": dedent('''
+    from typing import List
+
+
+    def mean_absolute_deviation(numbers: List[float]) -> float:
+        """ Mean absolute deviation around the mean. """
+    '''),
+            "entry_point": "mean_absolute_deviation",
+            "test": dedent('''
+    def check(candidate):
+        assert abs(candidate([1.0, 2.0, 3.0]) - 2.0/3.0) < 1e-6
+        assert abs(candidate([1.0, 2.0, 3.0, 4.0]) - 1.0) < 1e-6
+        for n in range(3, 6):
+            assert abs(candidate([float(i) for i in range(n)]) - sum(abs(i - (n - 1) / 2) for i in range(n)) / n) < 1e-6
+    ''')}
+MAD_HONEST = "    mean = sum(numbers) / len(numbers)\n    return sum(abs(x - mean) for x in numbers) / len(numbers)\n"
+STAND_INS = {
+    "abs": "def abs(x):\n    return 0\n",
+    "abs-lambda": "abs = lambda x: 0\n",
+    "abs+range": "def abs(x):\n    return 0\n\ndef range(*args):\n    return []\n",
+    "abs+range+float": "def abs(x):\n    return 0\n\ndef range(*args):\n    return [1]\n\n"
+                       "def float(x):\n    return 0.0\n",
+}
+
+
+@pytest.mark.parametrize("stand_in", sorted(STAND_INS))
+def test_a_module_function_named_like_a_builtin_never_answers_the_test(sb, stand_in):
+    from selfplay.eval.evaluate import grade_humaneval, humaneval_module
+
+    wrong = "    return 12345.0\n\n" + STAND_INS[stand_in]
+    assert grade_humaneval([MAD_TASK], [MAD_HONEST], sb, timeout_s=2.0) == [True]
+    assert grade_humaneval([MAD_TASK], [wrong], sb, timeout_s=2.0) == [False]
+    for prompt in (None, MAD_TASK["prompt"]):
+        r = sb.run_check(humaneval_module(MAD_TASK, wrong), MAD_TASK["entry_point"], MAD_TASK["test"], prompt=prompt)
+        assert r.status == "error" and r.meta["check"]["passed"] is False, r
+
+
+def test_an_entry_point_named_like_a_builtin_is_only_the_candidate(sb):
+    check = "def check(candidate):\n    assert abs(candidate(-2) - 2) < 1e-9\n    assert abs(candidate(3) - 3) < 1e-9\n"
+    assert sb.run_check("def abs(x):\n    return x if x > 0 else -x\n", "abs", check).status == "ok"
+    r = sb.run_check("def abs(x):\n    return 0\n", "abs", check)
+    assert r.status == "error" and r.meta["check"]["passed"] is False, r
+    r = sb.run_check("def abs(x):\n    return 0\n", "abs", check, prompt="def abs(x):\n    '''Absolute value.'''\n")
+    assert r.status == "error" and r.meta["check"]["passed"] is False, r
+
+
+CODEC_TASK = {"prompt": dedent('''
+    def encode(s: str):
+        """ The word reversed. """
+        return s[::-1]
+
+
+    def decode(s: str):
+        """ The inverse of encode. """
+    '''),
+              "entry_point": "decode",
+              "test": "def check(candidate):\n    for w in ['abc', 'hello', 'xyzzy']:\n"
+                      "        assert candidate(encode(w)) == w\n"}
+
+
+def test_with_its_prompt_a_check_runs_the_problem_s_own_helpers(sb):
+    from selfplay.eval.evaluate import humaneval_module
+
+    def check(code):
+        return sb.run_check(humaneval_module(CODEC_TASK, code), "decode", CODEC_TASK["test"],
+                            prompt=CODEC_TASK["prompt"])
+
+    # an identity decode with an identity encode of its own: the test's encode is the prompt's, run in the checker
+    forged = check("    return s\n\ndef encode(s):\n    return s\n")
+    assert forged.status == "error" and forged.meta["check"]["passed"] is False, forged
+    assert check("    return s[::-1]\n").status == "ok"
+    # an honest whole-module answer that defines the prompt's helper again (and a helper of its own) still passes
+    whole = ("def encode(s):\n    return s[::-1]\n\ndef flip(s):\n    return s[::-1]\n\n"
+             "def decode(s):\n    return flip(s)\n")
+    assert check(whole).status == "ok"
+
+
+def test_a_check_job_s_prompt_is_validated(sb):
+    with pytest.raises(sandbox.SandboxConfigError, match="prompt"):
+        sb.run_check("def f():\n    return 1\n", "f", "def check(c):\n    assert c() == 1\n", prompt="def (:\n")
+    with pytest.raises(sandbox.SandboxConfigError, match="optionally prompt"):
+        sb.run_check_many([dict(source="", entry_point="f", check="", helpers="")])
