@@ -29,7 +29,8 @@ Edits (I, J: step numbers, 1-based; STEP: a step in the grammar's syntax; T: an 
 inputs from the families, outputs left to the validity checks) or a `MutationError` naming why the edit is
 impossible (a missing reference or step, a name the element type lacks, a constant outside the catalogue, a
 sink before the end, a held-out program, an edit that changes nothing). `format_mutation` writes a mutation;
-`random_mutation` draws a possible one (the generator's warm-start targets).
+`random_mutation` draws a possible one (the generator's warm-start targets); `random_proposal` draws one in place of
+a generator's answer (`generator.source=random_edits`, the baseline without a generator).
 """
 
 from __future__ import annotations
@@ -725,3 +726,22 @@ def random_mutation(rng: random.Random, references: Sequence[Task], instruction:
         if isinstance(task, Task):
             return mutation, task
     return None
+
+
+RANDOM_EDITS = "random_edits"  # the generator_checkpoint of a task a random edit made (generator.source)
+
+
+def random_proposal(rng: random.Random, references: Sequence[Task], *, cfg: BuildConfig = BuildConfig(),
+                    weights: Callable[[list[str]], Sequence[float] | None] | None = None,
+                    step: int = 0) -> tuple[str, str, Task | MutationError]:
+    """A proposal made without a generator (`generator.source=random_edits`): the instruction drawn as a mutation
+    prompt draws it (`choose_mutation_instruction`, with the same `weights`), then a random edit that follows it
+    (`random_mutation`, as the warm start draws its targets). Returns the instruction, the answer's text (empty when
+    no edit was found) and the task compiled as an answer's is, at `step` (or why none could be made); the validity
+    checks are the caller's, as for a generator's answer."""
+    instruction = choose_mutation_instruction(rng, references, cfg, weights)
+    found = random_mutation(rng, references, instruction, cfg=cfg)
+    if found is None:
+        return instruction, "", MutationError(f"no random edit of these references follows {instruction!r}")
+    return instruction, format_mutation(found[0]), compile_mutation(found[0], references, cfg=cfg, step=step,
+                                                                    generator_checkpoint=RANDOM_EDITS)

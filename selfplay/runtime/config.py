@@ -27,6 +27,7 @@ from solver.rewards import RewardConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # train.generator_advantage
+GENERATOR_SOURCES = ("model", "random_edits")  # generator.source
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
 
@@ -233,6 +234,11 @@ class GeneratorConfig:
     # Closer). 0 = off: an answer the budget cuts off is unparsable. Meant for the free format, whose answers a
     # budget can cut; a mutation answer always fits (generator.mutation.MAX_ANSWER_TOKENS)
     close_reserve: int = 0
+    # where the proposals come from: "model" (the generator samples them and learns from their rewards) or
+    # "random_edits" (the mutation format only: one random edit of the same references per proposal, drawn as the
+    # warm start draws its targets, generator.mutation.random_proposal; the same mixer, references and validity
+    # checks, no generator sampled or trained): the baseline that measures what the generator itself adds
+    source: str = "model"
 
 
 @dataclass
@@ -345,9 +351,11 @@ def check_ppo(cfg) -> None:
                         f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
                         f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
                         "train.generator_advantage=gae")
-    if not t.train_solver and t.mode != "warmstart" and not (t.mode == "selfplay" and t.train_generator):
-        raise UserError(f"train.train_solver=false with train.mode={t.mode}"
-                        f"{' and train.train_generator=false' if t.mode == 'selfplay' else ''} trains nothing: "
+    generator_learns = t.mode == "selfplay" and t.train_generator and cfg.generator.source == "model"
+    if not t.train_solver and t.mode != "warmstart" and not generator_learns:
+        why = ("" if t.mode != "selfplay" else " and train.train_generator=false" if not t.train_generator
+               else " and generator.source=random_edits")
+        raise UserError(f"train.train_solver=false with train.mode={t.mode}{why} trains nothing: "
                         "hold the solver only in train.mode=selfplay, where the generator learns against it")
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
@@ -365,6 +373,11 @@ def _check_generator(gen_cfg) -> None:
         raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
     if int(gen_cfg.close_reserve) < 0:
         raise UserError(f"generator.close_reserve must be >= 0 (tokens; 0 = off), got {gen_cfg.close_reserve}")
+    if gen_cfg.source not in GENERATOR_SOURCES:
+        raise UserError(f"generator.source must be one of {', '.join(GENERATOR_SOURCES)}, got {gen_cfg.source!r}")
+    if gen_cfg.source == "random_edits" and gen_cfg.format != "mutation":
+        raise UserError(f"generator.source=random_edits draws edits of the references' programs: it needs "
+                        f"generator.format=mutation, got {gen_cfg.format!r}")
 
 
 def _check_tasks(tasks_cfg) -> None:

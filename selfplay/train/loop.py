@@ -61,9 +61,10 @@ from sandbox.files import owner_dir
 from generator.rewards import ProposalOutcome, check_closed_invalid, check_learnability, generator_rewards, in_band
 from generator.rewards import diversity as proposal_diversity
 from generator.schema import Task
+from generator.validity import validate_many
 from selfplay.runtime import distributed as D
 from selfplay.rl import core as rl
-from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
+from selfplay.models.agent import Answer, LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.models.factory import is_lora, lora_settings
 from selfplay.runtime.checkpoint import (CheckpointManager, code_versions, preserved_rng, rng_state,
                                          set_rng_state)
@@ -78,7 +79,8 @@ from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fix
 from selfplay.train.sources import validate as validate_task_choice
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
 from selfplay.rollout.engine import engine_metrics, make_engine
-from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
+from selfplay.rollout.episodes import (ProposalRollout, generator_rollouts, prompt_options, solve_rates,
+                                       solver_rollouts)
 from selfplay.runtime.tb import TBLogger
 
 REPLAY_SOURCES = ("successes", "sft")  # ppo.replay_source
@@ -93,6 +95,13 @@ HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rat
            "alarm_generator_diversity": "mixer/alarm/generator_diversity", "alarm_kl_blowup": "mixer/alarm/kl_blowup"}
 COLLAPSE_ALARMS = ("alarm_solver_collapse", "alarm_generator_diversity", "alarm_kl_blowup")  # not the trust alarms
 SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
+# what a run has spent, summed over its iterations and ranks (`compute/` scalars, the checkpoint's and the summary's
+# `compute`): the solver episodes its PPO batches held, every solver episode sampled (those measuring proposals
+# beyond the generator's share too) and their policy-sampled tokens, the proposals made and the tokens of the
+# generator's kept answers (none with generator.source=random_edits; answers struck by the novelty screen and drawn
+# again are not counted), and the programs the sandbox executed (cache hits left out; held-out evaluation too)
+COMPUTE = ("ppo_episodes", "solver_episodes", "solver_tokens", "generator_proposals", "generator_tokens",
+           "sandbox_execs")
 
 
 class SharedProposal(NamedTuple):
@@ -185,7 +194,12 @@ class SelfPlay:
         # how the solver's tasks are chosen (selfplay/train/sources.py); rank 0 draws them
         self.source = make_source(cfg, mixer=self.mixer, sb=self.sb, corpus=self.corpus, run_dir=self.run_dir,
                                   log=self.log)
-        self.generates = cfg.train.mode == "selfplay"  # the generator proposes tasks and learns
+        self.generates = cfg.train.mode == "selfplay"  # proposals are made (by the generator or random edits)
+        # the generator samples the proposals (generator.source=model) and learns from their rewards
+        # (train.train_generator=false: held at its warm start, the frozen-generator baseline)
+        self.samples_generator = self.generates and cfg.generator.source == "model"
+        self.generator_learns = self.samples_generator and cfg.train.train_generator
+        self.compute = dict.fromkeys(COMPUTE, 0)  # what the run has spent so far (checkpointed)
         # the solver learns (warmstart mode: evaluated only; train.train_solver=false: held at its warm start)
         self.learns = cfg.train.mode != "warmstart" and cfg.train.train_solver
         if self.world > 1:  # every rank says it is here (the only line ranks other than 0 print)
@@ -341,6 +355,7 @@ class SelfPlay:
             set_rng_state(rngs[str(self.rank)] if str(self.rank) in rngs else rngs["0"])
             self.rng.setstate(_tuple_state(state["loop_rng"]))
         self.history = state.get("history", [])
+        self.compute = {key: int(state.get("compute", {}).get(key, 0)) for key in COMPUTE}  # 0: saved before counted
         self.evals = state.get("evals", {})
         self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
         self.warmstart_s = state.get("warmstart_s")
@@ -376,6 +391,7 @@ class SelfPlay:
                 "rng": {str(r): s for r, s in enumerate(rngs)},
                 "loop_rng": self.rng.getstate(),
                 "history": self.history,
+                "compute": self.compute,
                 "evals": self.evals,
                 "elapsed_s": time.perf_counter() - self.t_start,
                 "warmstart_s": self.warmstart_s,
@@ -463,14 +479,20 @@ class SelfPlay:
             t0 = time.perf_counter()
             groups = D.broadcast_object(self._references(t.proposals) if self.main else None)
             mine = groups[self.rank:: self.world]
-            proposals = generator_rollouts(
-                self.generator, mine, self.sb, step=step, rng=seeds.stream(cfg.run.seed, step, self.rank),
-                corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
-                max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
-                max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
-                build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
-                tie_signature=cfg.generator.tie_signature,
-                instruction_weights=self.mixer.instruction_weights)
+            if self.samples_generator:
+                proposals = generator_rollouts(
+                    self.generator, mine, self.sb, step=step, rng=seeds.stream(cfg.run.seed, step, self.rank),
+                    corpus_index=self.corpus, n_visible=cfg.tasks.n_visible, checkpoint=f"step_{step - 1}",
+                    max_prompt_tokens=self._prompt_budget(self.generator, t.generator_max_new_tokens),
+                    max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
+                    build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
+                    tie_signature=cfg.generator.tie_signature,
+                    instruction_weights=self.mixer.instruction_weights)
+            else:  # generator.source=random_edits: the same references, a random edit of them in place of an answer
+                proposals = random_edit_rollouts(mine, self.sb, step=step,
+                                                 rng=seeds.stream(cfg.run.seed, step, self.rank),
+                                                 corpus_index=self.corpus, build_cfg=BuildConfig.from_config(cfg.tasks),
+                                                 instruction_weights=self.mixer.instruction_weights)
             timing["generator_s"] += time.perf_counter() - t0
         shared = D.gather_objects([SharedProposal(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,
                                                   (p.task.fingerprints or {}).get("ast") if p.task else None,
@@ -523,7 +545,7 @@ class SelfPlay:
                 metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
-        if self.generates and t.train_generator and proposals:
+        if self.generator_learns and proposals:
             # train.generator_advantage=rloo_batch: this rank's proposals are one group, each one's baseline the
             # mean return of the others (different prompts, one policy: the baseline leaves the gradient unbiased)
             one_group = [0] * len(proposals) if t.generator_advantage == "rloo_batch" else None
@@ -621,11 +643,23 @@ class SelfPlay:
         metrics.update(engine_metrics(self.solver, self.generator))  # time/weight_sync_s, rollout/logprob_gap
         metrics["sandbox/execs_per_s"] = (runs - hits) / sandbox_s if sandbox_s > 0 else 0.0
         metrics["sandbox/cache_hit_rate"] = hits / runs if runs else 0.0
+        metrics.update(self._spend({"ppo_episodes": len(train_rollouts) if self.learns else 0,
+                                    "solver_episodes": len(rollouts), "solver_tokens": gen_tokens,
+                                    "generator_proposals": len(proposals),
+                                    "generator_tokens": sum(len(p.answer.tokens) for p in proposals),
+                                    "sandbox_execs": runs - hits}))
         if self.main:
             self.tb.scalars(metrics, step)
             if t.log_samples_every and step % t.log_samples_every == 0:
                 self._log_samples(step, proposals, train_rollouts)
         return metrics
+
+    def _spend(self, spent: dict) -> dict:
+        """Add what every rank spent this iteration to the run's totals (`COMPUTE`); their `compute/` scalars."""
+        for part in D.gather_objects(spent):
+            for key, value in part.items():
+                self.compute[key] += int(value)
+        return {f"compute/{key}": float(value) for key, value in self.compute.items()}
 
     def _update_rollouts(self, rollouts, metrics: dict) -> list:
         """The solver episodes the PPO update trains on: all of them, or with `ppo.skip_uniform_groups` only the
@@ -767,6 +801,7 @@ class SelfPlay:
             "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
             "heldout_change": heldout_changes(before, after) if len(steps) > 1 else {},
             "corpus_by_source": self.corpus.counts("source"),
+            "compute": dict(self.compute),
             "validity_rate": statistics.mean(validity) if validity else None,
             **window_means(self.history),
         }
@@ -796,6 +831,33 @@ class SelfPlay:
         self.tb.close()
         self.sb.close()
         self.corpus.close()
+
+
+def random_edit_rollouts(references: list[list[Task]], sb, *, step: int, rng: random.Random, corpus_index=None,
+                         build_cfg=None, instruction_weights=None) -> list[ProposalRollout]:
+    """generator.source=random_edits: one proposal per reference group, a random edit of its references
+    (`generator.mutation.random_proposal`, with the mixer's instruction weights) in place of the generator's answer,
+    then the validity checks a generator's answer meets (`validate_many`, one sandbox batch). The answers hold the
+    edit's text and no token: nothing was sampled, nothing is trained on."""
+    from generator.build import BuildConfig
+    from generator.mutation import random_proposal
+
+    rollouts = []
+    for refs in references:
+        instruction, text, task = random_proposal(rng, refs, cfg=build_cfg or BuildConfig(),
+                                                  weights=instruction_weights, step=step)
+        ro = ProposalRollout([], Answer([], [], text, True), list(refs), instruction)
+        if isinstance(task, Task):
+            ro.task = task
+        else:  # no edit found, or one that cannot be made (a held-out program): an impossible edit, as an answer's
+            ro.rejection, ro.reasons = "edit", {"reason": task.reason}
+        rollouts.append(ro)
+    made = [ro for ro in rollouts if ro.task is not None]
+    for ro, report in zip(made, validate_many([ro.task for ro in made], sb, corpus_index)):
+        ro.task, ro.valid = report.task, report.ok
+        if not report.ok:
+            ro.rejection, ro.reasons = report.rejection, {"reason": report.reason}
+    return rollouts
 
 
 def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates: dict, n_samples: int,
