@@ -35,7 +35,7 @@ from generator.rewards import in_band
 from generator.schema import Task
 from generator.validity import validate_many
 from selfplay.bench.generator_probe import reference_rates
-from selfplay.eval.compare import bootstrap_ci95
+from selfplay.eval.stats import bootstrap_ci95
 from selfplay.runtime.config import load_config
 from selfplay.train.loop import SelfPlay
 

@@ -12,9 +12,9 @@ state.json), on all tasks, on levels 1-2 (those the fixed-mode runs train on) an
 sampled pass@1 and "any" (pass@n: solved by at least one of the n samples). A run of seed k is paired with the warm
 start evaluated with the same sampling seed, read from WARMSTART/../ws_seed{k}.json (`selfplay eval WARMSTART
 --suite heldout --seed k --json WARMSTART/../ws_seed{k}.json`; seed 0 is the warm start's own evaluation), so the
-sampled changes are on common random numbers. The pooled line averages each task's change over the runs, then
-bootstraps over tasks (the method of `selfplay.eval.compare.paired_delta`): it covers task sampling, with
-seed-to-seed variation averaged in; the spread over seeds is printed beside it.
+sampled changes are on common random numbers. The pooled line is the mean change over every (run, task) cell with
+the interval of `selfplay.eval.stats.paired_interval`: the runs share the warm start's tasks, so runs (seeds) and
+tasks are resampled together (crossed), covering both; the spread of the runs' means is printed beside it.
 """
 
 from __future__ import annotations
@@ -156,7 +156,8 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
     """Prints the changes and returns them: (label, subset, metric name, change, ci low, ci high) per line."""
     import numpy as np
 
-    from selfplay.eval.compare import bootstrap_ci95
+    from selfplay.eval import stats
+    from selfplay.eval.stats import bootstrap_ci95
 
     rows = []
     groups = subsets(warmstart, unseen)
@@ -183,21 +184,24 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
                 rows.append((f"seed {seed}", subset, name, float((a - b).mean()), lo, hi))
                 diffs[subset, metric].append(dict(zip(ids, a - b)))
             print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
-    print(f"pooled over {len(runs)} runs (mean of each task's change; 95 % bootstrap over tasks; sd over seeds):")
+    resamples = ""
     for subset, _ in groups:
         if not diffs[subset, METRICS[0][1]] or not diffs[subset, METRICS[0][1]][0]:
             continue
         cells = []
         for name, metric in METRICS:
             per_run = diffs[subset, metric]
-            ids = sorted(per_run[0])
-            mean_per_task = np.array([statistics.mean(d[i] for d in per_run) for i in ids])
-            lo, hi = bootstrap_ci95(mean_per_task)
+            # every run's change on the tasks, as (0, change) pairs: the interval its design calls for (the runs
+            # share the warm start's tasks, so seeds and tasks are resampled together)
+            d = stats.paired_interval({i: (dict.fromkeys(run, 0.0), run) for i, run in enumerate(per_run)}, float)
+            lo, hi = d["ci"]
+            resamples = d["resamples"]
             run_means = [statistics.mean(d.values()) for d in per_run]
             sd = statistics.stdev(run_means) if len(run_means) > 1 else 0.0
-            cells.append(f"{name} {mean_per_task.mean():+.3f} [{lo:+.3f}, {hi:+.3f}] sd {sd:.3f}")
-            rows.append((f"pooled ({len(runs)})", subset, name, float(mean_per_task.mean()), lo, hi))
-        print(f"  {subset:10s} n={len(ids):3d}  " + "   ".join(cells))
+            cells.append(f"{name} {d['delta']:+.3f} [{lo:+.3f}, {hi:+.3f}] sd {sd:.3f}")
+            rows.append((f"pooled ({len(runs)})", subset, name, d["delta"], lo, hi))
+        print(f"  {subset:10s} n={len(per_run[0]):3d}  " + "   ".join(cells))
+    print(f"pooled over {len(runs)} runs above: 95 % bootstrap over {resamples}; sd of the runs' means")
     return rows
 
 

@@ -18,7 +18,9 @@ def configure(parser) -> None:
                         help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
                              "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
                              "from a warm start of its own), selfplay_follow (instructions drawn by their measured "
-                             "yield), fixed (PPO on a fixed task set); default: warmstart curriculum selfplay")
+                             "yield), selfplay_frozen (the generator never learns), selfplay_random (random edits of "
+                             "the same references in place of the generator's answers), fixed (PPO on a fixed task "
+                             "set); default: warmstart curriculum selfplay")
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
     parser.add_argument("--shared-warmstart", action="store_true",
                         help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")
@@ -39,6 +41,15 @@ def configure(parser) -> None:
                         help="the held-out split the runs are paired and compared on: test (default), or val to "
                              "choose a setting without looking at the held-out splits (the runs must evaluate it: "
                              "give the override eval.splits=[val], which draws the validation split)")
+    parser.add_argument("--primary", metavar="METRIC", default=None,
+                        help="the comparison's primary metric (pass@1_greedy or pass@1), declared before the runs: "
+                             "written to OUT/plan.json with --split and --baseline by the first run, and held to "
+                             "afterwards; the report then opens with each arm against the baseline on it, the "
+                             "intervals corrected for the number of arms (Bonferroni). Without it every figure is "
+                             "reported as exploratory")
+    parser.add_argument("--baseline", metavar="ARM", default=None,
+                        help="the arm the primary figures compare every other arm with (default: warmstart when it "
+                             "runs, else the first arm)")
     parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", default=None,
                         help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
                              "machines) into one report in --out; runs nothing")
@@ -48,7 +59,8 @@ def run(args) -> int:
     import gzip
     import json
 
-    from selfplay.eval.compare import PER_RUN_KEYS, arm_specs, collect, merge, run_all, variant, write_report
+    from selfplay.eval.compare import (PER_RUN_KEYS, PLAN_FILE, arm_specs, check_parity, collect, declare_plan,
+                                       merge, run_all, variant, write_report)
     from selfplay.eval.evaluate import suite_splits
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
@@ -68,6 +80,12 @@ def run(args) -> int:
             results = merge(records, args.from_iteration, [str(p) for p in paths])
         except (ValueError, OSError) as e:  # json's decode errors too, and gzip's (a .gz that is not gzip)
             raise UserError(f"--merge: {e}") from None
+        plans = {json.dumps(r.get("plan"), sort_keys=True) for r in records}
+        if args.primary:
+            raise UserError("--merge: --primary is declared before a comparison's runs; the records carry their own "
+                            "plan (or none), which the merged report keeps when they all agree")
+        if len(plans) == 1 and records[0].get("plan"):
+            results["plan"] = records[0]["plan"]
         write_report(results, out)
         return finish(results, out)
     config, overrides = split_args(args)
@@ -97,6 +115,18 @@ def run(args) -> int:
             load_config(config, overrides + list(spec.overrides))
         except UserError as e:
             raise UserError(f"--variant {name}: {e}") from None
+    if not args.report_only:
+        try:  # the arms must run alike where the design says so: refused before any run starts
+            check_parity(config, overrides, arms, variants)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+    if args.report_only and args.primary and not (out / PLAN_FILE).exists():
+        raise UserError(f"--primary {args.primary}: the comparison in {out} declared no primary metric before its "
+                        "runs; report it without --primary (every figure exploratory)")
+    try:
+        declare_plan(out, args.primary, args.split, args.baseline, arms)
+    except ValueError as e:
+        raise UserError(str(e)) from None
     if args.report_only:
         try:
             results = collect(out, args.seeds, arms, args.from_iteration, variants, args.split)

@@ -19,6 +19,11 @@ copy of that folder, so the arms of one seed differ only in what happens after t
                  seed, and is paired with it
     selfplay_follow  self-play whose mixer draws the mutation instructions by their measured yield
                  (`mixer.instruction_follow=true`), from the same warm start as `selfplay`
+    selfplay_frozen  self-play whose generator never learns (`train.train_generator=false`): the same mixer,
+                 references and validity checks, the warm start's generator proposing
+    selfplay_random  self-play with a random edit of the same references in place of each generator answer
+                 (`generator.source=random_edits`), through the same validity checks and mixer; no generator
+                 sampled or trained
     fixed        PPO on one fixed task set (`train.mode=fixed`, `train.fixed_source`; not run by default)
 
 An ablation is an arm of its own, from its base arm's warm start, with overrides of the RL phase added
@@ -29,9 +34,15 @@ An ablation is an arm of its own, from its base arm's warm start, with overrides
 
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
-for its generator on top. Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this
-command skips whatever is already done, so killing and restarting it loses at most the runs in progress. `--jobs N`
-runs N of them at a time (the warm starts first, then the RL runs), each its own process.
+for its generator on top. A comparison whose RL arms would differ in a setting they must share (`PARITY_KEYS`: the
+run's length, the learning-rate control, the replay; and the solver's episodes per iteration) is refused before
+any run starts, naming the setting and each arm's value (`check_parity`). What each run spent beside its PPO
+episodes (the solver episodes sampled to measure proposals too and their tokens, the generator's tokens, the
+sandbox's executions: the loop's `compute` counters) is reported per arm (`compute_table`).
+
+Every run is an ordinary run folder (resumable, TensorBoard, `selfplay eval`), and this command skips whatever is
+already done, so killing and restarting it loses at most the runs in progress. `--jobs N` runs N of them at a time
+(the warm starts first, then the RL runs), each its own process.
 
 Results (OUT/results.json, OUT/results.md, OUT/compare.png): per arm and held-out split, the mean and the sample
 standard deviation over seeds of greedy pass@1 and sampled pass@1, the per-seed values, and per RL arm the curves
@@ -76,6 +87,7 @@ from typing import Sequence
 
 import numpy as np
 
+from selfplay.eval import stats
 from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
 from selfplay.runtime import paths
 from selfplay.runtime.checkpoint import LATEST
@@ -103,6 +115,10 @@ ARM_SPECS = {
     "selfplay_free": Arm("selfplay", ("generator.format=free", "train.generator_advantage=gae",
                                       "model.value_model=detached"), warm="warmstart_free"),
     "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
+    # what the generator's learning adds: the same mixer, references and validity checks with the generator held
+    # at its warm start (no PPO step), and with random edits of the same references in place of its answers
+    "selfplay_frozen": Arm("selfplay", ("train.train_generator=false",)),
+    "selfplay_random": Arm("selfplay", ("generator.source=random_edits",)),
     "fixed": Arm("fixed"),
 }
 ARMS = tuple(ARM_SPECS)
@@ -140,6 +156,36 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
                          f"{base}; a variant changes the RL phase only")
     spec = ARM_SPECS[base]
     return Arm(spec.mode, spec.overrides + tuple(o for o in overrides if o not in spec.overrides), spec.warm)
+
+
+# what every RL arm of a comparison runs alike, so that the arms differ in where the solver's tasks come from and
+# not in how much or how it is trained: the run's length, the learning-rate control and the replay (the solver's
+# episodes per iteration, tasks x samples, are checked as their product: `check_parity`)
+PARITY_KEYS = ("train.steps", "mixer.lr_control", "mixer.corpus_replay", "mixer.share_replay",
+               "mixer.max_share_replay", "ppo.replay_coef", "ppo.replay_source", "ppo.replay_batch",
+               "ppo.replay_capacity", "ppo.replay_half_life")
+EPISODES = "the solver's episodes per iteration (train.solver_tasks x train.samples_per_task)"
+
+
+def check_parity(config: str | None, overrides: Sequence[str], arms: Sequence[str],
+                 variants: dict[str, Arm] | None = None) -> None:
+    """Raises ValueError (one line) naming the first setting the design says must match that two RL arms of the
+    comparison resolve differently (PARITY_KEYS, then the solver's episodes per iteration), with each arm's value.
+    A key the config does not have is the same (absent) for every arm."""
+    from omegaconf import OmegaConf
+
+    from selfplay.runtime.config import load_config
+
+    specs = arm_specs(variants)
+    resolved = {arm: load_config(config, [*overrides, *specs[arm].overrides, f"train.mode={specs[arm].mode}"])
+                for arm in dict.fromkeys(arms) if arm != "warmstart"}
+    values = {key: {arm: OmegaConf.select(cfg, key, default=None) for arm, cfg in resolved.items()}
+              for key in PARITY_KEYS}
+    values[EPISODES] = {arm: cfg.train.solver_tasks * cfg.train.samples_per_task for arm, cfg in resolved.items()}
+    for key, by_arm in values.items():
+        if len({repr(value) for value in by_arm.values()}) > 1:
+            shown = ", ".join(f"{arm} {value}" for arm, value in by_arm.items())
+            raise ValueError(f"the arms differ in {key} ({shown}): a comparison's arms must run alike in it")
 
 
 def warm_start_overrides(warm: str) -> tuple[str, ...]:
@@ -207,6 +253,7 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
     unknown = [a for a in arms if a not in specs]
     if unknown:
         raise ValueError(f"unknown arm(s) {', '.join(unknown)}; choose from {', '.join(specs)}")
+    check_parity(config, overrides, arms, variants)
     base = ([config] if config else []) + list(overrides)
     t0 = time.perf_counter()
     warm_jobs: dict[Path, Job] = {}  # each warm start once (a shared one is made with the first seed)
@@ -309,6 +356,8 @@ def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
             # the code versions the run (and the warm start it began as) ran under; runs made before they were
             # recorded keep the record they always had (so that it pools with itself)
             **({"code": state["code"]} if state.get("code") else {}),
+            # what the RL phase spent in all (the loop's COMPUTE counters; runs made before they were counted: none)
+            **({"compute": state["compute"]} if state.get("compute") and arm != "warmstart" else {}),
             **({} if split == TEST_SPLIT else {"split": split})}  # records of the test split are as they always were
 
 
@@ -574,7 +623,7 @@ def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int 
     a = np.array([outcome_value(after[i], metric) for i in ids])
     diff = a - b
     return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
-            "ci95": bootstrap_ci95(diff, n_boot, seed)}
+            "ci95": stats.bootstrap_ci95(diff, n_boot, seed)}
 
 
 def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
@@ -592,48 +641,24 @@ def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
     return out
 
 
-def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
+def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0, k: int = 1) -> dict:
     """The change of `metric` from A to B, paired over (seed, task), every task of every seed weighted alike.
 
     `pairs`: {seed: (A's per-task outcomes, B's)}, each {task_id: [greedy solved, n, c]}; per seed only the tasks
-    both evaluated count. The 95 % interval is a two-level percentile bootstrap: seeds resampled with replacement,
-    then the tasks of each drawn seed, `n_boot` times (seeded), so it covers both the seeds (training runs) and the
-    tasks that happened to be drawn; with one seed it is a bootstrap over tasks, as `paired_delta`'s."""
+    both evaluated count. The interval is the one the comparison's design calls for (selfplay.eval.stats): seeds
+    that share their tasks (`--shared-warmstart`) are resampled together with the tasks (crossed), seeds with tasks
+    of their own are resampled and then each seed's tasks (nested); `k` > 1 widens it for k comparisons. The row
+    says which (`design`, `resamples`); `ci95` is the interval at 95 % (corrected for k)."""
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    groups, a_all, b_all = [], [], []
-    for before, after in pairs.values():
-        ids = sorted(set(before) & set(after))
-        a = np.array([outcome_value(before[i], metric) for i in ids])
-        b = np.array([outcome_value(after[i], metric) for i in ids])
-        if ids:
-            groups.append(b - a)
-            a_all.append(a)
-            b_all.append(b)
-    if not groups:
-        raise ValueError("the two arms share no task in any seed")
-    rng = np.random.default_rng(seed)
-    boot = np.empty(n_boot)
-    for k in range(n_boot):
-        drawn = [groups[j] for j in rng.integers(0, len(groups), len(groups))] if len(groups) > 1 else groups
-        boot[k] = np.concatenate([g[rng.integers(0, len(g), len(g))] for g in drawn]).mean()
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    a, b = np.concatenate(a_all), np.concatenate(b_all)
-    return {"seeds": len(groups), "tasks": int(len(a)), "before": float(a.mean()), "after": float(b.mean()),
-            "delta": float((b - a).mean()), "ci95": [float(lo), float(hi)]}
+    d = stats.paired_interval(pairs, lambda row: outcome_value(row, metric), n_boot, seed, k=k)
+    d["ci95"] = d.pop("ci")
+    return d
 
 
 def outcome_value(row, metric: str) -> float:
     """One task's value in a per-task row [greedy solved, n, c]: the greedy outcome or the sampled share c/n."""
     return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
-
-
-def bootstrap_ci95(values, n_boot: int = 4000, seed: int = 0) -> list[float]:
-    """Percentile bootstrap 95 % interval of the mean of `values` (resampled with replacement, seeded)."""
-    values = np.asarray(values, dtype=float)
-    boot = np.random.default_rng(seed).choice(values, size=(n_boot, len(values)), replace=True).mean(axis=1)
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return [float(lo), float(hi)]
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:
@@ -693,6 +718,22 @@ def cost_table(results: dict) -> str:
             cells.append(f"{statistics.median(values):.1f}" if values else "n/a")
         lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def compute_table(results: dict) -> str:
+    """Per RL arm: the median over seeds of what each run spent in all (its `compute` record, the loop's COMPUTE
+    counters: the episodes its PPO batches held, the solver episodes sampled and their tokens, the proposals and
+    the generator's tokens, the sandbox's executions); "" when no run has the record."""
+    from selfplay.train.loop import COMPUTE
+
+    lines = ["| arm | runs | " + " | ".join(c.replace("_", " ") for c in COMPUTE) + " |",
+             "|---|---|" + "---|" * len(COMPUTE)]
+    for arm in results["arms"]:
+        runs = [r["compute"] for r in results["runs"][arm].values() if r.get("compute")]
+        if runs:
+            cells = [f"{statistics.median(r.get(col, 0) for r in runs):.0f}" for col in COMPUTE]
+            lines.append(f"| {arm} | {len(runs)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) if len(lines) > 2 else ""
 
 
 def paired_table(results: dict) -> str:
@@ -781,20 +822,91 @@ def later_table(results: dict) -> str:
 def paired_arms_table(results: dict) -> str:
     """Every two arms on the paired split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
     split = split_of(results)
-    lines = [f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval over "
-             "seeds, then tasks):", "", "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval, "
+             "uncorrected for the number of pairs; what it resamples follows the design):", "",
+             "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] | resamples |",
+             "|---|---|---|---|---|---|---|---|"]
     for name, by_metric in results["paired_arms"].items():
         for metric, d in by_metric.items():
             lines.append(f"| {name} | {d['seeds']} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
-                         f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+                         f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | "
+                         f"{d.get('design', 'nested')} |")
+    return "\n".join(lines)
+
+
+PLAN_FILE = "plan.json"  # OUT/plan.json: the comparison's primary metric, split and baseline, declared before its runs
+
+
+def declare_plan(out: Path, metric: str | None, split: str, baseline: str | None, arms: Sequence[str]) -> dict | None:
+    """The comparison's plan: written to OUT/plan.json by its first run, and held to afterwards.
+
+    `metric` None declares nothing (every figure of the report is then exploratory) and takes the plan already in
+    OUT, if any. A plan that differs from the one written before the runs raises ValueError naming the key: a
+    primary figure is reported only as it was declared."""
+    path = out / PLAN_FILE
+    before = json.loads(path.read_text()) if path.exists() else None
+    if metric is None:
+        return before
+    if metric not in METRICS:
+        raise ValueError(f"--primary must be one of {', '.join(METRICS)}, got {metric!r}")
+    base = baseline or ("warmstart" if "warmstart" in arms else arms[0])
+    if base not in arms:
+        raise ValueError(f"--baseline {base}: not one of the arms ({', '.join(arms)})")
+    plan = {"metric": metric, "split": split, "baseline": base,
+            "family": [arm for arm in arms if arm != base]}
+    if before is not None:
+        changed = [key for key in ("metric", "split", "baseline") if before.get(key) != plan[key]]
+        if changed:
+            key = changed[0]
+            raise ValueError(f"the comparison in {out} declared {key} {before.get(key)!r} before its runs "
+                             f"({path}); it cannot report {plan[key]!r} as primary")
+        return before
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
+    return plan
+
+
+def primary_figures(results: dict, plan: dict, n_boot: int = 4000) -> dict:
+    """Each arm of the plan's family against its baseline on the declared metric and split, paired over seeds and
+    tasks, the interval corrected for the family's size k (Bonferroni: each at 1 - 0.05 / k, so that together
+    they hold 95 %)."""
+    if plan["split"] != split_of(results):
+        raise ValueError(f"the plan declared the {plan['split']} split; these runs are paired on "
+                         f"{split_of(results)}")
+    runs, base = results["runs"], plan["baseline"]
+    family = [arm for arm in plan["family"] if arm in runs]
+    rows = {}
+    for arm in family:
+        pairs = {s: (runs[base][s]["test_per_task"], run["test_per_task"]) for s, run in runs[arm].items()
+                 if s in runs.get(base, {}) and run.get("test_per_task") and runs[base][s].get("test_per_task")}
+        if pairs:
+            rows[f"{arm} - {base}"] = seed_task_delta(pairs, plan["metric"], n_boot, k=max(len(family), 1))
+    return {**plan, "k": max(len(family), 1), "rows": rows}
+
+
+def primary_table(results: dict) -> str:
+    """The declared comparison, first in the report."""
+    p = results["primary"]
+    lines = [f"Primary (declared before the runs): {p['metric']} on the {p['split']} split, each arm against "
+             f"{p['baseline']}, paired over seeds and tasks; intervals at {100 * (1 - 0.05 / p['k']):.2f} % each "
+             f"(95 % for the family of {p['k']}, Bonferroni):", "",
+             "| B - A | seeds | tasks | A | B | B - A [CI] | resamples |", "|---|---|---|---|---|---|---|"]
+    for name, d in p["rows"].items():
+        lines.append(f"| {name} | {d['seeds']} | {d['tasks']} | {d['before']:.3f} | {d['after']:.3f} | "
+                     f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['resamples']} |")
     return "\n".join(lines)
 
 
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
+    plan = results.get("plan") or declare_plan(out, None, split_of(results), None, results["arms"])
+    if plan:
+        results["plan"], results["primary"] = plan, primary_figures(results, plan)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [line for line in (warm_starts_line(results), code_line(results), variants_line(results)) if line]
+    tables = [primary_table(results)] if results.get("primary") else [
+        "No primary metric was declared before the runs (`selfplay compare --primary METRIC`): every interval "
+        "below is exploratory."]
+    tables += [line for line in (warm_starts_line(results), code_line(results), variants_line(results)) if line]
     tables += [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
         tables.append(markdown_table(results, "pass@1_greedy", "summary_test_by_level"))
@@ -808,6 +920,9 @@ def write_report(results: dict, out: Path) -> None:
     if windows:
         tables.append(windows)
     tables.append("Per iteration (medians):\n\n" + cost_table(results))
+    spent = compute_table(results)
+    if spent:
+        tables.append("Spent per run in all (medians over seeds):\n\n" + spent)
     (out / "results.md").write_text("\n\n".join(tables) + "\n")
     plot(results, out / "compare.png")
 

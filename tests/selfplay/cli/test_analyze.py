@@ -10,6 +10,7 @@ import pytest
 import sandbox
 from generator.build import generate_tasks
 from selfplay.cli import main
+from selfplay.eval import stats
 from selfplay.eval.evaluate import write_tasks
 
 
@@ -60,8 +61,15 @@ def test_paired_changes_per_seed_and_pooled(fixture, tmp_path, capsys):
     assert rows["seed 1", "level 3", "any"]["change"] == pytest.approx(1 / 2)
     pooled = rows["pooled (2)", "all", "greedy"]
     assert pooled["change"] == pytest.approx(2 / 6) and pooled["ci_low"] <= pooled["change"] <= pooled["ci_high"]
+    # the pooled interval resamples runs and tasks together (the runs share the warm start's tasks): by hand, the
+    # greedy changes per task are seed 0 (1,0,0,0,0,1) and seed 1 (1,1,0,0,0,0)
+    changes = {0: [1, 0, 0, 0, 0, 1], 1: [1, 1, 0, 0, 0, 0]}
+    crossed = stats.paired_interval({s: (dict.fromkeys(range(6), 0.0), dict(enumerate(map(float, c))))
+                                     for s, c in changes.items()}, float)
+    assert crossed["design"] == "crossed" and [pooled["ci_low"], pooled["ci_high"]] == pytest.approx(crossed["ci"])
     printed = capsys.readouterr().out
     assert "pooled over 2 runs" in printed and printed.count("seed 1 @4") == 3
+    assert "bootstrap over seeds and tasks together" in printed
 
 
 def test_a_missing_evaluation_is_one_line_naming_the_command(fixture, tmp_path, capsys):
