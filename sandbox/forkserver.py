@@ -1457,7 +1457,7 @@ def child_check(req: dict) -> None:
             raise CandidateGone(gone[0])
         try:
             return read_frame(answer_r, limit)
-        except (EOFError, ValueError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - EOF, malformed, or nested too deep to decode (RecursionError)
             gone.append(f"the candidate process ended or broke the protocol ({type(exc).__name__})")
             raise CandidateGone(gone[0]) from None
 
@@ -1480,7 +1480,7 @@ def child_check(req: dict) -> None:
             if reply.get("t") == "value":
                 try:
                     return decode_value(reply.get("value"))
-                except (ValueError, TypeError):
+                except Exception:  # noqa: BLE001 - not a value, unhashable keys, nested too deep
                     gone.append("the candidate sent a malformed value")
                     raise CandidateGone(gone[0]) from None
             if reply.get("t") == "raised":

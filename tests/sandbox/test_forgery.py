@@ -345,3 +345,29 @@ def test_a_check_job_s_prompt_is_validated(sb):
         sb.run_check("def f():\n    return 1\n", "f", "def check(c):\n    assert c() == 1\n", prompt="def (:\n")
     with pytest.raises(sandbox.SandboxConfigError, match="optionally prompt"):
         sb.run_check_many([dict(source="", entry_point="f", check="", helpers="")])
+
+
+def test_a_frame_the_checker_cannot_decode_ends_the_check_whatever_the_test_catches(sb):
+    # the candidate writes a frame nested too deep to decode, then its real answer: a test that catches every
+    # Exception must not go on with the answers shifted by one
+    module = dedent('''
+        import os, struct
+        def f(x):
+            if x == 0:
+                deep = ("[" * 100000 + "]" * 100000).encode()
+                os.write(3, struct.pack(">I", len(deep)) + deep)
+                return 1
+            return x
+    ''')
+    check = dedent('''
+        def check(candidate):
+            try:
+                candidate(0)
+            except Exception:
+                pass
+            assert candidate(1) == 1
+    ''')
+    assert sb.run_check("def f(x):\n    return x\n", "f", check).status == "ok"
+    r = sb.run_check(module, "f", check)
+    assert r.status == "error" and r.meta["check"]["passed"] is False, r
+    assert "protocol" in r.meta["check"]["error"], r
