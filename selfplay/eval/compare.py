@@ -50,8 +50,12 @@ that explain them (held-out test pass@1 at each evaluation, solver pass rate on 
 validity, the mixer's level). Where the warm start's evaluation has per-task outcomes, each RL run's change on the
 test split is also given paired over its tasks (`paired_delta`: the same tasks before and after, with a bootstrap
 95 % interval), which separates a real gain from the luck of which tasks were drawn, and every two arms are
-compared the same way on the seeds and tasks both ran (`paired_arms`: pooled over seeds, with a bootstrap over seeds
-and then tasks, so that the interval also covers which training runs happened). The per-task outcomes come from
+compared the same way on the seeds and tasks both ran (`paired_arms`: pooled over seeds, with the interval the
+design calls for, `selfplay.eval.stats`: seeds and tasks resampled together when the seeds share their tasks, seeds
+then each seed's tasks when each drew its own, so that the interval also covers which training runs happened).
+`--primary METRIC` declares the comparison's primary metric before its runs (OUT/plan.json, with `--split` and
+`--baseline`); the report then opens with each arm against the baseline on it, corrected for the number of arms,
+and a report of a comparison that declared none says that its figures are exploratory. The per-task outcomes come from
 `selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
 per task lower the noise), else from the run's own evaluation.
 
