@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import shutil
 import statistics
 
@@ -576,3 +577,102 @@ def test_jobs_run_side_by_side_and_a_failure_stops_none_of_the_others(tmp_path):
     assert sorted(m.split(" (")[0] for m in said) == ["a", "b", "c"]
     assert all("usage: selfplay" in logs[i].read_text() for i in (0, 2))
     assert "config file not found" in logs[1].read_text()
+
+
+def test_the_frozen_and_random_arms_are_self_play_from_the_same_warm_start(tmp_path):
+    from selfplay.eval.compare import ARM_SPECS, warm_folder
+    from selfplay.runtime.config import load_config
+
+    plain = load_config("configs/tiny.yaml", list(ARM_SPECS["selfplay"].overrides))
+    frozen = load_config("configs/tiny.yaml", list(ARM_SPECS["selfplay_frozen"].overrides))
+    random_edits = load_config("configs/tiny.yaml", list(ARM_SPECS["selfplay_random"].overrides))
+    assert (plain.train.train_generator, plain.generator.source) == (True, "model")
+    assert (frozen.train.train_generator, frozen.generator.source) == (False, "model")
+    assert random_edits.generator.source == "random_edits"
+    for arm in ("selfplay_frozen", "selfplay_random"):
+        assert ARM_SPECS[arm].mode == "selfplay"
+        assert warm_folder(tmp_path, 0, arm, shared=True) == tmp_path / "warmstart"
+        assert variant("v", arm, ["ppo.lr=1e-5"]).overrides[:-1] == ARM_SPECS[arm].overrides
+
+
+def test_arms_that_differ_in_a_setting_they_must_share_are_refused(tmp_path):
+    from selfplay.eval.compare import check_parity, run_all
+
+    everyone = ["warmstart", "curriculum", "uniform", "fixed", "selfplay", "selfplay_frozen", "selfplay_random"]
+    check_parity("configs/smoke.yaml", ["train.steps=7"], everyone)  # overrides for every arm keep them alike
+    cases = [(["train.steps=5"], "train.steps (curriculum 3, v 5)"),
+             (["train.solver_tasks=8"], "the solver's episodes per iteration (train.solver_tasks x "
+                                        "train.samples_per_task) (curriculum 8, v 16)"),
+             (["ppo.replay_coef=0.5"], "ppo.replay_coef (curriculum 0.0, v 0.5)"),
+             (["mixer.share_replay=0.5"], "mixer.share_replay (curriculum 0.2, v 0.5)")]
+    for overrides, named in cases:
+        with pytest.raises(ValueError, match=re.escape(f"the arms differ in {named}")):
+            check_parity("configs/smoke.yaml", [], ["warmstart", "curriculum", "v"],
+                         {"v": variant("v", "selfplay", overrides)})
+    # as many episodes in other tasks x samples is the same solver training; the warm start trains nothing
+    check_parity("configs/smoke.yaml", [], ["curriculum", "v"],
+                 {"v": variant("v", "selfplay", ["train.solver_tasks=2", "train.samples_per_task=4"])})
+    with pytest.raises(ValueError, match=re.escape("train.steps (curriculum 3, v 4)")):  # the library refuses too
+        run_all("configs/smoke.yaml", [], [0], ["curriculum", "v"], tmp_path / "lib",
+                variants={"v": variant("v", "curriculum", ["train.steps=4"])})
+    assert not (tmp_path / "lib").exists()
+    out = tmp_path / "compare"
+    proc = selfplay("compare", "configs/smoke.yaml", "--seeds", "0", "--arms", "warmstart", "curriculum",
+                    "--out", str(out), "--variant", "long", "selfplay", "train.steps=5", check=False)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert "train.steps (curriculum 3, long 5)" in line and len(proc.stderr.strip().splitlines()) == 1
+    assert not out.exists()  # refused before any run started
+
+
+def test_the_report_shows_what_each_arm_spent():
+    from selfplay.eval.compare import compute_table
+    from selfplay.train.loop import COMPUTE
+
+    runs = _records([0, 1], 5)
+    for i, run in enumerate(runs["selfplay"].values()):
+        run["compute"] = {key: 10 * (i + 1) for key in COMPUTE}
+    runs["curriculum"]["0"]["compute"] = {key: 3 for key in COMPUTE}
+    table = compute_table({"arms": list(runs), "runs": runs})
+    assert table.splitlines()[0] == ("| arm | runs | ppo episodes | solver episodes | solver tokens | generator "
+                                     "proposals | generator tokens | sandbox execs |")
+    assert "| selfplay | 2 | 15 | 15 | 15 | 15 | 15 | 15 |" in table  # the median over its seeds
+    assert "| curriculum | 1 | 3 |" in table and "| warmstart |" not in table
+    assert compute_table({"arms": list(runs), "runs": _records([0], 5)}) == ""  # records made before the counters
+
+
+@pytest.mark.slow
+def test_compare_runs_the_frozen_and_random_arms_and_reports_what_each_spent(warm_run, tmp_path):
+    """Real runs: self-play, its frozen generator and its random edits, one iteration each from one warm start."""
+    import hashlib
+
+    out = tmp_path / "compare"
+    shutil.copytree(warm_run, out / "seed_0" / "warmstart")
+    arms = ["selfplay", "selfplay_frozen", "selfplay_random"]
+    selfplay("compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", *arms, "--out", str(out))
+
+    def generator(folder, step):
+        files = sorted((folder / "checkpoints" / f"step_{step}" / "generator").glob("*.safetensors"))
+        assert files
+        return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+
+    warm = generator(out / "seed_0" / "warmstart", 0)
+    assert generator(out / "seed_0" / "selfplay", 1) != warm  # the generator's PPO step
+    assert generator(out / "seed_0" / "selfplay_frozen", 1) == warm
+    assert generator(out / "seed_0" / "selfplay_random", 1) == warm
+    results = json.loads((out / "results.json").read_text())
+    spent = {arm: results["runs"][arm]["0"]["compute"] for arm in arms}
+    for arm in arms:
+        assert spent[arm]["ppo_episodes"] == 4 * 2  # the smoke config's solver_tasks x samples_per_task
+        assert spent[arm]["solver_tokens"] > 0 and spent[arm]["sandbox_execs"] > 0
+        assert spent[arm]["generator_proposals"] == 2
+        assert results["runs"][arm]["0"]["history"][0]["validity"] is not None  # every arm's proposals checked
+    assert spent["selfplay"]["generator_tokens"] > 0 and spent["selfplay_frozen"]["generator_tokens"] > 0
+    assert spent["selfplay_random"]["generator_tokens"] == 0
+    from selfplay.train.loop import COMPUTE
+
+    report = (out / "results.md").read_text()
+    assert "Spent per run in all (medians over seeds):" in report
+    for arm in arms:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {arm} | 1 |"))
+        assert row == f"| {arm} | 1 | " + " | ".join(str(spent[arm][key]) for key in COMPUTE) + " |"
