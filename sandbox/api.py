@@ -220,10 +220,16 @@ def process_isolation_gaps(infos: list[dict]) -> dict[str, str]:
         gaps["fresh_state"] = "/tmp, /dev/shm and SysV IPC are the host's, shared with other programs" + cause
     if not all(i.get("private_proc") and i.get("pid_namespace") for i in infos):
         gaps["processes"] = "programs see and may signal host processes (no pid namespace)" + cause
-    if not all(i.get("cgroup") for i in infos):
-        gaps["resources"] = ("no cgroup per worker (it needs root, or a cgroup v2 subtree with the memory and pids "
-                             "controllers delegated to this user): memory and processes are limited per process "
-                             "(RLIMIT_AS, RLIMIT_NPROC), not for a program's whole tree")
+    # a program's whole tree: a cgroup, or the server's own reading of its memory (TreeMemory) with a process limit
+    # that counts only the worker's processes (a uid of its own, or its user namespace)
+    if not all(i.get("cgroup") or (i.get("tree_memory_limit") and i.get("nproc_per_worker")) for i in infos):
+        tree = []
+        if not all(i.get("cgroup") or i.get("tree_memory_limit") for i in infos):
+            tree.append("no cgroup per worker and the server does not read the tree's memory (--no-cgroup)")
+        if not all(i.get("cgroup") or i.get("nproc_per_worker") for i in infos):
+            tree.append("RLIMIT_NPROC counts every process of the server's user (no uid of its own, no user "
+                        "namespace)")
+        gaps["resources"] = "a program's whole tree is not held: " + "; ".join(tree) + cause
     return gaps
 
 
@@ -448,11 +454,12 @@ class Sandbox:
         host's file tree rather than a root of their own, or run under the server's uid outside a user namespace
         of its own, "fresh_state" when the shared temporary dirs and IPC are not private, "processes" when
         programs see host processes in /proc or share the host's pid namespace, "resources" when a program's
-        processes are limited only one by one (no cgroup per worker: memory and pids of the whole tree),
+        processes are limited only one by one (memory and pids of the whole tree: neither a cgroup per worker nor
+        the server's own reading of the tree's memory with a process limit counted per worker),
         "seccomp" (either backend) when the kernel cannot apply the children's seccomp filter (keyrings, POSIX
         message queues, file locks and socket families but AF_UNIX denied: sandbox/seccomp.py). The docker
-        backend lacks nothing else: the container is the boundary. Without root the process backend gets all but
-        "resources" through an unprivileged user namespace where the kernel allows one. `why=True`: a dict, each
+        backend lacks nothing else: the container is the boundary. Without root the process backend lacks nothing either
+        where the kernel allows an unprivileged user namespace (docs/sandbox.md). `why=True`: a dict, each
         missing name with why it is missing. An RL run should refuse to start when this is not empty unless its
         configuration says otherwise."""
         infos = [h["info"] for h in self.health()]

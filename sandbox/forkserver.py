@@ -681,6 +681,57 @@ def start_pid_namespace(root: str | None) -> tuple[int, int, int] | None:
     return pid, cmd_w, ack_r
 
 
+class TreeMemory:
+    """Where the worker has no cgroup (not root): the program's whole tree held to memory_mb by the server itself,
+    read every OOM_CHECK_S while a program runs (Server._watch polls it as it polls a container's OOM count). It
+    sums the proportional set size (Pss: a page shared by n processes counts 1/n in each, so what a fork shares
+    with its parent counts once) of every process the server's children left, through the pid namespace's init
+    (which reaps orphans: its own Pss is not counted); over memory_mb the server ends the tree, "memory". A single
+    process is already held by its RLIMIT_AS, so until the program forks only the lists of children are read. It
+    is not the kernel's limit: between two reads a tree may pass it (each process within its RLIMIT_AS); files in
+    the private tmpfs count against the tmpfs size, not here."""
+
+    def __init__(self, server_pid: int, init_pid: int | None):
+        self.server_pid, self.init_pid = server_pid, init_pid
+        self.memory_mb: int | None = None  # the request's (Server._start)
+
+    def _tree(self) -> list[int]:
+        found, todo = [], [self.server_pid]
+        while todo:
+            pid = todo.pop()
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    with open(f"/proc/{pid}/task/{tid}/children") as f:
+                        kids = [int(k) for k in f.read().split()]
+                except (OSError, ValueError):
+                    continue
+                todo += kids
+                found += [k for k in kids if k != self.init_pid]
+        return found
+
+    def oom_fired(self) -> bool:
+        if not self.memory_mb:
+            return False
+        tree = self._tree()
+        if len(tree) < 2:
+            return False
+        total_kb = 0
+        for pid in tree:
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as f:
+                    for line in f:
+                        if line.startswith("Pss:"):
+                            total_kb += int(line.split()[1])
+                            break
+            except (OSError, ValueError):
+                continue
+        return total_kb > self.memory_mb * 1024
+
+
 # ------------------------------------------------------------------ a cgroup per worker (root only)
 def _cgroup_mounts() -> list[tuple[str, str, str, set]]:
     """(mount point, root inside the hierarchy, fstype, super options) of every cgroup mount we see."""
@@ -1563,7 +1614,7 @@ class Server:
         # without root, first a user namespace of our own (enter_user_namespace): inside it we are uid 0 with the
         # capabilities the namespaces, mounts, root and pid namespace below need; userns_error says why not
         self.userns, self.userns_error = False, None
-        if os.geteuid() != 0:
+        if os.geteuid() != 0 and not (args.no_netns and args.no_private_tmp):  # (in a container: neither is asked)
             self.userns_error = "not tried (--no-userns)" if args.no_userns else enter_user_namespace()
             self.userns = self.userns_error is None
         no_netns = args.no_netns or (os.geteuid() != 0)  # still not root: no user namespace, so no network one
@@ -1608,6 +1659,9 @@ class Server:
         # not root: works only where the server's own cgroup (v2) is delegated to its user (create says None)
         self.cgroup = WorkerCgroup.create(args.nproc) if not args.no_cgroup else None
         self.container_oom = ContainerOom.open() if args.container_oom else None
+        self.tree_memory = None  # no cgroup (not root): the server reads the tree's memory itself (TreeMemory)
+        if self.cgroup is None and not args.container_oom and not args.no_cgroup:
+            self.tree_memory = self.container_oom = TreeMemory(os.getpid(), self.init_pid)  # polled as that is
         self.oom_watch = self.cgroup or self.container_oom  # whichever tells us of an OOM kill in the tree
         self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
                     "nofile": args.nofile, "cap_args": _cap_args(read_cap), "root": self.root,
@@ -1620,6 +1674,9 @@ class Server:
                      "cgroup": self.cgroup.version if self.cgroup else None,
                      "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
                      "tree_memory_limit": bool(self.oom_watch),
+                     "tree_memory_polled": self.tree_memory is not None,
+                     # RLIMIT_NPROC counts only this worker's processes (a uid of its own, or its user namespace)
+                     "nproc_per_worker": bool(self.cgroup) or uid is not None or self.userns,
                      "user_namespace": self.userns, "userns_error": self.userns_error}
         self.cfg["seccomp"] = None if getattr(args, "no_seccomp", False) else seccomp_filter()  # _child_setup
         self.meta["seccomp"] = self.cfg["seccomp"] is not None
@@ -1814,6 +1871,8 @@ class Server:
         data = job_bytes(req, raw, start)  # first: should it fail, no child has been handed a job
         if self.cgroup is not None and not self.cgroup.set_memory(int(req["memory_mb"])):
             self.recycle = self.recycle or "could not set the worker cgroup's memory limit"
+        if self.tree_memory is not None:  # (no cgroup: the server holds the tree to it, TreeMemory)
+            self.tree_memory.memory_mb = int(req["memory_mb"])
         if self.oom_watch is not None:
             self.oom_watch.oom_fired()  # forget what happened before this job
         child = None

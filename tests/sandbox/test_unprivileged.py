@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import sandbox
+import test_confinement
 import test_forgery
 import test_hostile
 from sandbox import forkserver
@@ -152,11 +153,8 @@ def test_a_plain_users_first_run_works_with_isolation_on():
     assert meta["user_namespace"] is True, meta
     for fact in ("network_isolated", "private_tmp", "ipc_isolated", "private_proc", "pid_namespace", "private_root"):
         assert meta[fact] is True, (fact, meta)
-    # only what needs root (or a delegated cgroup) may be missing, and it says why
-    assert set(out["missing"]) <= {"resources"}, out
-    assert set(out["why"]) == set(out["missing"]) and all(out["why"].values()), out
-    if out["missing"]:
-        assert "resources" in out["refusal"] and "sandbox.allow_unisolated=true" in out["refusal"], out["refusal"]
+    assert meta["tree_memory_limit"] is True and meta["nproc_per_worker"] is True, meta  # no cgroup: TreeMemory
+    assert out["missing"] == [] and out["why"] == {} and out["refusal"] is None, out  # a self-play run starts
 
 
 def test_without_a_user_namespace_the_refusal_names_the_sysctl_and_the_setting():
@@ -170,7 +168,7 @@ def test_without_a_user_namespace_the_refusal_names_the_sysctl_and_the_setting()
         assert (r.status, r.stdout) == ("ok", "1\n"), r
         assert r.meta["user_namespace"] is False and r.meta["network_isolated"] is False, r.meta
         why = box.missing_isolation(why=True)
-        assert {"network", "files", "fresh_state", "processes"} <= set(why), why
+        assert {"network", "files", "fresh_state", "processes", "resources"} <= set(why), why
         with pytest.raises(sandbox.SandboxConfigError) as refused:
             box.require_isolation()
         text = str(refused.value)
@@ -186,7 +184,7 @@ def test_print_is_ok_as_a_plain_user(usb):
     r = usb.run("import os\nprint(1, os.getuid(), len(os.listdir('.')))\n")
     assert (r.status, r.stdout) == ("ok", "1 0 0\n"), r  # uid 0 of its own user namespace, no capabilities
     assert r.meta["user_namespace"] is True and r.meta["user_isolated"] is False, r.meta
-    assert usb.missing_isolation() in ([], ["resources"])
+    assert usb.missing_isolation() == []
 
 
 def test_a_program_has_no_capabilities_as_a_plain_user(usb):
@@ -390,8 +388,9 @@ def test_grading_works_and_forgeries_fail_as_a_plain_user(usb):
     assert_healthy(usb)
 
 
-# The forgery and hostile suites, each test run again against the plain user's sandbox. Left out: what needs
-# root (a cgroup: memory and pids of a whole tree) or starts its own sandbox (those have root variants above).
+# The forgery, hostile and confinement suites, each test run again against the plain user's sandbox (the tree's
+# memory held without a cgroup included). Left out: tests that start sandboxes of their own (as root), or
+# that check root-only facts (a uid per worker, cgroup directories).
 SUITES = [
     (test_forgery.test_an_early_exit_is_never_ok, {"name": name}) for name in sorted(test_forgery.EARLY_EXITS)
 ] + [(fn, {}) for fn in (
@@ -425,6 +424,8 @@ SUITES = [
     test_hostile.test_forkserver_file_is_untouched,
     test_hostile.test_closed_host_files_are_unreadable,
     test_hostile.test_sleeping_and_reading_stdin,
+    test_confinement.test_a_process_tree_is_held_to_its_memory_limit,
+    test_confinement.test_a_grading_whose_test_overruns_the_tree_limit_fails_that_test_only,
     test_forgery.test_pool_is_healthy_after_the_forgeries,
 )]
 
