@@ -229,3 +229,19 @@ def test_missing_isolation_names_seccomp_where_children_have_no_filter():
         assert filtered.run("print(1)").meta["seccomp"] is True
     finally:
         filtered.close()
+
+
+def test_remove_tree_stops_at_its_deadline_and_finishes_without_one(tmp_path):
+    """The bound itself: past its deadline remove_tree leaves the rest and says so (False); the caller then has
+    the worker replaced. Without a deadline it removes everything."""
+    from sandbox.forkserver import REMOVE_CHECK, remove_tree
+
+    tree = tmp_path / "flood"
+    tree.mkdir()
+    (tree / "f").write_text("x")
+    for i in range(3 * REMOVE_CHECK):
+        os.link(tree / "f", tree / str(i))
+        (tree / f"d{i}").mkdir()
+    assert remove_tree(str(tree), deadline=time.monotonic() - 1) is False
+    assert tree.is_dir() and len(os.listdir(tree)) > REMOVE_CHECK
+    assert remove_tree(str(tree)) is True and not tree.exists()
