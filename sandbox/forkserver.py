@@ -89,6 +89,10 @@ Isolation of each child (see sandbox/__init__.py for the whole model)
   --wipe-ipc, those of the container's namespace): none is seen by the host, another pool or the next program;
 - no network: the server enters a new network namespace once at start (as root, or through an unprivileged
   user namespace); where neither is allowed, results say "network_isolated": false;
+- a seccomp filter (seccomp.py, beside this file; seccomp_filter), the last step of every child's set-up: keyrings
+  (per uid, so they would reach the next program), POSIX message queues, file locks (on shared host inodes),
+  sockets of any family but AF_UNIX (AF_VSOCK is outside the network namespace), io_uring and bpf fail with EPERM;
+  where the kernel cannot apply it, results say "seccomp": false;
 - scrubbed environment (PATH, LANG, PYTHONHASHSEED, and HOME=TMPDIR=the work dir); stdin is /dev/null;
   stdout/stderr are captured up to output_limit bytes together (more ends the program with status "output_limit");
 - every descriptor except stdio (and, for tests, the result pipe) is closed before the program runs, so the
