@@ -293,7 +293,8 @@ def users_secret():
     """A folder and a file of the plain user's own, outside the sandbox (what a run folder or a home holds): its
     server may read and write them; its programs must not."""
     user = plain_user()
-    folder = tempfile.mkdtemp(prefix="sandbox-unpriv-test-", dir="/var/tmp")
+    # not under a dir the sandbox replaces with a private tmpfs (/tmp, /var/tmp): only the programs' root hides it
+    folder = tempfile.mkdtemp(prefix="sandbox-unpriv-test-", dir="/var/lib" if user is not None else Path.home())
     secret = os.path.join(folder, "corpus.sqlite")
     with open(secret, "w") as f:
         f.write("expected outputs")
