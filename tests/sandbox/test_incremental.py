@@ -416,3 +416,13 @@ def test_edits_of_unrecorded_helpers_equal_a_fresh_run(sb, start, edits):
         fresh = sb.run_tests(code, "solve", inputs, expected, use_cache=False)
         assert [(t.status, t.output, t.passed) for t in inc.tests] == \
             [(t.status, t.output, t.passed) for t in fresh.tests], code
+
+
+def test_an_int_too_large_for_a_float_is_graded_not_raised_on_reuse(sb):
+    code = "def solve(x):\n    return 10 ** 400 if x > 0 else 0.5\n"
+    runner = IncrementalRunner(sb)
+    for turn in range(2):
+        report = runner.run_tests(code, "solve", [[1], [0]], [1.5, 0.5])
+        assert [t.passed for t in report.tests] == [False, True]
+    assert info(report)["reused"] == 2
+    assert [t.passed for t in runner.run_tests(code, "solve", [[1], [0]], [10 ** 400, 1.5]).tests] == [True, False]
