@@ -39,6 +39,9 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
      level resets) → more replay, lower learning rate;
    - KL to the reference above `kl_max` → lower learning rate.
+   The learning-rate and replay reactions apply in every mode or in none (`lr_control`, `corpus_replay`): the
+   curriculum, uniform and fixed sources run the solver's detectors through `watch`, and the loop scales every
+   mode's learning rate by `lr_scale`.
 
 Every decision is visible in `metrics()` under `mixer/…` and the whole state round-trips through
 `state_dict()` / `load_state_dict()` for checkpoints. The mixer is plain Python (no torch) and deterministic
@@ -109,6 +112,16 @@ class MixerConfig:
     # iterations, each served once, newest first; fresh ones top the share up while too few are kept)
     generator_tasks: str = "fresh"
     in_band_max_age: int = 4
+    # the collapse alarms' learning-rate control in every mode that trains the solver, or in none: true = a solver
+    # collapse or a KL blow-up halves the learning-rate scale (both agents' rate = ppo.lr * it, down to lr_scale_min),
+    # which recovers by `recover` an iteration, in selfplay as in the curriculum, uniform and fixed baselines (their
+    # sources run the same detectors, Mixer.watch); false = the scale stays 1 in every mode (the alarms are still
+    # logged). The same for all arms of a comparison
+    lr_control: bool = True
+    # replayed corpus tasks in every mode that draws procedural tasks, or in none: true = share_replay of the solver
+    # batch (raised on a solver collapse, chosen near the band's centre) in selfplay, curriculum and uniform alike;
+    # false = no replayed task in any mode (the fixed mode's task set is its own, with none either way)
+    corpus_replay: bool = True
 
 
 @dataclass
@@ -235,6 +248,9 @@ class Mixer:
                              f"mixer.instruction_follow=false), got {c.instruction_power}")
         self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
                             "replay": c.share_replay / total}
+        if not c.corpus_replay:  # no replay in any mode: its share goes to procedural tasks
+            self.base_shares["procedural"] += self.base_shares["replay"]
+            self.base_shares["replay"] = 0.0
         self.min_generator = min(c.min_share_generator, self.base_shares["generator"])
         shares = dict(self.base_shares, generator=self.min_generator)
         shares["procedural"] = 1.0 - shares["generator"] - shares["replay"]
@@ -302,6 +318,18 @@ class Mixer:
         levels = [self.sample_level() for _ in range(counts["procedural"])]
         return BatchPlan(counts=counts, levels=levels, target_solve_rate=self.target_solve_rate)
 
+    def replay_count(self, batch_size: int, available: int) -> int:
+        """The modes without a generator (curriculum, uniform; mixer.corpus_replay): replayed corpus tasks in a batch
+        of `batch_size`, at the replay share (its rounding carried from batch to batch with carry_rounding, as
+        `plan` carries it), at most `available`; the rest of the batch is the source's procedural tasks."""
+        if available <= 0 or not self.cfg.corpus_replay:
+            return 0
+        quota = self.s.shares["replay"] * batch_size + self.s.carry.get("replay", 0.0)
+        count = min(batch_size, max(0, math.floor(quota + 0.5)))
+        if self.cfg.carry_rounding:
+            self.s.carry = {"replay": quota - count}
+        return min(count, available)
+
     def replay_weights(self, difficulties: Sequence[float | None]) -> list[float]:
         """Preference for replaying tasks of measured difficulty d (solve rate 1 - d): a bump at the band's
         centre with a floor, so every task keeps some chance; unmeasured tasks count as at the centre."""
@@ -364,11 +392,7 @@ class Mixer:
     def observe(self, stats: IterationStats) -> None:
         c, s = self.cfg, self.s
         s.steps += 1
-        # the procedural tasks' solve rate when there are some: the generator's share (and its tasks' difficulty)
-        # must not read as the solver getting better or worse
-        rate = statistics.fmean(stats.procedural_rates) if stats.procedural_rates else stats.solve_rate
-        s.solve_ema = _ema(s.solve_ema, rate, c.ema)
-        s.baseline = _ema(s.baseline, s.solve_ema, c.baseline_ema)
+        self._track_solve_rate(stats)
         level = s.level
         self._follow_the_solver(stats)
         if s.level > level:  # harder tasks are solved less often: that is the curriculum, not a collapse
@@ -383,26 +407,71 @@ class Mixer:
             "generator_validity": s.validity_ema is not None and s.validity_ema < c.min_validity,
             "generator_in_band": s.in_band_ema is not None and s.in_band_ema < c.min_in_band,
             "generator_diversity": stats.diversity is not None and stats.diversity < c.min_diversity,
-            "solver_collapse": s.steps > 3 and s.solve_ema < s.baseline - c.pass_drop,
-            "kl_blowup": stats.kl is not None and stats.kl > c.kl_max,
+            **self._solver_alarms(stats),
         }
         s.alarms = alarms
         shares = s.shares
         target = self.base_shares["generator"] if s.trusted else self.min_generator
         shares["generator"] += c.share_rate * (target - shares["generator"])
-        if alarms["solver_collapse"]:
-            shares["replay"] = min(c.max_share_replay, 1.5 * shares["replay"] + 0.05)
-        else:
-            shares["replay"] += c.recover * (self.base_shares["replay"] - shares["replay"])
-        shares["replay"] = min(shares["replay"], 1.0 - shares["generator"])
-        shares["procedural"] = max(0.0, 1.0 - shares["generator"] - shares["replay"])
+        self._react_replay(alarms, shares["generator"])
 
         if alarms["generator_diversity"]:
             s.repetition_weight = min(c.repetition_weight_max, 1.5 * s.repetition_weight)
         else:
             s.repetition_weight += c.recover * (c.repetition_weight - s.repetition_weight)
+        self._react_lr(alarms)
 
-        if alarms["solver_collapse"] or alarms["kl_blowup"]:
+    def watch(self, stats: IterationStats, level_rose: bool = False) -> None:
+        """The solver's detectors and reactions alone, for the modes without a generator (curriculum, uniform,
+        fixed): the solve-rate EMA against its slow baseline (reset when the source's level rose, `level_rose`, as
+        self-play's is when the mixer's rises), the solver-collapse and KL alarms, the band's centre the replayed
+        tasks are chosen near (band=adaptive), the replay share (mixer.corpus_replay) and the learning-rate scale
+        (mixer.lr_control), by the same rules as `observe`. The level, the generator's share and trust, the
+        repetition penalty and the instruction yields stay where they are."""
+        c, s = self.cfg, self.s
+        s.steps += 1
+        self._track_solve_rate(stats)
+        if level_rose:
+            s.baseline = s.solve_ema
+        if c.band == "adaptive" and stats.task_rates:
+            in_band = [p for p in stats.task_rates if 0.0 < p < 1.0]
+            if in_band:
+                s.band_centre = _ema(s.band_centre, statistics.fmean(in_band), c.ema)
+        s.alarms = self._solver_alarms(stats)
+        self._react_replay(s.alarms, 0.0)  # no generator: the replay share is out of the whole batch
+        self._react_lr(s.alarms)
+
+    def _track_solve_rate(self, stats: IterationStats) -> None:
+        c, s = self.cfg, self.s
+        # the procedural tasks' solve rate when there are some: the generator's share (and its tasks' difficulty)
+        # must not read as the solver getting better or worse
+        rate = statistics.fmean(stats.procedural_rates) if stats.procedural_rates else stats.solve_rate
+        s.solve_ema = _ema(s.solve_ema, rate, c.ema)
+        s.baseline = _ema(s.baseline, s.solve_ema, c.baseline_ema)
+
+    def _solver_alarms(self, stats: IterationStats) -> dict[str, bool]:
+        c, s = self.cfg, self.s
+        return {"solver_collapse": s.steps > 3 and s.solve_ema < s.baseline - c.pass_drop,
+                "kl_blowup": stats.kl is not None and stats.kl > c.kl_max}
+
+    def _react_replay(self, alarms: dict[str, bool], generator_share: float) -> None:
+        """More replay on a solver collapse, back towards the base share otherwise (none with corpus_replay off)."""
+        c, shares = self.cfg, self.s.shares
+        if not c.corpus_replay:
+            shares["replay"] = 0.0
+        elif alarms["solver_collapse"]:
+            shares["replay"] = min(c.max_share_replay, 1.5 * shares["replay"] + 0.05)
+        else:
+            shares["replay"] += c.recover * (self.base_shares["replay"] - shares["replay"])
+        shares["replay"] = min(shares["replay"], 1.0 - generator_share)
+        shares["procedural"] = max(0.0, 1.0 - shares["generator"] - shares["replay"])
+
+    def _react_lr(self, alarms: dict[str, bool]) -> None:
+        """Halve the learning-rate scale on a solver collapse or a KL blow-up, recover otherwise (lr_control)."""
+        c, s = self.cfg, self.s
+        if not c.lr_control:
+            s.lr_scale = 1.0
+        elif alarms["solver_collapse"] or alarms["kl_blowup"]:
             s.lr_scale = max(c.lr_scale_min, 0.5 * s.lr_scale)
         else:
             s.lr_scale += c.recover * (1.0 - s.lr_scale)
@@ -476,6 +545,15 @@ class Mixer:
             out["mixer/edit_drop"] = s.edit_drop
         out.update({f"mixer/share/{k}": v for k, v in s.shares.items()})
         out.update({f"mixer/instruction_yield/{k}": self.instruction_yield(k) for k in sorted(s.instruction_counts)})
+        out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
+        return out
+
+    def watch_metrics(self) -> dict[str, float]:
+        """What `watch` moves, under the `mixer/` prefix (the modes without a generator)."""
+        s = self.s
+        out = {"mixer/lr_scale": s.lr_scale, "mixer/share/replay": s.shares["replay"],
+               "mixer/target_solve_rate": self.target_solve_rate,
+               "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else float("nan")}
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
         return out
 

@@ -76,6 +76,9 @@ class TaskSource:
     """The interface: `draw` the solver's tasks, `observe` what happened, report `metrics`, checkpoint state."""
 
     name = "source"
+    # the modes without a generator (curriculum, uniform, fixed): the loop's mixer, whose solver detectors they run
+    # (`Mixer.watch`: the learning-rate scale and the replay share, mixer.lr_control and mixer.corpus_replay)
+    control: Mixer | None = None
 
     def draw(self, n: int, rng: random.Random, *, step: int, offered: list[Task], pool: list[Task]) -> Draw:
         """`n` tasks for iteration `step` (1-based). `offered`: this iteration's valid generator proposals;
@@ -93,6 +96,21 @@ class TaskSource:
 
     def load_state_dict(self, state: dict) -> None:
         pass
+
+    def _replayed(self, n: int, pool: list[Task]) -> list[Task]:
+        """The control mixer's replayed corpus tasks for a batch of n (none without it or with corpus_replay off)."""
+        if self.control is None:
+            return []
+        k = self.control.replay_count(n, len(pool))
+        chosen = set(self.control.choose_replay([x.id for x in pool], [x.difficulty for x in pool], k)) if k else set()
+        return [x for x in pool if x.id in chosen]
+
+    def _watch(self, stats: IterationStats, level_rose: bool = False) -> None:
+        if self.control is not None:
+            self.control.watch(stats, level_rose)
+
+    def _watch_metrics(self) -> dict[str, float]:
+        return self.control.watch_metrics() if self.control is not None else {}
 
 
 class InBandPool:
@@ -223,17 +241,23 @@ class CurriculumSource(TaskSource):
             raise UserError("mode curriculum: the schedule needs train.steps >= 1 or train.curriculum_steps_per_level")
         self.procedural, self.steps_per_level = procedural, steps_per_level
         self.steps, self.levels = steps, sorted(levels)
+        self.step = 0  # the last draw's
 
     def level(self, step: int) -> int:
         return curriculum_level(step, self.steps, self.levels, self.steps_per_level)
 
     def draw(self, n, rng, *, step, offered, pool):
-        procedural = self.procedural([self.level(step)] * n, step)
-        return Draw(procedural, new_ids={x.id for x in procedural},
-                    counts={"generator": 0, "procedural": len(procedural), "replay": 0})
+        self.step = step
+        replay = self._replayed(n, pool)
+        procedural = self.procedural([self.level(step)] * (n - len(replay)), step)
+        return Draw(procedural + replay, new_ids={x.id for x in procedural},
+                    counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)})
+
+    def observe(self, stats):  # a step up the schedule resets the collapse baseline, as a rise of the mixer's level
+        self._watch(stats, level_rose=self.step > 1 and self.level(self.step) > self.level(self.step - 1))
 
     def metrics(self, step):
-        return {"mixer/level": self.level(step)}  # the schedule's level, drawn beside the mixer's
+        return {**self._watch_metrics(), "mixer/level": self.level(step)}  # the schedule's level
 
 
 class UniformSource(TaskSource):
@@ -254,13 +278,20 @@ class UniformSource(TaskSource):
         return [rng.choice(self.levels) for _ in range(n)]
 
     def draw(self, n, rng, *, step, offered, pool):
-        self.drawn = self.draw_levels(n, step)
+        replay = self._replayed(n, pool)
+        self.drawn = self.draw_levels(n, step)[:n - len(replay)]
         procedural = self.procedural(self.drawn, step)
-        return Draw(procedural, new_ids={x.id for x in procedural},
-                    counts={"generator": 0, "procedural": len(procedural), "replay": 0})
+        return Draw(procedural + replay, new_ids={x.id for x in procedural},
+                    counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)})
+
+    def observe(self, stats):
+        self._watch(stats)
 
     def metrics(self, step):
-        return {"mixer/level": sum(self.drawn) / len(self.drawn)} if self.drawn else {}  # this draw's mean level
+        out = self._watch_metrics()
+        if self.drawn:
+            out["mixer/level"] = sum(self.drawn) / len(self.drawn)  # this draw's mean level
+        return out
 
 
 class FixedSource(TaskSource):
@@ -284,6 +315,12 @@ class FixedSource(TaskSource):
         queued = self._load_or_make() if self.tasks is None else []
         fixed = [self.tasks[i] for i in fixed_schedule(len(self.tasks), step, n, self.seed)]
         return Draw(fixed, counts={"fixed": len(fixed)}, queued=queued)
+
+    def observe(self, stats):  # the learning-rate control only: the fixed set has no replayed tasks
+        self._watch(stats)
+
+    def metrics(self, step):
+        return {k: v for k, v in self._watch_metrics().items() if k != "mixer/share/replay"}
 
     def _load_or_make(self) -> list[Task]:
         """Sets self.tasks; returns the tasks to queue for the corpus (fresh ones, on first use)."""
@@ -358,10 +395,13 @@ def make_source(cfg, *, mixer: Mixer, sb, corpus, run_dir: Path, log: Callable[[
         in_band = InBandPool(cfg.mixer.in_band_max_age) if cfg.mixer.generator_tasks == "in_band" else None
         return MixerSource(mixer, procedural, adapt=t.mode == "selfplay", in_band=in_band)
     if t.mode == "curriculum":
-        return CurriculumSource(procedural, t.curriculum_steps_per_level, steps=t.steps, levels=mixer_levels(cfg))
-    if t.mode == "uniform":
-        return UniformSource(procedural, mixer_levels(cfg), cfg.run.seed)
-    return FixedSource(t, cfg.tasks, cfg.run.seed, sb, corpus, run_dir, log)
+        source = CurriculumSource(procedural, t.curriculum_steps_per_level, steps=t.steps, levels=mixer_levels(cfg))
+    elif t.mode == "uniform":
+        source = UniformSource(procedural, mixer_levels(cfg), cfg.run.seed)
+    else:
+        source = FixedSource(t, cfg.tasks, cfg.run.seed, sb, corpus, run_dir, log)
+    source.control = mixer  # the solver's collapse detectors, as self-play's (mixer.lr_control, corpus_replay)
+    return source
 
 
 def mixer_levels(cfg) -> list[int]:

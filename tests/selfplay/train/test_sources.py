@@ -228,7 +228,7 @@ def test_uniform_draws_every_level_of_the_mixers_range_alike_and_as_a_function_o
     assert ids(batch.tasks) == ids(again.draw(4, random.Random(2), step=5, offered=[], pool=[]).tasks)
     assert sorted(t.level for t in batch.tasks) == sorted(source.draw_levels(4, 5))
     assert batch.counts == {"generator": 0, "procedural": 4, "replay": 0} and batch.new_ids == set(ids(batch.tasks))
-    assert source.metrics(5) == {"mixer/level": sum(source.draw_levels(4, 5)) / 4}
+    assert source.metrics(5)["mixer/level"] == sum(source.draw_levels(4, 5)) / 4
     with pytest.raises(UserError, match="mixer.level_min"):
         UniformSource(source.procedural, [], 0)
 
@@ -262,3 +262,74 @@ def test_task_choice_settings_name_their_key():
                               ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh")):
         with pytest.raises(UserError, match=message):
             validate(load_config(overrides=[override]).train)
+
+
+# ---------------------------------------------------------------------------- the same controls in every mode
+
+COLLAPSE = [0.5] * 6 + [0.0] * 6  # procedural solve rates: steady (in band, the level stays), then a collapse
+
+
+def lr_and_replay(mode, overrides, tmp_path):
+    """The lr scale, replay share and collapse alarm after each iteration of COLLAPSE, observed through the task
+    source `mode` draws from (its own fresh mixer, as the loop holds one)."""
+    cfg = load_config(overrides=[f"train.mode={mode}", "train.steps=100", *overrides])
+    mixer = Mixer(cfg.mixer, seed=0)
+    source = make_source(cfg, mixer=mixer, sb=None, corpus=None, run_dir=tmp_path, log=print)
+    out = []
+    for p in COLLAPSE:
+        source.observe(IterationStats(solve_rate=p, task_rates=[p] * 4, procedural_rates=[p] * 4, kl=0.1))
+        out.append((mixer.lr_scale, mixer.shares["replay"],
+                    source.metrics(1).get("mixer/alarm/solver_collapse")))
+    return out
+
+
+def test_with_lr_control_every_mode_halves_its_rate_on_a_collapse_as_self_play_does(tmp_path):
+    """mixer.lr_control=true (the default): the solve-rate EMA (weight 0.7) falls to 0.35, 0.245, 0.1715 after the
+    drop while its slow baseline (0.95) stays near 0.48, so the solver-collapse alarm (EMA 0.25 below the baseline)
+    first fires at the 9th iteration: the scale halves there and at each alarm after, 1 before. The curriculum,
+    uniform and fixed sources run the same detector and get the same scale and replay share as self-play."""
+    expected = [1.0] * 8 + [0.5, 0.25, 0.125, 0.1]  # lr_scale_min 0.1
+    runs = {mode: lr_and_replay(mode, [], tmp_path) for mode in ("selfplay", "curriculum", "uniform", "fixed")}
+    for mode, run in runs.items():
+        assert [lr for lr, _, _ in run] == pytest.approx(expected), mode
+        assert [alarm for _, _, alarm in run] == [0.0] * 8 + [1.0] * 4, mode
+    for mode in ("curriculum", "uniform"):
+        assert [r for _, r, _ in runs[mode]] == [r for _, r, _ in runs["selfplay"]], mode
+    assert runs["selfplay"][-1][1] > 0.2  # the collapse raised the replay share
+
+
+def test_without_lr_control_no_mode_scales_its_rate(tmp_path):
+    """mixer.lr_control=false: the alarm still fires (and is logged), the scale stays 1 in every mode."""
+    for mode in ("selfplay", "curriculum", "uniform", "fixed"):
+        run = lr_and_replay(mode, ["mixer.lr_control=false"], tmp_path)
+        assert [lr for lr, _, _ in run] == [1.0] * len(COLLAPSE), mode
+        assert run[-1][2] == 1.0, mode
+
+
+def test_the_replay_share_is_every_modes_or_none(world, tmp_path):
+    """mixer.corpus_replay=true (the default): a curriculum or uniform batch of 4 replays as many corpus tasks as
+    self-play's does with no generator task offered (share 0.2: 0.8 a batch, its rounding carried: 1, 1, 0, 1, 1),
+    chosen from the pool; false: none in any mode, even after a collapse raised nothing."""
+    sb, corpus, _ = world
+    pool = corpus.query(split="train", order="random", seed=3, limit=1024)
+
+    def counts(mode, overrides=()):
+        cfg = load_config(overrides=[f"train.mode={mode}", "train.steps=20", *overrides])
+        source = make_source(cfg, mixer=Mixer(cfg.mixer, seed=0), sb=sb, corpus=corpus, run_dir=tmp_path, log=print)
+        out = []
+        for step in range(1, 6):
+            drawn = source.draw(4, random.Random(step), step=step, offered=[], pool=pool)
+            replayed = drawn.tasks[drawn.counts["procedural"]:]
+            assert len(drawn.tasks) == 4 and {x.id for x in replayed} <= {x.id for x in pool}
+            assert drawn.new_ids == {x.id for x in drawn.tasks[:drawn.counts["procedural"]]}
+            out.append(drawn.counts["replay"])
+        return out
+
+    assert counts("selfplay") == counts("curriculum") == counts("uniform") == [1, 1, 0, 1, 1]
+    off = ["mixer.corpus_replay=false"]
+    assert counts("selfplay", off) == counts("curriculum", off) == counts("uniform", off) == [0] * 5
+    cfg = load_config(overrides=off)
+    mixer = Mixer(cfg.mixer, seed=0)
+    for p in COLLAPSE:
+        mixer.observe(IterationStats(solve_rate=p, task_rates=[p] * 4, procedural_rates=[p] * 4))
+    assert mixer.shares["replay"] == 0.0 and mixer.plan(8, {"generator": 0, "replay": 50}).counts["replay"] == 0
