@@ -5,7 +5,7 @@ is a rise of the training pass rate a skill that transfers, or specific to the t
 
 RUN_DIR is a fixed-mode run (its tasks in RUN_DIR/fixed_tasks.jsonl); the warm start's step_0 and the run's
 step_STEP (default: the latest) answer both task sets greedily; prints each pass rate by level and the paired change
-with a bootstrap 95 % interval over tasks (`selfplay.eval.compare.paired_delta`).
+with a bootstrap 95 % interval over tasks (`selfplay.eval.stats.paired_delta`).
 """
 
 import json
@@ -16,7 +16,7 @@ import sandbox
 from generator.schema import Task
 from selfplay.runtime.checkpoint import CheckpointManager
 from selfplay.eval.load import config_of, load_solver
-from selfplay.eval.compare import paired_delta
+from selfplay.eval.stats import paired_delta
 from selfplay.eval.evaluate import per_task_outcomes, read_tasks
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
 

@@ -55,9 +55,12 @@ touch it, sandbox/incremental.py).
 
 Trusted checks (`sb.run_check(module, entry_point, check_code)`, HumanEval's form: check_code defines
 check(candidate)): the check code runs in a checker process, never next to the program; the module is loaded
-in a process of its own that only answers calls (candidate(...) and any module function the check code names)
-with values; "ok" means check(entry_point) returned. The program can fail its check (exit, die, raise, hang,
-kill the checker) but no byte it writes can pass it. `selfplay.eval.evaluate.grade_humaneval` grades this way.
+in a process of its own that only answers calls (candidate(...) and any module function the check code names,
+never one named like a builtin) with values; "ok" means check(entry_point) returned. Given the problem's prompt
+(`run_check(..., prompt=PROMPT)`), the checker runs the prompt's own helper definitions itself and takes only the
+entry point from the module, so an answer that redefines a helper the test uses cannot pass through it. The
+program can fail its check (exit, die, raise, hang, kill the checker) but no byte it writes can pass it.
+`selfplay.eval.evaluate.grade_humaneval` grades this way, with the prompt.
 
 Isolation model of the process backend (details in sandbox/forkserver.py)
     - each worker is a small fork server (not a fork of the trainer) that preloads common modules; one forked
@@ -95,9 +98,9 @@ Set iteration order is the same in every worker (PYTHONHASHSEED=0), so runs are 
 """
 
 from sandbox.api import (ExecResult, Sandbox, TestOutcome, TestReport, normalize, open_sandbox,
-                         outputs_equal)
+                         outputs_equal, usable_cpus)
 from sandbox.errors import SandboxConfigError, SandboxError, SandboxUnavailable
 from sandbox.limits import Limits
 
 __all__ = ["open_sandbox", "Sandbox", "ExecResult", "TestReport", "TestOutcome", "normalize", "outputs_equal",
-           "SandboxError", "SandboxConfigError", "SandboxUnavailable", "Limits"]
+           "SandboxError", "SandboxConfigError", "SandboxUnavailable", "Limits", "usable_cpus"]

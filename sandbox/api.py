@@ -494,6 +494,15 @@ class Sandbox:
         self.close()
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on: its affinity (what SLURM's `--cpus-per-task`, taskset or a cgroup cpuset
+    gives the job), not the machine's count, which on a shared node can be many times larger."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity on this platform
+        return max(1, os.cpu_count() or 1)
+
+
 def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s: float = 5.0,
                  memory_mb: int = 512, cache: bool = True, *, output_limit: int = 1_000_000,
                  cache_path: str | None = None, trace_path: str | None = None, **options) -> Sandbox:
@@ -501,10 +510,10 @@ def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s
     if backend not in BACKENDS:
         raise SandboxConfigError(f"unknown sandbox backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if workers is None:
-        workers = max(1, os.cpu_count() or 1)
+        workers = usable_cpus()
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
         raise SandboxConfigError(f"workers={workers!r}: pass an integer between 1 and {MAX_WORKERS} (or None "
-                                 f"for one per CPU)")
+                                 f"for one per usable CPU)")
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, output_limit=output_limit)
     if backend == "docker":
         open_docker = _optional("sandbox.docker_backend", "open_docker_backend")

@@ -42,7 +42,7 @@ single connection and exits when it closes, so a client that dies leaves no serv
     {"op": "run", "source": str, "timeout_s": float, "memory_mb": int, "output_limit": int}
                      -> {"status": str, "stdout": str, "stderr": str, "duration_s": float, "meta": {...}}
     {"op": "check", "source": str, "entry_point": str, "test": str (defines check(candidate)), "timeout_s",
-     "memory_mb", "output_limit"}
+     "memory_mb", "output_limit", optional "prompt": str (the problem's own helpers, run in the checker)}
                      -> as "run", meta["check"] = {"passed": bool, "error": str | None} (see child_check)
     {"op": "tests", "source": str, "entry_point": str, "inputs": [[arg, ...], ...],
      "timeout_s": float (module load), "test_timeout_s": float (each test), "stop_on_error": bool,
@@ -1615,6 +1615,9 @@ class ProtocolViolation(Exception):
 class Server:
     def __init__(self, args: argparse.Namespace):
         self.args = args
+        # read seccomp.py first, while this file's folder is still in our view: a checkout under /tmp is hidden by
+        # the private /tmp below, and a filter loaded after it would silently be none
+        seccomp = None if getattr(args, "no_seccomp", False) else seccomp_filter()
         # without root, first a user namespace of our own (enter_user_namespace): inside it we are uid 0 with the
         # capabilities the namespaces, mounts, root and pid namespace below need; userns_error says why not
         self.userns, self.userns_error = False, None
@@ -1682,7 +1685,7 @@ class Server:
                      # RLIMIT_NPROC counts only this worker's processes (a uid of its own, or its user namespace)
                      "nproc_per_worker": bool(self.cgroup) or uid is not None or self.userns,
                      "user_namespace": self.userns, "userns_error": self.userns_error}
-        self.cfg["seccomp"] = None if getattr(args, "no_seccomp", False) else seccomp_filter()  # _child_setup
+        self.cfg["seccomp"] = seccomp  # installed last in _child_setup
         self.meta["seccomp"] = self.cfg["seccomp"] is not None
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         # no_new_privs is inherited by every child and cannot be unset; the server never execs, so setting it

@@ -14,13 +14,18 @@
 #SBATCH --job-name=selfplay
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=1
-#SBATCH --cpus-per-task=2
+#SBATCH --exclusive
 #SBATCH --time=24:00:00
 #SBATCH --output=slurm-%x-%j.out
 #SBATCH --signal=B:USR1@300
 #SBATCH --requeue
 #SBATCH --open-mode=append
 # GPUs per node: add e.g. "#SBATCH --gpus-per-node=8" on a GPU cluster (one rank per GPU).
+# Cores: the one task per node gets every core SLURM allocated on it (--exclusive: the whole node), passed to srun
+# explicitly (srun does not inherit --cpus-per-task since Slurm 22.05); its ranks, their sandbox workers and engines
+# share them, and each rank sizes its sandbox pool by its CPU affinity divided by the node's ranks.
+# Networking: set GLOO_SOCKET_IFNAME (CPU ranks) or NCCL_SOCKET_IFNAME to the interface the nodes reach each other
+# on when the default route's is not it; NCCL_DEBUG=INFO prints NCCL's choice of transport at start.
 set -euo pipefail
 
 CONFIG=${1:-configs/tiny.yaml}
@@ -54,6 +59,10 @@ else
   export DS_ACCELERATOR=cpu OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 
+# ---- cores: every core allocated on the node goes to its one task --------------------------------------------
+CPUS_PER_TASK=${SLURM_CPUS_ON_NODE:-$(nproc)}
+export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK
+
 # ---- preemption: USR1 -> stop file -> checkpoint -> requeue -----------------------------------------------
 export SELFPLAY_STOP_FILE="${SLURM_SUBMIT_DIR:-$(pwd)}/.selfplay-stop-${SLURM_JOB_ID}"
 rm -f "$SELFPLAY_STOP_FILE"
@@ -64,9 +73,10 @@ on_usr1() {
 trap on_usr1 USR1
 
 echo "selfplay.sh: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $SLURM_NNODES node(s) x $NPROC_PER_NODE" \
-     "process(es), master $MASTER_ADDR:$MASTER_PORT, config $CONFIG ${OVERRIDES[*]:-}"
+     "process(es), $CPUS_PER_TASK cores a node, master $MASTER_ADDR:$MASTER_PORT, config $CONFIG ${OVERRIDES[*]:-}"
 
-srun --kill-on-bad-exit=1 --ntasks-per-node=1 bash -c '
+srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_TASK" bash -c '
+  echo "selfplay.sh: node $SLURM_NODEID: $(nproc) usable cores"
   exec python -m torch.distributed.run --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
     --nproc_per_node "'"$NPROC_PER_NODE"'" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
     --max_restarts 0 -m selfplay train "$@"' selfplay "$CONFIG" "${OVERRIDES[@]}" &

@@ -75,7 +75,7 @@ def run(args) -> int:
 def value(row, metric: str) -> float:
     """One task's value: `outcome_value`'s greedy outcome or sampled share, or for "pass@n" whether any of the n
     samples solved it."""
-    from selfplay.eval.compare import outcome_value
+    from selfplay.eval.stats import outcome_value
 
     return float(row[2] > 0) if metric == "pass@n" else outcome_value(row, metric)
 
@@ -176,7 +176,7 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
                 print(f"{str(run):34s} seed {seed} @{step} {subset:10s} n=  0  (no task)")
                 continue
             cells = []
-            for name, metric in METRICS:  # paired over tasks, bootstrapped as compare.paired_delta does
+            for name, metric in METRICS:  # paired over tasks, bootstrapped as stats.paired_delta does
                 b = np.array([value(before[i], metric) for i in ids])
                 a = np.array([value(after[i], metric) for i in ids])
                 lo, hi = bootstrap_ci95(a - b)

@@ -89,9 +89,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 
 from selfplay.eval import stats
+from selfplay.eval.stats import outcome_value, paired_delta  # noqa: F401 - compare's names for them
 from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
 from selfplay.runtime import paths
 from selfplay.runtime.checkpoint import LATEST
@@ -126,7 +126,7 @@ ARM_SPECS = {
     "fixed": Arm("fixed"),
 }
 ARMS = tuple(ARM_SPECS)
-METRICS = ("pass@1_greedy", "pass@1")  # per split, from the final held-out evaluation
+METRICS = stats.OUTCOME_METRICS  # per split, from the final held-out evaluation
 # what an arm takes from its seed's warm start (reserved_tasks.jsonl: only with train.fixed_source=reserved)
 COPIED = (paths.CHECKPOINTS, paths.MODELS, paths.CORPUS, paths.HELDOUT, paths.RESERVED_TASKS)
 
@@ -610,26 +610,6 @@ def paired_groups(before: dict, after: dict, levels: dict[str, int], n_boot: int
             for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
 
 
-def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
-    """The change of `metric` between two evaluations, paired over the tasks both saw.
-
-    `before`/`after`: {task_id: [greedy solved, n, c]} (evaluate.per_task_outcomes). Per task the value is the
-    greedy outcome (metric "pass@1_greedy") or the sampled solve share c/n ("pass@1", the unbiased pass@1). Returns
-    the means, their difference and a percentile bootstrap 95 % interval of it (tasks resampled with replacement,
-    `n_boot` times, seeded). The interval covers task sampling only: the evaluation's own sampling noise is in the
-    per-task values, and a second seed of the training run is a separate question."""
-    if metric not in METRICS:
-        raise ValueError(f"metric must be one of {', '.join(METRICS)}, got {metric!r}")
-    ids = sorted(set(before) & set(after))
-    if not ids:
-        raise ValueError("the two evaluations share no task")
-    b = np.array([outcome_value(before[i], metric) for i in ids])
-    a = np.array([outcome_value(after[i], metric) for i in ids])
-    diff = a - b
-    return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
-            "ci95": stats.bootstrap_ci95(diff, n_boot, seed)}
-
-
 def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
     """{"B - A": {metric: seed_task_delta}} for every two arms A before B (in `runs`' order) whose test-split
     per-task outcomes share tasks in some seed: B against A on the same tasks of the same seeds, pooled."""
@@ -658,11 +638,6 @@ def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, see
     d = stats.paired_interval(pairs, lambda row: outcome_value(row, metric), n_boot, seed, k=k)
     d["ci95"] = d.pop("ci")
     return d
-
-
-def outcome_value(row, metric: str) -> float:
-    """One task's value in a per-task row [greedy solved, n, c]: the greedy outcome or the sampled share c/n."""
-    return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:

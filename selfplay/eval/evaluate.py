@@ -240,7 +240,7 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
 
 def per_task_outcomes(greedy: Sequence, sampled: Sequence) -> dict[str, list[int]]:
     """{task_id: [greedy solved (0/1), sampled episodes n, sampled solved c]}: what a paired comparison of two
-    evaluations on the same tasks needs (selfplay.eval.compare.paired_delta)."""
+    evaluations on the same tasks needs (selfplay.eval.stats.paired_delta)."""
     out = {r.task.id: [int(r.result.solved), 0, 0] for r in greedy}
     for r in sampled:
         row = out.setdefault(r.task.id, [0, 0, 0])
@@ -286,9 +286,11 @@ def grade_humaneval(problems: Sequence[dict], codes: Sequence[str], sb, timeout_
 
     The problem's test code runs in the sandbox's trusted checker (`sb.run_check`), never in the answer's
     process: the answer only answers calls, so an early exit, a forged status or a tampered harness can fail
-    an answer but never pass it."""
-    results = sb.run_check_many([dict(source=humaneval_module(p, c), entry_point=p["entry_point"], check=p["test"])
-                                 for p, c in zip(problems, codes)], timeout_s=timeout_s)
+    an answer but never pass it. The checker runs the prompt's own helper definitions itself and takes only the
+    entry point from the answer, so an answer that redefines a helper the tests use (or a builtin) cannot pass
+    through it."""
+    results = sb.run_check_many([dict(source=humaneval_module(p, c), entry_point=p["entry_point"], check=p["test"],
+                                      prompt=p["prompt"]) for p, c in zip(problems, codes)], timeout_s=timeout_s)
     return [r.status == "ok" for r in results]
 
 

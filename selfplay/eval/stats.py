@@ -132,6 +132,34 @@ def paired_interval(pairs: Mapping, value, n_boot: int = 4000, seed: int = 0, le
             "design": design, "resamples": RESAMPLES[design] if len(diffs) > 1 else "tasks (one seed)"}
 
 
+OUTCOME_METRICS = ("pass@1_greedy", "pass@1")  # what a per-task outcome row [greedy solved, n, c] gives
+
+
+def outcome_value(row, metric: str) -> float:
+    """One task's value in a per-task row [greedy solved, n, c]: the greedy outcome or the sampled share c/n."""
+    return float(row[0]) if metric == "pass@1_greedy" else (row[2] / row[1] if row[1] else 0.0)
+
+
+def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int = 4000, seed: int = 0) -> dict:
+    """The change of `metric` between two evaluations, paired over the tasks both saw.
+
+    `before`/`after`: {task_id: [greedy solved, n, c]} (evaluate.per_task_outcomes). Per task the value is the
+    greedy outcome (metric "pass@1_greedy") or the sampled solve share c/n ("pass@1", the unbiased pass@1). Returns
+    the means, their difference and a percentile bootstrap 95 % interval of it (tasks resampled with replacement,
+    `n_boot` times, seeded). The interval covers task sampling only: the evaluation's own sampling noise is in the
+    per-task values, and a second seed of the training run is a separate question."""
+    if metric not in OUTCOME_METRICS:
+        raise ValueError(f"metric must be one of {', '.join(OUTCOME_METRICS)}, got {metric!r}")
+    ids = sorted(set(before) & set(after))
+    if not ids:
+        raise ValueError("the two evaluations share no task")
+    b = np.array([outcome_value(before[i], metric) for i in ids])
+    a = np.array([outcome_value(after[i], metric) for i in ids])
+    diff = a - b
+    return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
+            "ci95": bootstrap_ci95(diff, n_boot, seed)}
+
+
 def significant(ci: Sequence[float]) -> bool:
     """Whether an interval excludes zero."""
     return ci[0] > 0 or ci[1] < 0

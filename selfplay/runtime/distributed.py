@@ -10,8 +10,10 @@
 - `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
   others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
 
-On a CPU (no CUDA) DeepSpeed runs with DS_ACCELERATOR=cpu over gloo; the CPU configs use `"torch_adam": true` so
-no fused optimiser is compiled (the first run still JIT-builds a small comm op, about 50 s, cached under ~/.cache).
+On a CPU (no CUDA) DeepSpeed runs with DS_ACCELERATOR=cpu over gloo. Every config in configs/deepspeed/ uses
+`"torch_adam": true`: PyTorch's own AdamW instead of DeepSpeed's FusedAdam, which each rank would otherwise JIT-build
+at start and which fails where `nvcc` does not match torch's CUDA (the first CPU run still JIT-builds a small comm op,
+about 50 s, cached under ~/.cache). Under bf16, ZeRO keeps fp32 master weights and optimiser states either way.
 
 `python -m selfplay.runtime.distributed --smoke OUT` (under torchrun) runs a few PPO steps on a tiny model and writes
 each rank's parameter checksum to OUT/rank_N.json: a quick check that a cluster setup trains and stays in sync.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import subprocess
 import sys
 import threading
 
@@ -238,3 +239,16 @@ def test_a_failed_restart_is_our_fault_and_retried():
         assert_healthy(box)
     finally:
         box.close()
+
+
+def test_default_workers_follow_the_cpu_affinity_not_the_machine():
+    # One worker per CPU this process may use: under `--cpus-per-task` (or taskset) a job gets its share of a node,
+    # and a pool sized by os.cpu_count() would start a worker per core of the whole machine on it.
+    code = ("import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); import sandbox; "
+            "sb = sandbox.open_sandbox(backend='process'); "
+            "print(sandbox.usable_cpus(), len(sb._pool.workers), os.cpu_count()); sb.close()")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    usable, workers, machine = map(int, out.stdout.split())
+    assert (usable, workers) == (1, 1) and machine >= 1
+    assert sandbox.usable_cpus() == len(os.sched_getaffinity(0))

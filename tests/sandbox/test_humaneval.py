@@ -58,6 +58,21 @@ def test_helpers_redefined_by_the_answer_never_pass_a_check_with_its_prompt(sb):
               "    return s\n\ndef encode_shift(s):\n    return s\n"]
     results = sb.run_check_many(_check_jobs(tasks, forged, with_prompt=True), timeout_s=10)
     assert [r.status for r in results] == ["error"] * 2
+    # and without it, the module's encode answers the check: the prompt is what closes this
+    results = sb.run_check_many(_check_jobs(tasks, forged, with_prompt=False), timeout_s=10)
+    assert [r.status for r in results] == ["ok"] * 2
+
+
+def test_grade_humaneval_gives_the_checker_the_problem_s_prompt(sb):
+    # The evaluation's grading path: the same redefined helpers never pass it, honest answers do.
+    from selfplay.eval.evaluate import grade_humaneval
+
+    problems = read_problems()
+    tasks = [problems["HumanEval/38"], problems["HumanEval/50"]]
+    forged = ["    return s\n\ndef encode_cyclic(s):\n    return s\n",
+              "    return s\n\ndef encode_shift(s):\n    return s\n"]
+    assert grade_humaneval(tasks, forged, sb, timeout_s=10) == [False, False]
+    assert grade_humaneval(tasks, [p["canonical_solution"] for p in tasks], sb, timeout_s=10) == [True, True]
 
 
 def test_every_canonical_solution_passes_its_trusted_check_with_its_prompt(sb):

@@ -131,3 +131,23 @@ def test_jumps_beyond_the_reach_of_classic_bpf_are_refused():
     code = [("ld", 0)] + [("jeq", i, "far", None) for i in range(300)] + [("label", "far"), ("ret", 0)]
     with pytest.raises(ValueError, match="jump out of range"):
         seccomp._assemble(code)
+
+
+def test_the_filter_holds_for_a_checkout_under_tmp(tmp_path):
+    # The server replaces /tmp with a private one: seccomp.py must be read before that, or a checkout under /tmp
+    # (CI's, a user's scratch clone) would run every program without the filter and say so only in meta.
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    shutil.copytree(Path(seccomp.__file__).parent, tmp_path / "sandbox")
+    code = ("import sandbox\n"
+            "with sandbox.open_sandbox(backend='process', workers=1) as sb:\n"
+            "    r = sb.run('import socket\\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)')\n"
+            "    print(sandbox.__file__, r.meta.get('seccomp'), r.status, 'Operation not permitted' in r.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert out.returncode == 0, out.stderr
+    where, applied, status, refused = out.stdout.split()
+    assert where.startswith(str(tmp_path)) and (applied, status, refused) == ("True", "error", "True"), out.stdout

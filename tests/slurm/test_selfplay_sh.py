@@ -73,6 +73,9 @@ def test_sbatch_runs_two_ranks_to_completion(warm_run, tmp_path):
     assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 900) == "COMPLETED", log_text(run)[-3000:]
     log = log_text(run)
     assert "1 node(s) x 2 process(es)" in log
+    # the node's one task gets every core allocated on it (the whole node here), not the 2 of a default
+    cores = int(re.search(r"process\(es\), (\d+) cores a node", log).group(1))
+    assert cores == os.cpu_count() and f"node 0: {cores} usable cores" in log
     assert "rank 0 of 2" in log and "rank 1 of 2" in log  # both ranks joined
     st = state(run)
     assert st["step"] == 2 and st["world_size"] == 2 and [h["step"] for h in st["history"]] == [1, 2]
