@@ -84,7 +84,9 @@ def test_two_ranks_train_on_their_own_vllm_engines(warm_run, tmp_path):
     assert st["world_size"] == 2 and st["step"] == 2 and set(st["param_checksums"]) == {"solver", "generator"}
     tags = read_scalars(run)
     syncs = dict(tags["time/weight_sync_s"])
-    assert sorted(syncs) == [1, 2] and all(0 < v < 5 for v in syncs.values()), syncs
+    # every iteration synced and reported a positive time; how long a sync takes is measured by the rollout benchmark
+    # (selfplay/bench/rollout_bench.py, weight_sync_s), not bounded here: a loaded machine stretches it
+    assert sorted(syncs) == [1, 2] and all(v > 0 for v in syncs.values()), syncs
     for agent in ("solver", "generator"):
         gaps = [v for _, v in tags[f"rollout/logprob_gap/{agent}"]]
         assert len(gaps) == 2 and max(gaps) < 1e-3, (agent, gaps)
