@@ -187,6 +187,8 @@ _libc = ctypes.CDLL(None, use_errno=True)
 _print_exception = sys.__excepthook__  # the interpreter's own printer, whatever a program does to sys later
 CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWNET, CLONE_NEWIPC = 0x00020000, 0x10000000, 0x40000000, 0x08000000
 CLONE_NEWPID = 0x20000000
+CLONE_NEWUTS = 0x04000000
+SANDBOX_HOSTNAME = b"sandbox"  # what a program's gethostname() says where the UTS namespace is ours
 IPC_RMID = 0
 SHARED_DIR_ROOTS = ("/run", "/var", "/dev")  # where private_tmp looks for other world-writable dirs (2 levels)
 MS_REC, MS_PRIVATE, MS_NOSUID, MS_NODEV, MS_BIND, MNT_DETACH = 16384, 1 << 18, 2, 4, 4096, 2
@@ -386,6 +388,14 @@ def isolate_network() -> bool:
     except OSError:
         pass
     return True
+
+
+def isolate_uts() -> bool:
+    """Enter a new UTS namespace named SANDBOX_HOSTNAME: a program sees neither the host's name nor its domain name.
+    Works as root, or inside the user namespace isolate_network made. True when it worked."""
+    if not _unshare(CLONE_NEWUTS):
+        return False
+    return _libc.sethostname(SANDBOX_HOSTNAME, len(SANDBOX_HOSTNAME)) == 0
 
 
 def isolate_ipc() -> bool:
@@ -1627,6 +1637,7 @@ class Server:
         no_netns = args.no_netns or (os.geteuid() != 0)  # still not root: no user namespace, so no network one
         self.network_isolated = False if no_netns else isolate_network()
         self.ipc_isolated = isolate_ipc()  # after isolate_network: without root, inside its user namespace
+        self.uts_isolated = False if no_netns else isolate_uts()  # the same: a hostname of its own
         self.private_dirs = [] if args.no_private_tmp else private_tmp(args.tmpfs_mb)
         self.private_tmp = bool(self.private_dirs)
         as_root = os.geteuid() == 0
@@ -1678,6 +1689,7 @@ class Server:
                      "private_tmp": self.private_tmp, "private_dirs": self.private_dirs,
                      "private_proc": self.private_proc,
                      "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid(),
+                     "uts_isolated": self.uts_isolated,
                      "cgroup": self.cgroup.version if self.cgroup else None,
                      "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
                      "tree_memory_limit": bool(self.oom_watch),

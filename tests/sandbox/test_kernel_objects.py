@@ -199,6 +199,16 @@ while True:
 """
 
 
+def test_a_program_sees_a_hostname_of_its_own_not_the_host_s(sb):
+    # The process backend's server enters a UTS namespace named "sandbox"; Docker gives each container its own name.
+    import socket
+
+    seen = sb.run("import socket\nprint(socket.gethostname())")
+    assert seen.status == "ok" and seen.stdout.strip() and seen.stdout.strip() != socket.gethostname()
+    changed = sb.run("import ctypes\nprint(ctypes.CDLL(None, use_errno=True).sethostname(b'x', 1))")
+    assert changed.status == "ok" and changed.stdout.strip() == "-1"  # no capability to rename it either
+
+
 @pytest.mark.parametrize("make", ['os.link(f"{d}/f", f"{d}/{i}")', 'os.mkdir(f"{d}/{i}")'],
                          ids=["hard_links", "directories"])
 def test_a_flood_of_entries_ends_with_the_programs_own_status(one_worker, make):
