@@ -9,7 +9,9 @@
 
 `split_of(params)` decides membership from a task's params alone, in the order above; generation draws params
 aimed at a split (`constraints`) and keeps them only when `split_of` agrees, so the splits are disjoint by
-construction, and `check_disjoint` verifies it on any two sets of tasks.
+construction, and `check_disjoint` verifies it on any two sets of tasks. A task without params (a free-format
+proposal) is judged by its program: `split_of_task` gives it the split of the held-out task it shares an id, a
+normalised-AST hash or a behaviour hash with, as the corpus's reserved table does.
 """
 
 from __future__ import annotations
@@ -111,21 +113,67 @@ def constraints(split: str, cfg: SplitConfig = SplitConfig()) -> dict:
     return base
 
 
+def split_of_task(task, heldout: "HeldoutIndex | None" = None, cfg: SplitConfig = SplitConfig()) -> str:
+    """The split a task belongs to. A task the families built (procedural, or compiled from a mutation) has its
+    program in its params: `split_of(params)`. A task without them (a free-format proposal: Python the families did
+    not build, stored with split "train" and no params) is judged by its program as the held-out hygiene judges it
+    (the corpus's reserved table): the split of the held-out task it shares an id, a normalised-AST hash or a
+    behaviour hash with, else "train"."""
+    params = getattr(task, "params", None) or {}
+    if "family" in params and "steps" in params:
+        return split_of(params, cfg)
+    hit = heldout.match(task) if heldout is not None else None
+    return heldout_split(hit[0]) if hit else "train"
+
+
+def heldout_split(task) -> str:
+    """The split a held-out task was drawn for: the evaluation suite names it in the task's params (`eval_split`:
+    the test and val splits are train-like programs, kept out of training), else the task's own split."""
+    return (getattr(task, "params", None) or {}).get("eval_split", task.split)
+
+
+class HeldoutIndex:
+    """Held-out tasks by id, normalised-AST hash and behaviour hash: the fingerprints the corpus dedups on."""
+
+    def __init__(self, heldout_tasks):
+        self.by = {"id": {}, "program": {}, "behaviour": {}}
+        for t in heldout_tasks:
+            fp = t.fingerprints or {}
+            for what, key in (("id", t.id), ("program", fp.get("ast")), ("behaviour", fp.get("behaviour"))):
+                if key:
+                    self.by[what].setdefault(key, t)
+
+    def match(self, task) -> tuple[object, str] | None:
+        """(the held-out task, "id" | "program" | "behaviour") that `task` shares, or None."""
+        fp = task.fingerprints or {}
+        for what, key in (("id", task.id), ("program", fp.get("ast")), ("behaviour", fp.get("behaviour"))):
+            if key and key in self.by[what]:
+                return self.by[what][key], what
+        return None
+
+
 def check_disjoint(train_tasks, heldout_tasks, cfg: SplitConfig = SplitConfig()) -> list[str]:
-    """Violations (empty when fine): a training task that belongs to a held-out split, a held-out task that
-    belongs to train or to another split than it claims, or a program or id shared across the two sets."""
+    """Violations (empty when fine): a training task that belongs to a held-out split (`split_of_task`: from its
+    params, or for a free-format task without them from its program), a held-out task that belongs to train or to
+    another split than it claims, or an id, program or behaviour shared across the two sets."""
     problems = []
+    train_tasks, heldout_tasks = list(train_tasks), list(heldout_tasks)
+    index = HeldoutIndex(heldout_tasks)
     for t in train_tasks:
-        if t.params and split_of(t.params, cfg) != "train":
-            problems.append(f"train task {t.id} belongs to {split_of(t.params, cfg)}")
+        split = split_of_task(t, index, cfg)
+        if split != "train":
+            how = "" if t.params else " (its program: no params)"
+            problems.append(f"train task {t.id} belongs to {split}{how}")
     for t in heldout_tasks:
         if t.params and split_of(t.params, cfg) != t.split:
             problems.append(f"task {t.id} claims split {t.split} but belongs to {split_of(t.params, cfg)}")
-    train_ids = {t.id for t in train_tasks}
-    train_ast = {t.fingerprints.get("ast") for t in train_tasks} - {None}
-    for t in heldout_tasks:
-        if t.id in train_ids:
-            problems.append(f"task {t.id} is in both sets")
-        elif t.fingerprints.get("ast") in train_ast:
-            problems.append(f"task {t.id} has the same program as a training task")
+    for t in train_tasks:
+        hit = index.match(t)
+        if hit is None:
+            continue
+        h, what = hit
+        if what == "id":
+            problems.append(f"task {h.id} is in both sets")
+        else:
+            problems.append(f"task {h.id} ({heldout_split(h)}) has the same {what} as a training task ({t.id})")
     return problems

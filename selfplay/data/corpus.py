@@ -29,6 +29,7 @@ from typing import Iterable, Iterator
 
 from generator.schema import SchemaError, Task
 from sandbox.files import owner_dir, owner_file
+from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import CORPUS as CORPUS_FILE
 from selfplay.runtime.paths import RunPaths
 
@@ -338,6 +339,34 @@ def _task(record: str, difficulty) -> Task:
         raise CorpusError(f"corrupt task row: {exc}") from exc
     task.difficulty = difficulty
     return task
+
+
+class HeldoutLeak(UserError):
+    """Training tasks that belong to a held-out split or repeat a held-out task's id, program or behaviour."""
+
+
+def check_heldout(run_dir: str | Path, tasks: Iterable[Task], tasks_cfg, when: str) -> int:
+    """Stop the run when a training task is held out: `generator.splits.check_disjoint` of `tasks` (corpus rows,
+    free-format proposals included: a task without params is judged by its program) against the run's held-out
+    tasks (RUN_DIR/heldout.jsonl; nothing to check before it is drawn). Raises HeldoutLeak, one line naming `when`
+    and the ids; returns how many tasks were checked. The loop runs it on the whole corpus at the start of every
+    run and on the rows each corpus update inserts."""
+    from generator.splits import HeldoutIndex, SplitConfig, check_disjoint, split_of_task
+
+    tasks = list(tasks)
+    path = RunPaths(run_dir).heldout
+    if not path.exists() or not tasks:
+        return len(tasks)
+    heldout = [Task.from_json(line) for line in path.read_text().splitlines() if line.strip()]
+    cfg, index = SplitConfig.from_config(tasks_cfg), HeldoutIndex(heldout)
+    leaked = [t for t in tasks if split_of_task(t, index, cfg) != "train" or index.match(t) is not None]
+    if leaked:
+        ids = [t.id for t in leaked]
+        shown = ", ".join(ids[:20]) + (f", ... ({len(ids) - 20} more)" if len(ids) > 20 else "")
+        first = check_disjoint(leaked[:1], heldout, cfg)
+        raise HeldoutLeak(f"{when}: {len(ids)} training task(s) held out ({path.name}): {shown}"
+                          f"{'; ' + first[0] if first else ''}")
+    return len(tasks)
 
 
 def corpus_path(run_dir: str | Path) -> Path:

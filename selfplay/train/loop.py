@@ -69,7 +69,7 @@ from selfplay.models.factory import is_lora, lora_settings
 from selfplay.runtime.checkpoint import (CheckpointManager, code_versions, preserved_rng, rng_state,
                                          set_rng_state)
 from selfplay.runtime.config import to_dict
-from selfplay.data.corpus import Corpus, CorpusError
+from selfplay.data.corpus import Corpus, CorpusError, check_heldout
 from selfplay.runtime import seeds
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
@@ -282,6 +282,8 @@ class SelfPlay:
             self._wait_for_checkpoint()
             latest = self.ckpt.latest_checkpoint()
         self._load(latest)
+        if self.main:  # no corpus row may be held out (selfplay.data.corpus.check_heldout: stops with the ids)
+            check_heldout(self.run_dir, self.corpus.iter_tasks(), self.cfg.tasks, "the corpus at the start of the run")
 
     def _wait_for_checkpoint(self) -> None:
         """Other ranks wait (polling the file system, not a collective) while rank 0 warm-starts."""
@@ -418,7 +420,9 @@ class SelfPlay:
 
     def _flush_corpus(self) -> None:
         if self.pending_tasks:
-            self.corpus.insert_many(self.pending_tasks)
+            inserted = self.corpus.insert_many(self.pending_tasks)
+            check_heldout(self.run_dir, [t for t, r in zip(self.pending_tasks, inserted) if r.inserted], self.cfg.tasks,
+                          f"the corpus rows of step {self.step}")
         for task_id, rate, n, step in self.pending_difficulty:
             try:
                 self.corpus.update_difficulty(task_id, rate, n_samples=n, step=step)
