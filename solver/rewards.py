@@ -8,6 +8,8 @@ under its own name so ablations can switch terms on and off.
                  relative to the reference: 0.5·min(1, cc_ref/cc) + 0.5·min(1, mi/mi_ref)
     progress     newly passing visible tests in a turn / number of visible tests  in [-1, 1] (multi-turn)
     penalty      −1 for each of: syntax error, banned API, timeout, empty answer   (weighted per kind)
+    overlong     DAPO's soft length penalty near the token budget (reward.overlong_cache; added by the loop, which
+                 knows each answer's tokens: `overlong_penalties`)                 in [-1, 0]
 
 The default weights are correctness alone, as the article advises: shaped terms invite shortcuts, so they are
 there for ablations, not by default. All functions are pure; the episode code gathers their inputs.
@@ -31,6 +33,9 @@ class RewardConfig:
     banned_api: float = 0.0  # penalty weight when the answer uses a banned module or call
     timeout: float = 0.0  # penalty weight when the answer ran out of time
     empty_answer: float = 0.0  # penalty weight when no code could be extracted
+    # DAPO's soft overlong penalty, in tokens: an answer longer than ppo.max_new_tokens less this many loses up to 1,
+    # linearly, reaching -1 at the budget (added to the reward the solver's PPO update trains on); 0 = off
+    overlong_cache: int = 0
 
 
 @dataclass
@@ -114,3 +119,34 @@ def needed(cfg: RewardConfig) -> set[str]:
     """The terms with a non-zero weight: callers skip expensive measurements (timing, radon) for the rest."""
     return {name for name in ("correctness", "solved", "efficiency", "quality", "progress", *PENALTY_KINDS)
             if getattr(cfg, name) != 0.0}
+
+
+def overlong_penalty(length: int, max_len: int, cache: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025) for an answer of `length` tokens under a budget of `max_len`
+    with a cache of `cache` tokens: 0 up to max_len - cache, then (max_len - cache - length) / cache down to -1 at
+    max_len, and -1 beyond. 0 when cache is 0 (off)."""
+    if cache <= 0:
+        return 0.0
+    start = max_len - cache
+    if length <= start:
+        return 0.0
+    return max(-1.0, (start - length) / cache)
+
+
+def turn_lengths(mask) -> list[int]:
+    """The tokens of each answer turn in a rollout's token mask (runs of 1: what the policy chose; 0: observations
+    between turns)."""
+    runs, current = [], 0
+    for m in mask:
+        if m:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    return runs + [current] if current else runs
+
+
+def overlong_penalties(masks, max_len: int, cache: int) -> list[float]:
+    """Each rollout's overlong penalty from its token mask: its longest turn's (the budget `max_len`,
+    ppo.max_new_tokens, holds per turn); all 0 when cache is 0."""
+    return [overlong_penalty(max(turn_lengths(m), default=0), max_len, cache) for m in masks]

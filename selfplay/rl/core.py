@@ -4,9 +4,11 @@ Conventions: per-token tensors are shaped [batch, time]; `mask` is 1.0 (or True)
 policy produced (the actions) and 0.0 elsewhere (prompt, padding, observation tokens in multi-turn
 episodes). Means are over the masked tokens of the whole batch (token-level, as in OpenRLHF/veRL); the
 losses take `n_tokens`, the token count of the whole minibatch, so that the losses of its micro-batches
-add up to the minibatch's token mean (docs/rl.md). `sampling_logprobs` is the one definition of the
-distribution answers are sampled from, used by the sampler and by the trainer alike. Every function here
-is checked against hand-computed numbers in tests/selfplay/rl/test_rl.py.
+add up to the minibatch's token mean (docs/rl.md); `mask` may also hold per-token weights (`loss_weights`: GRPO's
+per-answer mean, Dr. GRPO's constant) with `n_tokens=1`, the losses then being sum(weight * l_t).
+`sampling_logprobs` is the one definition of the distribution answers are sampled from, used by the sampler and by
+the trainer alike. Every function here is checked against hand-computed numbers in tests/selfplay/rl/test_rl.py
+(the GRPO, Dr. GRPO and DAPO ones in tests/selfplay/rl/test_objectives.py).
 """
 
 from __future__ import annotations
@@ -112,6 +114,26 @@ def rloo_advantages(returns: torch.Tensor, groups) -> torch.Tensor:
     return returns - baseline
 
 
+def group_advantages(returns: torch.Tensor, groups, scale: bool = True, eps: float = 1e-6) -> torch.Tensor:
+    """GRPO (Shao et al. 2024): each sample's return minus the mean return of its group, divided by the group's
+    standard deviation (Bessel-corrected, as TRL and veRL take it) + eps; with `scale=False`, Dr. GRPO (Liu et al.
+    2025): the return minus the group mean, not divided. `returns` is [B], `groups` B hashable ids. Advantages sum
+    to 0 within every group; a group whose samples all scored the same gets 0, and a group of one sample keeps its
+    return (no baseline, as in `rloo_advantages`)."""
+    index: dict = {}
+    ids = torch.tensor([index.setdefault(g, len(index)) for g in groups], device=returns.device)
+    if len(ids) != len(returns):
+        raise ValueError(f"{len(returns)} returns but {len(ids)} group ids")
+    zeros = torch.zeros(len(index), dtype=returns.dtype, device=returns.device)
+    n = zeros.clone().index_add_(0, ids, torch.ones_like(returns))[ids]
+    mean = zeros.clone().index_add_(0, ids, returns)[ids] / n
+    centred = returns - mean
+    if scale:
+        var = zeros.clone().index_add_(0, ids, centred**2)[ids] / (n - 1).clamp(min=1)
+        centred = centred / (var.sqrt() + eps)
+    return torch.where(n > 1, centred, returns)
+
+
 def mixed_groups(scores, groups) -> list[bool]:
     """For each sample: whether the samples of its group (the answers to one task) did not all score the same.
     Only those carry a group-baseline signal: a uniform group's leave-one-out advantages are zero up to the KL
@@ -129,15 +151,38 @@ def mixed_groups(scores, groups) -> list[bool]:
 # ---------------------------------------------------------------------------- losses
 
 
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def loss_weights(mask: torch.Tensor, mode: str, n_tokens: float | None = None, n_seqs: int | None = None,
+                 max_len: float | None = None) -> torch.Tensor:
+    """Each action token's weight in a minibatch's loss sum(weight * l_t) (pass them as the mask, with n_tokens=1):
+    "token_mean": 1 / n_tokens (every token of the minibatch alike; DAPO's); "seq_mean_token_mean": 1 / (its
+    answer's tokens * n_seqs) (a token mean per answer, then the mean over answers; GRPO's); "seq_mean_token_sum_norm":
+    1 / (max_len * n_seqs) (each answer's token sum over a constant, then the mean over answers; Dr. GRPO's).
+    `n_tokens` and `n_seqs` are the minibatch's (default: this mask's), so its micro-batches' losses add up to it."""
+    mask = mask.float() if not mask.is_floating_point() else mask
+    if mode == "token_mean":
+        return mask / float(n_tokens if n_tokens is not None else mask.sum().clamp(min=1.0))
+    n_seqs = n_seqs if n_seqs is not None else mask.shape[0]
+    if mode == "seq_mean_token_mean":
+        return mask / (mask.sum(1, keepdim=True).clamp(min=1.0) * n_seqs)
+    if mode == "seq_mean_token_sum_norm":
+        if not max_len or max_len <= 0:
+            raise ValueError(f"seq_mean_token_sum_norm needs max_len > 0, got {max_len}")
+        return mask / (float(max_len) * n_seqs)
+    raise ValueError(f"unknown loss aggregation {mode!r}; use one of {', '.join(LOSS_AGGREGATIONS)}")
+
+
 def clipped_policy_loss(
     logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float,
-    n_tokens: float | torch.Tensor | None = None,
+    n_tokens: float | torch.Tensor | None = None, clip_high: float | None = None,
 ) -> torch.Tensor:
-    """PPO surrogate: token mean (`token_mean`) of max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip)),
-    ratio = exp(logp - old_logp)."""
+    """PPO surrogate: token mean (`token_mean`) of max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip_high)),
+    ratio = exp(logp - old_logp); `clip_high` (DAPO's clip-higher) defaults to `clip`, the symmetric range."""
     ratio = torch.exp(logp - old_logp)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + clip)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip, 1.0 + (clip if clip_high is None else clip_high))
     return token_mean(torch.maximum(unclipped, clipped), mask, n_tokens)
 
 
@@ -158,10 +203,11 @@ def nll_loss(logp: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Ten
 
 
 def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip: float,
-                  n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
-    """Share of masked tokens whose ratio lies outside [1 - clip, 1 + clip]."""
+                  n_tokens: float | torch.Tensor | None = None, clip_high: float | None = None) -> torch.Tensor:
+    """Share of masked tokens whose ratio lies outside [1 - clip, 1 + clip_high] (`clip_high` default: `clip`)."""
     ratio = torch.exp(logp - old_logp)
-    return token_mean(((ratio - 1.0).abs() > clip).to(logp.dtype), mask, n_tokens)
+    outside = (ratio - 1.0 > (clip if clip_high is None else clip_high)) | (1.0 - ratio > clip)
+    return token_mean(outside.to(logp.dtype), mask, n_tokens)
 
 
 def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,

@@ -9,10 +9,12 @@ scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.
 3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch; or, with `advantage=rloo`,
    one advantage per answer: its return minus the mean return of the other answers to the same task (no critic,
    no value loss; not whitened, so a task whose answers all scored alike gives almost no update: only their KL
-   penalties differ);
+   penalties differ); `grpo` / `dr_grpo`: the answer's score less its task's mean score, divided by their standard
+   deviation (grpo) or not (dr_grpo), plus its KL penalties' return less the task's mean of those;
 4. `epochs` passes of shuffled minibatches (gradient accumulation over micro-batches): clipped policy loss +
    vf_coef * clipped value loss - entropy_coef * entropy, each a mean over the minibatch's tokens (a token weighs
-   1 / tokens in its minibatch, whatever the micro-batch size or backend), gradients clipped to `max_grad_norm`,
+   1 / tokens in its minibatch, whatever the micro-batch size or backend; `loss_aggregation`: per answer, as GRPO
+   and Dr. GRPO), the ratio clipped to [1 - clip_low, 1 + clip_high], gradients clipped to `max_grad_norm`,
    one optimiser step per minibatch (under DeepSpeed too: the trainer sets the accumulation boundary itself);
 5. KL coefficient (adaptive: from the KL averaged over all ranks, so beta is the same on each) and entropy
    coefficient (linear schedule) updated; metrics returned under plain names.
@@ -47,7 +49,13 @@ from selfplay.runtime.distributed import weighted_mean_over_ranks
 from selfplay.runtime.errors import UserError
 from selfplay.models.factory import accepts_logits_to_keep, update_mode
 
-ADVANTAGES = ("gae", "rloo")  # ppo.advantage: critic + GAE per token, or leave-one-out over a task's samples
+# ppo.advantage: critic + GAE per token, or one advantage per answer from its task's answers (no critic): leave-one-out,
+# GRPO (group mean and std), Dr. GRPO (group mean only)
+ADVANTAGES = ("gae", "rloo", "grpo", "dr_grpo")
+GROUP_ADVANTAGES = ADVANTAGES[1:]
+# ppo.loss_aggregation="" takes the advantage's own: GRPO's per-answer token mean, Dr. GRPO's constant normaliser
+AGGREGATIONS = {"gae": "token_mean", "rloo": "token_mean", "grpo": "seq_mean_token_mean",
+                "dr_grpo": "seq_mean_token_sum_norm"}
 WHITEN_MIN = 3  # ppo.whiten_advantages needs this many sequences in a rank's batch (below it: not whitened)
 
 # ---------------------------------------------------------------------------- batching
@@ -183,6 +191,13 @@ class PPOTrainer:
         self._ref_keeps_logits = accepts_logits_to_keep(ref_model)
         if cfg.advantage not in ADVANTAGES:
             raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
+        self.aggregation = cfg.loss_aggregation or AGGREGATIONS[cfg.advantage]
+        if self.aggregation not in rl.LOSS_AGGREGATIONS:
+            raise UserError(f"ppo.loss_aggregation must be one of {', '.join(rl.LOSS_AGGREGATIONS)} (or \"\": the "
+                            f"advantage's own), got {cfg.loss_aggregation!r}")
+        # DAPO's clip-higher: the ratio is clipped to [1 - clip_low, 1 + clip_high], each ppo.clip by default
+        self.clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
+        self.clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
         if cfg.mini_batch_size % cfg.micro_batch_size:
             raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
                              f"ppo.micro_batch_size ({cfg.micro_batch_size})")
@@ -248,16 +263,23 @@ class PPOTrainer:
         rows = torch.arange(len(queries), device=device)
         rewards[rows, last_index(action_mask)] += scores
 
-        if cfg.advantage == "rloo":  # one advantage per answer: its return against its task's other answers
+        if cfg.advantage in GROUP_ADVANTAGES:  # one advantage per answer: its return against its task's other answers
             if groups is None or len(groups) != len(queries):
-                raise ValueError("ppo.advantage=rloo needs the group (task) of every rollout")
+                raise ValueError(f"ppo.advantage={cfg.advantage} needs the group (task) of every rollout")
             returns = rl.discounted_returns(rewards, action_mask, cfg.gamma)
-            seq_returns = returns[rows, action_mask.argmax(1)]  # the return from each answer's first token
-            advantages = rl.rloo_advantages(seq_returns, groups)[:, None] * action_mask
+            first = action_mask.argmax(1)
+            seq_returns = returns[rows, first]  # the return from each answer's first token
+            if cfg.advantage == "rloo":
+                seq_adv = rl.rloo_advantages(seq_returns, groups)
+            else:  # the score's return normalised in its group (grpo: / the group's std), the KL penalties' centred
+                kl_returns = rl.discounted_returns(-self.kl_ctl.value * kl, action_mask, cfg.gamma)[rows, first]
+                seq_adv = (rl.group_advantages(seq_returns - kl_returns, groups, scale=cfg.advantage == "grpo")
+                           + rl.group_advantages(kl_returns, groups, scale=False))
+            advantages = seq_adv[:, None] * action_mask
         else:
             advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
         raw_adv_mean = rl.masked_mean(advantages, action_mask).item()
-        # rloo's are used as they are, in reward units; so are gae's over fewer than WHITEN_MIN sequences, where the
+        # group advantages are used as they are; so are gae's over fewer than WHITEN_MIN sequences, where the
         # batch mean would be the lone answers' own return and whitening would erase the sign of their reward
         if cfg.whiten_advantages and cfg.advantage == "gae" and len(queries) >= WHITEN_MIN:
             advantages = rl.masked_whiten(advantages, action_mask)
@@ -321,11 +343,12 @@ class PPOTrainer:
     # -- stage 4: minibatch updates
 
     def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float, n_tokens: float,
-              rep: _Replay | None = None, ridx: torch.Tensor | None = None
+              rep: _Replay | None = None, ridx: torch.Tensor | None = None, n_seqs: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """PPO loss of micro-batch rows `idx` as their share of the minibatch's token mean (`n_tokens`: action
-        tokens in the whole minibatch), and the replay NLL of replay rows `ridx` (their share of the replay batch's
-        token mean; None without replay rows). The stats are shares too: a minibatch's add up to its means."""
+        tokens in the whole minibatch; `n_seqs`: its answers, for ppo.loss_aggregation's per-answer means), and the
+        replay NLL of replay rows `ridx` (their share of the replay batch's token mean; None without replay rows).
+        The stats are shares too: a minibatch's add up to its means (clipfrac, approx_kl: token means)."""
         cfg, mask = self.cfg, r.action_mask[idx]
         replay_nll = None
         if rep is not None and len(ridx):
@@ -335,10 +358,14 @@ class PPOTrainer:
             bits = None if r.allowed is None else r.allowed[idx.cpu()]
             logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits)
         old_logp = r.old_logp[idx]
-        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], mask, cfg.clip, n_tokens)
-        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], mask, cfg.value_clip, n_tokens)
-        entropy = rl.token_mean(rl.entropy_from_logits(logits), mask, n_tokens)
-        vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # rloo uses no critic (value_loss only logged)
+        weights, total = mask, n_tokens  # each token's weight in the loss terms: 1 / n_tokens, or ...
+        if self.aggregation != "token_mean":  # ... per answer (GRPO's token mean, Dr. GRPO's constant)
+            weights, total = rl.loss_weights(mask, self.aggregation, n_seqs=n_seqs, max_len=cfg.max_new_tokens), 1.0
+        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], weights, self.clip_low, total,
+                                             clip_high=self.clip_high)
+        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], weights, cfg.value_clip, total)
+        entropy = rl.token_mean(rl.entropy_from_logits(logits), weights, total)
+        vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # group advantages use no critic (value_loss logged)
         loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy
         with torch.no_grad():
             value_clipped = (values - r.old_values[idx]).abs() > cfg.value_clip
@@ -347,7 +374,10 @@ class PPOTrainer:
                 "policy_loss": policy_loss.item(),
                 "value_loss": value_loss.item(),
                 "entropy": entropy.item(),
-                "clipfrac": rl.clip_fraction(logp, old_logp, mask, cfg.clip, n_tokens).item(),
+                "clipfrac": rl.clip_fraction(logp, old_logp, mask, self.clip_low, n_tokens, self.clip_high).item(),
+                # tokens whose ratio rose above 1 + the upper clip (where clip-higher's wider range binds)
+                "clipfrac_high": rl.token_mean((torch.exp(logp - old_logp) > 1.0 + self.clip_high).float(), mask,
+                                               n_tokens).item(),
                 "value_clipfrac": rl.token_mean(value_clipped.float(), mask, n_tokens).item(),
                 "approx_kl": rl.approx_kl(logp, old_logp, mask, n_tokens).item(),
             }
@@ -370,7 +400,7 @@ class PPOTrainer:
                                                        len(micros)) if rep is not None else [None] * len(micros))
                     replay_loss = 0.0
                     for i, (micro, ridx) in enumerate(zip(micros, replay_parts)):
-                        loss, replay_nll, stats = self._loss(r, micro, entropy_coef, n_tokens, rep, ridx)
+                        loss, replay_nll, stats = self._loss(r, micro, entropy_coef, n_tokens, rep, ridx, len(mini))
                         if replay_nll is not None:
                             loss = loss + cfg.replay_coef * replay_nll
                             replay_loss += replay_nll.item()
@@ -413,7 +443,8 @@ class PPOTrainer:
              allowed: Sequence[torch.Tensor | None] | None = None) -> dict:
         """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
         (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
-        ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo).
+        ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo,
+        grpo and dr_grpo).
         `allowed`: per rollout, the packed allowed-token bits its action tokens were sampled under ([actions,
         ceil(V/32)] int32, `Sample.allowed`; None: unconstrained); old, new and reference log-probs are then scored
         under the same masks (docs/rl.md)."""

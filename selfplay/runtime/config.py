@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from generator.rewards import GeneratorRewardConfig
-from selfplay.rollout.engine import RolloutConfig, check_rollout
+from selfplay.rollout.settings import RolloutConfig, check_rollout
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import MixerConfig
 from solver.rewards import RewardConfig
@@ -110,11 +110,21 @@ class PPOConfig:
     mini_batch_size: int = 8  # sequences per optimiser step
     micro_batch_size: int = 8  # sequences per forward/backward (gradient accumulation = mini / micro)
     clip: float = 0.2  # policy ratio clip epsilon
+    # DAPO's clip-higher: the ratio is clipped to [1 - clip_low, 1 + clip_high] (DAPO: 0.2 and 0.28), so that unlikely
+    # tokens with a positive advantage can rise further; null: ppo.clip (the symmetric range)
+    clip_low: float | None = None
+    clip_high: float | None = None
     value_clip: float = 0.2  # value clip around the rollout-time values
     vf_coef: float = 0.5  # weight of the value loss in the total loss
     gamma: float = 1.0  # discount between tokens (1 within a response; the article suggests 0.99 across turns)
     lam: float = 0.95  # GAE lambda
-    advantage: str = "gae"  # solver: "gae" (critic, per token) | "rloo" (baseline: the task's other samples; no critic)
+    # solver: "gae" (critic, per token) | "rloo" (baseline: the task's other samples; no critic) | "grpo" (score less
+    # the task's mean score, over their standard deviation; no critic) | "dr_grpo" (as grpo, not divided by the std)
+    advantage: str = "gae"
+    # how a minibatch's per-token losses add up: "token_mean" (every token alike) | "seq_mean_token_mean" (a token mean
+    # per answer, then over answers: GRPO's) | "seq_mean_token_sum_norm" (each answer's token sum / ppo.max_new_tokens,
+    # then the mean over answers: Dr. GRPO's); "": the advantage's own (grpo and dr_grpo theirs, else token_mean)
+    loss_aggregation: str = ""
     kl_coef: float = 0.05  # beta: per-token KL penalty in the reward (initial value when adaptive)
     kl_estimator: str = "k1"  # per-token KL estimator in the reward: k1 | k2 | k3
     adaptive_kl: bool = False  # adapt beta to keep the per-sequence KL near kl_target (Ziegler et al.)
@@ -338,6 +348,7 @@ def check_ppo(cfg) -> None:
         key, value = ("ppo.top_k", p.top_k) if p.top_k != 0 else ("ppo.top_p", p.top_p)
         raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
                         "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
+    _check_objective(cfg)
     for key in ("generator_kl_coef", "generator_entropy_coef"):
         value = getattr(t, key)
         if value is not None and value < 0:
@@ -362,9 +373,29 @@ def check_ppo(cfg) -> None:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
                             "(a task with one answer never has answers that scored differently): set "
                             "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false")
-        if p.advantage == "rloo":
-            raise UserError("train.samples_per_task=1 with ppo.advantage=rloo leaves every answer without a baseline "
-                            "(no other answer to its task): set train.samples_per_task >= 2 or ppo.advantage=gae")
+        if p.advantage in ("rloo", "grpo", "dr_grpo"):
+            raise UserError(f"train.samples_per_task=1 with ppo.advantage={p.advantage} leaves every answer without a "
+                            "baseline (no other answer to its task): set train.samples_per_task >= 2 or "
+                            "ppo.advantage=gae")
+
+
+def _check_objective(cfg) -> None:
+    """ppo.advantage, ppo.loss_aggregation, the clip range and reward.overlong_cache (docs/rl.md: "Objectives")."""
+    from selfplay.rl.core import LOSS_AGGREGATIONS
+    from selfplay.rl.ppo import ADVANTAGES
+    p, cache = cfg.ppo, cfg.reward.overlong_cache
+    if p.advantage not in ADVANTAGES:
+        raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {p.advantage!r}")
+    if p.loss_aggregation and p.loss_aggregation not in LOSS_AGGREGATIONS:
+        raise UserError(f"ppo.loss_aggregation must be one of {', '.join(LOSS_AGGREGATIONS)} (or \"\": the "
+                        f"advantage's own), got {p.loss_aggregation!r}")
+    if p.clip_low is not None and not 0 < p.clip_low < 1:
+        raise UserError(f"ppo.clip_low must be in (0, 1) (the ratio's floor is 1 - clip_low), got {p.clip_low}")
+    if p.clip_high is not None and not p.clip_high > 0:
+        raise UserError(f"ppo.clip_high must be > 0 (the ratio's ceiling is 1 + clip_high), got {p.clip_high}")
+    if not 0 <= cache <= p.max_new_tokens:
+        raise UserError(f"reward.overlong_cache must be in [0, ppo.max_new_tokens={p.max_new_tokens}] (tokens before "
+                        f"the budget where the overlong penalty starts; 0 = off), got {cache}")
 
 
 def _check_generator(gen_cfg) -> None:

@@ -543,9 +543,14 @@ class SelfPlay:
             update_rollouts = self._update_rollouts(train_rollouts, metrics)
             replay = self._replay_draw(step)
             if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
-                stats = self.solver.update(update_rollouts, [r.reward for r in update_rollouts], lr_scale=lr_scale,
-                                           masks=[r.mask for r in update_rollouts], replay=replay,
+                from solver.rewards import overlong_penalties  # reward.overlong_cache: DAPO's soft length penalty
+                overlong = overlong_penalties([r.mask for r in update_rollouts], cfg.ppo.max_new_tokens,
+                                              cfg.reward.overlong_cache)
+                stats = self.solver.update(update_rollouts, [r.reward + o for r, o in zip(update_rollouts, overlong)],
+                                           lr_scale=lr_scale, masks=[r.mask for r in update_rollouts], replay=replay,
                                            groups=[r.task.id for r in update_rollouts])
+                if cfg.reward.overlong_cache:
+                    stats["overlong_penalty"] = sum(overlong) / len(overlong)
                 metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
             self._replay_add(train_rollouts, rates_all, step, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0

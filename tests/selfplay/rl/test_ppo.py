@@ -102,7 +102,7 @@ def test_rloo_learns_from_mixed_tasks_and_ignores_uniform_ones():
     with pytest.raises(ValueError, match="group"):
         trainer.step([PROMPT] * 2, [[A], [5]], [1.0, 0.0])
     with pytest.raises(ppo.UserError, match="ppo.advantage"):
-        ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(advantage="grpo"), pad_token_id=PAD)
+        ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(advantage="ppo2"), pad_token_id=PAD)
 
 
 def test_adaptive_kl_and_state_round_trip():
