@@ -47,7 +47,7 @@ def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) ->
 def test_two_ranks_train_and_stay_identical(tmp_path, zero_config):
     """ZeRO-2 (the brief's check), ZeRO-3 (partitioned parameters: generation must run in lockstep) and plain DDP."""
     out = tmp_path / "ranks"
-    args = ["-m", "selfplay.runtime.distributed", "--smoke", str(out), "--steps", "2"]
+    args = ["-m", "selfplay.rl.smoke", "--smoke", str(out), "--steps", "2"]
     two_ranks(args + (["--zero-config", zero_config] if zero_config else ["--no-deepspeed"]))
     ranks = [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert [r["world_size"] for r in ranks] == [2, 2]
