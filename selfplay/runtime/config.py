@@ -27,6 +27,10 @@ from solver.rewards import RewardConfig
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
 GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # train.generator_advantage
+# ppo.advantage: critic + GAE per token, or one advantage per answer from its task's answers (no critic): leave-one-out,
+# GRPO (group mean and std), Dr. GRPO (group mean only)
+ADVANTAGES = ("gae", "rloo", "grpo", "dr_grpo")
+LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")  # ppo.loss_aggregation (rl.core)
 GENERATOR_SOURCES = ("model", "random_edits")  # generator.source
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
 
@@ -381,8 +385,6 @@ def check_ppo(cfg) -> None:
 
 def _check_objective(cfg) -> None:
     """ppo.advantage, ppo.loss_aggregation, the clip range and reward.overlong_cache (docs/rl.md: "Objectives")."""
-    from selfplay.rl.core import LOSS_AGGREGATIONS
-    from selfplay.rl.ppo import ADVANTAGES
     p, cache = cfg.ppo, cfg.reward.overlong_cache
     if p.advantage not in ADVANTAGES:
         raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {p.advantage!r}")

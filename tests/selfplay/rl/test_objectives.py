@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from selfplay.models.factory import ActorCritic, frozen_copy
 from selfplay.rl import core as rl
 from selfplay.rl import ppo
-from selfplay.runtime.config import PPOConfig, load_config
+from selfplay.runtime.config import LOSS_AGGREGATIONS, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 from solver.rewards import overlong_penalties, overlong_penalty, turn_lengths
 from test_ppo import EOS, PAD, PROMPT, one_thread, tiny_policy  # noqa: F401 (one_thread: an autouse fixture)
@@ -109,6 +109,7 @@ def test_loss_aggregations_by_hand_and_their_micro_batches_add_up():
               for m in rl.LOSS_AGGREGATIONS}
     assert losses == pytest.approx({"token_mean": (-1 + 3) / 4, "seq_mean_token_mean": (-1 + 1) / 2,
                                     "seq_mean_token_sum_norm": (-1 / 4 + 3 / 4) / 2})
+    assert LOSS_AGGREGATIONS == rl.LOSS_AGGREGATIONS  # the config's names are the math's
     with pytest.raises(ValueError, match="aggregation"):
         rl.loss_weights(mask, "sum")
     with pytest.raises(ValueError, match="max_len"):
