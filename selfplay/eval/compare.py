@@ -35,7 +35,8 @@ An ablation is an arm of its own, from its base arm's warm start, with overrides
 Equal compute means equal solver training: both RL arms run `train.steps` iterations of `train.solver_tasks` tasks x
 `train.samples_per_task` episodes, so the solver sees the same number of episodes and PPO updates; self-play pays
 for its generator on top. A comparison whose RL arms would differ in a setting they must share (`PARITY_KEYS`: the
-run's length, the learning-rate control, the replay; and the solver's episodes per iteration) is refused before
+run's length, the learning-rate control, the replayed share of the batch; and the solver's episodes per iteration;
+not the PPO settings an ablation compares) is refused before
 any run starts, naming the setting and each arm's value (`check_parity`). What each run spent beside its PPO
 episodes (the solver episodes sampled to measure proposals too and their tokens, the generator's tokens, the
 sandbox's executions: the loop's `compute` counters) is reported per arm (`compute_table`).
@@ -163,11 +164,12 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
 
 
 # what every RL arm of a comparison runs alike, so that the arms differ in where the solver's tasks come from and
-# not in how much or how it is trained: the run's length, the learning-rate control and the replay (the solver's
-# episodes per iteration, tasks x samples, are checked as their product: `check_parity`)
+# not in how much of it they get: the run's length, the learning-rate control and the share of replayed corpus
+# tasks (the solver's episodes per iteration, tasks x samples, are checked as their product: `check_parity`). How
+# the solver learns from its episodes (ppo.*: the advantage, the SFT replay loss) is not among them: an ablation
+# compares exactly that, with the same episodes for every arm.
 PARITY_KEYS = ("train.steps", "mixer.lr_control", "mixer.corpus_replay", "mixer.share_replay",
-               "mixer.max_share_replay", "ppo.replay_coef", "ppo.replay_source", "ppo.replay_batch",
-               "ppo.replay_capacity", "ppo.replay_half_life")
+               "mixer.max_share_replay")
 EPISODES = "the solver's episodes per iteration (train.solver_tasks x train.samples_per_task)"
 
 

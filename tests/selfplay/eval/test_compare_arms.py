@@ -603,12 +603,15 @@ def test_arms_that_differ_in_a_setting_they_must_share_are_refused(tmp_path):
     cases = [(["train.steps=5"], "train.steps (curriculum 3, v 5)"),
              (["train.solver_tasks=8"], "the solver's episodes per iteration (train.solver_tasks x "
                                         "train.samples_per_task) (curriculum 8, v 16)"),
-             (["ppo.replay_coef=0.5"], "ppo.replay_coef (curriculum 0.0, v 0.5)"),
              (["mixer.share_replay=0.5"], "mixer.share_replay (curriculum 0.2, v 0.5)")]
     for overrides, named in cases:
         with pytest.raises(ValueError, match=re.escape(f"the arms differ in {named}")):
             check_parity("configs/smoke.yaml", [], ["warmstart", "curriculum", "v"],
                          {"v": variant("v", "selfplay", overrides)})
+    # how the solver learns from the same episodes is what an ablation compares (the SFT replay loss, the advantage)
+    check_parity("configs/smoke.yaml", [], ["curriculum", "v"],
+                 {"v": variant("v", "curriculum", ["ppo.replay_coef=0.5", "ppo.replay_source=sft",
+                                                   "ppo.advantage=rloo"])})
     # as many episodes in other tasks x samples is the same solver training; the warm start trains nothing
     check_parity("configs/smoke.yaml", [], ["curriculum", "v"],
                  {"v": variant("v", "selfplay", ["train.solver_tasks=2", "train.samples_per_task=4"])})
