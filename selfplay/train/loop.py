@@ -74,6 +74,7 @@ from selfplay.runtime import seeds
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
 from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks, suite_size_note
+from selfplay.eval.stats import paired_delta
 from selfplay.train.mixer import IterationStats, Mixer, edit_drops, in_band_share
 from selfplay.train.sources import RESERVED_TASKS_FILE, make_source, reserve_fixed_pool
 from selfplay.train.sources import validate as validate_task_choice
@@ -179,7 +180,8 @@ class SelfPlay:
         self.code = code_versions(None)  # the code versions this run has run under (checkpoint's "code")
         self.solver: LMAgent | None = None
         self.generator: LMAgent | None = None
-        workers = cfg.sandbox.workers or max(1, (os.cpu_count() or 1) // max(1, self._local_world()))
+        # one worker per CPU this rank may use (its affinity: SLURM's --cpus-per-task), shared by the node's ranks
+        workers = cfg.sandbox.workers or max(1, sandbox.usable_cpus() // max(1, self._local_world()))
         self.sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
                                        memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
                                        **({"cache_path": cfg.sandbox.cache_path} if cfg.sandbox.cache_path else {}),
@@ -890,9 +892,7 @@ def history_entry(step: int, metrics: dict) -> dict:
 
 def heldout_changes(before: dict, after: dict) -> dict:
     """Per held-out split, the paired change of greedy pass@1 between two evaluations with its task count and a
-    bootstrap 95 % interval over the tasks (compare.paired_delta); splits without per-task outcomes are left out."""
-    from selfplay.eval.compare import paired_delta
-
+    bootstrap 95 % interval over the tasks (stats.paired_delta); splits without per-task outcomes are left out."""
     b, a = before.get("per_task", {}), after.get("per_task", {})
     return {split: paired_delta(b[split], a[split], "pass@1_greedy")
             for split in sorted(set(b) & set(a)) if set(b[split]) & set(a[split])}
