@@ -262,20 +262,7 @@ def test_a_program_sees_no_host_process_as_a_plain_user(usb):
     assert_nothing_left(usb, before)
 
 
-FORK_BOMB = textwrap.dedent("""
-    import os, time
-    n = 0
-    for _ in range(600):
-        try:
-            pid = os.fork()
-        except OSError:
-            break
-        if pid == 0:
-            time.sleep(30)
-            os._exit(0)
-        n += 1
-    print(n)
-""")
+FORK_BOMB = test_confinement.FORK_BOMB  # as many children as it can make, each sleeping
 
 
 def test_a_fork_bomb_is_held_by_the_process_limit_as_a_plain_user(usb):
