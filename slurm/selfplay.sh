@@ -76,7 +76,7 @@ echo "selfplay.sh: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $SLURM_N
      "process(es), $CPUS_PER_TASK cores a node, master $MASTER_ADDR:$MASTER_PORT, config $CONFIG ${OVERRIDES[*]:-}"
 
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_TASK" bash -c '
-  echo "selfplay.sh: node $SLURM_NODEID: $(nproc) usable cores"
+  echo "selfplay.sh: node $SLURM_NODEID: $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) usable cores"
   exec python -m torch.distributed.run --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
     --nproc_per_node "'"$NPROC_PER_NODE"'" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
     --max_restarts 0 -m selfplay train "$@"' selfplay "$CONFIG" "${OVERRIDES[@]}" &

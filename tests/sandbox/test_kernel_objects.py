@@ -213,10 +213,11 @@ def test_a_program_sees_a_hostname_of_its_own_not_the_host_s(sb):
                          ids=["hard_links", "directories"])
 def test_a_flood_of_entries_ends_with_the_programs_own_status(one_worker, make):
     """Entries made until the timeout: their removal is bounded in time (what is left goes with the worker, which
-    is replaced), so the result is the program's own "timeout", never the sandbox's error for a worker that kept
-    cleaning past the client's grace."""
+    is replaced), so the result is the program's own status, never the sandbox's error for a worker that kept
+    cleaning past the client's grace. Its own status is "timeout", or "memory" where its entries filled the memory
+    its private tmpfs is charged to first (a fast machine makes more of them in the time)."""
     result = one_worker.run(FLOOD.replace("MAKE", make), timeout_s=2.0)
-    assert result.status == "timeout", result
+    assert result.status in ("timeout", "memory"), result
     assert_healthy(one_worker)
 
 

@@ -296,9 +296,10 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert trained["per_iteration"]["time/rollout_s"] > 0 and not results["runs"]["warmstart"]["0"]["per_iteration"]
     assert (out / "seed_0" / "curriculum" / "summary.json").exists()
     report = (out / "results.md").read_text()
-    # 4 tables by split or level, the means from iteration 10, 2 metrics x (the split + each level) paired
+    # 4 tables by split or level, the means from iteration 10, what each arm spent, 2 metrics x (the split + each
+    # level) paired
     paired_rows = 2 * len(results["paired_test"]["curriculum"]["0"])
-    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 5 + paired_rows
+    assert (out / "compare.png").stat().st_size > 0 and report.count("| curriculum |") == 6 + paired_rows
     # each RL run against the warm start, paired over the test split's tasks
     levels = results["runs"]["warmstart"]["0"]["test_by_level"]
     for arm in ("curriculum", "fixed"):
