@@ -57,6 +57,7 @@ class LMAgent:
         self.engine = None  # a rollout engine (selfplay.rollout.engine, rollout.engine=vllm); None: sample_hf
         self.close_reserve = 0  # tokens of the budget kept to close a cut-off answer under its grammar (constrain)
         self.closer = None
+        self.sampled_tokens = 0  # every answer token this agent has sampled (redrawn and struck answers included)
 
     def constrain(self, fmt: str, close_reserve: int = 0) -> None:
         """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
@@ -139,6 +140,7 @@ class LMAgent:
             room = [(b if limit is None else min(b, limit - len(a.prompt))) - len(a.tokens)
                     for a, b in zip(answers, budgets)]
             close_answers(answers, grammars, self.closer, room, self.decode)
+        self.sampled_tokens += sum(len(a.tokens) for a in answers)
         return answers
 
     def sample_hf(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,

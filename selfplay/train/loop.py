@@ -474,6 +474,7 @@ class SelfPlay:
         metrics: dict[str, float] = {}
         timing = Counter()
         sb0 = self.sb.stats()
+        generator_tokens0 = self.generator.sampled_tokens if self.generator is not None else 0
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()  # perf/gpu_peak_mem_gb is this iteration's peak
 
@@ -657,7 +658,9 @@ class SelfPlay:
         metrics.update(self._spend({"ppo_episodes": len(train_rollouts) if self.learns else 0,
                                     "solver_episodes": len(rollouts), "solver_tokens": gen_tokens,
                                     "generator_proposals": len(proposals),
-                                    "generator_tokens": sum(len(p.answer.tokens) for p in proposals),
+                                    # every token it sampled: answers the novelty screen struck and drew again too
+                                    "generator_tokens": (self.generator.sampled_tokens - generator_tokens0
+                                                         if self.generator is not None else 0),
                                     "sandbox_execs": runs - hits}))
         if self.main:
             self.tb.scalars(metrics, step)

@@ -211,10 +211,14 @@ def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_the
         corpus = generate_tasks(300, split="train", seed=5, sb=sb)  # validated: fingerprints from the sandbox
         index = MemoryIndex(corpus)
         groups = [[t] for t in rng.sample(corpus, 24)]
+        sampled_before = a.sampled_tokens
         rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
                                       fmt="mutation", redraws=3)
     redrawn = [r for r in rollouts if r.redrawn]
     assert redrawn, "no answer of a random model hit a known behaviour: the test shows nothing"
+    # what the agent counts as sampled (the loop's compute/generator_tokens) includes the struck answers' tokens
+    kept = sum(len(r.answer.tokens) for r in rollouts)
+    assert a.sampled_tokens - sampled_before > kept
     assert all(r.rejection != "novel" or r.redrawn == 3 for r in rollouts), [(r.redrawn, r.reasons) for r in rollouts]
     answers = [r.answer for r in redrawn[:4]]
     prepared, _ = a.trainer._prepare([x.prompt for x in answers], [x.tokens for x in answers], [0.0] * len(answers),
