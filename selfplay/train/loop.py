@@ -262,7 +262,8 @@ class SelfPlay:
     def _install_signal_handlers(self) -> None:
         def request_stop(signum, _frame):
             self.stop_requested = True
-            self.log(f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration")
+            self.log(f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration (its "
+                     "periodic evaluation is left for the resume)")
 
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             try:
@@ -755,11 +756,22 @@ class SelfPlay:
         self.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")
         return results
 
+    def _evaluate_missed(self) -> None:
+        """The periodic evaluation of the step the run resumes at, when a stop came before it (run): measured now,
+        before the run goes on, and saved with the next checkpoint. Rank 0 decides (it holds the evaluations)."""
+        t = self.cfg.train
+        due = (self.learns and 0 < self.step < t.steps and t.eval_every and self.step % t.eval_every == 0
+               and str(self.step) not in self.evals)
+        if D.broadcast_object(bool(due) if self.main else None):
+            self.log(f"step {self.step}: its evaluation was left for the resume by a stop; running it now")
+            self._evaluate(self.step)
+
     # ---- the run --------------------------------------------------------------------------------------------
     def run(self) -> dict:
         self._install_signal_handlers()
         self.setup()
         t = self.cfg.train
+        self._evaluate_missed()
         if self.step >= t.steps:
             self.log(f"run already at step {self.step} of {t.steps}: nothing to do (raise train.steps to continue)")
             return self.summary()
@@ -779,10 +791,12 @@ class SelfPlay:
                 bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
                                 validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}")
             last = self.step >= t.steps
-            # a solver that does not learn is the one step 0 evaluated: its figures are those, not measured again
-            if self.learns and t.eval_every and self.step % t.eval_every == 0 and not last:
-                self._evaluate(self.step)
+            # a stop is answered before the step's periodic evaluation, so that its checkpoint is written within the
+            # signal's grace period; the evaluation it skipped runs when the run resumes (_evaluate_missed)
             stopped = self._stop_now()
+            # a solver that does not learn is the one step 0 evaluated: its figures are those, not measured again
+            if self.learns and t.eval_every and self.step % t.eval_every == 0 and not last and not stopped:
+                self._evaluate(self.step)
             if last and self.learns:
                 self._evaluate(self.step)
             elif last and self.main:
