@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from selfplay.runtime.config import LOSS_AGGREGATIONS  # the names, declared with the config that checks them
+
 # ---------------------------------------------------------------------------- masked statistics
 
 
@@ -151,7 +153,6 @@ def mixed_groups(scores, groups) -> list[bool]:
 # ---------------------------------------------------------------------------- losses
 
 
-LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
 def loss_weights(mask: torch.Tensor, mode: str, n_tokens: float | None = None, n_seqs: int | None = None,

@@ -45,12 +45,11 @@ import torch
 import torch.distributed as dist
 
 from selfplay.rl import core as rl
-from selfplay.runtime.config import ADVANTAGES
+from selfplay.runtime.config import ADVANTAGES, GROUP_ADVANTAGES
 from selfplay.runtime.distributed import weighted_mean_over_ranks
 from selfplay.runtime.errors import UserError
 from selfplay.models.factory import accepts_logits_to_keep, update_mode
 
-GROUP_ADVANTAGES = ADVANTAGES[1:]  # one advantage per answer from its task's answers, no critic
 # ppo.loss_aggregation="" takes the advantage's own: GRPO's per-answer token mean, Dr. GRPO's constant normaliser
 AGGREGATIONS = {"gae": "token_mean", "rloo": "token_mean", "grpo": "seq_mean_token_mean",
                 "dr_grpo": "seq_mean_token_sum_norm"}

@@ -29,7 +29,8 @@ CONFIG_DIR = REPO_ROOT / "configs"
 GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # train.generator_advantage
 # ppo.advantage: critic + GAE per token, or one advantage per answer from its task's answers (no critic): leave-one-out,
 # GRPO (group mean and std), Dr. GRPO (group mean only)
-ADVANTAGES = ("gae", "rloo", "grpo", "dr_grpo")
+GROUP_ADVANTAGES = ("rloo", "grpo", "dr_grpo")  # one advantage per answer from its task's answers, no critic
+ADVANTAGES = ("gae", *GROUP_ADVANTAGES)
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")  # ppo.loss_aggregation (rl.core)
 GENERATOR_SOURCES = ("model", "random_edits")  # generator.source
 DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
@@ -377,7 +378,7 @@ def check_ppo(cfg) -> None:
             raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
                             "(a task with one answer never has answers that scored differently): set "
                             "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false")
-        if p.advantage in ("rloo", "grpo", "dr_grpo"):
+        if p.advantage in GROUP_ADVANTAGES:
             raise UserError(f"train.samples_per_task=1 with ppo.advantage={p.advantage} leaves every answer without a "
                             "baseline (no other answer to its task): set train.samples_per_task >= 2 or "
                             "ppo.advantage=gae")
