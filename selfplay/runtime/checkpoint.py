@@ -6,7 +6,8 @@ The order of a save (docs/architecture.md, run folder):
    RNG states, counters in `state.json`), each file flushed to disk;
 2. `step_N.partial/` is renamed to `step_N/` (atomic on one filesystem);
 3. `latest` is rewritten through a temporary file and `os.replace` (atomic), naming `step_N`;
-4. only then are checkpoints beyond `keep_last` removed (never the one `latest` names).
+4. only then are checkpoints beyond `keep_last` removed (never the one `latest` names, nor step_0: the warm start,
+   which `selfplay eval` compares a finished run with).
 
 On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders from a killed save are removed.
 """
@@ -124,7 +125,7 @@ class CheckpointManager:
         return self.commit(step, state)
 
     def _prune(self, keep: str) -> None:
-        steps = self.steps()
+        steps = [s for s in self.steps() if s != 0]  # step_0, the warm start, stays: a run's "before" to evaluate
         for s in steps[: max(0, len(steps) - self.keep_last)]:
             if f"step_{s}" != keep:
                 shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)

@@ -41,7 +41,7 @@ class RunConfig:
     dir: str = "runs/tiny"  # run folder: checkpoints/, tb/, corpus.sqlite; resuming if it holds a checkpoint
     seed: int = 0  # global seed (python, numpy, torch, task generation)
     torch_threads: int = 0  # torch intra-op threads per process (0 = torch's default); 1 helps beside the sandbox
-    keep_last: int = 3  # checkpoints kept (older step_N folders are removed after a new one is complete)
+    keep_last: int = 3  # checkpoints kept besides step_0, the warm start (older step_N are removed after a new one)
 
 
 @dataclass

@@ -29,6 +29,15 @@ def test_save_latest_and_keep_last(tmp_path):
     assert (latest / "model.bin").read_bytes() == b"xxx"
 
 
+
+def test_the_warm_start_s_step_0_is_never_pruned(tmp_path):
+    # a finished run keeps its "before" (step_0) for `selfplay eval`, whatever keep_last says
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    for step in (0, 1, 2, 3):
+        mgr.save(step, {"counter": step})
+    assert mgr.steps() == [0, 3] and mgr.latest_checkpoint().name == "step_3"
+
+
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_last=3)
     mgr.save(1, {"a": 1})

@@ -75,7 +75,7 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
     assert "held-out test" in proc.stdout and "corpus by source" in proc.stdout
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
-    assert ckpts == ["step_2", "step_3"]  # keep_last=2 in the smoke config
+    assert ckpts == ["step_0", "step_2", "step_3"]  # keep_last=2 in the smoke config, and the warm start
     state = latest_state(run)
     assert state["step"] == 3 and [h["step"] for h in state["history"]] == [1, 2, 3]
     assert state["corpus_size"] == len(corpus_ids(run)) == len(set(corpus_ids(run)))
