@@ -1,6 +1,6 @@
 """Which host-side isolation costs the process backend its time? A/B on the HumanEval program set, 2 workers.
 
-    python notes/sandbox_isolation_ab.py
+    python lab/notes/sandbox_isolation_ab.py
 
 Each variant opens a pool of 2 fork servers and runs the bench's 478 programs (canonical + wrong variants) once per
 round, 3 rounds interleaved; prints the median ms/program. Variants: the default (a uid per worker, a network

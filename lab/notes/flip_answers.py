@@ -1,7 +1,7 @@
 """Greedy answers of two checkpoints on the held-out `test` tasks of one level that the first solves and the second
-does not: what a lost pass looks like (round 5, notes/ppo_fixed.md).
+does not: what a lost pass looks like (round 5, lab/notes/ppo_fixed.md).
 
-    python notes/flip_answers.py runs/fixed/warmstart runs/fixed_k/seed_0/fixed 1
+    python lab/notes/flip_answers.py runs/fixed/warmstart runs/fixed_k/seed_0/fixed 1
 
 Each run folder's latest checkpoint is used, with the first run's config and held-out tasks. Prints up to 6 lost
 tasks (prompt, the first checkpoint's answer, the second's) and how many were lost and gained.

@@ -1,7 +1,7 @@
 """Why is the Docker backend faster than the process backend when both run the same fork server? A/B on the
 HumanEval program set (the bench's 164 canonical + wrong variants), 2 workers, 3 rounds interleaved, medians.
 
-    python notes/sandbox_backend_ab.py
+    python lab/notes/sandbox_backend_ab.py
 
 Per variant: wall ms/program, the whole machine's CPU ms/program (from /proc/stat: client, servers, children,
 kernel, Docker) and the client's own CPU ms/program. Variants: the process backend with this interpreter and with

@@ -5,7 +5,7 @@
 # mando (pure Python, copied from this checkout's site-packages; ignored by git, named in the device call's carry).
 # Logs go to $OUT (default /tmp/gpu_session).
 #
-#   bash notes/gpu_session.sh
+#   bash lab/notes/gpu_session.sh
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_session}
 mkdir -p "$OUT"

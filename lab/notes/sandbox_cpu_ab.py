@@ -1,6 +1,6 @@
 """Where does the process backend's CPU go, per program, and what does the interpreter change? Counted, not timed.
 
-    python notes/sandbox_cpu_ab.py [--rounds 5] [--pythons 3.11.7 debian 3.12 3.13] [--runners process fork exec]
+    python lab/notes/sandbox_cpu_ab.py [--rounds 5] [--pythons 3.11.7 debian 3.12 3.13] [--runners process fork exec]
                                    [--workers 1] [--limit N]
 
 Every figure is CPU time from the kernel's accounting (utime+stime and minor page faults from /proc/PID/stat and
@@ -19,7 +19,7 @@ Runners, all with the same interpreter per column:
   older commit's); lazybind: process without LD_BIND_NOW in the servers' environment.
 With two runners and one interpreter the rounds alternate them closely; --paired prints the median over rounds
 of the per-round ratio of the second runner's CPU to the first's (load that comes and goes cancels out better).
-Results: notes/sandbox_speed.md.
+Results: lab/notes/sandbox_speed.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What the solver gets wrong on the held-out `test` split: its greedy answers, each failure classified by how far
-its program is from the task's reference solution (round 6, notes/ppo_fixed.md).
+its program is from the task's reference solution (round 6, lab/notes/ppo_fixed.md).
 
-    python notes/failure_kinds.py runs/fixed/warmstart [runs/fixed_u/seed_0/fixed ...]
+    python lab/notes/failure_kinds.py runs/fixed/warmstart [runs/fixed_u/seed_0/fixed ...]
 
 Each run folder's latest checkpoint is evaluated on the first run's held-out tasks. Kinds, from the normalised ASTs
 (docstrings dropped) of answer and reference:

@@ -1,7 +1,7 @@
 """Greedy pass@1 on a fixed-mode run's own training tasks beside the held-out `test` split, before and after RL:
 is a rise of the training pass rate a skill that transfers, or specific to the tasks trained on? (round 7)
 
-    python notes/train_vs_heldout.py RUN_DIR WARMSTART_DIR [STEP]
+    python lab/notes/train_vs_heldout.py RUN_DIR WARMSTART_DIR [STEP]
 
 RUN_DIR is a fixed-mode run (its tasks in RUN_DIR/fixed_tasks.jsonl); the warm start's step_0 and the run's
 step_STEP (default: the latest) answer both task sets greedily; prints each pass rate by level and the paired change

@@ -2,12 +2,12 @@
 clock: this VM exposes no hardware counters) on one fork server and, through inheritance, every child it forks,
 while it runs the bench's HumanEval program set (canonical + wrong variants) twice.
 
-    python notes/sandbox_perf_breakdown.py [--python PATH] [--server forkserver.py] [--freq 20000]
+    python lab/notes/sandbox_perf_breakdown.py [--python PATH] [--server forkserver.py] [--freq 20000]
 
 Needs root (or perf_event_paranoid <= 1) and /usr/bin/perf. Prints the share of samples per (server | child) x
 (user space, page fault, fork, exit, each syscall), then the user-space functions the server's and the children's
 page faults come from. Sampling at 20 kHz inflates everything a little (the sampling's own cost lands in the
-profiled tasks), so read the shares, not absolute times; per-program CPU comes from notes/sandbox_cpu_ab.py.
+profiled tasks), so read the shares, not absolute times; per-program CPU comes from lab/notes/sandbox_cpu_ab.py.
 """
 
 from __future__ import annotations

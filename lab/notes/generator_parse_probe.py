@@ -1,7 +1,7 @@
 """Diagnostic behind the README/issue-5 finding: does the tiny generator's proposal parse, greedy vs sampled at T=1,
 before and after more SFT? Run from the repo root after `selfplay compare ... --shared-warmstart --out runs/compare`:
 
-    PYTHONPATH=. python notes/generator_parse_probe.py 400     # 400 more generator SFT steps (~14 min, 2 cores)
+    PYTHONPATH=. python lab/notes/generator_parse_probe.py 400     # 400 more generator SFT steps (~14 min, 2 cores)
 """
 import random, time, torch, sys
 from pathlib import Path
