@@ -702,7 +702,8 @@ class TreeMemory:
     with its parent counts once) of every process the server's children left, through the pid namespace's init
     (which reaps orphans: its own Pss is not counted); over memory_mb the server ends the tree, "memory". A single
     process is already held by its RLIMIT_AS, so until the program forks only the lists of children are read. It
-    is not the kernel's limit: between two reads a tree may pass it (each process within its RLIMIT_AS); files in
+    is not the kernel's limit: between two reads a tree may pass it (each process within its RLIMIT_AS), but it is
+    read again whenever a result arrives, so no answer given while the tree is over the limit is taken; files in
     the private tmpfs count against the tmpfs size, not here."""
 
     def __init__(self, server_pid: int, init_pid: int | None):
@@ -1993,6 +1994,11 @@ class Server:
                         open_fds.discard(fd)
                         continue
                     if name == "result":
+                        if self.tree_memory is not None and self.tree_memory.oom_fired():
+                            # a polled limit: the tree is read once more before a result is taken, so a program
+                            # that passes the limit and answers between two reads is not "ok"
+                            state["reason"] = "memory"
+                            break
                         res_buf += data
                         try:
                             if self._result_bytes(res_buf, state, tests, n, child):

@@ -54,7 +54,10 @@ def test_a_process_tree_is_held_to_its_memory_limit(sb):
     before = server_fds(sb)
     n = tree_limit_mb(sb, 128) // BLOCK_MB + 2
     r = sb.run(MEMORY_TREE.format(n=n, mb=BLOCK_MB), memory_mb=128, timeout_s=30)
-    assert r.status == "memory" and "held" not in r.stdout, r
+    assert r.status == "memory", r
+    if not r.meta.get("tree_memory_polled"):  # the kernel's limit: the tree never got to hold it all
+        assert "held" not in r.stdout, r
+    # polled (no cgroup): the tree may pass the limit and print between two reads; it is still ended "memory"
     # "memory", not "timeout": the tree was ended at its limit, not at the 30 s wall clock; durations are measured by
     # `selfplay bench sandbox`, not bounded here (a loaded machine stretches them)
     assert "together" in r.meta["reason"] and r.duration_s > 0, r
