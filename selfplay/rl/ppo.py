@@ -4,7 +4,10 @@
 scalar reward per response) and runs one PPO update in the stages CleanRL's ppo.py uses:
 
 1. rollout quantities, no gradients: log-probs and values under the current ("old") policy, log-probs under the
-   frozen reference;
+   frozen reference. Two forward passes are left out where they cannot change what is computed: the old policy's
+   when the update is one optimiser step with no critic and no KL in the reward (a group advantage, one epoch, the
+   whole batch one minibatch, kl_coef 0): its log-probs are then those of the update's own forward pass, under the
+   same weights, detached; the reference's when the KL is neither in the reward nor measured (`ppo.kl_metric`);
 2. per-token rewards: -beta * KL(policy || reference) on every response token, the scalar reward on the last one;
 3. GAE (gamma, lambda) over the response tokens, advantages whitened over the batch; or, with `advantage=rloo`,
    one advantage per answer: its return minus the mean return of the other answers to the same task (no critic,
@@ -144,11 +147,12 @@ class _Rollout:
     attention_mask: torch.Tensor
     start: int  # first position (shifted axis) holding an action in any row: the per-token tensors begin there
     action_mask: torch.Tensor
-    old_logp: torch.Tensor
-    old_values: torch.Tensor
+    old_logp: torch.Tensor | None  # None: the update's own first forward gives them (PPOTrainer.reuses_forward)
+    old_values: torch.Tensor | None
     advantages: torch.Tensor
     returns: torch.Tensor
     allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits [B, T, ceil(V/32)] (CPU)
+    ref_logp: torch.Tensor | None = None  # kept where the KL is measured in the update (old_logp None)
 
 
 @dataclass
@@ -213,6 +217,19 @@ class PPOTrainer:
         c = self.cfg
         return rl.linear_schedule(c.entropy_coef_start, c.entropy_coef_end, self.updates, c.entropy_decay_updates)
 
+    @property
+    def kl_in_reward(self) -> bool:
+        return self.cfg.adaptive_kl or self.kl_ctl.value != 0.0
+
+    def reuses_forward(self, batch: int) -> bool:
+        """Whether the old policy's log-probs are taken from the update's own forward pass: one optimiser step
+        (one epoch, the whole batch in one minibatch) sees the weights the answers were scored under, so the
+        separate no-gradient pass would give the same numbers; it is needed only by a critic (GAE's values) and by a
+        KL penalty in the reward (before the advantages)."""
+        c = self.cfg
+        return (c.advantage in GROUP_ADVANTAGES and c.epochs == 1 and batch <= c.mini_batch_size
+                and not self.kl_in_reward)
+
     # -- forward passes
 
     def _policy_forward(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None):
@@ -245,17 +262,27 @@ class PPOTrainer:
         start, action_mask = first_action(action_mask)
         packed = pack_allowed(allowed, action_mask) if allowed is not None else None
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
+        reuse = self.reuses_forward(len(queries))
+        measure_kl = self.kl_in_reward or cfg.kl_metric
         old_logp, old_values, ref_logp = [], [], []
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
             bits = None if packed is None else packed[idx.cpu()]
-            logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits)
-            old_logp.append(logp)
-            old_values.append(values)
-            ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx], start, bits))
-        old_logp, old_values, ref_logp = torch.cat(old_logp), torch.cat(old_values), torch.cat(ref_logp)
+            if not reuse:
+                logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits)
+                old_logp.append(logp)
+                old_values.append(values)
+            if measure_kl:
+                ref_logp.append(self._ref_logprobs(input_ids[idx], attention_mask[idx], start, bits))
+        ref_logp = torch.cat(ref_logp) if measure_kl else None
+        if reuse:  # the update's forward gives the old log-probs; no KL in the reward, no values needed
+            old_logp = old_values = None
+            kl = torch.zeros_like(action_mask, dtype=torch.float32)
+        else:
+            old_logp, old_values = torch.cat(old_logp), torch.cat(old_values)
+            kl = (rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask if measure_kl
+                  else torch.zeros_like(old_logp))
 
         # per-token reward: KL penalty everywhere, the scalar reward on the last response token
-        kl = rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask
         rewards = -self.kl_ctl.value * kl
         rows = torch.arange(len(queries), device=device)
         rewards[rows, last_index(action_mask)] += scores
@@ -288,18 +315,20 @@ class PPOTrainer:
             "score_mean": scores.mean().item(),
             "score_std": scores.std().item() if len(scores) > 1 else 0.0,
             "reward_total_mean": rewards.sum(1).mean().item(),
-            "kl": rl.masked_mean(kl, action_mask).item(),  # per token, with the configured estimator
-            "kl_seq": kl_seq,  # summed over the response, averaged over the batch
             "kl_coef": self.kl_ctl.value,
-            "values_mean": rl.masked_mean(old_values, action_mask).item(),
             "returns_mean": rl.masked_mean(returns, action_mask).item(),
             "advantages_mean": raw_adv_mean,
-            "explained_var": rl.explained_variance(old_values, returns, action_mask).item(),
             "response_len": action_mask.sum(1).mean().item(),
             "tokens": int(action_mask.sum().item()),
         })
+        if measure_kl and not reuse:  # (reused: the update measures them, _loss)
+            stats["kl"] = rl.masked_mean(kl, action_mask).item()  # per token, with the configured estimator
+            stats["kl_seq"] = kl_seq  # summed over the response, averaged over the batch
+        if not reuse:
+            stats["values_mean"] = rl.masked_mean(old_values, action_mask).item()
+            stats["explained_var"] = rl.explained_variance(old_values, returns, action_mask).item()
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
-                        returns, packed), stats
+                        returns, packed, ref_logp if reuse else None), stats
 
     def _prepare_replay(self, replay) -> _Replay | None:
         """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
@@ -354,18 +383,25 @@ class PPOTrainer:
         else:
             bits = None if r.allowed is None else r.allowed[idx.cpu()]
             logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits)
-        old_logp = r.old_logp[idx]
+        kl_stats = {}
+        if r.old_logp is None:  # one optimiser step (reuses_forward): this forward is under the old weights
+            old_logp, old_values = logp.detach(), values.detach()
+            if r.ref_logp is not None:  # the KL of these answers, as _prepare would have measured it
+                kl = rl.kl_estimate(old_logp, r.ref_logp[idx], cfg.kl_estimator) * mask
+                kl_stats = {"kl": rl.token_mean(kl, mask, n_tokens).item(), "kl_seq": kl.sum().item() / n_seqs}
+        else:
+            old_logp, old_values = r.old_logp[idx], r.old_values[idx]
         weights, total = mask, n_tokens  # each token's weight in the loss terms: 1 / n_tokens, or ...
         if self.aggregation != "token_mean":  # ... per answer (GRPO's token mean, Dr. GRPO's constant)
             weights, total = rl.loss_weights(mask, self.aggregation, n_seqs=n_seqs, max_len=cfg.max_new_tokens), 1.0
         policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], weights, self.clip_low, total,
                                              clip_high=self.clip_high)
-        value_loss = rl.clipped_value_loss(values, r.old_values[idx], r.returns[idx], weights, cfg.value_clip, total)
+        value_loss = rl.clipped_value_loss(values, old_values, r.returns[idx], weights, cfg.value_clip, total)
         entropy = rl.token_mean(rl.entropy_from_logits(logits), weights, total)
         vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # group advantages use no critic (value_loss logged)
         loss = policy_loss + vf_coef * value_loss - entropy_coef * entropy
         with torch.no_grad():
-            value_clipped = (values - r.old_values[idx]).abs() > cfg.value_clip
+            value_clipped = (values - old_values).abs() > cfg.value_clip
             stats = {
                 "loss": loss.item(),
                 "policy_loss": policy_loss.item(),
@@ -377,6 +413,7 @@ class PPOTrainer:
                                                n_tokens).item(),
                 "value_clipfrac": rl.token_mean(value_clipped.float(), mask, n_tokens).item(),
                 "approx_kl": rl.approx_kl(logp, old_logp, mask, n_tokens).item(),
+                **kl_stats,
             }
         return loss, replay_nll, stats
 

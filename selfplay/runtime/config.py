@@ -133,6 +133,9 @@ class PPOConfig:
     kl_coef: float = 0.05  # beta: per-token KL penalty in the reward (initial value when adaptive)
     kl_estimator: str = "k1"  # per-token KL estimator in the reward: k1 | k2 | k3
     adaptive_kl: bool = False  # adapt beta to keep the per-sequence KL near kl_target (Ziegler et al.)
+    # score the reference when the KL is not in the reward (kl_coef 0, not adaptive), for the logged ppo/*/kl; false
+    # skips the reference's forward pass there (the kl metrics are then not logged)
+    kl_metric: bool = True
     kl_target: float = 6.0  # adaptive KL: target KL per sequence (nats)
     kl_horizon: float = 10000.0  # adaptive KL: horizon in samples
     entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...

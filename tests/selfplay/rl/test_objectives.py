@@ -268,7 +268,8 @@ def test_the_trainers_clip_higher_by_hand():
     # symmetric [0.8, 1.2]: (-0.5 x 1.2 + 0.5 x 1.25) / 2 = 0.0125, both tokens clipped (1.25 > 1.2)
     # clip-higher [0.8, 1.28]: (-0.5 x 1.25 + 0.5 x 1.25) / 2 = 0, none clipped
     for clip_high, loss, clipfrac in ((None, 0.0125, 1.0), (0.28, 0.0, 0.0)):
-        trainer = trainer_for(advantage="dr_grpo", loss_aggregation="token_mean", clip_low=0.2, clip_high=clip_high)
+        trainer = trainer_for(advantage="dr_grpo", loss_aggregation="token_mean", clip_low=0.2, clip_high=clip_high,
+                              epochs=2)  # two steps: the old log-probs are scored apart, and can be moved here
         rollout, _ = trainer._prepare([PROMPT] * 2, [[3], [5]], [1.0, 0.0], None, ["t", "t"])
         rollout.old_logp = rollout.old_logp - math.log(1.25)
         idx = torch.arange(2)

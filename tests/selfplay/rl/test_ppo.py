@@ -351,3 +351,56 @@ def test_whitening_keeps_the_sign_of_one_or_two_answers():
         last = ppo.last_index(rollout.action_mask)
         for b, s in enumerate(scores):
             assert math.copysign(1.0, rollout.advantages[b, last[b]].item()) == math.copysign(1.0, s)
+
+
+# ---------------------------------------------------------------------------- forward passes left out
+
+
+def counted_update(reuse: bool | None, seed: int = 0, **kw):
+    """One SGD update (as sgd_update, rloo, no KL in the reward) with the old-policy pass reused or not (None: the
+    trainer's own choice); returns (parameter change, metrics, policy forwards, reference forwards)."""
+    model = ActorCritic(tiny_policy(seed))
+    ref = frozen_copy(model.policy)
+    before = [p.detach().clone() for p in model.parameters()]
+    kw = {"advantage": "rloo", "kl_coef": 0.0, "epochs": 1, "mini_batch_size": 4, **kw}
+    cfg = PPOConfig(lr=1.0, micro_batch_size=2, max_grad_norm=1e9, **kw)
+    trainer = ppo.PPOTrainer(model, ref, cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD,
+                             seed=seed)
+    if reuse is not None:
+        trainer.reuses_forward = lambda batch: reuse
+    calls = {"policy": 0, "ref": 0}
+    model.policy.register_forward_hook(lambda *a: calls.__setitem__("policy", calls["policy"] + 1))
+    ref.register_forward_hook(lambda *a: calls.__setitem__("ref", calls["ref"] + 1))
+    responses = [[A], [5] * 8 + [EOS], [6], [A] * 8 + [EOS]]
+    metrics = trainer.step([PROMPT] * 4, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"])
+    return param_delta(model, before), metrics, calls["policy"], calls["ref"]
+
+
+def test_one_step_without_a_critic_reuses_its_forward_and_computes_the_same_update():
+    """One epoch, one minibatch, a group advantage, no KL in the reward: the old policy's separate pass is left out
+    (2 micro-batches: 2 policy forwards, not 4), and the update and its metrics are those of the full path."""
+    full, m_full, pol_full, ref_full = counted_update(reuse=False)
+    fast, m_fast, pol_fast, ref_fast = counted_update(reuse=None)
+    assert (pol_full, pol_fast) == (4, 2) and ref_full == ref_fast == 2
+    assert full.norm() > 0 and torch.allclose(fast, full, atol=1e-6, rtol=1e-4)
+    for key in ("policy_loss", "entropy", "kl", "kl_seq", "clipfrac", "approx_kl", "score_mean", "advantages_mean"):
+        assert m_fast[key] == pytest.approx(m_full[key], rel=1e-4, abs=1e-6), key
+    assert m_fast["approx_kl"] == 0.0 and "values_mean" not in m_fast
+
+
+@pytest.mark.parametrize("kw", [dict(epochs=2), dict(mini_batch_size=2), dict(kl_coef=0.05), dict(advantage="gae"),
+                                dict(advantage="rloo", adaptive_kl=True)])
+def test_the_old_policy_pass_stays_where_it_can_change_the_update(kw):
+    """Two optimiser steps, a KL penalty in the reward or a critic: the old log-probs (or values) are needed before
+    the update, so they are scored in their own pass."""
+    *_, policy_forwards, _ = counted_update(reuse=None, **kw)
+    assert policy_forwards == 2 + 2 * kw.get("epochs", 1)  # 2 micro-batches of 2: the old pass, then each epoch
+
+
+def test_no_reference_pass_when_the_kl_is_neither_a_reward_nor_measured():
+    _, metrics, _, ref_forwards = counted_update(reuse=None, kl_metric=False)
+    assert ref_forwards == 0 and "kl" not in metrics and math.isfinite(metrics["policy_loss"])
+    _, metrics, _, ref_forwards = counted_update(reuse=False, kl_metric=False)
+    assert ref_forwards == 0 and "kl" not in metrics
+    *_, ref_forwards = counted_update(reuse=None, kl_coef=0.05, kl_metric=False)
+    assert ref_forwards == 2  # in the reward: always scored
