@@ -343,7 +343,7 @@ def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = N
         policy.gradient_checkpointing_enable()
     reference = frozen_copy(policy)
     model = ActorCritic(policy, model_cfg.value_model)
-    model.lora_pending = lora_settings(model_cfg, agent)
+    model.lora_pending = lora_settings(model_cfg, agent, n_layers=getattr(policy.config, "num_hidden_layers", None))
     if model.lora_pending is not None:
         attach_lora(copy.deepcopy(policy), model.lora_pending)  # target modules checked now, not at the first load
     return model, reference, tokenizer
@@ -371,8 +371,9 @@ def base_of(model):
     return model.get_base_model() if is_lora(model) else model
 
 
-def lora_settings(model_cfg, agent: str | None = None):
-    """peft's LoraConfig from `model.lora` when it applies to `agent`, else None."""
+def lora_settings(model_cfg, agent: str | None = None, n_layers: int | None = None):
+    """peft's LoraConfig from `model.lora` when it applies to `agent`, else None. `n_layers`: the model's
+    transformer blocks, which `model.lora.layers` (the top N of them) needs."""
     lora = getattr(model_cfg, "lora", None)
     if lora is None or lora.r <= 0:
         return None
@@ -390,8 +391,16 @@ def lora_settings(model_cfg, agent: str | None = None):
     except ImportError as exc:
         raise UserError("model.lora.r > 0 needs the peft package (pip install peft, or pip install -e "
                         "'.[pretrained]')") from exc
+    top = int(getattr(lora, "layers", 0) or 0)
+    if top and n_layers is None:
+        raise UserError(f"model.lora.layers={top}: this model's config gives no num_hidden_layers; use 0 (every block)")
+    if top < 0 or (top and top > n_layers):
+        raise UserError(f"model.lora.layers={top}: the top blocks to adapt, from 0 (every block) to {n_layers} "
+                        "(this model's blocks)")
+    layers = list(range(n_layers - top, n_layers)) if top and n_layers is not None else None
     return LoraConfig(r=int(lora.r), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
-                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
+                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
+                      layers_to_transform=layers)
 
 
 def attach_lora(policy, config, seed: int = 0):

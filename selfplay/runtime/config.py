@@ -84,6 +84,9 @@ class LoraSettings:
     target_modules: list[str] = field(default_factory=lambda: [  # linear layers given an adapter (by name)
         "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     agents: list[str] = field(default_factory=lambda: ["solver", "generator"])  # which agents train an adapter
+    # adapters on the top N transformer blocks only (0: every block); nothing below them trains, so the backward
+    # pass stops at the lowest adapted block
+    layers: int = 0
 
 
 @dataclass

@@ -95,6 +95,8 @@ def test_lora_for_one_agent_only(tmp_path):
     ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules"),
     ("model.lora.agents=[critic]", "model.lora.agents"),
     ("model.value_model=separate", "model.value_model=separate"),
+    ("model.lora.layers=2", "model.lora.layers=2"),  # a model of one block
+    ("model.lora.layers=-1", "model.lora.layers=-1"),
 ])
 def test_bad_lora_settings_are_named(tmp_path, override, key):
     cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
@@ -124,3 +126,21 @@ def test_a_fresh_adapter_starts_its_optimiser_afresh(tmp_path):
     assert not models.fresh_lora(out) and (out / "lora" / "adapter_model.safetensors").exists()
     again, ref2, tok2 = load_agent_parts(out)
     LMAgent("solver", again, ref2, tok2, cfg.ppo).load_training_state(out)
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # block 2's input needs no gradient: the point
+def test_adapters_on_the_top_blocks_only_train_nothing_below_them(tmp_path):
+    """model.lora.layers=2 of 4 blocks: adapters in blocks 2 and 3 only (after a save and a reload too), the same
+    outputs as the base at the start, and a backward pass that never reaches blocks 0 and 1."""
+    _, folder, _ = _agent_folder(tmp_path, ["model.n_layer=4", "model.lora.layers=2"])
+    model, _, _ = load_agent_parts(folder)
+    adapted = {int(n.split(".layers.")[1].split(".")[0]) for n, p in model.named_parameters() if "lora_" in n}
+    assert adapted == {2, 3}
+    reached = []
+    for i, block in enumerate(models.base_of(model.policy).model.layers):
+        block.register_full_backward_hook(lambda *a, i=i: reached.append(i))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    logits, _ = model(ids, torch.ones_like(ids))
+    logits.logsumexp(-1).sum().backward()
+    assert sorted(set(reached)) == [2, 3]
+    assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
