@@ -332,6 +332,8 @@ def check_program_safe(program: str) -> str:
 def check_inputs(program: str, inputs: Sequence[tuple]) -> str:
     """'' when there are 1..MAX_INPUTS distinct inputs, each plain, short and with as many arguments as `f`
     accepts; else why not."""
+    if not isinstance(inputs, (list, tuple)):
+        return "inputs must be a sequence of argument tuples"
     if not inputs:
         return "no inputs"
     if len(inputs) > MAX_INPUTS:
@@ -407,7 +409,11 @@ class CallOutcome:
     reason: str = ""        # one line, '' when ok
 
 
-def _outcome(test) -> CallOutcome:
+def _outcome(test, report) -> CallOutcome:
+    if test.status == "not_run":  # the module did not load (it raised or ran out of time at import)
+        why = report.meta.get("load_error" if report.status == "error" else "reason") or "no reason given"
+        text = f"the program did not load ({report.status}: {why})"
+        return CallOutcome("not_run", reason=" ".join(text.split())[:200])
     if test.status != "ok":
         detail = f": {test.error}" if test.error else ""
         return CallOutcome(test.status, reason=" ".join(f"{test.status}{detail}".split())[:200])
@@ -437,7 +443,7 @@ def call_many(sb, jobs: Sequence[tuple[str, Sequence[tuple]]], *, timeout_s: flo
                                       use_cache=use_cache) for program, inputs in jobs])
     out = []
     for (_, inputs), report in zip(jobs, reports):
-        outcomes = [_outcome(t) for t in report.tests[:len(inputs)]]
+        outcomes = [_outcome(t, report) for t in report.tests[:len(inputs)]]
         outcomes += [CallOutcome("not_run", reason=f"not run ({report.status})")] * (len(inputs) - len(outcomes))
         out.append(outcomes)
     return out

@@ -230,6 +230,19 @@ def test_one_input_may_have_any_output(sb):
     assert validate_proposal(Proposal("def f(x):\n    return 0\n", ((4,),)), sb).ok
 
 
+def test_a_program_that_does_not_load_fails_runs(sb):
+    raises = Proposal("TABLE = {}[0]\n\ndef f(x):\n    return x\n", ((1,),))
+    assert validate_proposal(raises, sb).reason == "runs: input 0: the program did not load (error: KeyError: 0)"
+    hangs = Proposal("def f(x):\n    return x\n\nwhile True:\n    pass\n", ((1,),))
+    assert validate_proposal(hangs, sb, timeout_s=0.3).reason \
+        == "runs: input 0: the program did not load (timeout: wall-clock timeout)"
+
+
+def test_inputs_that_are_not_a_sequence_are_refused(sb):
+    verdict = validate_proposal(Proposal("def f(x):\n    return x\n", 3), sb)  # type: ignore[arg-type]
+    assert verdict.reason == "inputs: inputs must be a sequence of argument tuples"
+
+
 def test_a_program_that_is_not_text_is_refused(sb):
     verdict = validate_proposal(Proposal(None, ((1,),)), sb)  # type: ignore[arg-type]
     assert (verdict.check, verdict.reason) == ("parses", "parses: the program is not text")
