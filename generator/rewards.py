@@ -42,7 +42,7 @@ CLOSED_INVALID = {"invalid": PENALTY_INVALID, "unparsable": PENALTY_UNPARSABLE}
 @dataclass
 class GeneratorRewardConfig:
     # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL); one_minus_p gave more valid proposals
-    # in band on the tiny default's validation split (docs/selfplay_measured.md: "The two learnability options under the
+    # in band on the tiny default's validation split (lab/selfplay_measured.md: "The two learnability options under the
     # current default")
     learnability: str = "one_minus_p"
     # the penalty of an answer closed inside its budget (generator.close_reserve) that fails a check: "invalid" (-0.5)

@@ -1,5 +1,5 @@
 """How far a warm-started solver reaches into the edits of its own training tasks: the in-band rate any mutation
-generator could get with this solver, by instruction and by the reference's solve rate (docs/selfplay_measured.md,
+generator could get with this solver, by instruction and by the reference's solve rate (lab/selfplay_measured.md,
 "What the solver can reach").
 
 R reference tasks of levels <= L are drawn from the run's procedural corpus and attempted by the solver

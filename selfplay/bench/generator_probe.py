@@ -1,5 +1,5 @@
 """The warm-started generator's proposals against its SFT steps: parse, validity and in-band rates, and every
-rejection with its reason (docs/generator.md, "Measurement: parse, validity and in band against SFT steps").
+rejection with its reason (lab/generator_measured.md, "Measurement: the prompt grammar against SFT steps").
 
 One warm start as `selfplay warmstart` runs it (held-out tasks reserved, the procedural corpus, the generator's
 SFT pairs, the tokenizer and tiny models), then the generator's SFT with a probe after each of `--at` steps: N

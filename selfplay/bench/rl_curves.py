@@ -2,7 +2,7 @@
 change, same config and seed. Draws the solver's pass rate, reward, KL to the reference, entropy, policy loss and
 gradient norm over the iterations, and prints each series' mean over the run.
 
-    python -m selfplay.bench.rl_curves --runs before=RUN_A after=RUN_B --out docs/rl_curves.png
+    python -m selfplay.bench.rl_curves --runs before=RUN_A after=RUN_B --out lab/rl_curves.png
 """
 
 from __future__ import annotations

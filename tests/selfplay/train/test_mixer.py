@@ -635,7 +635,7 @@ def test_a_larger_power_leans_on_the_best_yields_where_they_are_close():
     """The yields of the tiny default's five instructions, measured in its loop with 32 proposals an iteration, lie
     close together (0.17-0.38): weights in proportion to them move the draw little from the uniform one, and their
     fourth power moves it further, towards the best, with the same exploration share. (The yields here are fixed;
-    in the tiny default's loop the fourth power put fewer valid proposals in band: docs/selfplay_measured.md.)"""
+    in the tiny default's loop the fourth power put fewer valid proposals in band: lab/selfplay_measured.md.)"""
     yields = {"change_type": 0.38, "mutate": 0.30, "reorder": 0.28, "simpler": 0.20, "harder": 0.17}
 
     def mean_in_band(cfg: MixerConfig) -> float:
