@@ -64,39 +64,43 @@ CHECKS = ("parses", "safe", "inputs", "message", "novel_program", "runs", "outpu
           "novel_behaviour")
 
 # Appended to the program when it runs: called once per input with the arguments' literal text, it checks the
-# result is a plain value of bounded size and answers its repr, which the parent reads back with literal_eval.
+# result is a plain value of bounded size and answers its repr, which the parent reads back with literal_eval (and
+# checks again: nothing the child says is trusted beyond being a literal). Its helpers are bound at definition, so
+# a program that rebinds module names while it runs does not change them.
 HARNESS = '''
 
-def __code_io_plain(value, depth=0, _type=type):
-    if depth > {max_depth}:
-        return "nested deeper than {max_depth}"
-    kind = _type(value)
-    if value is None or kind in (bool, int, str):
-        return ""
-    if kind is float:
-        return "" if value == value and value not in (float("inf"), float("-inf")) else "a non-finite float"
-    if kind in (list, tuple, set):
-        items = value
-    elif kind is dict:
-        items = [x for pair in value.items() for x in pair]
-    else:
-        return "a value of type " + kind.__name__
-    for item in items:
-        bad = __code_io_plain(item, depth + 1)
-        if bad:
-            return bad
+def __code_io_plain(value, _type=type, _scalars=(bool, int, str), _float=float, _seqs=(list, tuple, set),
+                    _dict=dict, _inf=(float("inf"), float("-inf"))):
+    stack = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > {max_depth}:
+            return "nested deeper than {max_depth}"
+        kind = _type(item)
+        if item is None or kind in _scalars:
+            continue
+        if kind is _float:
+            if item != item or item in _inf:
+                return "a non-finite float"
+            continue
+        if kind in _seqs:
+            stack.extend((x, depth + 1) for x in item)
+        elif kind is _dict:
+            stack.extend((x, depth + 1) for pair in _dict.items(item) for x in pair)
+        else:
+            return "a value of type " + kind.__name__
     return ""
 
 
-def __code_io_call(args_text):
+def __code_io_call(args_text, _plain=__code_io_plain, _repr=repr, _len=len, _str=str):
     import ast as _ast
     result = {entry}(*_ast.literal_eval(args_text))
-    bad = __code_io_plain(result)
+    bad = _plain(result)
     if bad:
         return ["bad", "returns " + bad + ", not a plain value"]
-    text = repr(result)
-    if len(text) > {max_chars}:
-        return ["bad", "output of " + str(len(text)) + " characters exceeds {max_chars}"]
+    text = _repr(result)
+    if _len(text) > {max_chars}:
+        return ["bad", "output of " + _str(_len(text)) + " characters exceeds {max_chars}"]
     return ["ok", text]
 '''
 HARNESS_ENTRY = "__code_io_call"

@@ -226,6 +226,13 @@ def test_a_program_that_runs_too_long_fails_runs(sb):
     assert verdict.check == "runs" and verdict.reason.startswith("runs: input 0: timeout")
 
 
+def test_a_program_cannot_unbind_the_harness_checks(sb):
+    program = ("def f(x):\n    global __code_io_plain, repr\n    __code_io_plain = lambda value: ''\n"
+               "    repr = lambda value: '5'\n    return object()\n")
+    verdict = validate_proposal(Proposal(program, ((1,),)), sb)
+    assert verdict.reason == "outputs: input 0: returns a value of type object, not a plain value"
+
+
 def test_one_input_may_have_any_output(sb):
     assert validate_proposal(Proposal("def f(x):\n    return 0\n", ((4,),)), sb).ok
 
