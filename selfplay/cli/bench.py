@@ -4,6 +4,7 @@
                            [--image NAME] [--skip RUNNER ...] [--repeat R] [--json OUT]
     selfplay bench rollout [CONFIG] [key=value ...] [--engines hf vllm] [--shape config|llama-135m] [--batch N]
                            [--json OUT]
+    selfplay bench update CONFIG[:key=value ...] [CONFIG ...] [--prompt-len N] [--repeats R] [--json OUT]
 
 Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
 BENCHES; add a line there for a new one.
@@ -24,6 +25,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
     "rollout": ("selfplay.bench.rollout_bench", "the rollout engines side by side (hf, vllm): tokens/s, first token, "
                 "start, memory, weight sync"),
+    "update": ("selfplay.bench.update_bench", "one solver PPO update of an iteration's batch per config, side by "
+               "side: scoring and optimisation seconds, trainable parameters, memory"),
 }
 
 
