@@ -13,6 +13,9 @@ one epoch of one minibatch = one micro-batch: the rollout pass without gradients
 - the weights, the fp32 AdamW states DeepSpeed keeps (12 bytes per parameter, divided across GPUs by ZeRO; computed,
   not allocated: the measurement uses SGD with lr 0) and the update's tokens/s.
 
+This measures one micro-batch of a shape; `selfplay plan CONFIG` (selfplay/runtime/memory_plan.py) plans a whole
+run, per GPU and phase, with activation constants fitted to these measurements.
+
     python -m selfplay.bench.preset_memory --json preset_memory.json         # on a GPU machine
     python -m selfplay.bench.preset_memory --shapes test --device cpu        # the code path, on a CPU
     python -m selfplay.bench.preset_memory --shapes 1.5b --layers 2 --micro-batch 1 --seq-len 512 --answer-len 256 \
@@ -31,12 +34,13 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from selfplay.runtime.config import PPOConfig
 from selfplay.models.factory import ActorCritic
 from selfplay.rl.ppo import PPOTrainer
+from selfplay.runtime.memory_plan import KNOWN_SHAPES, MIXED_STATE_BYTES
 
+# the presets' shapes come from the memory plan's table (selfplay/runtime/memory_plan.py), whose activation
+# constants these measurements fit
 SHAPES = {
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-               num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False),
+    "1.5b": KNOWN_SHAPES["qwen2.5-coder-1.5b"].hf_config(),
+    "7b": KNOWN_SHAPES["qwen2.5-coder-7b"].hf_config(),
     "test": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
 }
@@ -92,7 +96,7 @@ def measure(shape: str, micro_batch: int, seq_len: int, answer_len: int, checkpo
     return {"shape": shape, "layers": dims["num_hidden_layers"], "params_b": params / 1e9, "micro_batch": micro_batch,
             "seq_len": seq_len, "answer_len": answer_len, "gradient_checkpointing": checkpointing,
             "weights_gb": weights, "saved_for_backward_gb": saved[0] / GB, "peak_update_gb": peak,
-            "adamw_fp32_states_gb": params * 12 / GB, "update_s": step_s,
+            "adamw_fp32_states_gb": params * MIXED_STATE_BYTES / GB, "update_s": step_s,
             "update_tokens_per_s": micro_batch * seq_len / step_s}
 
 

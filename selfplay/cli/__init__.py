@@ -2,6 +2,8 @@
 
     selfplay train [CONFIG] [key=value ...]          self-play on CONFIG (default configs/tiny.yaml)
     selfplay warmstart [CONFIG] [key=value ...]      behaviour cloning of both agents only
+    selfplay plan CONFIG [key=value ...] [--gpus-per-node N] [--nodes M] [--gpu-mem GB] [--json OUT]
+                                                     memory per GPU and phase before launch (exit 1: does not fit)
     selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT]
     selfplay tasks generate|sample ...               procedural tasks into / out of a corpus
     selfplay export RUN_DIR --out FILE.jsonl|FILE.parquet
@@ -30,6 +32,7 @@ from selfplay.runtime.errors import UserError
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("selfplay.cli.train", "run self-play (resumes when run.dir holds a checkpoint)"),
     "warmstart": ("selfplay.cli.warmstart", "behaviour-clone the agents on procedural tasks"),
+    "plan": ("selfplay.cli.plan", "memory per GPU and phase of a config before launch (exit 1: it does not fit)"),
     "eval": ("selfplay.cli.eval", "evaluate a checkpoint: held-out splits, HumanEval, the generator's side"),
     "tasks": ("selfplay.cli.tasks", "generate or inspect procedural tasks"),
     "export": ("selfplay.cli.export", "export a run's task corpus as a dataset"),

@@ -21,9 +21,11 @@ def split_args(args) -> tuple[str | None, list[str]]:
 
 def run(args) -> int:
     from selfplay.runtime.config import load_config
+    from selfplay.runtime.memory_plan import refuse_if_it_cannot_fit
 
     config, overrides = split_args(args)
     cfg = load_config(config, overrides)
+    refuse_if_it_cannot_fit(cfg)  # GPU only (a no-op on a CPU): a plan that does not fit stops here, naming the key
     from selfplay.train.loop import train
 
     summary = train(cfg)
