@@ -7,7 +7,7 @@ critic), the gradients, the optimiser states, the activations, Hugging Face gene
 reserve, its total against the GPU's memory, and a verdict naming the config keys whose change makes it fit.
 Pure arithmetic: nothing here imports torch (`refuse_if_it_cannot_fit` does, inside, on the GPU only).
 
-Phases, as the code runs them (selfplay/train/loop.py, warmstart.py, models/agent.py, rollout/engine.py):
+Phases, as the code runs them (selfplay/train/, selfplay/models/agent.py, selfplay/rollout/engine.py):
 - "warm start": rank 0 alone, before any checkpoint: `build_agents` puts both policies and both references on its
   GPU (plain torch, nothing partitioned), and `sft` trains one agent at a time with torch's AdamW, whose two moments
   are kept in the parameters' dtype. The solver's gradients stay on its parameters after its SFT (`sft` ends on
@@ -19,7 +19,8 @@ Phases, as the code runs them (selfplay/train/loop.py, warmstart.py, models/agen
 - "rollout": every rank samples its share of the answers: both agents' weights, references and optimiser states
   stay on the GPU, plus the sampler: Hugging Face `generate` (its KV cache and the [batch, new tokens, vocabulary]
   float32 scores that `selfplay.rl.ppo.generate` keeps and stacks, 2 copies) or the vLLM engines, each holding
-  `rollout.gpu_memory_utilization` x the GPU's memory, one per agent on vLLM, both awake while either samples;
+  `rollout.gpu_memory_utilization` x the GPU's memory, one per agent on vLLM, both awake while either samples,
+  and the trainer re-scoring `rollout.gap_answers` of their answers (`logprob_gap`; not under ZeRO-3);
 - "update": one agent's PPO update: gradients and one micro-batch's activations on top of the resident state; the
   vLLM engines sleep (`rollout.sleep`: weights offloaded, KV cache freed) and are counted as 0;
 - "evaluation": the held-out evaluation every `train.eval_every`: as rollout, the solver sampling batches of 64.
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from selfplay.rollout.settings import engine_name
 from selfplay.runtime.config import CONFIG_DIR
 from selfplay.runtime.errors import UserError
 
@@ -82,6 +84,12 @@ SFT_LOGIT_BYTES = 13
 # `measure` (one block of width 64, vocabulary 32,000, 2 x 257 answer positions: 24.2 bytes saved per logit)
 PPO_LOGIT_BYTES = 24
 MIXED_STATE_BYTES = 12  # per trainable parameter under bf16/fp16 mixed precision: fp32 master, AdamW's m and v
+# bytes per answer logit of the no-gradient re-scoring of vLLM answers (`logprob_gap` -> `_policy_forward`): bf16
+# logits, their fp32 tempered copy, the log-softmax
+GAP_LOGIT_BYTES = 10
+# With LoRA, whether a loaded agent's KL reference is its policy with the adapter switched off (no weights of its own)
+# rather than a frozen copy of the base: False, as selfplay.models.agent.load_agent_parts does today (a copy)
+LORA_REFERENCE_IS_BASE = False
 SCORE_COPIES = 2  # generate keeps fp32 scores per step (out.scores) and torch.stack copies them before .cpu()
 DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (parameters)
 
@@ -282,6 +290,7 @@ class RunSettings:
     sleep: bool
     solver_answers: int  # train.solver_tasks x train.samples_per_task (all ranks)
     proposals: int  # train.proposals (all ranks)
+    gap_answers: int = 0  # rollout.gap_answers: vLLM answers the trainer re-scores per batch
 
 
 def read_zero_config(name_or_path: str) -> dict:
@@ -301,8 +310,6 @@ def read_zero_config(name_or_path: str) -> dict:
 
 def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
     """`RunSettings` of a loaded config."""
-    from selfplay.rollout.settings import engine_name
-
     dist, m, p, t, ws = cfg.distributed, cfg.model, cfg.ppo, cfg.train, cfg.warmstart
     stage, mixed, prefetch = 0, False, DEFAULT_PREFETCH
     if dist.deepspeed:
@@ -323,7 +330,8 @@ def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
         sft_steps=(int(ws.solver_steps), int(ws.generator_steps)),
         engines=(engine_name(cfg.rollout, "solver"), engine_name(cfg.rollout, "generator")),
         gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization), sleep=bool(cfg.rollout.sleep),
-        solver_answers=int(t.solver_tasks) * int(t.samples_per_task), proposals=int(t.proposals))
+        solver_answers=int(t.solver_tasks) * int(t.samples_per_task), proposals=int(t.proposals),
+        gap_answers=int(cfg.rollout.gap_answers))
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -426,6 +434,8 @@ def agent_state(shape: ModelShape, s: RunSettings, agent: str, world: int,
         if s.zero_stage >= 3:
             weights, critic_b = weights / world, critic_b / world
     ref = p * b / (world if options.partition_references and world > 1 else 1)
+    if lora and LORA_REFERENCE_IS_BASE:
+        ref = 0.0
     return AgentState(weights, ref, critic_b, grads, optimizer, trainable)
 
 
@@ -534,8 +544,12 @@ def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
     batches = _rollout_batches(s, world)
     gen = max((generation_bytes(shape, s, *batches[a]) for a in AGENTS if engine_of[a] == "hf"), default=0.0)
     sampler = "the larger agent's Hugging Face batch" if gen else "the vLLM engines awake"
+    gap = 0.0  # the trainer re-scores a few vLLM answers beside the awake engines (not under ZeRO-3)
+    if _engine_count(s) and s.gap_answers > 0 and not (s.deepspeed and s.zero_stage >= 3 and world > 1):
+        gap = max(s.gap_answers * (batches[a][1] + 1) * shape.vocab * GAP_LOGIT_BYTES
+                  for a in AGENTS if engine_of[a] == "vllm")
     phases.append(PhasePlan("rollout", "every rank", f"sampling ({sampler})",
-                            resident(generation=gen, vllm=_engine_count(s) * vllm_bytes), budget))
+                            resident(generation=gen, activations=gap, vllm=_engine_count(s) * vllm_bytes), budget))
 
     # update: one agent's micro-batch forward + backward; engines asleep (or not, rollout.sleep=false)
     upd = max(AGENTS, key=lambda a: states[a].gradients + update_activations(shape, s, a))

@@ -179,7 +179,8 @@ def test_a_fix_the_verdict_names_makes_the_phase_fit():
     rollout = next(v for v in plan.verdicts if v.phase == "rollout")
     assert not rollout.fits and "rollout.gpu_memory_utilization" in rollout.keys
     value = _value_in(rollout.line, "rollout.gpu_memory_utilization")
-    fixed = load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={value}"])
+    fixed = load_config(CONFIG_DIR / "gpu_1.5b.yaml",
+                        ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={value}"])
     assert mp.plan_memory(fixed, mp.Cluster(4, 1, 80.0)).phase("rollout").fits
 
 
@@ -189,7 +190,19 @@ def test_sleeping_engines_leave_the_update_their_memory():
     cluster = mp.Cluster(4, 1, 80.0)
     assert mp.plan_memory(cfg, cluster).phase("update").parts["vllm engines"] == 0
     assert mp.plan_memory(awake, cluster).phase("update").parts["vllm engines"] == pytest.approx(2 * 0.3 * 80e9)
-    assert mp.plan_memory(cfg, cluster).phase("rollout").parts["vllm engines"] == pytest.approx(2 * 0.3 * 80e9)
+    rollout = mp.plan_memory(cfg, cluster).phase("rollout")
+    assert rollout.parts["vllm engines"] == pytest.approx(2 * 0.3 * 80e9)
+    assert rollout.parts["generation (hf)"] == 0
+    # the trainer re-scores rollout.gap_answers (8) of the engines' answers: 8 x (512 + 1) logits of 151,936
+    assert rollout.parts["activations"] == 8 * 513 * 151936 * mp.GAP_LOGIT_BYTES
+
+
+def test_a_lora_reference_that_is_the_policy_s_base_holds_no_weights(monkeypatch):
+    s = settings_for(dtype_bytes=2, deepspeed=True, zero_stage=2, mixed_precision=True, lora_r=2)
+    assert mp.agent_state(TOY, s, "solver", 1).reference == TOY_PARAMS * 2
+    monkeypatch.setattr(mp, "LORA_REFERENCE_IS_BASE", True)
+    assert mp.agent_state(TOY, s, "solver", 1).reference == 0
+    assert mp.agent_state(TOY, dataclasses.replace(s, lora_r=0), "solver", 1).reference == TOY_PARAMS * 2
 
 
 @settings(max_examples=60, deadline=None)
