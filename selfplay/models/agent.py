@@ -17,7 +17,8 @@ from typing import Sequence
 
 import torch
 
-from selfplay.models.factory import ActorCritic, ensure_chat_template, fresh_lora, frozen_copy, torch_dtype
+from selfplay.models.factory import (ActorCritic, AdapterOff, ensure_chat_template, fresh_lora, frozen_copy, is_lora,
+                                     torch_dtype)
 from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
 from selfplay.runtime.distributed import gather_objects, is_distributed
 
@@ -212,13 +213,14 @@ class LMAgent:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.module.parameters())):
-                if write_hf:
+                if write_hf:  # (a reference that is the policy's base, AdapterOff, is partitioned with it)
                     self.module.save_pretrained(folder)
+                    self.reference.save_pretrained(folder / "reference")
         elif write_hf:
             self.module.save_pretrained(folder)
+            self.reference.save_pretrained(folder / "reference")
         if write_hf:  # rank 0 only
             self.tokenizer.save_pretrained(folder)
-            self.reference.save_pretrained(folder / "reference")
             torch.save(self.trainer.state_dict(), folder / "trainer.pt")
             if not is_deepspeed_engine(self.model):
                 torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
@@ -267,5 +269,7 @@ def load_agent_parts(folder: Path, dtype: str = "float32", value_model: str | No
 
     tokenizer = ensure_chat_template(AutoTokenizer.from_pretrained(folder, local_files_only=True))
     model = ActorCritic.from_pretrained(folder, value_model, trainable_lora=True, dtype=torch_dtype(dtype))
+    if is_lora(model.policy) and model.lora_base == "reference":  # the adapter's base is the reference: no copy
+        return model, AdapterOff(model.policy), tokenizer
     reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=torch_dtype(dtype)))
     return model, reference, tokenizer

@@ -418,6 +418,40 @@ def attach_lora(policy, config, seed: int = 0):
                             f"(this model's linear layers: {', '.join(names)})") from exc
 
 
+class AdapterOff:
+    """The KL reference of a LoRA policy whose base is the reference (`lora_base == "reference"`): the policy itself
+    with its adapter switched off for the call (peft's `disable_adapter`), so no second copy of the weights is held.
+    It has no parameters of its own; `save_pretrained` writes the base as a plain model (the adapter removed from a
+    copy, unmerged), which is what a reference folder holds."""
+
+    def __init__(self, policy):
+        if not is_lora(policy):
+            raise TypeError("AdapterOff needs a peft (LoRA) policy")
+        self.policy = policy
+        self.config = policy.config
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0,
+                 **kwargs):
+        with torch.no_grad(), self.policy.disable_adapter():
+            extra = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
+            return self.policy(input_ids=input_ids, attention_mask=attention_mask, **extra, **kwargs)
+
+    forward = __call__  # (accepts_logits_to_keep reads its signature)
+
+    def to(self, *args, **kwargs) -> "AdapterOff":
+        return self  # it lives where the policy does
+
+    def eval(self) -> "AdapterOff":
+        return self
+
+    def parameters(self):
+        return iter(())
+
+    def save_pretrained(self, out_dir: str | Path) -> None:
+        base = copy.deepcopy(self.policy).unload()
+        base.save_pretrained(out_dir)
+
+
 def merged_copy(policy):
     """A plain model with the adapter merged into a copy of the base weights (the policy itself is untouched)."""
     merged = copy.deepcopy(policy).merge_and_unload()

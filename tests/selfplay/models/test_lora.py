@@ -144,3 +144,35 @@ def test_adapters_on_the_top_blocks_only_train_nothing_below_them(tmp_path):
     logits.logsumexp(-1).sum().backward()
     assert sorted(set(reached)) == [2, 3]
     assert all(p.grad is not None for n, p in model.named_parameters() if "lora_" in n)
+
+
+def test_the_reference_of_an_adapter_over_it_is_the_policy_with_the_adapter_off(tmp_path):
+    """A LoRA agent whose base is its reference holds no second copy: the reference is the policy with its adapter
+    switched off, equal to the reference folder's model before and after the adapter trains, and saved as that
+    plain model; PPO scores it (KL 0 at the start, > 0 once the adapter moved)."""
+    from transformers import AutoModelForCausalLM
+
+    from selfplay.rl.ppo import PPOTrainer
+
+    cfg, folder, tokenizer = _agent_folder(tmp_path)
+    model, _, _ = load_agent_parts(folder)  # the fresh adapter over the warm start: its base is the reference
+    out = tmp_path / "step_1" / "solver"
+    model.save_pretrained(out)
+    models.frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference")).save_pretrained(out / "reference")
+    tokenizer.save_pretrained(out)
+    model, reference, _ = load_agent_parts(out)
+    assert isinstance(reference, models.AdapterOff) and list(reference.parameters()) == []
+    stored = AutoModelForCausalLM.from_pretrained(out / "reference")
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.add_(0.05 * torch.randn_like(p))
+        assert torch.allclose(reference(ids).logits, stored(ids).logits, atol=1e-6)
+        assert not torch.allclose(_logits(model, ids), stored(ids).logits, atol=1e-4)
+    reference.save_pretrained(tmp_path / "saved_reference")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved_reference")
+    assert not models.is_lora(again) and torch.allclose(again(ids).logits, stored(ids).logits, atol=1e-6)
+    trainer = PPOTrainer(model, reference, cfg.ppo, pad_token_id=tokenizer.pad_token_id)
+    stats = trainer.step([[5, 6, 7]] * 2, [[8, 9], [9, 8]], [1.0, 0.0], groups=["t", "t"])
+    assert stats["kl"] != 0.0 and all(p.grad is None for p in stored.parameters())
