@@ -88,5 +88,6 @@ def sft(policy, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, step
         losses.append(float(loss.detach()))
         if on_step is not None:
             on_step(step, losses[-1])
+    optimizer.zero_grad(set_to_none=True)  # the last step's gradients are not kept (the next agent's SFT follows)
     policy.eval()
     return losses

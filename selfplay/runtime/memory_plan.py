@@ -88,8 +88,9 @@ MIXED_STATE_BYTES = 12  # per trainable parameter under bf16/fp16 mixed precisio
 # logits, their fp32 tempered copy, the log-softmax
 GAP_LOGIT_BYTES = 10
 # With LoRA, whether a loaded agent's KL reference is its policy with the adapter switched off (no weights of its own)
-# rather than a frozen copy of the base: False, as selfplay.models.agent.load_agent_parts does today (a copy)
-LORA_REFERENCE_IS_BASE = False
+# rather than a frozen copy of the base: True, as selfplay.models.agent.load_agent_parts does (AdapterOff, when the
+# adapter's base is the reference, as after every warm start)
+LORA_REFERENCE_IS_BASE = True
 SCORE_COPIES = 2  # generate keeps fp32 scores per step (out.scores) and torch.stack copies them before .cpu()
 DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (parameters)
 

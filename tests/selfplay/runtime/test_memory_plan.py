@@ -199,10 +199,10 @@ def test_sleeping_engines_leave_the_update_their_memory():
 
 def test_a_lora_reference_that_is_the_policy_s_base_holds_no_weights(monkeypatch):
     s = settings_for(dtype_bytes=2, deepspeed=True, zero_stage=2, mixed_precision=True, lora_r=2)
-    assert mp.agent_state(TOY, s, "solver", 1).reference == TOY_PARAMS * 2
-    monkeypatch.setattr(mp, "LORA_REFERENCE_IS_BASE", True)
-    assert mp.agent_state(TOY, s, "solver", 1).reference == 0
+    assert mp.agent_state(TOY, s, "solver", 1).reference == 0  # AdapterOff: the policy with its adapter off
     assert mp.agent_state(TOY, dataclasses.replace(s, lora_r=0), "solver", 1).reference == TOY_PARAMS * 2
+    monkeypatch.setattr(mp, "LORA_REFERENCE_IS_BASE", False)  # a frozen copy of the base
+    assert mp.agent_state(TOY, s, "solver", 1).reference == TOY_PARAMS * 2
 
 
 @settings(max_examples=60, deadline=None)
