@@ -2,8 +2,8 @@
 
     plot_eval(results, "runs/x/eval/step_40.png")   # results: the dict `selfplay eval` writes as JSON
 
-Panels (each says "no data" when its part of the results is missing, e.g. HumanEval not run, or a run without a
-generator):
+Panels, those of the suites evaluated (each says "no data" when its part of the results is empty, e.g. a run without
+a generator):
     held-out pass@1 by split at this checkpoint (greedy, sampled pass@1, pass@k)
     held-out greedy pass@1 over the run's evaluations (one line per split)
     generator validity rate over iterations
@@ -130,24 +130,41 @@ def diversity_over_steps(ax, diversity: dict | None, why: str = "no generator ta
 
 
 def plot_eval(results: dict, path: str | Path) -> Path:
-    """Draw the evaluation `results` (the JSON of `selfplay eval`) into one PNG at `path`."""
+    """Draw the evaluation `results` (the JSON of `selfplay eval`) into one PNG at `path`: the panels of the suites
+    evaluated (all six for `--suite all`, 16 x 9 inches; `--suite heldout` its two), each with "no data" where its
+    part is empty."""
     generator = results.get("generator") or {}
     skipped = {suite: f"not evaluated (--suite {suite})" for suite in ("heldout", "humaneval", "generator")
                if suite not in results}
-    fig, axes = plt.subplots(2, 3, figsize=(16, 9))
     heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k not in BREAKDOWNS}
-    bars_by_group(axes[0, 0], heldout, f"held-out pass@1, step {results.get('step', '?')}",
-                  skipped.get("heldout", "no results"))
-    lines_over_steps(axes[0, 1], results.get("heldout_over_time") or {}, "held-out greedy pass@1 over the run",
-                     "greedy pass@1", why="no evaluations in the run's history")
     validity = results.get("validity_over_time") or generator.get("validity") or {}
-    lines_over_steps(axes[0, 2], {"validity": validity.get("by_step") or []}, "generator validity rate",
-                     "valid proposals / proposals", validity.get("mean"), why="no iterations with proposals")
-    solve_rate_hist(axes[1, 0], generator.get("solve_rates"), skipped.get("generator", "no measured generator tasks"))
-    diversity_over_steps(axes[1, 1], generator.get("diversity"), skipped.get("generator", "no generator tasks"))
     others = {"generated\nsnapshot": generator.get("snapshot"), "HumanEval": results.get("humaneval")}
-    bars_by_group(axes[1, 2], {k: _as_group(v) for k, v in others.items() if v}, "generated snapshot, HumanEval",
-                  _last_panel_note(skipped))
+    panels = []  # (shown, draw(ax)) in reading order
+    panels.append(("heldout" in results, lambda ax: bars_by_group(
+        ax, heldout, f"held-out pass@1, step {results.get('step', '?')}", skipped.get("heldout", "no results"))))
+    panels.append(("heldout" in results or bool(results.get("heldout_over_time")), lambda ax: lines_over_steps(
+        ax, results.get("heldout_over_time") or {}, "held-out greedy pass@1 over the run", "greedy pass@1",
+        why="no evaluations in the run's history")))
+    panels.append(("generator" in results or bool(results.get("validity_over_time")), lambda ax: lines_over_steps(
+        ax, {"validity": validity.get("by_step") or []}, "generator validity rate", "valid proposals / proposals",
+        validity.get("mean"), why="no iterations with proposals")))
+    panels.append(("generator" in results, lambda ax: solve_rate_hist(
+        ax, generator.get("solve_rates"), skipped.get("generator", "no measured generator tasks"))))
+    panels.append(("generator" in results, lambda ax: diversity_over_steps(
+        ax, generator.get("diversity"), skipped.get("generator", "no generator tasks"))))
+    panels.append(("generator" in results or "humaneval" in results, lambda ax: bars_by_group(
+        ax, {k: _as_group(v) for k, v in others.items() if v}, "generated snapshot, HumanEval",
+        _last_panel_note(skipped))))
+    draws = [draw for shown, draw in panels if shown]
+    cols = min(3, max(1, len(draws)))
+    rows = max(1, -(-len(draws) // 3))
+    fig, axes = plt.subplots(rows, cols, figsize=(16 * cols / 3, 4.5 * rows), squeeze=False)
+    for ax, draw in zip(axes.flat, draws):
+        draw(ax)
+    if not draws:
+        _no_data(axes[0, 0], "evaluation", "nothing evaluated")
+    for ax in list(axes.flat)[max(1, len(draws)):]:
+        ax.set_visible(False)
     fig.suptitle(f"{results.get('checkpoint', '')}", fontsize=10)
     fig.tight_layout()
     path = Path(path)

@@ -55,3 +55,13 @@ def test_plot_without_data_draws_placeholder_panels(tmp_path):
                              "snapshot": {"tasks": 0}}}
     assert png_size(plot_eval(results, tmp_path / "a.png"))[0] > 0
     assert png_size(plot_eval({}, tmp_path / "b.png"))[0] > 0
+
+
+def test_a_heldout_evaluation_draws_its_own_panels_only(tmp_path):
+    """`--suite heldout`: the held-out panels (this checkpoint, the run's evaluations), not four empty ones."""
+    full = full_results()
+    results = {k: full[k] for k in ("checkpoint", "step", "heldout", "heldout_over_time")}
+    width, height = png_size(plot_eval(results, tmp_path / "heldout.png"))
+    assert (width, height) == (int(16 * 2 / 3 * 90), int(4.5 * 90))  # two panels side by side
+    humaneval_only = {"checkpoint": "c", "step": 0, "humaneval": {"problems": 2, "pass@1_greedy": 0.5}}
+    assert png_size(plot_eval(humaneval_only, tmp_path / "h.png")) == (int(16 / 3 * 90), int(4.5 * 90))
