@@ -262,8 +262,11 @@ def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
     return tasks
 
 
-def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None) -> dict:
-    """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report)."""
+def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None,
+               on_scalar: Callable[[str, float, int], None] | None = None) -> dict:
+    """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report).
+    `on_scalar(tag, value, step)`: each SFT step's loss as it comes (`solver_sft_loss`, `generator_sft_loss`), so a
+    long warm start shows its curve while it runs."""
     from generator.build import BuildConfig, BuildStats
 
     t0 = time.perf_counter()
@@ -289,9 +292,16 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
         report[f"{agent.name}_sft_examples"] = len(examples)
         bar = progress(total=steps, desc=f"SFT {agent.name}") if progress else None
         t1 = time.perf_counter()
+
+        def on_step(i: int, loss: float, name: str = agent.name, bar=bar) -> None:
+            if bar:
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}")
+            if on_scalar is not None:
+                on_scalar(f"{name}_sft_loss", loss, i)
+
         losses = sft(agent.module.policy, examples, steps=steps, batch_size=ws.batch_size, lr=ws.lr,
-                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed,
-                     on_step=(lambda i, loss: (bar.update(1), bar.set_postfix(loss=f"{loss:.3f}"))) if bar else None)
+                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed, on_step=on_step)
         if bar:
             bar.close()
         # the KL anchor of PPO is the warm-started policy
