@@ -46,12 +46,14 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from generator.schema import Task
 from selfplay.data.corpus import Corpus, CorpusError, check_heldout
@@ -123,7 +125,7 @@ class SelfPlay:
         self.rank, self.world = self.info.rank, self.info.world_size
         self.main = self.info.is_main
         seed_global_generators(cfg.run.seed, self.rank)
-        self.log = log or (lambda msg: print(f"[selfplay] {msg}", flush=True) if self.main else None)
+        self.log = log or (lambda msg: say(f"[selfplay] {msg}") if self.main else None)
         self.run_dir = Path(cfg.run.dir)
         check_shared_storage(self.run_dir, self.rank)
         self.ckpt = CheckpointManager(self.run_dir, cfg.run.keep_last)
@@ -188,10 +190,14 @@ class SelfPlay:
         them."""
         t = self.cfg.train
         bar = progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
-        stopped = False
+        stopped, first = False, True
         while self.step < t.steps:
             self.step += 1
+            t0 = time.perf_counter()
             metrics = self.iteration()
+            if first and self.main and self.step < t.steps:  # what the rest will take, once one iteration is known
+                self.log(run_estimate(time.perf_counter() - t0, t.steps - self.step, t.eval_every))
+            first = False
             self.history.append(history_entry(self.step, metrics))
             if bar:
                 bar.update(1)
@@ -430,8 +436,9 @@ class SelfPlay:
         counts = level_counts(self.cfg.warmstart, self.cfg.tasks.max_level)
         self.log(f"no checkpoint in {self.run_dir}: warm start ({sum(counts.values())} tasks)")
         reserve_heldout(self.cfg, self.sb, self.corpus, self.run_dir, self.log)  # first: training never sees them
-        solver, generator, report = warm_start(self.cfg, self.run_dir, self.sb, self.corpus, log=self.log,
-                                               progress=progress)
+        solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
+            self.cfg, self.run_dir, self.sb, self.corpus, log=self.log, progress=progress,
+            on_scalar=lambda tag, value, i: self.tb.scalars({f"warmstart/{tag}": value}, i))
         self.solver, self.generator = solver, generator
         self.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
         self.warm_report = report
@@ -586,6 +593,29 @@ class SelfPlay:
         self.corpus.close()
 
 
+def say(msg: str) -> None:
+    """A log line on stdout that does not glue onto a progress bar (tqdm clears and redraws the bars around it)."""
+    tqdm.write(msg, file=sys.stdout)
+    sys.stdout.flush()
+
+
+def run_estimate(iteration_s: float, left: int, eval_every: int) -> str:
+    """One line after the first iteration: how long the iterations left will take at its pace."""
+    evals = f", plus {left // eval_every} periodic evaluations" if eval_every and left >= eval_every else ""
+    return (f"the first iteration took {iteration_s:.0f} s: the {left} left take about {iteration_s * left / 60:.0f} "
+            f"min at that pace{evals}, plus the closing evaluation")
+
+
+def verdict(change: dict) -> str:
+    """The paired change of a held-out figure in words: its 95 % interval above 0, below 0, or across it."""
+    low, high = change["ci95"]
+    if low > 0:
+        return "the solver improved"
+    if high < 0:
+        return "the solver got worse"
+    return "no measurable change (the interval holds 0)"
+
+
 def print_summary(s: dict) -> None:
     """The closing summary (`SelfPlay.summary`) as a few lines on stdout."""
     ws = s["warmstart_seconds"]
@@ -596,7 +626,8 @@ def print_summary(s: dict) -> None:
         change = s["heldout_change"].get(split)
         paired = (f" ({change['tasks']} tasks; change {change['delta']:+.3f}, 95 % CI "
                   f"[{change['ci95'][0]:+.3f}, {change['ci95'][1]:+.3f}])" if change else "")
-        lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}")
+        lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}"
+                     + (f": {verdict(change)}" if change else ""))
     lines.append(f"  corpus by source: {s['corpus_by_source']}")
     if s["validity_rate"] is not None:
         lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")

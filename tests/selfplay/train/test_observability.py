@@ -85,3 +85,15 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     assert summary["heldout_change"] and all(c["tasks"] >= 1 and len(c["ci95"]) == 2
                                              for c in summary["heldout_change"].values())
     assert "95 % CI" in proc.stdout
+
+
+def test_the_summary_says_in_words_what_the_interval_shows():
+    from selfplay.train.loop import run_estimate, verdict
+
+    assert verdict({"ci95": [0.01, 0.2]}) == "the solver improved"
+    assert verdict({"ci95": [-0.2, -0.01]}) == "the solver got worse"
+    assert verdict({"ci95": [-0.1, 0.1]}).startswith("no measurable change")
+    assert verdict({"ci95": [0.0, 0.1]}).startswith("no measurable change")  # an interval that touches 0 holds it
+    line = run_estimate(90.0, 20, 5)
+    assert "the 20 left take about 30 min" in line and "4 periodic evaluations" in line
+    assert "periodic" not in run_estimate(90.0, 3, 0)

@@ -74,6 +74,9 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
     assert "held-out test" in proc.stdout and "corpus by source" in proc.stdout
+    # the closing summary says in words what the paired interval shows; the first iteration gives the run's pace
+    assert any(v in proc.stdout for v in ("the solver improved", "the solver got worse", "no measurable change"))
+    assert "the first iteration took" in proc.stdout and "the 2 left take about" in proc.stdout
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir() if p.is_dir())
     assert ckpts == ["step_0", "step_2", "step_3"]  # keep_last=2 in the smoke config, and the warm start
     state = latest_state(run)
@@ -90,6 +93,10 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
         assert tag in tags, tag
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3]
     assert all(0.0 <= v <= 1.0 for _, v in tags["generator/validity_rate"])
+    # the warm start's SFT losses were written step by step as they came, not only its totals at the end
+    for agent in ("solver", "generator"):
+        steps = [s for s, _ in tags[f"warmstart/{agent}_sft_loss"]]
+        assert len(steps) > 1 and steps == list(range(len(steps))), agent
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 3 and summary["corpus_by_source"]["procedural"] >= 160
 
