@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -217,11 +217,16 @@ class ActorCritic(nn.Module):
         return self.policy.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+                logits_to_keep: int = 0, prompt_lens: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, V] and values [B, T] (value at t = value of the state before token t+1).
 
         logits_to_keep=k > 0: only the last k positions (the answer; the prompt's logits are never needed and
-        dominate memory with a large vocabulary)."""
+        dominate memory with a large vocabulary).
+        prompt_lens: each row's prompt length (rows right-padded, prompt then answer): rows with the same prompt
+        share one pass over it (`shared_prompt_forward`); the same numbers, fewer tokens."""
+        if prompt_lens is not None and self.critic is None and shares_prompts(self.policy) and not getattr(
+                base_of(self.policy).model, "gradient_checkpointing", False):  # (checkpointing keeps no cache)
+            return shared_prompt_forward(self, input_ids, attention_mask, list(prompt_lens), logits_to_keep)
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
         out = self.policy(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic is None,
                           use_cache=False, **extra)
@@ -282,6 +287,61 @@ class ActorCritic(nn.Module):
         if (path / "value_head.pt").exists():
             model.value_head.load_state_dict(torch.load(path / "value_head.pt", map_location="cpu"))
         return model
+
+
+# model types whose causal LM is a decoder stack under `.model` whose last hidden state (after the final norm) goes
+# straight into `lm_head` (no logit scaling or soft-capping) and that take a cache and explicit positions
+SHARED_PROMPT_MODELS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+def shares_prompts(policy) -> bool:
+    """Whether `shared_prompt_forward` gives this model's own numbers (SHARED_PROMPT_MODELS)."""
+    base = base_of(policy)
+    return (getattr(base.config, "model_type", None) in SHARED_PROMPT_MODELS and hasattr(base, "lm_head")
+            and hasattr(getattr(base, "model", None), "layers"))
+
+
+def shared_prompt_forward(model: "ActorCritic", input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          prompt_lens: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ActorCritic.forward` with each distinct prompt run once: the prompts (right-padded) in one pass that keeps
+    their keys and values (with their gradients), those selected for every row that has the prompt, then the
+    answers in one pass over that cache at their own positions. A task's k answers share a prompt, so its tokens
+    are computed once instead of k times; each row's logits and values are those of the plain forward (the prompt's
+    own positions from the prompt pass), up to float rounding."""
+    from transformers import DynamicCache
+
+    base = base_of(model.policy)
+    rows, width = input_ids.shape
+    device = input_ids.device
+    keys = [tuple(input_ids[b, :n].tolist()) for b, n in enumerate(prompt_lens)]
+    distinct = list(dict.fromkeys(keys))
+    which = torch.tensor([distinct.index(k) for k in keys], device=device)
+    p_width = max(prompt_lens)
+    p_ids = torch.zeros((len(distinct), p_width), dtype=input_ids.dtype, device=device)
+    p_mask = torch.zeros((len(distinct), p_width), dtype=attention_mask.dtype, device=device)
+    for u, k in enumerate(distinct):
+        p_ids[u, : len(k)] = torch.tensor(k, dtype=input_ids.dtype)
+        p_mask[u, : len(k)] = 1
+    cache = DynamicCache(config=base.config)
+    prompt_hidden = base.model(input_ids=p_ids, attention_mask=p_mask, past_key_values=cache,
+                               use_cache=True).last_hidden_state
+    cache.batch_select_indices(which)
+    a_width = max(1, width - min(prompt_lens))
+    a_ids = torch.zeros((rows, a_width), dtype=input_ids.dtype, device=device)
+    a_mask = torch.zeros((rows, a_width), dtype=attention_mask.dtype, device=device)
+    for b, n in enumerate(prompt_lens):
+        m = int(attention_mask[b].sum()) - n  # this row's answer tokens
+        a_ids[b, :m], a_mask[b, :m] = input_ids[b, n : n + m], 1
+    positions = torch.tensor(prompt_lens, device=device)[:, None] + torch.arange(a_width, device=device)[None]
+    answer_hidden = base.model(input_ids=a_ids, attention_mask=torch.cat([p_mask[which], a_mask], 1),
+                               past_key_values=cache, position_ids=positions, use_cache=True).last_hidden_state
+    # each row's hidden states on the plain forward's axis: its prompt's positions, then its answer's
+    keep = logits_to_keep or width
+    hidden = torch.stack([torch.cat([prompt_hidden[which[b], :n], answer_hidden[b, : width - n]])[width - keep:]
+                          for b, n in enumerate(prompt_lens)])
+    logits = base.lm_head(hidden)
+    value_in = hidden.detach() if model.value_model == "detached" else hidden
+    return logits, model.value_head(value_in)
 
 
 def accepts_logits_to_keep(model: nn.Module) -> bool:

@@ -153,6 +153,7 @@ class _Rollout:
     returns: torch.Tensor
     allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits [B, T, ceil(V/32)] (CPU)
     ref_logp: torch.Tensor | None = None  # kept where the KL is measured in the update (old_logp None)
+    prompt_lens: list[int] | None = None  # each row's prompt length (ppo.share_prompts)
 
 
 @dataclass
@@ -232,12 +233,15 @@ class PPOTrainer:
 
     # -- forward passes
 
-    def _policy_forward(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None):
+    def _policy_forward(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None,
+                        prompt_lens: list[int] | None = None):
         """Log-probs of the taken tokens, values and the sampling log-distribution (rl.sampling_logprobs) for
         shifted positions start..L-2: [B, L-1-start] (the last [.., V]): the logits at position i score token i+1;
         positions before `start` are prompt-only and skipped. `allowed`: packed allowed-token bits of those
-        positions ([B, L-1-start, ceil(V/32)], constrained decoding): the masked distribution is scored."""
-        logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start)
+        positions ([B, L-1-start, ceil(V/32)], constrained decoding): the masked distribution is scored.
+        `prompt_lens` (with ppo.share_prompts): rows with the same prompt share one pass over it."""
+        extra = {"prompt_lens": prompt_lens} if prompt_lens is not None and self.cfg.share_prompts else {}
+        logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start, **extra)
         logdist = rl.sampling_logprobs(logits[:, :-1], self.cfg.temperature, _unpacked(allowed, logits))
         return rl.gather_tokens(logdist, input_ids[:, start + 1:]), values[:, :-1].float(), logdist
 
@@ -263,12 +267,14 @@ class PPOTrainer:
         packed = pack_allowed(allowed, action_mask) if allowed is not None else None
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
         reuse = self.reuses_forward(len(queries))
+        prompt_lens = [len(q) for q in queries]
         measure_kl = self.kl_in_reward or cfg.kl_metric
         old_logp, old_values, ref_logp = [], [], []
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
             bits = None if packed is None else packed[idx.cpu()]
             if not reuse:
-                logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits)
+                logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits,
+                                                       [prompt_lens[i] for i in idx.tolist()])
                 old_logp.append(logp)
                 old_values.append(values)
             if measure_kl:
@@ -328,7 +334,7 @@ class PPOTrainer:
             stats["values_mean"] = rl.masked_mean(old_values, action_mask).item()
             stats["explained_var"] = rl.explained_variance(old_values, returns, action_mask).item()
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
-                        returns, packed, ref_logp if reuse else None), stats
+                        returns, packed, ref_logp if reuse else None, prompt_lens), stats
 
     def _prepare_replay(self, replay) -> _Replay | None:
         """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
@@ -382,7 +388,8 @@ class PPOTrainer:
             replay_nll = rl.nll_loss(replay_logp, rep.action_mask[ridx], rep.tokens)
         else:
             bits = None if r.allowed is None else r.allowed[idx.cpu()]
-            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits)
+            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits,
+                                                        [r.prompt_lens[i] for i in idx.tolist()])
         kl_stats = {}
         if r.old_logp is None:  # one optimiser step (reuses_forward): this forward is under the old weights
             old_logp, old_values = logp.detach(), values.detach()

@@ -139,6 +139,10 @@ class PPOConfig:
     # score the reference when the KL is not in the reward (kl_coef 0, not adaptive), for the logged ppo/*/kl; false
     # skips the reference's forward pass there (the kl metrics are then not logged)
     kl_metric: bool = True
+    # a task's answers share one forward pass over their prompt (its keys and values computed once, then each answer
+    # from them): the same log-probs and gradients, fewer tokens. Llama, Mistral and Qwen models, no separate critic,
+    # no gradient checkpointing; elsewhere the plain pass runs
+    share_prompts: bool = False
     kl_target: float = 6.0  # adaptive KL: target KL per sequence (nats)
     kl_horizon: float = 10000.0  # adaptive KL: horizon in samples
     entropy_coef_start: float = 0.01  # entropy bonus at update 0 ...

@@ -404,3 +404,38 @@ def test_no_reference_pass_when_the_kl_is_neither_a_reward_nor_measured():
     assert ref_forwards == 0 and "kl" not in metrics
     *_, ref_forwards = counted_update(reuse=None, kl_coef=0.05, kl_metric=False)
     assert ref_forwards == 2  # in the reward: always scored
+
+
+def shared_prompt_update(share: bool, seed: int = 0):
+    """One SGD update of a tiny Llama on 2 tasks x 3 answers of different lengths (two minibatches: the old pass
+    runs), its prompts shared or not: (parameter change, metrics, tokens the embedding saw)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    policy = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                          pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS))
+    model = ActorCritic(policy)
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=3, micro_batch_size=3, max_grad_norm=1e9, advantage="gae",
+                    kl_coef=0.05, share_prompts=share)
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
+                             pad_token_id=PAD, seed=seed)
+    tokens = []
+    policy.model.embed_tokens.register_forward_hook(lambda mod, args, out: tokens.append(args[0].numel()))
+    long_prompt, short_prompt = [1, 2, 5, 6, 2, 1], [4, 2]
+    queries = [long_prompt] * 3 + [short_prompt] * 3
+    responses = [[A], [5, 6, EOS], [6, 6, 6, 6, 2], [A, EOS], [2], [5, 5, 5, 5, 5, 5, EOS]]
+    metrics = trainer.step(queries, responses, [1.0, 0.0, 0.5, 1.0, 0.0, 0.0])
+    return param_delta(model, before), metrics, sum(tokens)
+
+
+def test_answers_sharing_their_prompt_give_the_same_update_from_fewer_tokens():
+    """ppo.share_prompts: a task's prompt runs once for its answers (old pass and update), the same parameter
+    change and metrics as the plain forward, and the policy's embedding sees fewer tokens."""
+    plain, m_plain, tokens_plain = shared_prompt_update(False)
+    shared, m_shared, tokens_shared = shared_prompt_update(True)
+    assert plain.norm() > 0 and torch.allclose(shared, plain, atol=1e-5, rtol=1e-4)
+    for key in ("policy_loss", "value_loss", "entropy", "kl", "values_mean", "approx_kl"):
+        assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-4, abs=1e-6), key
+    assert tokens_shared < tokens_plain
