@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import sandbox
+from tests.code_io_values import values
 from generator.agent import ProposalError
 from generator.code_io import (CHECKS, CODE_IO_BANNED_CALLS, CODE_IO_BANNED_MODULES, KINDS, MAX_INPUTS,
                                MAX_VALUE_CHARS, AcceptedProposal, NoveltyIndex, Proposal, behaviour_key,
@@ -29,19 +30,6 @@ message: the k smallest values, in increasing order
 """
 
 
-@pytest.fixture(scope="module")
-def sb():
-    with sandbox.open_sandbox(backend="process", workers=2, timeout_s=2.0) as box:
-        yield box
-
-
-# ---------------------------------------------------------------------------------------------- values
-scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=6))
-hashables = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3).map(tuple), max_leaves=4)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
-                      | st.dictionaries(hashables, inner, max_size=3) | st.sets(hashables, max_size=3),
-                      max_leaves=8)
 
 
 def test_parse_args_reads_the_inside_of_a_call():
@@ -86,6 +74,13 @@ def test_canonical_text_tells_types_apart_and_ignores_order():
 def test_a_plain_value_survives_its_repr(value):
     assert plain_problem(value) == ""
     assert canonical_text(parse_args(repr(value))[0]) == canonical_text(value)
+
+
+@pytest.fixture(scope="module")
+def sb():
+    with sandbox.open_sandbox(backend="process", workers=2, timeout_s=2.0) as box:
+        yield box
+
 
 
 # ---------------------------------------------------------------------------------------------- parser

@@ -8,6 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import sandbox
+from tests.code_io_values import values
 from generator.code_io import AcceptedProposal, canonical_text, format_args, parse_proposal, validate_proposal
 from solver.code_io import (CodeIOTask, Verdict, abduction_tasks, deduction_tasks, induction_task, parse_input,
                             parse_output, task_prompt, tasks_from_proposal, verify, verify_deduction, verify_many)
@@ -18,18 +19,13 @@ ACCEPTED = AcceptedProposal(PROGRAM, (([3, 1, 2], 2), ([5, 4, 9, 1], 3), ([2], 1
 REFERENCE = f"```python\n{PROGRAM}```"
 
 
+
+
 @pytest.fixture(scope="module")
 def sb():
     with sandbox.open_sandbox(backend="process", workers=2, timeout_s=2.0) as box:
         yield box
 
-
-scalars = (st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-           | st.text(max_size=6))
-hashables = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3).map(tuple), max_leaves=4)
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.lists(inner, max_size=3).map(tuple)
-                      | st.dictionaries(hashables, inner, max_size=3) | st.sets(hashables, max_size=3),
-                      max_leaves=8)
 
 
 # --------------------------------------------------------------------------------------------------- tasks
