@@ -151,6 +151,10 @@ class PPOConfig:
     # solver: train only on the answers to tasks whose answers scored differently (DAPO's dynamic sampling): a
     # uniform group's rloo advantages are zero but for KL noise; raise train.solver_tasks to keep the update's size
     skip_uniform_groups: bool = False
+    # a control arm: the solver's update takes the episodes its real rewards choose (ppo.skip_uniform_groups) and the
+    # same optimiser steps, with every reward set to 0, so that what the KL, entropy and replay terms do alone is
+    # measured against the same run with its reward
+    null_reward: bool = False
     whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
     max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
     temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature

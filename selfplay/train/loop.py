@@ -335,7 +335,10 @@ class SelfPlay:
             # reward.overlong_cache: DAPO's soft length penalty
             overlong = overlong_penalties([r.mask for r in update_rollouts], cfg.ppo.max_new_tokens,
                                           cfg.reward.overlong_cache)
-            stats = self.solver.update(update_rollouts, [r.reward + o for r, o in zip(update_rollouts, overlong)],
+            rewards = [r.reward + o for r, o in zip(update_rollouts, overlong)]
+            if cfg.ppo.null_reward:  # the control: the same episodes and steps, no reward
+                rewards = [0.0] * len(rewards)
+            stats = self.solver.update(update_rollouts, rewards,
                                        lr_scale=lr_scale, masks=[r.mask for r in update_rollouts], replay=replay,
                                        groups=[r.task.id for r in update_rollouts])
             if cfg.reward.overlong_cache:

@@ -294,3 +294,15 @@ def test_lora_switched_on_after_the_warm_start_is_refused_naming_the_key(warm_ru
     assert proc.returncode != 0
     assert "model.lora" in proc.stderr and "has no LoRA adapter" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_the_null_reward_control_updates_on_the_same_episodes_with_no_reward(warm_run, tmp_path):
+    """ppo.null_reward: the solver's episodes are graded as ever (solver/reward_mean), its update sees 0 for each
+    (ppo/solver/score_mean), and it still takes its optimiser steps."""
+    run = copy_run(warm_run, tmp_path)
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2", "ppo.null_reward=true",
+             "ppo.skip_uniform_groups=false")
+    tags = read_scalars(run)
+    assert [v for _, v in tags["ppo/solver/score_mean"]] == [0.0, 0.0]
+    assert all(v >= 1 for _, v in tags["ppo/solver/optimizer_steps"])
+    assert len(tags["solver/reward_mean"]) == 2
