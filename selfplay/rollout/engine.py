@@ -17,6 +17,11 @@ model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads
 gathered first (a collective: every rank syncs). The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
 so that the sync reaches its model and no engine-core process is spawned.
 
+At most one vLLM engine lives in a process (`VLLMEngine` refuses a second): vLLM's sleep mode allocator is one
+object per process and refuses a second engine on a GPU. With both agents on vLLM the generator's engine
+(`ChildEngine`, selfplay/rollout/engine_process.py) runs in a child process of its own, behind the same interface;
+its weights go through `rollout.sync_dir` (docs/rl.md "One engine per process").
+
 With several ranks each rank has its own engines (tensor-parallel size 1), serving that rank's share of the prompts:
 vLLM's `external_launcher` executor makes the engine join the trainer's torch.distributed group instead of starting
 one of its own, and vLLM's parallel groups are new groups beside the default one, which DDP / DeepSpeed keep
@@ -76,58 +81,47 @@ class HFEngine:
         return {}
 
 
-class VLLMEngine:
-    """One agent's vLLM engine, in this process, built from its Hugging Face folder `folder`."""
+SECOND_ENGINE = ("a second vLLM engine in this process: vLLM's sleep mode allocator is one per process, so each "
+                 "process holds at most one engine (make_engine puts the generator's in a child process)")
+_in_process = 0  # live VLLMEngines in this process: at most one
+
+
+class ServedEngine:
+    """What a vLLM engine does for its agent, wherever the engine runs: sampling parameters from the agent, the
+    answers (eos, grammar bits replayed, decoded text), the log-prob gap, sleep around updates, weight syncs and their
+    metrics. Subclasses hold the engine: `_generate`, `_sleep`, `_wake_up`, `_push`, `close`."""
 
     name = "vllm"
+    sync_method = "reload"
 
-    def __init__(self, agent, folder: str | Path, rcfg, *, seed: int = 0, dtype: str = "float32",
-                 trust_remote_code: bool = False, label: str = ""):
+    def __init__(self, agent, rcfg, label: str = ""):
         self.rcfg, self.label = rcfg, label or agent.name
         self.gpu = on_gpu()
-        self.sync_method = rcfg.sync if rcfg.sync != "auto" else ("load_weights" if self.gpu else "reload")
         config = agent.module.config
         heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
         head = getattr(config, "head_dim", None) or (config.hidden_size // heads if heads else None)
         if not self.gpu and head is not None and head not in CPU_HEAD_SIZES:
             raise UserError(head_size_error(head))
-        if not self.gpu:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{rcfg.kv_cache_gb:g}")
-        vllm = require_vllm()
-        t0 = time.perf_counter()
-        try:
-            self.llm = vllm.LLM(**llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
-                                             trust_remote_code=trust_remote_code))
-            self._generate([[agent.eos_ids[0]]], [self._params(agent, 1, False)])  # a model it cannot run fails here
-        except UserError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - whatever vLLM says about this model, in one line
-            raise UserError(f"{KEY}=vllm cannot serve {folder}: {_one_line(exc)} (use {KEY}=hf)") from None
-        self.start_s = time.perf_counter() - t0
         self.asleep = False
+        self.start_s = 0.0
         self.sync_times: list[float] = []
         self.gaps: list[float] = []
 
     # ---- sampling -------------------------------------------------------------------------------------
-    def _params(self, agent, max_tokens: int, greedy: bool, grammar: str | None = None):
-        from vllm import SamplingParams
-
-        extra = {}
-        if grammar is not None:
-            from vllm.sampling_params import StructuredOutputsParams
-
-            extra["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+    def _params(self, agent, max_tokens: int, greedy: bool, grammar: str | None = None) -> dict:
+        """Sampling parameters as a plain dict (`sampling_params` makes vLLM's of it, where the engine is)."""
         # no per-request seed: it kills the CPU engine ("CPU Generator does not use offset"); LLM(seed=...) holds it
-        return SamplingParams(n=1, temperature=0.0 if greedy else float(agent.cfg.temperature), top_p=1.0, top_k=0,
-                              min_p=0.0, max_tokens=max_tokens, stop_token_ids=list(agent.eos_ids), logprobs=0,
-                              detokenize=False, skip_special_tokens=False, **extra)
+        return dict(n=1, temperature=0.0 if greedy else float(agent.cfg.temperature), top_p=1.0, top_k=0, min_p=0.0,
+                    max_tokens=max_tokens, stop_token_ids=list(agent.eos_ids), logprobs=0, detokenize=False,
+                    skip_special_tokens=False, grammar=grammar)
 
-    def _generate(self, prompts, params):
-        from vllm.inputs import TokensPrompt
+    def _generate(self, prompts, params: list[dict]) -> list[dict]:
+        """`generate_plain`'s results ({"tokens", "logprobs", "prompt_logprobs"?} per prompt) from the engine."""
+        raise NotImplementedError
 
+    def _request(self, prompts, params: list[dict]) -> list[dict]:
         try:
-            return self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
-                                     use_tqdm=False)
+            return self._generate(prompts, params)
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"the {self.label}'s vLLM engine failed: {_one_line(exc)}") from exc
 
@@ -147,30 +141,46 @@ class VLLMEngine:
         rows = grammar_rows(agent.constraint, len(prompts)) if agent.constraint is not None else None
         params = [self._params(agent, max_new if limit is None else max(1, min(max_new, limit - len(p))), greedy,
                                rows[i][0] if rows else None) for i, p in enumerate(prompts)]
-        outs = self._generate(prompts, params)
+        outs = self._request(prompts, params)
         answers = []
         for i, (p, out) in enumerate(zip(prompts, outs)):
-            o = out.outputs[0]
-            tokens = list(o.token_ids)
+            tokens = out["tokens"]
             finished = bool(tokens) and tokens[-1] in agent.eos_ids
-            logprobs = [d[t].logprob for d, t in zip(o.logprobs or [], tokens)]
             allowed = replay_allowed(agent.constraint, rows[i][1], tokens) if rows else None
-            answers.append(Answer(list(p), tokens, agent.decode(tokens), finished, allowed, logprobs))
+            answers.append(Answer(list(p), tokens, agent.decode(tokens), finished, allowed, out["logprobs"]))
         if not greedy and self.rcfg.gap_answers:
             self.gaps.append(logprob_gap(agent, answers[: self.rcfg.gap_answers]))
         return answers
+
+    def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
+        """The engine's log-probs (temperature 1) of each token of `ids` after the first."""
+        self.wake()
+        params = dict(max_tokens=1, prompt_logprobs=0, detokenize=False)
+        return self._request([list(ids)], [params])[0]["prompt_logprobs"]
 
     # ---- weights ----------------------------------------------------------------------------------------
     def before_update(self) -> None:
         """On a GPU the engine sleeps while the trainer updates (its memory is the trainer's meanwhile)."""
         if self.gpu and self.rcfg.sleep and not self.asleep:
-            self.llm.sleep(level=1)
+            self._sleep()
             self.asleep = True
 
     def wake(self) -> None:
         if self.asleep:
-            self.llm.wake_up()
+            self._wake_up()
             self.asleep = False
+
+    def _sleep(self) -> None:
+        raise NotImplementedError
+
+    def _wake_up(self) -> None:
+        raise NotImplementedError
+
+    def _push(self, agent) -> None:
+        raise NotImplementedError
+
+    def sync_folder(self) -> Path:
+        return Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}"
 
     def sync(self, agent) -> float:
         """Push the agent's current policy weights into the engine; returns the seconds it took."""
@@ -178,8 +188,7 @@ class VLLMEngine:
         self.wake()
         try:
             with gathered(agent):
-                push_weights(self.llm, self.sync_method, policy_weights(agent),
-                             Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}")
+                self._push(agent)
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"the {self.label}'s vLLM engine did not take the updated weights "
                               f"(rollout.sync={self.sync_method}): {_one_line(exc)}") from exc
@@ -197,10 +206,100 @@ class VLLMEngine:
         self.sync_times, self.gaps = [], []
         return out
 
+    def close(self) -> None:
+        pass
+
+
+class VLLMEngine(ServedEngine):
+    """One agent's vLLM engine, in this process, built from its Hugging Face folder `folder`; a second one while
+    this one lives is refused (SECOND_ENGINE)."""
+
+    def __init__(self, agent, folder: str | Path, rcfg, *, seed: int = 0, dtype: str = "float32",
+                 trust_remote_code: bool = False, label: str = ""):
+        global _in_process
+        super().__init__(agent, rcfg, label)
+        self.sync_method = rcfg.sync if rcfg.sync != "auto" else ("load_weights" if self.gpu else "reload")
+        self.llm = None
+        if _in_process:
+            raise UserError(f"{KEY}=vllm: {SECOND_ENGINE}")
+        if not self.gpu:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{rcfg.kv_cache_gb:g}")
+        vllm = require_vllm()
+        _in_process += 1
+        self.counted = True
+        t0 = time.perf_counter()
+        try:
+            self.llm = vllm.LLM(**llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
+                                             trust_remote_code=trust_remote_code))
+            self._request([[agent.eos_ids[0]]], [self._params(agent, 1, False)])  # a model it cannot run fails here
+        except Exception as exc:  # noqa: BLE001 - whatever vLLM says about this model, in one line
+            self.close()
+            if isinstance(exc, UserError):
+                raise
+            raise UserError(f"{KEY}=vllm cannot serve {folder}: {_one_line(exc)} (use {KEY}=hf)") from None
+        self.start_s = time.perf_counter() - t0
+
+    def _generate(self, prompts, params):
+        return generate_plain(self.llm, prompts, params)
+
+    def _sleep(self) -> None:
+        self.llm.sleep(level=1)
+
+    def _wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def _push(self, agent) -> None:
+        push_weights(self.llm, self.sync_method, policy_weights(agent), self.sync_folder())
+
+    def close(self) -> None:
+        """Drop the engine; another may then be built in this process (on a GPU vLLM may keep some of its memory)."""
+        global _in_process
+        self.llm = None
+        if getattr(self, "counted", False):
+            self.counted = False
+            _in_process -= 1
+
+    def __del__(self):
+        self.close()
+
+
+def sampling_params(params: dict):
+    """vLLM's SamplingParams of a plain dict (`ServedEngine._params`); "grammar": an EBNF text for structured
+    outputs."""
+    from vllm import SamplingParams
+
+    params = dict(params)
+    grammar = params.pop("grammar", None)
+    if grammar is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+
+        params["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+    return SamplingParams(**params)
+
+
+def generate_plain(llm, prompts, params: list[dict]) -> list[dict]:
+    """`llm.generate` on token-id prompts, each with its plain-dict parameters; per prompt {"tokens": sampled ids,
+    "logprobs": their log-probs} and, where asked, "prompt_logprobs" (of each prompt token after the first)."""
+    from vllm.inputs import TokensPrompt
+
+    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
+                        [sampling_params(d) for d in params], use_tqdm=False)
+    results = []
+    for p, out in zip(prompts, outs):
+        o = out.outputs[0]
+        tokens = list(o.token_ids)
+        r = {"tokens": tokens, "logprobs": [d[t].logprob for d, t in zip(o.logprobs or [], tokens)]}
+        if out.prompt_logprobs is not None:
+            r["prompt_logprobs"] = [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], list(p)[1:])]
+        results.append(r)
+    return results
+
 
 def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: int | None = None,
-               trust_remote_code: bool = False, **extra) -> dict:
-    """vLLM `LLM(...)` arguments for an engine that samples what the trainer scores, built from HF folder `folder`."""
+               trust_remote_code: bool = False, colocated: bool | None = None, **extra) -> dict:
+    """vLLM `LLM(...)` arguments for an engine that samples what the trainer scores, built from HF folder `folder`;
+    `colocated`: joining the trainer's process group (default: where there is one of several ranks; never for an
+    engine in a child process)."""
     gpu = on_gpu()
     kwargs = dict(model=str(folder), dtype=dtype, seed=seed, max_model_len=max_len,
                   tensor_parallel_size=1,  # one engine per rank, serving that rank's own prompts
@@ -213,7 +312,7 @@ def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: 
         kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
     from selfplay.runtime import distributed as D
 
-    if D.is_distributed():
+    if D.is_distributed() if colocated is None else colocated:
         kwargs.update(colocated_kwargs())
     return {**kwargs, **extra}
 
@@ -242,22 +341,32 @@ def push_weights(llm, method: str, weights: dict, folder: Path | None = None) ->
     """Weights (HF checkpoint names -> tensors) into an in-process engine's model: `load_weights` (the model's own
     loader), `reload` (the runner's in-place reload, which also redoes the CPU build's repacking) or `folder`
     (safetensors written to `folder`, then reloaded from it). The prefix cache is emptied after."""
-    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    runner = model_runner(llm)
     if method == "load_weights":
         runner.model.load_weights(weights=iter(weights.items()))
     elif method == "reload":
         runner.reload_weights(weights_iterator=iter(weights.items()))
     else:
-        from safetensors.torch import save_file
-
-        folder.mkdir(parents=True, exist_ok=True)
-        seen, tensors = set(), {}
-        for k, v in weights.items():  # tied tensors under each name (the CPU build's tied head reloads from its own)
-            tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
-            seen.add(v.data_ptr())
-        save_file(tensors, str(folder / "model.safetensors"))
+        write_weights(weights, folder)
         runner.reload_weights(weights_path=str(folder))
     llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
+
+
+def model_runner(llm):
+    return llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
+
+def write_weights(weights: dict, folder: Path) -> None:
+    """`weights` as `folder`/model.safetensors, tied tensors under each name (the CPU build's tied head reloads from
+    its own)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    seen, tensors = set(), {}
+    for k, v in weights.items():
+        tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
+        seen.add(v.data_ptr())
+    save_file(tensors, str(folder / "model.safetensors"))
 
 
 def _one_line(exc: BaseException) -> str:
@@ -357,11 +466,16 @@ def logprob_gap(agent, answers) -> float:
 
 
 def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0):
-    """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself)."""
+    """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself). With
+    both agents on vLLM the generator's engine runs in a child process (`ChildEngine`): one engine per process."""
     if engine_name(cfg.rollout, agent.name) == "hf":
         return None
-    return VLLMEngine(agent, folder, cfg.rollout, seed=cfg.run.seed + rank, dtype=cfg.model.dtype,
-                      trust_remote_code=cfg.model.trust_remote_code)
+    kwargs = dict(seed=cfg.run.seed + rank, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    if agent.name == "generator" and engine_name(cfg.rollout, "solver") == "vllm":
+        from selfplay.rollout.engine_process import ChildEngine
+
+        return ChildEngine(agent, folder, cfg.rollout, **kwargs)
+    return VLLMEngine(agent, folder, cfg.rollout, **kwargs)
 
 
 def engine_metrics(*agents) -> dict:

@@ -1,6 +1,7 @@
 """Run under torchrun (2 ranks, gloo, CPU) by test_vllm_ranks.py: each rank holds two agents, each with its own
-in-process vLLM engine (vLLM's external_launcher executor, tensor-parallel size 1), the solver trained under DDP and
-the generator under DeepSpeed ZeRO-2, both on the trainer's process group of world 2.
+vLLM engine (the solver's in-process, vLLM's external_launcher executor, tensor-parallel size 1; the generator's in a
+child process, one engine per process), the solver trained under DDP and the generator under DeepSpeed ZeRO-2, both
+on the trainer's process group of world 2.
 
 Each rank samples its own prompts (rank 1 one more batch than rank 0: generation must need no collective), both
 agents take a PPO step, the engines take the updated weights, and the engines' log-probs are compared with the
@@ -21,6 +22,7 @@ import torch.distributed as dist
 from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
 from selfplay.rollout.engine import RolloutConfig, VLLMEngine, logprob_gap
+from selfplay.rollout.engine_process import ChildEngine
 from selfplay.runtime import distributed as D
 from selfplay.runtime.config import DistributedConfig, PPOConfig
 from tests.selfplay.rollout.test_engine import TEXTS, engine_prompt_logprobs, trainer_logprobs
@@ -54,7 +56,8 @@ def main(out: str) -> None:
             tok.save_pretrained(root / agent.name)
     dist.barrier()
     for agent in agents:  # every rank builds its engines in the same order (building one is collective)
-        agent.engine = VLLMEngine(agent, root / agent.name, RolloutConfig(engine="vllm"), seed=rank)
+        engine = VLLMEngine if agent.name == "solver" else ChildEngine  # one engine per process
+        agent.engine = engine(agent, root / agent.name, RolloutConfig(engine="vllm"), seed=rank)
     from vllm.distributed import parallel_state as ps
 
     result = {"rank": rank, "world": dist.get_world_size(), "vllm_world": ps.get_world_group().world_size,

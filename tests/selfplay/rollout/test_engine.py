@@ -15,6 +15,7 @@ from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, 
 from selfplay.rl import core as rl
 from selfplay.rollout.engine import (EngineError, RolloutConfig, VLLMEngine, check_rollout, engine_metrics,
                                      llm_kwargs, logprob_gap, require_vllm)
+from selfplay.rollout.engine_process import ChildEngine
 from selfplay.runtime.config import CONFIG_DIR, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 
@@ -51,7 +52,8 @@ def served(tok, tmp_path_factory):
     agent.module.save_pretrained(folder)
     tok.save_pretrained(folder)
     agent.engine = VLLMEngine(agent, folder, RolloutConfig(engine="vllm"))
-    return agent
+    yield agent
+    agent.engine.close()
 
 
 def prompts(agent, n):
@@ -60,12 +62,7 @@ def prompts(agent, n):
 
 def engine_prompt_logprobs(agent, ids):
     """The engine's log-probs (temperature 1) of each token of `ids` after the first."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    out = agent.engine.llm.generate([TokensPrompt(prompt_token_ids=ids)],
-                                    SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
-    return torch.tensor([d[t].logprob for d, t in zip(out[0].prompt_logprobs[1:], ids[1:])])
+    return torch.tensor(agent.engine.prompt_logprobs(ids))
 
 
 def trainer_logprobs(agent, ids):
@@ -276,8 +273,9 @@ def test_smoke_world_trains_and_resumes_on_vllm(tmp_path):
 
 @pytest.mark.vllm
 def test_a_lora_policy_reaches_the_engine_merged(tmp_path):
-    """model.lora.r > 0: the engine starts from the checkpoint's merged weights and, after a PPO update of the
-    adapter, holds the merged weights of the updated adapter."""
+    """model.lora.r > 0: the engine (here in a child process: the weights go through a folder) starts from the
+    checkpoint's merged weights and, after a PPO update of the adapter, holds the merged weights of the updated
+    adapter."""
     pytest.importorskip("peft")
     from selfplay.models import factory as models
     from selfplay.models.agent import load_agent_parts
@@ -293,11 +291,14 @@ def test_a_lora_policy_reaches_the_engine_merged(tmp_path):
     model, reference, tokenizer = load_agent_parts(folder)
     agent = LMAgent("solver", model, reference, tokenizer, cfg.ppo)
     assert models.is_lora(agent.module.policy)
-    agent.engine = VLLMEngine(agent, folder, cfg.rollout)
-    ids = agent.chat_ids("x") + [5, 6, 7, 8]
-    before = engine_prompt_logprobs(agent, ids)
-    answers = agent.sample([agent.chat_ids(f"task {i}") for i in range(4)])
-    agent.update(answers, [1.0, 0.0, 1.0, 0.0], groups=[0, 0, 1, 1])  # groups: the default config's rloo needs them
-    after = engine_prompt_logprobs(agent, ids)
+    agent.engine = ChildEngine(agent, folder, cfg.rollout)  # `served` holds this process's engine
+    try:
+        ids = agent.chat_ids("x") + [5, 6, 7, 8]
+        before = engine_prompt_logprobs(agent, ids)
+        answers = agent.sample([agent.chat_ids(f"task {i}") for i in range(4)])
+        agent.update(answers, [1.0, 0.0, 1.0, 0.0], groups=[0, 0, 1, 1])  # the default config's rloo needs groups
+        after = engine_prompt_logprobs(agent, ids)
+    finally:
+        agent.engine.close()
     assert (after - trainer_logprobs(agent, ids)).abs().max() < GAP_TOL
     assert (after - before).abs().max() > 100 * GAP_TOL
