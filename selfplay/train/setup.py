@@ -165,7 +165,8 @@ def load_agent(cfg, info: D.DistInfo, folder: Path, name: str) -> LMAgent:
     if cfg.distributed.deepspeed or info.world_size > 1:
         wrap = lambda m: D.wrap_model(m, cfg.ppo, cfg.distributed, info)  # noqa: E731
     model, reference, tokenizer = load_agent_parts(folder / name, cfg.model.dtype, cfg.model.value_model)
-    if (lora_settings(cfg.model, name) is not None) != is_lora(model.policy):
+    n_layers = getattr(model.config, "num_hidden_layers", None)
+    if (lora_settings(cfg.model, name, n_layers=n_layers) is not None) != is_lora(model.policy):
         had = "has a LoRA adapter" if is_lora(model.policy) else "has no LoRA adapter"
         raise UserError(f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
                         "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "

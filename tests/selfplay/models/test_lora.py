@@ -8,6 +8,9 @@ import torch
 
 from selfplay.models import factory as models
 from selfplay.models.agent import load_agent_parts
+from selfplay.rl.ppo import PPOTrainer
+from selfplay.runtime.distributed import DistInfo
+from selfplay.train.setup import load_agent
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 
@@ -132,8 +135,11 @@ def test_a_fresh_adapter_starts_its_optimiser_afresh(tmp_path):
 def test_adapters_on_the_top_blocks_only_train_nothing_below_them(tmp_path):
     """model.lora.layers=2 of 4 blocks: adapters in blocks 2 and 3 only (after a save and a reload too), the same
     outputs as the base at the start, and a backward pass that never reaches blocks 0 and 1."""
-    _, folder, _ = _agent_folder(tmp_path, ["model.n_layer=4", "model.lora.layers=2"])
-    model, _, _ = load_agent_parts(folder)
+    cfg, folder, _ = _agent_folder(tmp_path, ["model.n_layer=4", "model.lora.layers=2"])
+    model, reference, _ = load_agent_parts(folder)
+    torch.save(PPOTrainer(model, reference, cfg.ppo).state_dict(), folder / "trainer.pt")
+    agent = load_agent(cfg, DistInfo(), tmp_path, "solver")  # as the loop loads it: the settings are accepted
+    assert models.is_lora(agent.module.policy)
     adapted = {int(n.split(".layers.")[1].split(".")[0]) for n, p in model.named_parameters() if "lora_" in n}
     assert adapted == {2, 3}
     reached = []
