@@ -5,13 +5,14 @@ The parent keeps everything that needs the agent (sampling parameters, eos ids, 
 allowed-token bits, decoding, the log-prob gap against the trainer: `ServedEngine`); the child, started with the
 "spawn" method so that vLLM is imported there only, holds the `LLM` and answers requests over a Pipe:
 
-    ("generate", prompts, params)  token-id prompts and plain-dict sampling parameters (grammar as EBNF text)
-                                   -> per prompt {"tokens", "logprobs", "prompt_logprobs"?}
-    ("sleep", level), ("wake_up",)
-    ("reload", folder)             weights from `folder`/model.safetensors, then the prefix cache emptied
-    ("shutdown",)
+    (n, "generate", prompts, params)  token-id prompts and plain-dict sampling parameters (grammar as EBNF text)
+                                      -> per prompt {"tokens", "logprobs", "prompt_logprobs"?}
+    (n, "sleep", level), (n, "wake_up")
+    (n, "reload", folder)             weights from `folder`/model.safetensors, then the prefix cache emptied
+    (n, "shutdown")
 
-Each answer is ("ok", result) or ("error", one line). The parent writes the weights to `rollout.sync_dir` (as
+Requests are numbered: each answer is (number, "ok", result) or (number, "error", one line), and the parent drops
+an answer to an earlier request whose caller was interrupted. The parent writes the weights to `rollout.sync_dir` (as
 `rollout.sync=folder` does) for the child to reload. A child that dies, or does not answer in time, is reported as an
 `EngineError` naming the agent; the parent never waits on a dead one. The child is stopped when its engine is closed,
 garbage-collected or the parent exits (multiprocessing's exit finalizers run before it joins its children), and the
@@ -55,6 +56,7 @@ class ChildEngine(ServedEngine):
                  trust_remote_code: bool = False, label: str = "", start_timeout: float = START_TIMEOUT_S):
         super().__init__(agent, rcfg, label)
         self.request_timeout = REQUEST_TIMEOUT_S
+        self.seq = 0  # requests numbered, so that a late answer is never taken for the next one's (0: the start)
         kwargs = llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
                             trust_remote_code=trust_remote_code, colocated=False)
         probe = ([agent.eos_ids[0]], self._params(agent, 1, False))  # a model it cannot run fails at start
@@ -80,20 +82,27 @@ class ChildEngine(ServedEngine):
         self.start_s = time.perf_counter() - t0
 
     # ---- the protocol -----------------------------------------------------------------------------------
-    def _receive(self, timeout: float, what: str):
+    def _receive(self, timeout: float, what: str, seq: int = 0):
+        """The answer to request `seq`; answers to earlier requests (one whose caller was interrupted) are
+        dropped."""
         t0 = time.monotonic()
-        while not self.conn.poll(POLL_S):
-            if not self.process.is_alive():
-                raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during {what}")
-            if time.monotonic() - t0 > timeout:
-                self.close()
-                raise ChildFailed(f"its process {self.pid} gave no answer to {what} in {timeout:g} s; stopped")
-        try:
-            status, value = self.conn.recv()
-        except (EOFError, OSError):
-            self.process.join(5)
-            raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during {what}") \
-                from None
+        while True:
+            if not self.conn.poll(POLL_S):
+                if not self.process.is_alive():
+                    raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during "
+                                      f"{what}")
+                if time.monotonic() - t0 > timeout:
+                    self.close()
+                    raise ChildFailed(f"its process {self.pid} gave no answer to {what} in {timeout:g} s; stopped")
+                continue
+            try:
+                got, status, value = self.conn.recv()
+            except (EOFError, OSError):
+                self.process.join(5)
+                raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during "
+                                  f"{what}") from None
+            if got == seq:
+                break
         if status != "ok":
             raise ChildFailed(value)
         return value
@@ -102,11 +111,12 @@ class ChildEngine(ServedEngine):
         """One request to the child and its answer (ChildFailed: its error, or the child gone)."""
         if not self.process.is_alive():
             raise ChildFailed(f"its process {self.pid} is not running (exit code {self.process.exitcode})")
+        self.seq += 1
         try:
-            self.conn.send((op, *args))
+            self.conn.send((self.seq, op, *args))
         except (OSError, ValueError) as exc:
             raise ChildFailed(f"its process {self.pid} cannot be reached ({_one_line(exc)})") from None
-        return self._receive(self.request_timeout if timeout is None else timeout, op)
+        return self._receive(self.request_timeout if timeout is None else timeout, op, self.seq)
 
     # ---- ServedEngine -----------------------------------------------------------------------------------
     def _generate(self, prompts, params):
@@ -143,7 +153,7 @@ def stop_child(process, conn, folder: Path | None = None, grace_s: float = 10.0)
     """Ask the child to shut down, then kill it if it has not gone within `grace_s`; its sync folder removed."""
     try:
         if process.is_alive():
-            conn.send(("shutdown",))
+            conn.send((-1, "shutdown"))
             if conn.poll(grace_s):
                 conn.recv()
     except (OSError, EOFError, ValueError):
@@ -206,9 +216,9 @@ def serve(conn, env: dict, kwargs: dict, probe) -> None:
         llm = vllm.LLM(**kwargs)
         generate_plain(llm, [probe[0]], [probe[1]])
     except BaseException as exc:  # noqa: BLE001 - whatever stops the engine, in one line to the parent
-        _send(conn, ("error", _one_line(exc)))
+        _send(conn, (0, "error", _one_line(exc)))
         _exit(0)
-    _send(conn, ("ok", os.getpid()))
+    _send(conn, (0, "ok", os.getpid()))
     handlers = {
         "generate": lambda prompts, params: generate_plain(llm, prompts, params),
         "sleep": lambda level: llm.sleep(level=level),
@@ -217,16 +227,16 @@ def serve(conn, env: dict, kwargs: dict, probe) -> None:
     }
     while True:
         try:
-            op, *args = conn.recv()
+            seq, op, *args = conn.recv()
         except (EOFError, OSError):  # the parent is gone
             break
         if op == "shutdown":
-            _send(conn, ("ok", None))
+            _send(conn, (seq, "ok", None))
             break
         try:
-            _send(conn, ("ok", handlers[op](*args)))
+            _send(conn, (seq, "ok", handlers[op](*args)))
         except Exception as exc:  # noqa: BLE001 - one line back; the engine serves the next request
-            _send(conn, ("error", _one_line(exc)))
+            _send(conn, (seq, "error", _one_line(exc)))
     _exit(0)
 
 

@@ -115,6 +115,12 @@ def test_a_childs_error_is_one_line_naming_the_agent_and_it_serves_on(agents):
     with pytest.raises(EngineError, match=r"^the generator's vLLM engine failed: [^\n]+$"):
         generator.sample([[10**6, 5]])
     assert generator.sample(prompts(generator, 2))[0].tokens
+    engine = generator.engine  # a request whose caller was interrupted: its late answer is not the next one's
+    engine.seq += 1
+    engine.conn.send((engine.seq, "generate", [[5, 6]], [dict(max_tokens=1, detokenize=False)]))
+    greedy = generator.sample(prompts(generator, 3), greedy=True)
+    assert len(greedy) == 3 and [a.tokens for a in greedy] == [a.tokens for a in generator.sample(
+        prompts(generator, 3), greedy=True)]
 
 
 def test_a_dead_child_is_reported_at_once_and_close_leaves_no_process(agents):
