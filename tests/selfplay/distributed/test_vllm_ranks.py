@@ -1,5 +1,6 @@
 """vLLM engines on 2 real ranks (torchrun, gloo, CPU): each rank's two agents sample their own prompts with their own
-in-process engines, take a PPO step (the solver under DDP, the generator under DeepSpeed ZeRO-2) on the trainer's
+engines (the solver's in the rank's process, the generator's in a child process: one engine per process), take a PPO
+step (the solver under DDP, the generator under DeepSpeed ZeRO-2) on the trainer's
 process group, and the engines then score tokens as the updated trainer does, on every rank
 (tests/selfplay/distributed/vllm_ranks.py runs on each rank)."""
 
@@ -32,7 +33,7 @@ def test_each_rank_has_its_own_engines_beside_the_trainers_group(ranks):
         assert r["world"] == 2 and r["backend"] == "gloo"  # the trainer's group, as torchrun made it
         assert r["all_reduce"] == 3.0  # and it still reduces over both ranks after the engines were built
         assert (r["vllm_world"], r["vllm_tp"], r["vllm_dp"]) == (2, 1, 1)  # vLLM: external data parallel, TP 1
-        assert set(r["agents"]) == {"solver", "generator"}  # two engines in each process
+        assert set(r["agents"]) == {"solver", "generator"}  # two engines on each rank (one in its process)
 
 
 def test_engines_sample_each_ranks_own_prompts_with_the_trainers_log_probs(ranks):
