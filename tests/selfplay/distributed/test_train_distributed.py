@@ -73,8 +73,8 @@ def test_skipping_uniform_groups_keeps_the_ranks_in_step(warm_run, tmp_path):
 def test_two_ranks_train_on_their_own_vllm_engines(warm_run, tmp_path):
     """`selfplay train configs/smoke.yaml rollout.engine=vllm` under torchrun with 2 ranks (DeepSpeed ZeRO-2): each
     rank's solver and generator sample with their own engines (the generator's in a child process), the ranks end
-    with identical weights,
-    every iteration logs the weight sync, and the log-prob gap, the largest any rank's engine had, stays near 0."""
+    with identical weights, every iteration logs the weight sync, and the log-prob gap, the largest any rank's engine
+    had, stays near 0."""
     import vllm  # noqa: F401 - never skipped: a missing vLLM fails this test
 
     from selfplay.runtime.tb import read_scalars
