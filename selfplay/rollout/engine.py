@@ -465,19 +465,6 @@ def logprob_gap(agent, answers) -> float:
     return float(torch.cat(gaps).mean())
 
 
-def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0):
-    """The engine `rollout:` asks for this agent (None for hf: `LMAgent.sample` then calls `sample_hf` itself). With
-    both agents on vLLM the generator's engine runs in a child process (`ChildEngine`): one engine per process."""
-    if engine_name(cfg.rollout, agent.name) == "hf":
-        return None
-    kwargs = dict(seed=cfg.run.seed + rank, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-    if agent.name == "generator" and engine_name(cfg.rollout, "solver") == "vllm":
-        from selfplay.rollout.engine_process import ChildEngine
-
-        return ChildEngine(agent, folder, cfg.rollout, **kwargs)
-    return VLLMEngine(agent, folder, cfg.rollout, **kwargs)
-
-
 def engine_metrics(*agents) -> dict:
     """`time/weight_sync_s` (every agent's syncs since the last call) and `rollout/logprob_gap` (per agent and
     their mean) for the iteration's metrics; empty with the hf engine. With several ranks (a collective: every

@@ -24,7 +24,7 @@ from sandbox.files import owner_dir
 from selfplay.eval.evaluate import heldout_tasks
 from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.models.factory import is_lora, lora_settings
-from selfplay.rollout.engine import make_engine
+from selfplay.rollout.engines import make_engine
 from selfplay.runtime import distributed as D
 from selfplay.runtime import seeds
 from selfplay.runtime.checkpoint import CheckpointManager

@@ -14,8 +14,9 @@ from generator.agent import ProposalError
 from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
 from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
-from selfplay.rollout.engine import EngineError, VLLMEngine, engine_metrics, logprob_gap, make_engine
+from selfplay.rollout.engine import EngineError, VLLMEngine, engine_metrics, logprob_gap
 from selfplay.rollout.engine_process import ChildEngine
+from selfplay.rollout.engines import make_engine
 from selfplay.runtime.config import PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 from tests.selfplay.rollout.test_engine import (GAP_TOL, TEMPERATURE, TEXTS, engine_prompt_logprobs, prompts,
