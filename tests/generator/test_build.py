@@ -1,6 +1,8 @@
 """`generate_tasks`: bookkeeping across calls (one BuildStats filled by several draws, as the warm start does) and
 wide literal ranges through the real validity checks."""
 
+import pytest
+
 from generator.build import BuildConfig, BuildStats, generate_tasks
 from generator.families.catalogue import MAPS, PREDICATES, find
 from generator.families.values import input_etype
@@ -52,6 +54,7 @@ print(digest.hexdigest())
 """
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_task_draws_do_not_depend_on_the_hash_seed():
     """Every split's procedural tasks, and the mutation prompts, edits and grammars drawn from them, are the same in
     interpreters with different PYTHONHASHSEED: a set's iteration order (which the hash seed decides) never reaches

@@ -28,6 +28,7 @@ def test_bench_rollout_refuses_an_unknown_shape_in_one_line(tmp_path):
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_bench_rollout_takes_config_overrides(tmp_path):
     """key=value after CONFIG (slurm/gpu_check.sh passes its own overrides): the model shape follows them."""
     runs = {}

@@ -95,6 +95,7 @@ def test_the_loops_corpus_update_checks_the_rows_it_inserts(run, tmp_path):
             loop._flush_corpus()
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_a_run_starts_only_on_a_clean_corpus(warm_run, tmp_path):
     """The start of every run checks the whole corpus: a row planted in a warm start's corpus (a held-out program
     stored as a free-format proposal, past the corpus's own dedup) stops `selfplay train` with a one-line error

@@ -272,6 +272,7 @@ def test_the_code_line_names_each_version_and_the_runs_that_ran_under_it():
     assert "version 0.1.0 (no git commit) (selfplay 1)" in code_line({"runs": runs})
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run, tmp_path):
     """Real runs: the warm start is the fixture's (as if `compare` had made it); curriculum and fixed train one
     iteration each, side by side (--jobs 2)."""
@@ -493,6 +494,7 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
             variant(*args)
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_compare_runs_a_variant_and_its_records_say_what_it_is(warm_run, tmp_path):
     """Real runs: a variant of the curriculum (no critic) beside it, one iteration each, from one warm start."""
     out = tmp_path / "compare"

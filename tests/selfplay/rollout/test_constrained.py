@@ -195,6 +195,7 @@ def test_every_warm_start_target_is_in_its_grammar(tok):
             assert matcher.accept_token(tok.eos_token_id) and matcher.is_terminated(), (fmt, text)
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_their_own_grammar(tok):
     """generator.redraws: an answer whose program or behaviour the corpus has is struck from its prompt's grammar
     and drawn again; what is kept is never a novelty rejection unless every redraw was spent, and the trainer

@@ -8,6 +8,7 @@ import sqlite3
 from collections import Counter
 from types import SimpleNamespace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -37,6 +38,7 @@ def test_passes_are_reshuffled():
     assert sorted(first) == sorted(second) == list(range(40)) and first != second
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_bad_fixed_settings_name_the_key(tmp_path):
     for override, message in (("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
                               ("train.fixed_levels=[0,5]", "train.fixed_levels must be"),
@@ -46,6 +48,7 @@ def test_bad_fixed_settings_name_the_key(tmp_path):
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
 
@@ -65,6 +68,7 @@ def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
     assert not {after[t["id"]] for t in fixed} & set(before.values())  # new programs, not new ids only
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_reserved_pool_is_drawn_before_sft_and_kept_out_of_it(tmp_path):
     """train.fixed_source=reserved: the warm start draws the fixed set's pool after the held-out tasks and before
     its SFT corpus, keeps its programs out of that corpus, and a fixed-mode run then trains on exactly that pool."""
@@ -93,6 +97,7 @@ def test_reserved_source_without_a_pool_says_how_to_make_one(warm_run, tmp_path)
     assert "warm start with train.fixed_source=reserved" in proc.stderr
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_procedural_stream_repeats_training_programs_but_never_a_reserved_one(tmp_path):
     """The curriculum and self-play modes' fresh procedural tasks: a training program may come back (with new
     inputs), a held-out (reserved) program never does."""
@@ -128,6 +133,7 @@ def test_skip_uniform_groups_keeps_only_tasks_whose_answers_differ():
         assert metrics.get("ppo/solver/kept_share") == share
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
     """The smoke solver passes (almost) nothing, so most or all groups are uniform: the run must go on, skipping
     the solver's update when no task is left, and log the share it kept."""
@@ -141,6 +147,7 @@ def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
     assert updates == sum(v > 0 for v in kept)  # an update exactly when some task's answers differed
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_sft_replay_mixes_the_warm_starts_examples_into_ppo(warm_run, tmp_path):
     """ppo.replay_source=sft (PPO-ptx): every update adds the NLL of warm-start SFT examples, drawn from the
     corpus rows the warm start inserted; the replay term is logged under ppo/solver/replay_loss."""

@@ -56,6 +56,7 @@ def test_heldout_changes_are_paired_with_their_task_count_and_interval():
     assert 0.0 <= lo <= 0.25 <= hi <= 0.75  # one task of four changed: the interval spans 0 and 1/4 at least
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2")

@@ -70,6 +70,7 @@ def test_a_stop_checkpoints_before_the_step_s_evaluation_and_the_resume_runs_it(
     assert [h["step"] for h in state["history"]] == [1, 2, 3]
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3")
@@ -144,6 +145,7 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
         assert "ppo/solver/mixed_groups" in tags  # the solver's groups, its tasks, either way
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_the_in_band_pool_of_generator_tasks_is_logged_and_checkpointed(warm_run, tmp_path):
     """mixer.generator_tasks=in_band: each iteration logs what the pool served and kept, and a checkpoint holds the
     pool (the source's state) for an exact resume."""
@@ -296,6 +298,7 @@ def test_lora_switched_on_after_the_warm_start_is_refused_naming_the_key(warm_ru
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_the_null_reward_control_updates_on_the_same_episodes_with_no_reward(warm_run, tmp_path):
     """ppo.null_reward: the solver's episodes are graded as ever (solver/reward_mean), its update sees 0 for each
     (ppo/solver/score_mean), and it still takes its optimiser steps."""
