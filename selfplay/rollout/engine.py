@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Sequence
 
@@ -86,7 +87,7 @@ SECOND_ENGINE = ("a second vLLM engine in this process: vLLM's sleep mode alloca
 _in_process = 0  # live VLLMEngines in this process: at most one
 
 
-class ServedEngine:
+class ServedEngine(ABC):
     """What a vLLM engine does for its agent, wherever the engine runs: sampling parameters from the agent, the
     answers (eos, grammar bits replayed, decoded text), the log-prob gap, sleep around updates, weight syncs and their
     metrics. Subclasses hold the engine: `_generate`, `_sleep`, `_wake_up`, `_push`, `close`."""
@@ -115,9 +116,9 @@ class ServedEngine:
                     max_tokens=max_tokens, stop_token_ids=list(agent.eos_ids), logprobs=0, detokenize=False,
                     skip_special_tokens=False, grammar=grammar)
 
+    @abstractmethod
     def _generate(self, prompts, params: list[dict]) -> list[dict]:
         """`generate_plain`'s results ({"tokens", "logprobs", "prompt_logprobs"?} per prompt) from the engine."""
-        raise NotImplementedError
 
     def _request(self, prompts, params: list[dict]) -> list[dict]:
         try:
@@ -170,14 +171,17 @@ class ServedEngine:
             self._wake_up()
             self.asleep = False
 
+    @abstractmethod
     def _sleep(self) -> None:
-        raise NotImplementedError
+        """Free the engine's device memory for the trainer (vLLM's sleep, level 1)."""
 
+    @abstractmethod
     def _wake_up(self) -> None:
-        raise NotImplementedError
+        """Take the memory back after `_sleep`."""
 
+    @abstractmethod
     def _push(self, agent) -> None:
-        raise NotImplementedError
+        """The agent's current policy weights into the engine (inside `gathered(agent)`)."""
 
     def sync_folder(self) -> Path:
         return Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}"
