@@ -5,7 +5,6 @@ close. A second in-process engine is refused. Runs vLLM's CPU build for real (on
 
 import os
 import signal
-import time
 
 import pytest
 import torch
@@ -124,15 +123,15 @@ def test_a_childs_error_is_one_line_naming_the_agent_and_it_serves_on(agents):
         prompts(generator, 3), greedy=True)]
 
 
-def test_a_dead_child_is_reported_at_once_and_close_leaves_no_process(agents):
-    """Last: it kills the shared child."""
+def test_a_dead_child_is_reported_and_close_leaves_no_process(agents):
+    """Last: it kills the shared child. The request ends on the child's death (the message names its process), not
+    on the request's time limit; how soon is the watcher's poll, not bounded here (a loaded machine stretches it)."""
     _, generator = agents
     engine = generator.engine
     os.kill(engine.pid, signal.SIGKILL)
-    t0 = time.monotonic()
-    with pytest.raises(EngineError, match=rf"^the generator's vLLM engine failed: its process {engine.pid} "):
+    with pytest.raises(EngineError, match=rf"^the generator's vLLM engine failed: its process {engine.pid} "
+                                          r"(exited|is not running|cannot be reached)"):
         generator.sample(prompts(generator, 2))
-    assert time.monotonic() - t0 < 10
     engine.close()
     engine.close()  # twice: nothing left to do
     assert not engine.process.is_alive()
