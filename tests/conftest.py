@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+import sandbox
+
 SMOKE = ["configs/smoke.yaml", "warmstart.tasks=160", "warmstart.solver_steps=40", "warmstart.generator_steps=10",
          "eval.tasks_per_split=2"]
 REPO = Path(__file__).resolve().parents[1]
@@ -27,6 +29,13 @@ def selfplay(*args, timeout=900, check=True, env=None):
         err = proc.stderr if len(proc.stderr) < 6000 else proc.stderr[:3000] + "\n...\n" + proc.stderr[-3000:]
         raise AssertionError(f"selfplay {' '.join(args)} exited {proc.returncode}:\n{err}")
     return proc
+
+
+@pytest.fixture(scope="session")
+def task_sb():
+    """One process sandbox for the session: the task, generator and solver tests grade in it."""
+    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
+        yield sb
 
 
 @pytest.fixture(scope="session")

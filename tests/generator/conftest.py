@@ -1,15 +1,8 @@
-"""Shared fixtures for the task tests: one process sandbox for the session and a pool of valid tasks."""
+"""Shared fixtures for the task tests: a pool of valid tasks (graded in tests/conftest.py's `task_sb`)."""
 
 import pytest
 
-import sandbox
 from generator.build import generate_tasks
-
-
-@pytest.fixture(scope="session")
-def task_sb():
-    with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
-        yield sb
 
 
 class Pool(list):

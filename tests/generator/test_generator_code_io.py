@@ -9,7 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import sandbox
 from tests.code_io_values import values
 from generator.agent import ProposalError
 from generator.code_io import (CHECKS, CODE_IO_BANNED_CALLS, CODE_IO_BANNED_MODULES, KINDS, MAX_INPUTS,
@@ -28,8 +27,6 @@ input: [3, 1, 2], 2
 input: [5, 4, 9, 1], 3
 message: the k smallest values, in increasing order
 """
-
-
 
 
 def test_parse_args_reads_the_inside_of_a_call():
@@ -74,13 +71,6 @@ def test_canonical_text_tells_types_apart_and_ignores_order():
 def test_a_plain_value_survives_its_repr(value):
     assert plain_problem(value) == ""
     assert canonical_text(parse_args(repr(value))[0]) == canonical_text(value)
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with sandbox.open_sandbox(backend="process", workers=2, timeout_s=2.0) as box:
-        yield box
-
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -166,9 +156,9 @@ def test_check_inputs_counts_arguments_and_refuses_repeats():
 
 
 # ------------------------------------------------------------------------------------------ sandbox checks
-def test_an_accepted_proposal_has_typed_outputs(sb):
+def test_an_accepted_proposal_has_typed_outputs(task_sb):
     p = Proposal("def f(x):\n    return (x, {x: [x]}, {x % 3})\n", ((1,), (5,)), "tuple of things")
-    verdict = validate_proposal(p, sb)
+    verdict = validate_proposal(p, task_sb)
     assert verdict.ok and verdict.check == "" and verdict.reason == ""
     got = verdict.accepted
     assert got.outputs == ((1, {1: [1]}, {1}), (5, {5: [5]}, {2}))
@@ -179,8 +169,8 @@ def test_an_accepted_proposal_has_typed_outputs(sb):
     assert got.behaviour_key == behaviour_key(p.inputs, got.outputs)
 
 
-def test_the_parsed_example_is_accepted_with_its_outputs(sb):
-    verdict = validate_proposal(parse_proposal(TEXT), sb)
+def test_the_parsed_example_is_accepted_with_its_outputs(task_sb):
+    verdict = validate_proposal(parse_proposal(TEXT), task_sb)
     assert verdict.ok
     assert verdict.accepted.outputs == ([1, 2], [1, 4, 5])
     assert verdict.accepted.message == "the k smallest values, in increasing order"
@@ -209,57 +199,57 @@ REJECTED = [
 
 
 @pytest.mark.parametrize("proposal, check, reason", REJECTED, ids=[r[1] + str(i) for i, r in enumerate(REJECTED)])
-def test_each_check_rejects_with_a_one_line_reason(sb, proposal, check, reason):
-    verdict = validate_proposal(proposal, sb)
+def test_each_check_rejects_with_a_one_line_reason(task_sb, proposal, check, reason):
+    verdict = validate_proposal(proposal, task_sb)
     assert not verdict.ok and verdict.accepted is None
     assert (verdict.check, verdict.reason) == (check, reason)
     assert check in CHECKS and "\n" not in verdict.reason
 
 
-def test_a_program_that_runs_too_long_fails_runs(sb):
-    verdict = validate_proposal(Proposal("def f(x):\n    while x:\n        pass\n", ((1,),)), sb, timeout_s=0.3)
+def test_a_program_that_runs_too_long_fails_runs(task_sb):
+    verdict = validate_proposal(Proposal("def f(x):\n    while x:\n        pass\n", ((1,),)), task_sb, timeout_s=0.3)
     assert verdict.check == "runs" and verdict.reason.startswith("runs: input 0: timeout")
 
 
-def test_a_program_cannot_unbind_the_harness_checks(sb):
+def test_a_program_cannot_unbind_the_harness_checks(task_sb):
     program = ("def f(x):\n    global __code_io_plain, repr\n    __code_io_plain = lambda value: ''\n"
                "    repr = lambda value: '5'\n    return object()\n")
-    verdict = validate_proposal(Proposal(program, ((1,),)), sb)
+    verdict = validate_proposal(Proposal(program, ((1,),)), task_sb)
     assert verdict.reason == "outputs: input 0: returns a value of type object, not a plain value"
 
 
-def test_one_input_may_have_any_output(sb):
-    assert validate_proposal(Proposal("def f(x):\n    return 0\n", ((4,),)), sb).ok
+def test_one_input_may_have_any_output(task_sb):
+    assert validate_proposal(Proposal("def f(x):\n    return 0\n", ((4,),)), task_sb).ok
 
 
-def test_a_program_that_does_not_load_fails_runs(sb):
+def test_a_program_that_does_not_load_fails_runs(task_sb):
     raises = Proposal("TABLE = {}[0]\n\ndef f(x):\n    return x\n", ((1,),))
-    assert validate_proposal(raises, sb).reason == "runs: input 0: the program did not load (error: KeyError: 0)"
+    assert validate_proposal(raises, task_sb).reason == "runs: input 0: the program did not load (error: KeyError: 0)"
     hangs = Proposal("def f(x):\n    return x\n\nwhile True:\n    pass\n", ((1,),))
-    assert validate_proposal(hangs, sb, timeout_s=0.3).reason \
+    assert validate_proposal(hangs, task_sb, timeout_s=0.3).reason \
         == "runs: input 0: the program did not load (timeout: wall-clock timeout)"
 
 
-def test_inputs_that_are_not_a_sequence_are_refused(sb):
-    verdict = validate_proposal(Proposal("def f(x):\n    return x\n", 3), sb)  # type: ignore[arg-type]
+def test_inputs_that_are_not_a_sequence_are_refused(task_sb):
+    verdict = validate_proposal(Proposal("def f(x):\n    return x\n", 3), task_sb)  # type: ignore[arg-type]
     assert verdict.reason == "inputs: inputs must be a sequence of argument tuples"
 
 
-def test_a_program_that_is_not_text_is_refused(sb):
-    verdict = validate_proposal(Proposal(None, ((1,),)), sb)  # type: ignore[arg-type]
+def test_a_program_that_is_not_text_is_refused(task_sb):
+    verdict = validate_proposal(Proposal(None, ((1,),)), task_sb)  # type: ignore[arg-type]
     assert (verdict.check, verdict.reason) == ("parses", "parses: the program is not text")
 
 
 # ------------------------------------------------------------------------------------------------ novelty
-def test_novelty_against_the_index_and_within_the_batch(sb):
-    first = validate_proposal(Proposal("def f(xs):\n    return sum(xs)\n", (([1, 2],), ([4],))), sb).accepted
+def test_novelty_against_the_index_and_within_the_batch(task_sb):
+    first = validate_proposal(Proposal("def f(xs):\n    return sum(xs)\n", (([1, 2],), ([4],))), task_sb).accepted
     index = NoveltyIndex([first])
     renamed = Proposal("def f(values):\n    '''Total.'''\n    return sum(values)\n", (([5],), ([6, 7],)))
     same_io = Proposal("def f(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t\n",
                        (([1, 2],), ([4],)))
     other_inputs = Proposal("def f(xs):\n    return max(xs) * 3\n", (([1, 2],), ([4],)))
     twin = Proposal("def f(ys):\n    return max(ys) * 3\n", (([0],), ([1],)))
-    verdicts = validate_proposals([renamed, same_io, other_inputs, twin], sb, index)
+    verdicts = validate_proposals([renamed, same_io, other_inputs, twin], task_sb, index)
     assert [(v.check, v.reason) for v in verdicts] == [
         ("novel_program", "novel_program: same program (up to names) as an accepted proposal"),
         ("novel_behaviour", "novel_behaviour: same inputs and outputs as an accepted proposal"),
@@ -286,9 +276,9 @@ def test_accepted_proposal_survives_json_with_its_types():
     assert canonical_text(back.outputs) == canonical_text(p.outputs)
 
 
-def test_call_many_keeps_job_and_input_order(sb):
+def test_call_many_keeps_job_and_input_order(task_sb):
     jobs = [("def f(x):\n    return x * 2\n", [(1,), ("ab",), ((1,),)]), ("def f():\n    return None\n", [()])]
-    outcomes = call_many(sb, jobs)
+    outcomes = call_many(task_sb, jobs)
     assert [[o.value for o in job] for job in outcomes] == [[2, "abab", (1, 1)], [None]]
     assert all(o.status == "ok" for job in outcomes for o in job)
 

@@ -7,7 +7,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import sandbox
 from tests.code_io_values import values
 from generator.code_io import AcceptedProposal, canonical_text, format_args, parse_proposal, validate_proposal
 from solver.code_io import (CodeIOTask, Verdict, abduction_tasks, deduction_tasks, induction_task, parse_input,
@@ -17,15 +16,6 @@ PROGRAM = "def f(xs, k):\n    return sorted(xs)[:k]\n"
 ACCEPTED = AcceptedProposal(PROGRAM, (([3, 1, 2], 2), ([5, 4, 9, 1], 3), ([2], 1), ([7, 7], 0)),
                             ([1, 2], [1, 4, 5], [2], []), "the k smallest values")
 REFERENCE = f"```python\n{PROGRAM}```"
-
-
-
-
-@pytest.fixture(scope="module")
-def sb():
-    with sandbox.open_sandbox(backend="process", workers=2, timeout_s=2.0) as box:
-        yield box
-
 
 
 # --------------------------------------------------------------------------------------------------- tasks
@@ -160,62 +150,62 @@ def test_deduction_compares_typed_values():
     assert verify_deduction(sets, "{'a', 'b'}").reward == 1.0
 
 
-def test_abduction_runs_the_program_on_the_answer(sb):
+def test_abduction_runs_the_program_on_the_answer(task_sb):
     task = abduction_tasks(ACCEPTED)[0]  # f(?) == [1, 2]
-    assert verify(task, "```python\nf([2, 9, 1], 2)\n```", sb) == Verdict(1.0, "correct")  # not the original input
-    assert verify(task, "```python\nf([3, 1, 2], 2)\n```", sb) == Verdict(1.0, "correct")
-    assert verify(task, "```python\nf([3, 1, 2], 1)\n```", sb) == Verdict(0.0, "wrong",
+    assert verify(task, "```python\nf([2, 9, 1], 2)\n```", task_sb) == Verdict(1.0, "correct")  # not the original input
+    assert verify(task, "```python\nf([3, 1, 2], 2)\n```", task_sb) == Verdict(1.0, "correct")
+    assert verify(task, "```python\nf([3, 1, 2], 1)\n```", task_sb) == Verdict(0.0, "wrong",
                                                                          "f returns [1] on that input")
-    assert verify(task, "```python\nf((2, 1), 2)\n```", sb).reward == 1.0  # sorted() of a tuple is a list
-    error = verify(task, "```python\nf(5, 2)\n```", sb)
+    assert verify(task, "```python\nf((2, 1), 2)\n```", task_sb).reward == 1.0  # sorted() of a tuple is a list
+    error = verify(task, "```python\nf(5, 2)\n```", task_sb)
     assert error.status == "error" and error.reward == 0.0 and "TypeError" in error.detail
-    assert verify(task, "f(k)", sb).status == "no_answer"
+    assert verify(task, "f(k)", task_sb).status == "no_answer"
 
 
-def test_abduction_of_a_tuple_output_needs_a_tuple(sb):
+def test_abduction_of_a_tuple_output_needs_a_tuple(task_sb):
     p = AcceptedProposal("def f(x):\n    return tuple(x)\n", (([1, 2],),), ((1, 2),))
     task = abduction_tasks(p)[0]
-    assert verify(task, "f((1, 2))", sb).reward == 1.0
-    assert verify(task, "f('ab')", sb) == Verdict(0.0, "wrong", "f returns ('a', 'b') on that input")
+    assert verify(task, "f((1, 2))", task_sb).reward == 1.0
+    assert verify(task, "f('ab')", task_sb) == Verdict(0.0, "wrong", "f returns ('a', 'b') on that input")
 
 
-def test_induction_grades_on_held_back_inputs(sb):
+def test_induction_grades_on_held_back_inputs(task_sb):
     task = induction_task(ACCEPTED)
-    assert verify(task, REFERENCE, sb) == Verdict(1.0, "correct", "2/2 held-back inputs")
+    assert verify(task, REFERENCE, task_sb) == Verdict(1.0, "correct", "2/2 held-back inputs")
     lookup = ("```python\ndef f(xs, k):\n    return {(3, 1, 2): [1, 2], (5, 4, 9, 1): [1, 4, 5]}.get(tuple(xs), [2])"
               "\n```")
-    assert verify(task, lookup, sb) == Verdict(0.0, "wrong", "1/2 held-back inputs")
-    assert verify(task, lookup, sb, partial_credit=True) == Verdict(0.5, "wrong", "1/2 held-back inputs")
-    crash = verify(task, "```python\ndef f(xs, k):\n    return xs[k]\n```", sb)
+    assert verify(task, lookup, task_sb) == Verdict(0.0, "wrong", "1/2 held-back inputs")
+    assert verify(task, lookup, task_sb, partial_credit=True) == Verdict(0.5, "wrong", "1/2 held-back inputs")
+    crash = verify(task, "```python\ndef f(xs, k):\n    return xs[k]\n```", task_sb)
     assert crash.reward == 0.0 and crash.status == "error" and "IndexError" in crash.detail
-    assert verify(task, "```python\ndef g(xs, k):\n    return []\n```", sb).status == "error"
-    assert verify(task, "I cannot write it.", sb) == Verdict(0.0, "no_answer", "no code found")
+    assert verify(task, "```python\ndef g(xs, k):\n    return []\n```", task_sb).status == "error"
+    assert verify(task, "I cannot write it.", task_sb) == Verdict(0.0, "no_answer", "no code found")
 
 
-def test_induction_answer_that_hangs_times_out(sb):
-    verdict = verify(induction_task(ACCEPTED), "```python\ndef f(xs, k):\n    while True:\n        pass\n```", sb,
+def test_induction_answer_that_hangs_times_out(task_sb):
+    verdict = verify(induction_task(ACCEPTED), "```python\ndef f(xs, k):\n    while True:\n        pass\n```", task_sb,
                      timeout_s=0.3)
     assert verdict.reward == 0.0 and verdict.status == "error" and "timeout" in verdict.detail
 
 
-def test_verify_many_keeps_order_across_kinds(sb):
+def test_verify_many_keeps_order_across_kinds(task_sb):
     tasks = tasks_from_proposal(ACCEPTED)
     answers = ["[1, 2]", "[1, 4]", "[2]", "[]", "f([1, 2, 3], 2)", "f([9], 1)", "f([2], 1)", "f([8], 0)", REFERENCE]
-    assert [v.reward for v in verify_many(tasks, answers, sb)] == [1, 0, 1, 1, 1, 0, 1, 1, 1]
+    assert [v.reward for v in verify_many(tasks, answers, task_sb)] == [1, 0, 1, 1, 1, 0, 1, 1, 1]
     with pytest.raises(ValueError):
-        verify_many(tasks, answers[:-1], sb)
+        verify_many(tasks, answers[:-1], task_sb)
     with pytest.raises(ValueError):
         verify(tasks[-1], REFERENCE)  # induction needs a sandbox
 
 
-def test_from_proposal_text_to_graded_answers(sb):
+def test_from_proposal_text_to_graded_answers(task_sb):
     text = ("```python\ndef f(s):\n    return {c: s.count(c) for c in sorted(set(s))}\n```\n"
             "input: 'abca'\ninput: 'zz'\ninput: ''\ninput: 'xy'\nmessage: how often each character occurs\n")
-    accepted = validate_proposal(parse_proposal(text), sb).accepted
+    accepted = validate_proposal(parse_proposal(text), task_sb).accepted
     assert accepted.outputs == ({"a": 2, "b": 1, "c": 1}, {"z": 2}, {}, {"x": 1, "y": 1})
     tasks = tasks_from_proposal(accepted)
     answers = [f"```python\n{o!r}\n```" for o in accepted.outputs]
     answers += [f"```python\nf({format_args(a)})\n```" for a in accepted.inputs]
     answers.append("```python\nfrom collections import Counter\n\ndef f(s):\n    return dict(sorted(Counter(s)."
                    "items()))\n```")
-    assert all(v.reward == 1.0 for v in verify_many(tasks, answers, sb))
+    assert all(v.reward == 1.0 for v in verify_many(tasks, answers, task_sb))
