@@ -218,6 +218,14 @@ def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
     return token_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask, n_tokens)
 
 
+def truncated_is_weights(old_logp: torch.Tensor, behaviour_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (TIS; Yao et al. 2025) of answers drawn by a sampler mu whose log-probs differ
+    from the trainer's pi_old (another engine's kernels and precision): per token min(pi_old / mu, cap), without
+    gradient. Tokens whose `behaviour_logp` is NaN (no sampler log-prob) weigh 1."""
+    ratio = torch.exp(old_logp.detach() - behaviour_logp)
+    return torch.where(torch.isnan(behaviour_logp), torch.ones_like(ratio), ratio.clamp(max=cap))
+
+
 # ---------------------------------------------------------------------------- KL to the reference
 
 

@@ -87,6 +87,20 @@ def pad_rollouts(
     return input_ids, attention_mask, action_mask
 
 
+def pad_behaviour(queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
+                  behaviour: Sequence[Sequence[float] | None], width: int) -> torch.Tensor:
+    """The sampler's log-prob of each response token on pad_rollouts' shifted axis ([B, width - 1]; the log-prob
+    of token i+1 at position i), NaN where there is none (prompts, padding, rows given None)."""
+    out = torch.full((len(queries), width - 1), float("nan"))
+    for b, (q, r, lp) in enumerate(zip(queries, responses, behaviour)):
+        if lp is None:
+            continue
+        if len(lp) != len(r):
+            raise ValueError(f"rollout {b}: {len(lp)} sampler log-probs for {len(r)} response tokens")
+        out[b, len(q) - 1: len(q) - 1 + len(r)] = torch.as_tensor(lp, dtype=torch.float32)
+    return out
+
+
 def first_action(action_mask: torch.Tensor) -> tuple[int, torch.Tensor]:
     """(start, action_mask[:, start:]): the first position (shifted axis) holding an action in any row, i.e. the
     shortest prompt's last token; per-token tensors of a batch begin there."""
@@ -154,6 +168,7 @@ class _Rollout:
     allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits [B, T, ceil(V/32)] (CPU)
     ref_logp: torch.Tensor | None = None  # kept where the KL is measured in the update (old_logp None)
     prompt_lens: list[int] | None = None  # each row's prompt length (ppo.share_prompts)
+    behaviour_logp: torch.Tensor | None = None  # ppo.tis_cap: the sampler's log-prob of each action (NaN: unknown)
 
 
 @dataclass
@@ -257,7 +272,7 @@ class PPOTrainer:
     # -- stage 1-3: rollout quantities, rewards, advantages
 
     @torch.no_grad()
-    def _prepare(self, queries, responses, scores, response_masks, groups=None, allowed=None
+    def _prepare(self, queries, responses, scores, response_masks, groups=None, allowed=None, behaviour=None
                  ) -> tuple[_Rollout, dict]:
         cfg, device = self.cfg, self.device
         input_ids, attention_mask, action_mask = (
@@ -265,6 +280,9 @@ class PPOTrainer:
         )
         start, action_mask = first_action(action_mask)
         packed = pack_allowed(allowed, action_mask) if allowed is not None else None
+        behaviour_logp = None
+        if behaviour is not None and cfg.tis_cap > 0:
+            behaviour_logp = pad_behaviour(queries, responses, behaviour, input_ids.shape[1])[:, start:].to(device)
         scores = torch.as_tensor(scores, dtype=torch.float32, device=device)
         reuse = self.reuses_forward(len(queries))
         prompt_lens = [len(q) for q in queries]
@@ -334,7 +352,7 @@ class PPOTrainer:
             stats["values_mean"] = rl.masked_mean(old_values, action_mask).item()
             stats["explained_var"] = rl.explained_variance(old_values, returns, action_mask).item()
         return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
-                        returns, packed, ref_logp if reuse else None, prompt_lens), stats
+                        returns, packed, ref_logp if reuse else None, prompt_lens, behaviour_logp), stats
 
     def _prepare_replay(self, replay) -> _Replay | None:
         """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
@@ -401,7 +419,11 @@ class PPOTrainer:
         weights, total = mask, n_tokens  # each token's weight in the loss terms: 1 / n_tokens, or ...
         if self.aggregation != "token_mean":  # ... per answer (GRPO's token mean, Dr. GRPO's constant)
             weights, total = rl.loss_weights(mask, self.aggregation, n_seqs=n_seqs, max_len=cfg.max_new_tokens), 1.0
-        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], weights, self.clip_low, total,
+        tis = None  # ppo.tis_cap: each token's policy loss weighted by min(pi_old / pi_sampler, cap)
+        if r.behaviour_logp is not None:
+            tis = rl.truncated_is_weights(old_logp, r.behaviour_logp[idx], cfg.tis_cap)
+        policy_weights = weights if tis is None else weights * tis
+        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], policy_weights, self.clip_low, total,
                                              clip_high=self.clip_high)
         value_loss = rl.clipped_value_loss(values, old_values, r.returns[idx], weights, cfg.value_clip, total)
         entropy = rl.token_mean(rl.entropy_from_logits(logits), weights, total)
@@ -422,6 +444,10 @@ class PPOTrainer:
                 "approx_kl": rl.approx_kl(logp, old_logp, mask, n_tokens).item(),
                 **kl_stats,
             }
+            if tis is not None:
+                capped = torch.exp(old_logp - r.behaviour_logp[idx]) > cfg.tis_cap  # NaN compares False
+                stats["tis_weight"] = rl.token_mean(tis, mask, n_tokens).item()
+                stats["tis_truncated"] = rl.token_mean(capped.float(), mask, n_tokens).item()
         return loss, replay_nll, stats
 
     def _optimise(self, r: _Rollout, entropy_coef: float, rep: _Replay | None = None) -> dict:
@@ -481,16 +507,19 @@ class PPOTrainer:
     def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
              scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None,
              replay: tuple[Sequence, Sequence, Sequence | None] | None = None, groups: Sequence | None = None,
-             allowed: Sequence[torch.Tensor | None] | None = None) -> dict:
+             allowed: Sequence[torch.Tensor | None] | None = None,
+             behaviour_logprobs: Sequence[Sequence[float] | None] | None = None) -> dict:
         """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
         (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
         ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo,
         grpo and dr_grpo).
         `allowed`: per rollout, the packed allowed-token bits its action tokens were sampled under ([actions,
         ceil(V/32)] int32, `Sample.allowed`; None: unconstrained); old, new and reference log-probs are then scored
-        under the same masks (docs/rl.md)."""
+        under the same masks (docs/rl.md).
+        `behaviour_logprobs`: per rollout, the sampler's log-prob of each response token (None: unknown); with
+        ppo.tis_cap > 0 they weight the policy loss (truncated importance sampling), else they are not used."""
         t0 = time.perf_counter()
-        rollout, stats = self._prepare(queries, responses, scores, response_masks, groups, allowed)
+        rollout, stats = self._prepare(queries, responses, scores, response_masks, groups, allowed, behaviour_logprobs)
         entropy_coef = self.entropy_coef
         stats.update(self._optimise(rollout, entropy_coef, self._prepare_replay(replay)))
         # stage 5: coefficients for the next update; an adaptive beta follows the KL of every rank's samples (a

@@ -155,6 +155,11 @@ class PPOConfig:
     # same optimiser steps, with every reward set to 0, so that what the KL, entropy and replay terms do alone is
     # measured against the same run with its reward
     null_reward: bool = False
+    # truncated importance sampling (TIS): where the answers were sampled by another engine (vLLM), whose log-probs
+    # differ from the trainer's (kernels, precision), each token's policy loss is weighted by
+    # min(pi_old / pi_sampler, tis_cap), so that the update estimates the trainer's policy gradient; 0 = off. Tokens
+    # with no sampler log-prob weigh 1. Logged: ppo/*/tis_weight (token mean) and ppo/*/tis_truncated (share capped)
+    tis_cap: float = 0.0
     whiten_advantages: bool = True  # gae: normalise advantages over the batch (mean 0, std 1); rloo: never
     max_grad_norm: float = 1.0  # gradient clipping (global L2 norm)
     temperature: float = 1.0  # sampling temperature; the trainer scores tokens with the same temperature
@@ -361,6 +366,8 @@ def check_ppo(cfg) -> None:
     if p.micro_batch_size < 1 or p.mini_batch_size % p.micro_batch_size:
         raise UserError(f"ppo.mini_batch_size ({p.mini_batch_size}) must be a positive multiple of "
                         f"ppo.micro_batch_size ({p.micro_batch_size})")
+    if p.tis_cap < 0 or 0 < p.tis_cap < 1:
+        raise UserError(f"ppo.tis_cap must be 0 (off) or >= 1 (the cap of pi_old / pi_sampler), got {p.tis_cap}")
     if p.temperature <= 0:
         raise UserError(f"ppo.temperature must be > 0, got {p.temperature} (greedy answers are eval's business)")
     if p.top_k != 0 or p.top_p != 1.0:

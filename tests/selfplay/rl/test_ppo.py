@@ -439,3 +439,59 @@ def test_answers_sharing_their_prompt_give_the_same_update_from_fewer_tokens():
     for key in ("policy_loss", "value_loss", "entropy", "kl", "values_mean", "approx_kl"):
         assert m_shared[key] == pytest.approx(m_plain[key], rel=1e-4, abs=1e-6), key
     assert tokens_shared < tokens_plain
+
+
+def test_pad_behaviour_puts_each_sampler_logprob_where_its_token_is_scored():
+    queries, responses = [[1, 2], [4]], [[5, 6, 7], [3]]
+    ids, _, actions = ppo.pad_rollouts(queries, responses, pad_token_id=0)
+    lp = ppo.pad_behaviour(queries, responses, [[-0.1, -0.2, -0.3], None], ids.shape[1])
+    assert lp.shape == actions.shape
+    assert lp[0][actions[0].bool()].tolist() == pytest.approx([-0.1, -0.2, -0.3])
+    assert torch.isnan(lp[0][~actions[0].bool()]).all() and torch.isnan(lp[1]).all()
+    with pytest.raises(ValueError, match="2 sampler log-probs for 3"):
+        ppo.pad_behaviour(queries, responses, [[-0.1, -0.2], None], ids.shape[1])
+
+
+def tis_update(cap: float, log_ratio: float | None):
+    """One SGD update (as counted_update, no entropy term: the policy loss is the only gradient) with the sampler's
+    log-probs set to the trainer's own plus `log_ratio` (None: none given); (parameter change, metrics)."""
+    model = ActorCritic(tiny_policy(0))
+    before = [p.detach().clone() for p in model.parameters()]
+    cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=2, max_grad_norm=1e9, advantage="rloo",
+                    kl_coef=0.0, entropy_coef_start=0.0, entropy_coef_end=0.0, tis_cap=cap)
+    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
+                             pad_token_id=PAD, seed=0)
+    queries, responses = [PROMPT] * 4, [[A], [5] * 8 + [EOS], [6], [A] * 8 + [EOS]]
+    behaviour = None
+    if log_ratio is not None:  # the trainer's own log-prob of each answer token, shifted by -log_ratio
+        ids, attn, actions = ppo.pad_rollouts(queries, responses, PAD)
+        with torch.no_grad():
+            logp, _, _ = trainer._policy_forward(ids, attn)
+        behaviour = [(logp[b][actions[b].bool()] - log_ratio).tolist() for b in range(4)]
+    metrics = trainer.step(queries, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"],
+                           behaviour_logprobs=behaviour)
+    return param_delta(model, before), metrics
+
+
+def test_truncated_importance_sampling_weights_the_policy_gradient_by_the_capped_ratio():
+    """ppo.tis_cap: a sampler that gave every token a quarter of the trainer's probability (ratio 4) is capped at
+    2: the policy gradient doubles; a sampler that agrees with the trainer leaves the update as it was."""
+    plain, m_plain = tis_update(cap=0.0, log_ratio=None)
+    same, m_same = tis_update(cap=2.0, log_ratio=0.0)
+    doubled, m_doubled = tis_update(cap=2.0, log_ratio=math.log(4.0))
+    assert plain.norm() > 0 and "tis_weight" not in m_plain
+    assert torch.allclose(same, plain, atol=1e-6) and m_same["tis_weight"] == pytest.approx(1.0, abs=1e-5)
+    assert m_same["tis_truncated"] == 0.0
+    assert torch.allclose(doubled, 2 * plain, atol=1e-6, rtol=1e-4)
+    assert m_doubled["tis_weight"] == pytest.approx(2.0) and m_doubled["tis_truncated"] == pytest.approx(1.0)
+    assert m_doubled["policy_loss"] == pytest.approx(2 * m_plain["policy_loss"], rel=1e-4, abs=1e-7)
+    off, _ = tis_update(cap=0.0, log_ratio=math.log(4.0))  # off: the sampler's log-probs are not used
+    assert torch.equal(off, plain)
+
+
+def test_a_tis_cap_below_one_is_refused_with_its_key():
+    from selfplay.runtime.config import load_config
+    from selfplay.runtime.errors import UserError
+
+    with pytest.raises(UserError, match="ppo.tis_cap"):
+        load_config("configs/smoke.yaml", overrides=["ppo.tis_cap=0.5"])

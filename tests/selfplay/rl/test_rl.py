@@ -225,3 +225,13 @@ def test_sampling_logprobs_is_the_tempered_log_softmax():
         pytest.approx(math.log(0.9))
     with pytest.raises(ValueError, match="temperature"):
         rl.sampling_logprobs(logits, 0.0)
+
+
+def test_truncated_is_weights_are_the_capped_ratio_of_trainer_to_sampler():
+    old = torch.log(t([0.5, 0.5, 0.5], [0.2, 0.2, 0.2]))
+    sampler = torch.log(t([0.25, 0.5, 1.0], [0.2, 0.05, 0.2]))
+    sampler[1, 2] = float("nan")  # a token with no sampler log-prob (e.g. an observation): weight 1
+    w = rl.truncated_is_weights(old, sampler, cap=3.0)
+    assert w.flatten().tolist() == pytest.approx([2.0, 1.0, 0.5, 1.0, 3.0, 1.0])  # 0.2 / 0.05 = 4, capped at 3
+    old.requires_grad_(True)
+    assert not rl.truncated_is_weights(old, sampler, cap=3.0).requires_grad  # a weight, not a path for gradients
