@@ -3,6 +3,16 @@
 The warm start of both agents is behaviour cloning: the solver imitates reference solutions
 of procedural tasks, the generator imitates procedural tasks written as proposals. Examples are grouped by length
 so that batches carry little padding; the learning rate warms up linearly and decays with a cosine.
+
+Precision: a bf16 (or fp16) model is trained through fp32 master weights (`MasterWeights`): AdamW steps fp32 copies
+of the trainable parameters, with fp32 moments and fp32 gradients (each parameter's gradient is added into its
+master's as soon as backward has it, so no low-precision gradient is kept), and the model gets the masters cast to
+its dtype after every step. Without them an update below half a bf16 ulp of its weight (1e-5 against a weight near
+0.02, whose half ulp is 6.1e-5) rounds away. An fp32 model is stepped directly, as before, bit for bit.
+
+Memory: `micro_batch_size` splits each batch into micro-batches whose gradients are accumulated before the step;
+each micro-batch's loss is its answer tokens' summed cross-entropy over the whole batch's answer tokens, so the step
+is the unsplit batch's (to rounding).
 """
 
 from __future__ import annotations
@@ -15,11 +25,13 @@ import torch
 import torch.nn.functional as F
 
 
-def answer_loss(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy over positions whose label is not -100 (the answer tokens)."""
+def answer_loss(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+                reduction: str = "mean") -> torch.Tensor:
+    """Next-token cross-entropy over positions whose label is not -100 (the answer tokens): their mean, or their
+    sum with reduction="sum"."""
     logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
     return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                           ignore_index=-100)
+                           ignore_index=-100, reduction=reduction)
 
 
 def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, max_len: int):
@@ -59,35 +71,105 @@ def lr_at(step: int, total: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
+LOW_PRECISION = (torch.bfloat16, torch.float16)  # parameter dtypes trained through fp32 master weights
+
+
+class MasterWeights:
+    """fp32 masters of trainable parameters: a low-precision parameter gets an fp32 copy for the optimiser to step,
+    an fp32 parameter is its own master. Backward's gradient of a low-precision parameter is added into its master's
+    fp32 gradient as soon as it is accumulated (a post-accumulate-grad hook) and dropped from the parameter, so
+    micro-batches accumulate in fp32 and no low-precision gradient outlives its parameter's backward."""
+
+    def __init__(self, params: Sequence[torch.nn.Parameter]):
+        self.pairs = [(p, p.detach().float().clone() if p.dtype in LOW_PRECISION else p) for p in params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._into(m)) for p, m in self.pairs if m is not p]
+
+    @property
+    def masters(self) -> list[torch.Tensor]:
+        """What the optimiser steps and clips: the masters, in the parameters' order."""
+        return [m for _, m in self.pairs]
+
+    @staticmethod
+    def _into(master: torch.Tensor) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            if master.grad is None:
+                master.grad = param.grad.float()
+            else:
+                master.grad.add_(param.grad)
+            param.grad = None
+        return hook
+
+    def write_back(self) -> None:
+        """The model's low-precision parameters set to their masters, rounded to the parameters' dtype."""
+        with torch.no_grad():
+            for p, m in self.pairs:
+                if m is not p:
+                    p.copy_(m)
+
+    def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+
+def batch_backward(policy, input_ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
+                   micro_batch_size: int = 0) -> float:
+    """Forward and backward of one batch, in micro-batches of `micro_batch_size` rows (0, or at least the batch:
+    one pass, the mean answer loss); returns the batch's mean answer loss. Split, each micro-batch's summed loss over
+    its answer tokens is divided by the whole batch's answer tokens, so the gradients add up to the unsplit batch's."""
+    rows = input_ids.shape[0]
+    if micro_batch_size <= 0 or micro_batch_size >= rows:
+        loss = answer_loss(policy, input_ids, mask, labels)
+        loss.backward()
+        return float(loss.detach())
+    tokens = max(1, int((labels[:, 1:] != -100).sum()))
+    total = 0.0
+    for start in range(0, rows, micro_batch_size):
+        part = slice(start, start + micro_batch_size)
+        width = int(mask[part].sum(1).max())  # right-padded: the micro-batch's longest row, no wider
+        loss = answer_loss(policy, input_ids[part, :width], mask[part, :width], labels[part, :width],
+                           reduction="sum") / tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
 def sft(policy, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int, lr: float,
         pad_id: int, max_len: int, seed: int = 0, warmup: int = 20, weight_decay: float = 0.01,
-        max_grad_norm: float = 1.0, on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """`steps` optimiser steps of answer-only cross-entropy over `examples`; returns the loss of every step."""
+        max_grad_norm: float = 1.0, micro_batch_size: int = 0,
+        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+    """`steps` optimiser steps of answer-only cross-entropy over `examples`; returns the loss of every step.
+    micro_batch_size: rows per forward/backward, gradients accumulated over a batch (0 = the whole batch at once).
+    A bf16/fp16 model is stepped through fp32 master weights (`MasterWeights`)."""
     if not examples:
         raise ValueError("no examples to fine-tune on")
+    if micro_batch_size < 0:
+        raise ValueError(f"micro_batch_size must be >= 0 (0: the whole batch), got {micro_batch_size}")
     rng = random.Random(seed)
-    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=lr,
-                                  weight_decay=weight_decay)
+    masters = MasterWeights([p for p in policy.parameters() if p.requires_grad])
+    optimizer = torch.optim.AdamW(masters.masters, lr=lr, weight_decay=weight_decay)
     lengths = [len(p) + len(a) for p, a in examples]
     batches: list[list[int]] = []
     losses = []
     device = next(policy.parameters()).device
     policy.train()
-    for step in range(steps):
-        if not batches:
-            batches = length_batches(lengths, batch_size, rng)
-        idx = batches.pop()
-        input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], pad_id, max_len))
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, steps, lr, warmup)
-        loss = answer_loss(policy, input_ids, mask, labels)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(policy.parameters(), max_grad_norm)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if on_step is not None:
-            on_step(step, losses[-1])
-    optimizer.zero_grad(set_to_none=True)  # the last step's gradients are not kept (the next agent's SFT follows)
+    try:
+        for step in range(steps):
+            if not batches:
+                batches = length_batches(lengths, batch_size, rng)
+            idx = batches.pop()
+            input_ids, mask, labels = (t.to(device) for t in collate([examples[i] for i in idx], pad_id, max_len))
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, steps, lr, warmup)
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(batch_backward(policy, input_ids, mask, labels, micro_batch_size))
+            torch.nn.utils.clip_grad_norm_(masters.masters, max_grad_norm)
+            optimizer.step()
+            masters.write_back()
+            if on_step is not None:
+                on_step(step, losses[-1])
+    finally:
+        optimizer.zero_grad(set_to_none=True)  # no gradient is kept (the next agent's SFT follows)
+        masters.close()
     policy.eval()
     return losses

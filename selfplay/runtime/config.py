@@ -192,6 +192,7 @@ class WarmstartConfig:
     solver_steps: int = 1500  # SFT optimiser steps for the solver (on reference solutions)
     generator_steps: int = 600  # SFT optimiser steps for the generator (on tasks written as proposals)
     batch_size: int = 32  # sequences per SFT step
+    micro_batch_size: int = 0  # sequences per SFT forward/backward, accumulated over a batch (0 = the whole batch)
     lr: float = 2e-3  # peak SFT learning rate (linear warm-up, cosine decay to 10 %)
     max_len: int = 768  # longest SFT sequence in tokens (prompts are cut from the left)
     critic_steps: int = 0  # value-head pretraining steps after the solver SFT (0 = off; the policy stays frozen)
@@ -334,6 +335,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     except OmegaConfBaseException as exc:
         raise UserError(f"override: {_describe(exc)}") from exc
     _check_tasks(cfg.tasks)
+    _check_warmstart(cfg.warmstart)
     _check_eval(cfg)
     _check_generator(cfg.generator)
     check_ppo(cfg)
@@ -420,6 +422,12 @@ def _check_objective(cfg) -> None:
     if not 0 <= cache <= p.max_new_tokens:
         raise UserError(f"reward.overlong_cache must be in [0, ppo.max_new_tokens={p.max_new_tokens}] (tokens before "
                         f"the budget where the overlong penalty starts; 0 = off), got {cache}")
+
+
+def _check_warmstart(ws) -> None:
+    if not 0 <= ws.micro_batch_size <= ws.batch_size:
+        raise UserError(f"warmstart.micro_batch_size must be in [0, warmstart.batch_size={ws.batch_size}] (sequences "
+                        f"per SFT forward/backward; 0 = the whole batch), got {ws.micro_batch_size}")
 
 
 def _check_generator(gen_cfg) -> None:
