@@ -9,11 +9,13 @@ Pure arithmetic: nothing here imports torch (`refuse_if_it_cannot_fit` does, ins
 
 Phases, as the code runs them (selfplay/train/, selfplay/models/agent.py, selfplay/rollout/engine.py):
 - "warm start": rank 0 alone, before any checkpoint: `build_agents` puts both policies and both references on its
-  GPU (plain torch, nothing partitioned), and `sft` trains one agent at a time with torch's AdamW, whose two moments
-  are kept in the parameters' dtype. The solver's gradients stay on its parameters after its SFT (`sft` ends on
-  `optimizer.step()`, not on a `zero_grad`), so the generator's SFT is the peak: 2 policies + 2 references +
-  2 agents' gradients + 1 agent's AdamW moments + the SFT batch's activations. The held-out evaluation at step 0
-  (Hugging Face generation, the SFT optimiser gone) is the phase's other moment; the larger one is shown;
+  GPU (plain torch, nothing partitioned: no DeepSpeed warm start exists), and `sft` trains every weight of one agent
+  at a time with torch's AdamW (`sft_state_bytes`: a bf16/fp16 model through fp32 master weights, fp32 gradients
+  and fp32 moments; an fp32 model, its gradients and moments) on micro-batches of `warmstart.micro_batch_size`
+  sequences; `sft` frees its gradients and states before the next agent's. The peak: 2 policies + 2 references +
+  one agent's SFT gradients and states + one micro-batch's activations. The held-out evaluation at step 0 (Hugging
+  Face generation, the SFT optimiser gone) is the phase's other moment; the larger one is shown. A warm start whose
+  weights and SFT states alone exceed the GPU says that it needs a warm start under DeepSpeed (`WARM_START_NEEDS`);
 - "load": every rank, from the checkpoint: the solver already wrapped by DeepSpeed (its ZeRO partitions made) and its
   vLLM engine started, the generator loaded whole (DeepSpeed partitions it only in `deepspeed.initialize`);
 - "rollout": every rank samples its share of the answers: both agents' weights, references and optimiser states
@@ -93,6 +95,10 @@ GAP_LOGIT_BYTES = 10
 LORA_REFERENCE_IS_BASE = True
 SCORE_COPIES = 2  # generate keeps fp32 scores per step (out.scores) and torch.stack copies them before .cpu()
 DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (parameters)
+# what a warm start needs when its weights and SFT states alone exceed rank 0's GPU: no setting of today's code helps
+WARM_START_NEEDS = ("it needs a warm start under DeepSpeed, which does not exist yet: rank 0 alone builds both agents "
+                    "and fine-tunes each in plain torch (selfplay/train/warmstart.py), nothing partitioned over the "
+                    "ranks")
 
 
 # ---------------------------------------------------------------------------- the model's shape
@@ -292,6 +298,12 @@ class RunSettings:
     solver_answers: int  # train.solver_tasks x train.samples_per_task (all ranks)
     proposals: int  # train.proposals (all ranks)
     gap_answers: int = 0  # rollout.gap_answers: vLLM answers the trainer re-scores per batch
+    sft_micro: int = 0  # warmstart.micro_batch_size: sequences per SFT forward/backward (0: the whole batch)
+
+    @property
+    def sft_rows(self) -> int:
+        """Sequences in one SFT forward/backward."""
+        return min(self.sft_micro or self.sft_batch, self.sft_batch)
 
 
 def read_zero_config(name_or_path: str) -> dict:
@@ -332,7 +344,7 @@ def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
         engines=(engine_name(cfg.rollout, "solver"), engine_name(cfg.rollout, "generator")),
         gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization), sleep=bool(cfg.rollout.sleep),
         solver_answers=int(t.solver_tasks) * int(t.samples_per_task), proposals=int(t.proposals),
-        gap_answers=int(cfg.rollout.gap_answers))
+        gap_answers=int(cfg.rollout.gap_answers), sft_micro=int(ws.micro_batch_size))
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -371,6 +383,7 @@ class Verdict:
     fits: bool
     keys: list[str]  # config keys (or --nodes) of the changes named in `line`
     line: str
+    missing: str = ""  # what no setting gives and a fit needs (code that does not exist yet); "" = nothing
 
 
 @dataclass
@@ -461,10 +474,24 @@ def update_activations(shape: ModelShape, s: RunSettings, agent: str) -> float:
 
 
 def sft_activations(shape: ModelShape, s: RunSettings) -> float:
-    """One SFT batch (warmstart.batch_size sequences of up to warmstart.max_len): every block, every position's
-    logits (selfplay.rl.sft.answer_loss)."""
-    tokens = s.sft_batch * s.sft_len
+    """One SFT micro-batch (warmstart.micro_batch_size, else warmstart.batch_size, sequences of up to
+    warmstart.max_len): every block, every position's logits (selfplay.rl.sft.answer_loss)."""
+    tokens = s.sft_rows * s.sft_len
     return _block_activations(shape, s, tokens, shape.layers) + tokens * shape.vocab * SFT_LOGIT_BYTES
+
+
+def sft_state_bytes(shape: ModelShape, s: RunSettings) -> tuple[float, float]:
+    """(gradients, optimiser states) of one agent's SFT (selfplay.rl.sft), every weight trained (the warm start trains
+    all of them, LoRA or not). A bf16/fp16 model through fp32 master weights: fp32 gradients (each low-precision
+    gradient is added into them as backward makes it: the largest parameter's held besides) and
+    `MIXED_STATE_BYTES` of states (the fp32 master, AdamW's fp32 m and v); an fp32 model: its gradients and AdamW's
+    two moments."""
+    p = shape.params
+    if s.dtype_bytes >= 4:
+        return float(p * s.dtype_bytes), float(p * 2 * s.dtype_bytes)
+    largest = max(shape.vocab * shape.hidden, shape.positions * shape.hidden if shape.arch == "gpt2" else 0,
+                  *(a * b for a, b in shape.linears().values()))
+    return float(p * 4 + largest * s.dtype_bytes), float(p * MIXED_STATE_BYTES)
 
 
 def _block_activations(shape: ModelShape, s: RunSettings, tokens: int, blocks: int) -> float:
@@ -489,6 +516,16 @@ def _rollout_batches(s: RunSettings, world: int) -> dict[str, tuple[int, int]]:
     per_rank = {"solver": max(1, s.solver_answers // world), "generator": max(1, s.proposals // world)}
     return {a: (min(HF_SAMPLE_BATCH, per_rank[a]), s.solver_new if a == "solver" else s.generator_new)
             for a in AGENTS}
+
+
+def push_bytes(shape: ModelShape, s: RunSettings, agent: str, world: int) -> float:
+    """What pushing an agent's weights into its vLLM engine holds besides (selfplay.rollout.engine `sync`): under
+    ZeRO-3 across ranks the gathered full weights less this rank's partition; a LoRA policy's adapter merged into a
+    copy of its base (`merged_copy`)."""
+    b, p = s.dtype_bytes, shape.params
+    gathered = p * b * (1 - 1 / world) if s.deepspeed and s.zero_stage >= 3 and world > 1 else 0.0
+    merged = p * b if s.lora_r > 0 and agent in s.lora_agents else 0.0
+    return gathered + merged
 
 
 def _engine_count(s: RunSettings) -> int:
@@ -521,15 +558,17 @@ def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
                      optimizer=sum(x.optimizer for x in states.values()), **kw)
 
     phases = []
-    # warm start: rank 0, plain torch, nothing partitioned; the generator's SFT with the solver's gradients left over
+    # warm start: rank 0, plain torch, nothing partitioned; one agent's SFT at a time
     critic_full = (shape.hidden + 1 + (p if s.value_model == "separate" else 0)) * b
-    trains = [n > 0 for n in s.sft_steps]
-    sft = parts(policy=2 * p * b, reference=2 * p * b, critic=2 * critic_full,
-                gradients=sum(trains) * p * b, optimizer=(2 * p * b if any(trains) else 0.0),
-                activations=sft_activations(shape, s) if any(trains) else 0.0)
+    trains = any(n > 0 for n in s.sft_steps)
+    grads, states_b = sft_state_bytes(shape, s) if trains else (0.0, 0.0)
+    sft = parts(policy=2 * p * b, reference=2 * p * b, critic=2 * critic_full, gradients=grads, optimizer=states_b,
+                activations=sft_activations(shape, s) if trains else 0.0)
     eval0 = parts(policy=2 * p * b, reference=2 * p * b, critic=2 * critic_full,
-                  gradients=sum(trains) * p * b, generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new))
-    what = "SFT of the generator (the solver's gradients still held)" if any(trains) else "no SFT (steps 0)"
+                  generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new))
+    masters = ", fp32 masters" if s.dtype_bytes < 4 else ""
+    what = (f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains
+            else "no SFT (steps 0)")
     ws = max((sft, what), (eval0, "held-out evaluation at step 0"), key=lambda x: sum(x[0].values()))
     phases.append(PhasePlan("warm start", "rank 0", ws[1], ws[0], budget))
 
@@ -549,8 +588,15 @@ def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
     if _engine_count(s) and s.gap_answers > 0 and not (s.deepspeed and s.zero_stage >= 3 and world > 1):
         gap = max(s.gap_answers * (batches[a][1] + 1) * shape.vocab * GAP_LOGIT_BYTES
                   for a in AGENTS if engine_of[a] == "vllm")
-    phases.append(PhasePlan("rollout", "every rank", f"sampling ({sampler})",
-                            resident(generation=gen, activations=gap, vllm=_engine_count(s) * vllm_bytes), budget))
+    rollout = PhasePlan("rollout", "every rank", f"sampling ({sampler})",
+                        resident(generation=gen, activations=gap, vllm=_engine_count(s) * vllm_bytes), budget)
+    push = max((push_bytes(shape, s, a, world) for a in AGENTS if engine_of[a] == "vllm"), default=0.0)
+    if push:  # an agent's weights pushed into its woken engine, the engines awake
+        pushing = resident(vllm=_engine_count(s) * vllm_bytes)
+        pushing["policy weights"] += push
+        rollout = max(rollout, PhasePlan("rollout", "every rank", "an engine taking the updated weights", pushing,
+                                         budget), key=lambda x: x.total)
+    phases.append(rollout)
 
     # update: one agent's micro-batch forward + backward; engines asleep (or not, rollout.sleep=false)
     upd = max(AGENTS, key=lambda a: states[a].gradients + update_activations(shape, s, a))
@@ -602,10 +648,10 @@ def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanO
     if phase == "warm start":
         if any(n > 0 for n in s.sft_steps):
             add(("warmstart.solver_steps=0", "warmstart.generator_steps=0"), rep(s, sft_steps=(0, 0)))
-            smaller = [n for n in range(s.sft_batch - 1, 0, -1)]
-            if smaller:
-                n = largest(smaller, lambda v: rep(s, sft_batch=v))
-                add((f"warmstart.batch_size={n}",), rep(s, sft_batch=n))
+            smaller = [n for n in range(s.sft_rows - 1, 0, -1)]
+            if smaller:  # the same steps in smaller passes
+                n = largest(smaller, lambda v: rep(s, sft_micro=v))
+                add((f"warmstart.micro_batch_size={n}",), rep(s, sft_micro=n))
         if not s.gradient_checkpointing:
             add(("model.gradient_checkpointing=true",), rep(s, gradient_checkpointing=True))
         return out
@@ -654,6 +700,9 @@ def verdicts(shape: ModelShape, s: RunSettings, cluster: Cluster, phases: list[P
         if p.fits:
             out.append(Verdict(p.phase, True, [], head))
             continue
+        missing = _missing(shape, s, p)
+        if missing:
+            head += f"; {missing}"
         tried = []
         for change in _changes(shape, s, cluster, options, p.phase):
             after = next(q for q in plan_phases(shape, change.settings, change.cluster, options) if q.phase == p.phase)
@@ -663,15 +712,31 @@ def verdicts(shape: ModelShape, s: RunSettings, cluster: Cluster, phases: list[P
         if good:
             said = "; ".join(f"{' '.join(c.words)} ({a.total / GB:.1f} GB)" for c, a in good)
             out.append(Verdict(p.phase, False, _unique(k for c, _ in good for k in c.keys),
-                               f"{head}; fits with {said}"))
+                               f"{head}; fits with {said}", missing))
         elif tried:
             c, a = min(tried, key=lambda x: x[1].total)
             out.append(Verdict(p.phase, False, c.keys, f"{head}; no single change makes it fit, the largest cut: "
-                               f"{' '.join(c.words)} ({a.total / GB:.1f} GB)"))
+                               f"{' '.join(c.words)} ({a.total / GB:.1f} GB)", missing))
         else:
             out.append(Verdict(p.phase, False, ["model.name_or_path"],
-                               f"{head}; no setting lowers it: a smaller model.name_or_path or a larger GPU"))
+                               f"{head}; no setting lowers it: a smaller model.name_or_path or a larger GPU", missing))
     return out
+
+
+def _missing(shape: ModelShape, s: RunSettings, p: PhasePlan) -> str:
+    """`WARM_START_NEEDS`, with its figure, when the warm start's SFT holds more than the GPU before any activation
+    (both agents' weights and references, one agent's fp32 masters, gradients and AdamW states): no micro-batch or
+    checkpointing lowers that; else ""."""
+    if p.phase != "warm start" or not any(n > 0 for n in s.sft_steps):
+        return ""
+    b = s.dtype_bytes
+    held = sum(p.parts[k] for k in ("policy weights", "reference weights", "value head/critic", "reserve"))
+    fixed = held + sum(sft_state_bytes(shape, s))
+    if fixed <= p.budget:
+        return ""
+    return (f"its weights and SFT states alone are {fixed / GB:.1f} GB on rank 0 (both agents' weights and "
+            f"references, one agent's gradients and AdamW states{' and fp32 masters' if b < 4 else ''}): "
+            f"{WARM_START_NEEDS}")
 
 
 def _unique(keys) -> list[str]:
@@ -747,9 +812,10 @@ def refuse_if_it_cannot_fit(cfg) -> None:
         if v.fits or (resuming and v.phase == "warm start"):
             continue
         if p.fixed > p.budget:
+            todo = v.missing or f"change {' or '.join(v.keys)}"
             raise UserError(f"memory plan: the {v.phase} needs {p.fixed / GB:.1f} GB per GPU before activations, "
-                            f"{where}: change {' or '.join(v.keys)} (`selfplay plan CONFIG` shows the table; "
-                            "SELFPLAY_NO_MEMORY_PLAN=1 starts anyway)")
+                            f"{where}: {todo} (`selfplay plan CONFIG` shows the table; SELFPLAY_NO_MEMORY_PLAN=1 "
+                            "starts anyway)")
         if int(os.environ.get("RANK", "0")) == 0:
             print(f"[selfplay] memory plan: the {v.phase} may need {p.total / GB:.1f} GB per GPU at the config's "
                   f"longest sequences, {where}; if it runs out, change {' or '.join(v.keys)} (`selfplay plan`)",

@@ -1,10 +1,13 @@
 """The memory plan (selfplay/runtime/memory_plan.py): exact accounting on hand-computed shapes, ZeRO's partitioning,
-LoRA, the presets' verdicts, the `selfplay plan` command, the check at `selfplay train`, and one measured CPU step."""
+LoRA, the warm start's fp32 masters and micro-batches, the presets' verdicts (every configs/gpu_*.yaml on the cluster
+its header names), the `selfplay plan` command, the check at `selfplay train`, and measured CPU steps."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
+import shlex
 
 import pytest
 from hypothesis import given, settings
@@ -142,7 +145,7 @@ def test_shape_comes_from_a_folder_config_json_or_the_table(tmp_path):
 
 
 def test_the_7b_preset_on_8_gpus_of_80_gb_does_not_fit_its_warm_start_and_says_what_to_change():
-    cfg = load_config(CONFIG_DIR / "gpu_7b.yaml")
+    cfg = load_config(CONFIG_DIR / "gpu_7b.yaml", ["model.lora.r=0"])  # every weight trained by PPO too
     plan = mp.plan_memory(cfg, mp.Cluster(8, 1, 80.0))
     warm = plan.phase("warm start")
     assert not warm.fits and not plan.fits
@@ -252,14 +255,14 @@ def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hol
     with pytest.raises(UserError) as exc:
         mp.refuse_if_it_cannot_fit(cfg)
     message = str(exc.value)
-    assert "\n" not in message and "warm start" in message and "warmstart.solver_steps" in message
+    assert "\n" not in message and "warm start" in message and mp.WARM_START_NEEDS in message
     monkeypatch.setenv("SELFPLAY_NO_MEMORY_PLAN", "1")
     assert mp.refuse_if_it_cannot_fit(cfg) is None
-    # a phase that only its length-bound activations push over warns instead (the 1.5B preset's SFT batch)
+    # a phase that only its length-bound activations push over warns instead (the 1.5B preset's SFT batch unsplit)
     monkeypatch.delenv("SELFPLAY_NO_MEMORY_PLAN")
     monkeypatch.setenv("WORLD_SIZE", "4")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    small = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"run.dir={tmp_path / 'run15'}"])
+    small = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"run.dir={tmp_path / 'run15'}", "warmstart.micro_batch_size=0"])
     assert mp.refuse_if_it_cannot_fit(small) is None
     assert "memory plan: the warm start may need" in capsys.readouterr().out
 
@@ -310,3 +313,94 @@ def test_measured_adamw_step_matches_the_plan_on_a_small_llama():
     estimate = mp.update_activations(shape, s, "solver")
     print(f"activations: plan {estimate / 1e6:.1f} MB, measured (saved for backward, CPU) {saved / 1e6:.1f} MB")
     assert saved / 2 <= estimate <= saved * 2
+
+
+def test_the_warm_start_trains_one_agent_through_fp32_masters_and_micro_batches():
+    # bf16: fp32 gradients (4 bytes per parameter) and the largest parameter's bf16 gradient (the 100 x 4 embedding),
+    # 12 bytes of states (fp32 master, m, v); the solver's SFT left nothing behind, so one agent's, not two
+    s = settings_for(dtype_bytes=2, sft_batch=4, sft_len=16, solver_new=1)  # the step-0 evaluation the smaller moment
+    warm = mp.plan_phases(TOY, s, mp.Cluster(1, 1, 80.0))[0]
+    assert warm.moment.startswith("SFT of one agent")
+    assert warm.parts["gradients"] == TOY_PARAMS * 4 + 400 * 2
+    assert warm.parts["optimizer states"] == TOY_PARAMS * 12
+    assert warm.parts["policy weights"] == warm.parts["reference weights"] == 2 * TOY_PARAMS * 2
+    # fp32: its own gradients and AdamW's two moments, no masters
+    fp32 = mp.plan_phases(TOY, dataclasses.replace(s, dtype_bytes=4), mp.Cluster(1, 1, 80.0))[0]
+    assert (fp32.parts["gradients"], fp32.parts["optimizer states"]) == (TOY_PARAMS * 4, TOY_PARAMS * 8)
+    # micro-batches of 1 of the batch's 4 sequences: a quarter of the activations, the same states
+    whole = mp.sft_activations(TOY, s)
+    assert mp.sft_activations(TOY, dataclasses.replace(s, sft_micro=1)) == pytest.approx(whole / 4)
+    assert mp.sft_activations(TOY, dataclasses.replace(s, sft_micro=4)) == whole
+    assert mp.sft_state_bytes(TOY, dataclasses.replace(s, sft_micro=1)) == mp.sft_state_bytes(TOY, s)
+
+
+def test_measured_sft_masters_and_states_are_the_plan_s_bytes():
+    """A 2-block Llama of width 64 in bf16: after one SFT step through `MasterWeights` (the loop `sft` runs), the
+    fp32 masters, their gradients and AdamW's moments add up to the plan's bytes, exactly; the model keeps no
+    gradient of its own."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from selfplay.rl.sft import MasterWeights, batch_backward, collate
+
+    shape = mp.ModelShape("llama-2x64", hidden=64, intermediate=128, layers=2, heads=4, kv_heads=2, vocab=300)
+    torch.manual_seed(0)
+    policy = LlamaForCausalLM(LlamaConfig(**shape.hf_config(), max_position_embeddings=64)).to(torch.bfloat16)
+    masters = MasterWeights(list(policy.parameters()))
+    optimizer = torch.optim.AdamW(masters.masters, lr=1e-4)
+    batch = collate([([1, 2, 3], [4, 5]), ([6, 7], [8, 9, 10]), ([11], [12])], pad_id=0, max_len=64)
+    batch_backward(policy, *batch, micro_batch_size=2)
+    grads = sum(m.grad.numel() * m.grad.element_size() for m in masters.masters)
+    optimizer.step()
+    masters.write_back()
+    states = sum(m.numel() * m.element_size() for m in masters.masters) + sum(
+        v.numel() * v.element_size() for st in optimizer.state.values() for k, v in st.items() if k != "step")
+    masters.close()
+    s = settings_for(dtype_bytes=2)
+    planned_grads, planned_states = mp.sft_state_bytes(shape, s)
+    assert sum(p.numel() for p in policy.parameters()) == shape.params
+    assert states == planned_states == shape.params * 12
+    assert grads == shape.params * 4 == planned_grads - shape.vocab * shape.hidden * 2  # + the bf16 one in flight
+    assert all(p.grad is None for p in policy.parameters())
+
+
+def test_a_warm_start_that_no_setting_fits_says_it_needs_a_deepspeed_warm_start():
+    cfg = load_config(CONFIG_DIR / "gpu_7b.yaml")
+    plan = mp.plan_memory(cfg, mp.Cluster(8, 2, 80.0))
+    verdict = next(v for v in plan.verdicts if v.phase == "warm start")
+    assert not verdict.fits and verdict.missing and mp.WARM_START_NEEDS in verdict.line
+    # the 1.5B's warm start fits with micro-batches; unsplit it does not, but a smaller pass makes it: nothing missing
+    unsplit = mp.plan_memory(load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["warmstart.micro_batch_size=0"]),
+                             mp.Cluster(4, 1, 80.0))
+    verdict = next(v for v in unsplit.verdicts if v.phase == "warm start")
+    assert not verdict.fits and not verdict.missing and "warmstart.micro_batch_size" in verdict.keys
+    value = _value_in(verdict.line, "warmstart.micro_batch_size")
+    fixed = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"warmstart.micro_batch_size={value}"])
+    assert mp.plan_memory(fixed, mp.Cluster(4, 1, 80.0)).phase("warm start").fits
+
+
+# presets that do not fit the cluster their header names, with the phase that does not and why
+DOES_NOT_FIT = {"gpu_7b.yaml": ("warm start", mp.WARM_START_NEEDS)}
+
+
+@pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("gpu_*.yaml")), ids=lambda p: p.name)
+def test_every_gpu_preset_fits_the_cluster_its_header_names(path, capsys):
+    """Each configs/gpu_*.yaml names in its header the `selfplay plan` command of the cluster it is meant for; that
+    command exits 0 (every phase fits), or the preset is listed in DOES_NOT_FIT and only that phase does not fit,
+    for the reason listed."""
+    from selfplay.cli import main
+
+    header = "".join(line for line in path.read_text().splitlines(keepends=True) if line.startswith("#"))
+    found = re.findall(rf"selfplay plan configs/{re.escape(path.name)}((?: --[\w-]+ \S+)+)", header)
+    assert len(found) == 1, f"{path.name}: no `selfplay plan configs/{path.name} --gpus-per-node N ...` in its header"
+    args = shlex.split(found[0])
+    assert "--gpus-per-node" in args and "--nodes" in args and "--gpu-mem" in args
+    code = main(["plan", str(path), *args])
+    text = capsys.readouterr().out
+    if path.name not in DOES_NOT_FIT:
+        assert code == 0, text
+        return
+    phase, reason = DOES_NOT_FIT[path.name]
+    assert code == 1
+    failing = [line for line in text.splitlines() if "does not fit" in line]  # the verdict lines
+    assert [line.split(":", 1)[0] for line in failing] == [phase] and reason in failing[0]
