@@ -765,8 +765,8 @@ def format_table(plan: MemoryPlan) -> str:
     size = f"{m.params / 1e9:.2f} B" if m.params >= 1e9 else f"{m.params / 1e6:.1f} M"
     lines = [f"{plan.config or 'config'}: {m.name} ({size} parameters), {zero}, "
              f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s) of {c.gpu_gb:g} GB, engines "
-             f"{'/'.join(s.engines)}, prompts of {s.prompt} tokens, SFT batches of {s.sft_batch} x {s.sft_len} "
-             "tokens; GB per GPU", "",
+             f"{'/'.join(s.engines)}, prompts of {s.prompt} tokens, SFT batches of {s.sft_batch} x {s.sft_len} tokens"
+             f"{f' in passes of {s.sft_rows}' if s.sft_rows < s.sft_batch else ''}; GB per GPU", "",
              "| phase | where | " + " | ".join(short[k] for k in PARTS) + " | total | budget | fits |",
              "|---" * (len(PARTS) + 5) + "|"]
     for p in plan.phases:
