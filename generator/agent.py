@@ -19,8 +19,9 @@ never from the model. `parse_proposal` never raises on model output: it returns 
 `ProposalError` with the reason, which costs the generator the "unparsable" penalty (generator/rewards.py).
 `format_proposal` writes a task in the same format, which is how the procedural corpus warm-starts the generator.
 
-This is the "free" proposal format; `generator.format=mutation` (generator/mutation.py) has the generator name a
-reference and one edit of its program instead, which the procedural families compile into a task.
+This is the "free" proposal format (its object: generator.formats.FREE); `generator.format=mutation`
+(generator/mutation.py) has the generator name a reference and one edit of its program instead, which the
+procedural families compile into a task.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import ast
 import json
 import random
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -43,7 +45,10 @@ INSTRUCTIONS = {
     "change_type": "Write a reference task again for a different element type (float, str, tuple or record).",
 }
 
-FORMATS = ("free", "mutation")  # generator.format: a whole task in text, or one edit of a reference's program
+# the names `generator.format` accepts, read here by the config check (selfplay/runtime/config.py): a whole task in
+# text, or one edit of a reference's program; the format objects are generator.formats.FORMATS, which a test keeps
+# in step with this tuple
+FORMATS = ("free", "mutation")
 MAX_INPUTS = 32  # more test inputs than this in one proposal is rejected (cost control)
 MAX_CODE_CHARS = 4000  # longer reference solutions are rejected
 
@@ -100,6 +105,25 @@ def build_prompt(references: Sequence[Task], instruction: str, n_examples: int =
     parts.append(f"Instruction: {INSTRUCTIONS[instruction]}")
     parts.append("Answer in the same format, ending with END.")
     return "\n".join(parts) + "\n"
+
+
+def free_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb=None, corpus_index=None,
+                  build_cfg=None) -> list[tuple[str, str]]:
+    """The free format's warm-start pairs (prompt, answer text): for each task, K other tasks of its family as
+    references, and the task written as a proposal; the instruction names what relates the target to its
+    references (a deeper pipeline: harder, else mutate). `sb`, `corpus_index` and `build_cfg` are not needed: the
+    targets are procedural tasks, valid already."""
+    rng = random.Random(seed)
+    by_family: dict[str, list[Task]] = defaultdict(list)
+    for t in tasks:
+        by_family[t.family].append(t)
+    out = []
+    for t in tasks:
+        pool = [r for r in by_family[t.family] if r.id != t.id]
+        refs = rng.sample(pool, min(k_refs, len(pool))) if pool else []
+        deeper = refs and t.level > max(r.level for r in refs)
+        out.append((build_prompt(refs, "harder" if deeper else "mutate"), format_proposal(t)))
+    return out
 
 
 def choose_instruction(rng: random.Random, n_references: int, instructions=INSTRUCTIONS) -> str:

@@ -13,15 +13,10 @@ import re
 
 from generator.families import final_type
 from generator.families.steps import PARAM_NAMES, SOURCE_PHRASES, output_type, step_phrases
-from generator.families.values import NOUNS, input_etype
+from generator.families.values import ELEMENTS, NOUNS, input_etype
 
 INPUT_PHRASES = {
-    "list:int": ["a list of integers", "a list of whole numbers", "an integer list"],
-    "list:float": ["a list of floating-point numbers", "a list of decimal values", "a list of floats"],
-    "list:str": ["a list of words", "a list of strings", "a list of short words"],
-    "list:rec": ["a list of person records (dicts with keys 'name', 'city', 'age' and 'score')",
-                 "a list of dicts, each with 'name', 'city', 'age' and 'score'"],
-    "list:tup": ["a list of [name, count] pairs", "a list of two-element lists [name, count]"],
+    **{e.kind: list(e.phrases) for e in ELEMENTS},
     "text": ["a string of words separated by spaces", "a sentence (a string)", "a line of text"],
     "csv": ["a list of CSV lines 'name,city,age,score'", "lines of comma-separated values name,city,age,score"],
 }

@@ -26,9 +26,13 @@ Plain EBNF text (the dialect of xgrammar, GBNF-like: `rule ::= ...`, quoted lite
 from __future__ import annotations
 
 from generator.families.catalogue import AGGREGATES, GROUP_VALUES
-from generator.families.grammar import EXPR_TABLES, KEY_TABLES, WINDOW_AGGS, allowed_values
+from generator.families.grammar import EXPR_TABLES, INPUT_NAMES, KEY_TABLES, WINDOW_AGGS, allowed_values
+from generator.families.values import TYPE_NAMES, input_etype
+from generator.splits import SplitConfig
 
-TRAIN_INPUTS = ("int", "str", "rec", "text", "csv")  # `type` targets (the held-out element types float, tup left out)
+# `type` targets: the input names less those of the default held-out element types (float, tup)
+TRAIN_INPUTS = tuple(name for name, kind in INPUT_NAMES.items()
+                     if TYPE_NAMES[input_etype(kind)] not in SplitConfig().heldout_types)
 
 
 def _alt(words) -> str:

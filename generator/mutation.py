@@ -29,8 +29,9 @@ Edits (I, J: step numbers, 1-based; STEP: a step in the grammar's syntax; T: an 
 inputs from the families, outputs left to the validity checks) or a `MutationError` naming why the edit is
 impossible (a missing reference or step, a name the element type lacks, a constant outside the catalogue, a
 sink before the end, a held-out program, an edit that changes nothing). `format_mutation` writes a mutation;
-`random_mutation` draws a possible one (the generator's warm-start targets); `random_proposal` draws one in place of
-a generator's answer (`generator.source=random_edits`, the baseline without a generator).
+`random_mutation` draws a possible one (the generator's warm-start targets, `mutation_examples`); `random_proposal`
+draws one in place of a generator's answer (`generator.source=random_edits`, the baseline without a generator).
+The format's object is generator.formats.MUTATION.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from generator.families.values import input_etype
 from generator.fingerprint import ast_hash
 from generator.schema import Task
 from generator.splits import split_of
+from generator.validity import validate_many
 
 OPS = ("const", "key", "expr", "order", "type", "add", "drop", "swap", "set", "splice")
 # instruction -> (prompt text, the edits that follow it)
@@ -726,6 +728,30 @@ def random_mutation(rng: random.Random, references: Sequence[Task], instruction:
         if isinstance(task, Task):
             return mutation, task
     return None
+
+
+def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
+                      per_task: int = 3) -> list[tuple[str, str]]:
+    """The mutation format's warm-start pairs (prompt, answer text): `per_task` draws per task, each K references
+    (the task and K - 1 others), an instruction they allow and a random edit that follows it (several per task: a
+    tiny model memorises a few hundred answers instead of learning the grammar); kept when the edited task passes
+    every validity check in the sandbox, novelty against `corpus_index` and the earlier kept ones included (what a
+    proposal must pass)."""
+    build_cfg = build_cfg or BuildConfig()
+    rng = random.Random(f"mutation-examples:{seed}")
+    pool = [t for t in tasks if program_of(t) is not None]
+    drawn = []
+    for _ in range(per_task):
+        for t in pool:
+            others = [r for r in rng.sample(pool, min(len(pool), k_refs + 1)) if r.id != t.id][: k_refs - 1]
+            refs = others + [t]
+            rng.shuffle(refs)
+            instruction = choose_mutation_instruction(rng, refs, build_cfg)
+            found = random_mutation(rng, refs, instruction, cfg=build_cfg)
+            if found is not None:
+                drawn.append((build_mutation_prompt(refs, instruction), format_mutation(found[0]), found[1]))
+    reports = validate_many([task for *_, task in drawn], sb, corpus_index)
+    return [(prompt, answer) for (prompt, answer, _), report in zip(drawn, reports) if report.ok]
 
 
 RANDOM_EDITS = "random_edits"  # the generator_checkpoint of a task a random edit made (generator.source)

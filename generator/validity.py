@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import sandbox
-from generator.families.values import probe_inputs
+from generator.families.values import ELEMENTS, probe_inputs
 from generator.fingerprint import ast_hash, behaviour_hash, canonical_json, task_id
 from generator.schema import SchemaError, Task, check_json_value
 
@@ -400,8 +400,7 @@ def probe_kind(task: Task) -> str | None:
     if len(args) != 1 or args[0].annotation is None:
         return None
     ann = ast.unparse(args[0].annotation).replace(" ", "")
-    return {"list[int]": "list:int", "list[float]": "list:float", "list[str]": "list:str", "list[dict]": "list:rec",
-            "list[list]": "list:tup", "str": "text"}.get(ann)
+    return {**{f"list[{e.annotation}]": e.kind for e in ELEMENTS}, "str": "text"}.get(ann)
 
 
 def _behaviour(report, start: int) -> str | None:

@@ -19,18 +19,10 @@ import random
 
 from generator.families.steps import (KINDS, PARAM_NAMES, SOURCE_CODE, applicable_kinds, output_type,
                                       render_step, sample_step)
-from generator.families.values import ANNOTATIONS, input_annotation, input_etype
+from generator.families.values import ANNOTATIONS, ELEMENTS, input_annotation, input_etype
 
-# family name -> input kind (see generator.families.values)
-FAMILIES = {
-    "list_int": "list:int",
-    "list_float": "list:float",
-    "list_str": "list:str",
-    "list_record": "list:rec",
-    "list_tuple": "list:tup",
-    "string": "text",
-    "record_pipeline": "csv",
-}
+# family name -> input kind (see generator.families.values): a list of each element type, then a text and CSV lines
+FAMILIES = {**{e.family: e.kind for e in ELEMENTS}, "string": "text", "record_pipeline": "csv"}
 # How often each family is drawn (list transforms dominate, as in typical list exercises).
 FAMILY_WEIGHTS = {"list_int": 4, "list_float": 2, "list_str": 3, "list_record": 2, "list_tuple": 2,
                   "string": 2, "record_pipeline": 2}

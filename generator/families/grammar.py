@@ -21,11 +21,10 @@ import re
 
 from generator.families.catalogue import AGGREGATES, GROUP_KEYS, GROUP_VALUES, KEYS, MAPS, PREDICATES, SINKS, Expr
 from generator.families.steps import KINDS, MAX_K, MAX_WINDOW, applicable_kinds, output_type
-from generator.families.values import input_etype
+from generator.families.values import ELEMENTS, input_etype
 
 # short input names <-> the families' input kinds
-INPUT_NAMES = {"int": "list:int", "float": "list:float", "str": "list:str", "rec": "list:rec", "tup": "list:tup",
-               "text": "text", "csv": "csv"}
+INPUT_NAMES = {**{e.tag: e.kind for e in ELEMENTS}, "text": "text", "csv": "csv"}
 INPUT_SHORT = {kind: name for name, kind in INPUT_NAMES.items()}
 EXPR_TABLES = {"filter": PREDICATES, "map": MAPS, "sink": SINKS}
 KEY_TABLES = {"sort": KEYS, "top_k": KEYS, "group": GROUP_KEYS}

@@ -9,15 +9,43 @@ sorted, reversed, duplicates, negatives, unicode); `probe_inputs` are fixed inpu
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
-ELEMENT_TYPES = ("int", "float", "str", "rec", "tup")
+
+@dataclass(frozen=True)
+class ElementType:
+    """One element type, every spelling of it in one row (the tables below and elsewhere derive from ELEMENTS)."""
+    tag: str  # "tup": the catalogue's tables, the short input name of the program text, (etype, sink) pairs
+    name: str  # "tuple": its user-facing name, which held-out types are named with (tasks.heldout_types)
+    family: str  # "list_tuple": the family whose input is a list of it, the input kind "list:<tag>"
+    annotation: str  # "list": its annotation in a signature (a list of it: "list[list]")
+    nouns: tuple[str, str]  # plural, singular
+    phrases: tuple[str, ...]  # how a description names a list of it (descriptions.INPUT_PHRASES)
+
+    @property
+    def kind(self) -> str:
+        """The input kind of a list of it."""
+        return f"list:{self.tag}"
+
+
+ELEMENTS = (
+    ElementType("int", "int", "list_int", "int", ("numbers", "number"),
+                ("a list of integers", "a list of whole numbers", "an integer list")),
+    ElementType("float", "float", "list_float", "float", ("values", "value"),
+                ("a list of floating-point numbers", "a list of decimal values", "a list of floats")),
+    ElementType("str", "str", "list_str", "str", ("words", "word"),
+                ("a list of words", "a list of strings", "a list of short words")),
+    ElementType("rec", "record", "list_record", "dict", ("records", "record"),
+                ("a list of person records (dicts with keys 'name', 'city', 'age' and 'score')",
+                 "a list of dicts, each with 'name', 'city', 'age' and 'score'")),
+    ElementType("tup", "tuple", "list_tuple", "list", ("pairs", "pair"),
+                ("a list of [name, count] pairs", "a list of two-element lists [name, count]")),
+)
+ELEMENT_TYPES = tuple(e.tag for e in ELEMENTS)
 # The user-facing name of each element type (held-out splits are named with these).
-TYPE_NAMES = {"int": "int", "float": "float", "str": "str", "rec": "record", "tup": "tuple"}
-ANNOTATIONS = {"int": "int", "float": "float", "str": "str", "rec": "dict", "tup": "list", "bool": "bool"}
-NOUNS = {  # plural, singular
-    "int": ("numbers", "number"), "float": ("values", "value"), "str": ("words", "word"),
-    "rec": ("records", "record"), "tup": ("pairs", "pair"),
-}
+TYPE_NAMES = {e.tag: e.name for e in ELEMENTS}
+ANNOTATIONS = {**{e.tag: e.annotation for e in ELEMENTS}, "bool": "bool"}
+NOUNS = {e.tag: e.nouns for e in ELEMENTS}  # plural, singular
 
 WORDS = ("apple", "banana", "cherry", "kiwi", "mango", "pear", "plum", "fig", "grape", "lemon", "lime", "melon",
          "Apple", "Kiwi", "Zebra", "ant", "bee", "cat", "dog", "eel", "owl", "yak", "level", "noon", "radar",

@@ -34,16 +34,17 @@ from pathlib import Path
 import torch
 
 from generator.build import BuildConfig
-from generator.families.grammar import program_of
+from generator.formats import proposal_format
 from selfplay.eval.evaluate import heldout_tasks
 from selfplay.models.factory import frozen_copy
 from selfplay.rl.sft import sft
-from selfplay.rollout.episodes import generator_rollouts, prompt_options, solve_rates, solver_rollouts
+from selfplay.rollout.episodes import prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime.checkpoint import preserved_rng
 from selfplay.runtime.config import load_config
 from selfplay.runtime.distributed import param_checksum
 from selfplay.train.loop import SelfPlay
 from selfplay.train.mixer import Mixer
+from selfplay.train.proposals import sample_proposals
 from selfplay.train.warmstart import (build_agents, generator_examples, solver_examples, tokenize_pairs,
                                       warmstart_corpus)
 
@@ -81,7 +82,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
           pool_size: int = 0) -> tuple[dict, list[dict]]:
     t = cfg.train
     rng = random.Random(rng_seed)
-    pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
+    pool = proposal_format(cfg.generator.format).reference_pool(tasks)
     ref_rates: dict[str, float] = {}
     if pool_size:  # references from a pool whose solve rates the solver's attempts measured
         pool = rng.sample(pool, min(pool_size, len(pool)))
@@ -90,13 +91,7 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
         groups = mixer_groups(cfg, pool, ref_rates, n, rng_seed)
     else:
         groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(n)]
-    positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
-    rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
-                                  n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
-                                  max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
-                                                                positions - t.generator_max_new_tokens)),
-                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
-                                  redraws=cfg.generator.redraws, tie_signature=cfg.generator.tie_signature)
+    rollouts = sample_proposals(cfg, generator, groups, sb, corpus, step=0, rng=rng)
     valid = [r for r in rollouts if r.valid]
     rates = {}
     if solver is not None and valid:

@@ -6,14 +6,16 @@ Between turns the observation is appended to the response as tokens the policy d
 PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token.
 
 Generator: P prompts, each with K reference tasks and an instruction; answers parsed into proposals; the valid
-ones become tasks (outputs from the reference in the sandbox, every validity check run). Two proposal formats
-(`generator.format`): "free" (the whole task in text, generator.agent) and "mutation" (one reference and one edit of
-its program, compiled by the procedural families, generator.mutation); an edit that cannot be made is a parsed but
-invalid proposal, rejected as "edit" with its reason. Under `generator.constrained` a mutation answer is decoded
-under the grammar of its own prompt's references (generator.grammars): only edits that compile; with
-`generator.redraws` an answer whose program or behaviour the corpus already has is struck from its grammar and
-drawn again (`_sample_screened`). A constrained free answer is drawn in two stages, so that its CODE defines the
-function its SIGNATURE names (`generator.tie_signature`, `_sample_tied`).
+ones become tasks (outputs from the reference in the sandbox, every validity check run). The proposal format
+(`generator.format`, an object of generator.formats) chooses the instructions, writes the prompts, parses the
+answers and compiles them: "free" (the whole task in text, generator.agent) or "mutation" (one reference and one
+edit of its program, compiled by the procedural families, generator.mutation); a parsed answer that names no
+possible task (an edit that cannot be made) is an invalid proposal, rejected as "edit" with its reason. Under
+`generator.constrained` a mutation answer is decoded under the grammar of its own prompt's references
+(generator.grammars): only edits that compile; with `generator.redraws` an answer whose program or behaviour the
+corpus already has is struck from its grammar and drawn again (`_sample_screened`). A constrained free answer is
+drawn in two stages, so that its CODE defines the function its SIGNATURE names (`generator.tie_signature`,
+`_sample_tied`).
 """
 
 from __future__ import annotations
@@ -25,12 +27,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from generator.agent import (FORMATS, ProposalError, build_prompt, choose_instruction, parse_proposal,
-                             proposal_to_task)
+from generator.agent import ProposalError
 from generator.build import BuildConfig
+from generator.formats import proposal_format
 from generator.grammars import edits_grammar, free_head_grammar, free_tail_grammar
-from generator.mutation import (MAX_ANSWER_TOKENS, MutationError, build_mutation_prompt, choose_mutation_instruction,
-                                compile_mutation, parse_mutation, possible_edits)
+from generator.mutation import compile_mutation, parse_mutation, possible_edits
 from generator.screen import Screen
 from generator.schema import Task
 from generator.validity import validate_many
@@ -255,52 +256,47 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
                        instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None
                        ) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
-    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (a
-    mutation takes at most generator.mutation.MAX_ANSWER_TOKENS). `fmt`: "free" or "mutation" (whose tasks are
-    built with `build_cfg`, the `tasks:` section's). `redraws` (generator.redraws): under the mutation grammar, an
+    longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (capped
+    by the format's `max_answer_tokens`). `fmt`: the name of a proposal format (generator.formats: it chooses the
+    instructions, writes the prompts, parses and compiles; "mutation" builds its tasks with `build_cfg`, the
+    `tasks:` section's). `redraws` (generator.redraws): under the mutation grammar, an
     answer the novelty screen rejects is struck from its prompt's grammar and drawn again, up to this many times
     (`_sample_screened`). `tie_signature` (generator.tie_signature): under the free grammar, each answer is drawn in
     two stages whose second makes CODE define SIGNATURE's function (`_sample_tied`). `instruction_weights(names)`:
-    the mutation instructions' draw weights among those a prompt's references allow (the mixer's
-    `instruction_weights`; None: uniform)."""
-    if fmt not in FORMATS:
-        raise ValueError(f"generator.format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    mutation = fmt == "mutation"
-    if mutation:
-        instructions = [choose_mutation_instruction(rng, refs, build_cfg or BuildConfig(), instruction_weights)
-                        for refs in references]
-        texts = [build_mutation_prompt(refs, instr) for refs, instr in zip(references, instructions)]
-        max_new_tokens = min(max_new_tokens or MAX_ANSWER_TOKENS, MAX_ANSWER_TOKENS)
-    else:
-        instructions = [choose_instruction(rng, len(refs)) for refs in references]
-        texts = [build_prompt(refs, instr) for refs, instr in zip(references, instructions)]
+    the instructions' draw weights among those a prompt's references allow, for a format with
+    `weighted` (mutation: the mixer's `instruction_weights`; None: uniform)."""
+    form = proposal_format(fmt)
+    build_cfg = build_cfg or BuildConfig()
+    instructions = [form.instruction(rng, refs, build_cfg, instruction_weights) for refs in references]
+    texts = [form.prompt(refs, instr) for refs, instr in zip(references, instructions)]
+    if form.max_answer_tokens is not None:
+        max_new_tokens = min(max_new_tokens or form.max_answer_tokens, form.max_answer_tokens)
     prompts = [agent.chat_ids(text, max_prompt_tokens) for text in texts]
     constraint = getattr(agent, "constraint", None)
     redrawn = [0] * len(prompts)
-    if mutation and hasattr(constraint, "per_prompt"):  # generator.constrained: each prompt's possible edits only
+    per_prompt = hasattr(constraint, "per_prompt")  # generator.constrained
+    if per_prompt and form.sampling == "edits":  # each prompt's possible edits only
         answers, redrawn = _sample_screened(agent, constraint, prompts, references, corpus_index, redraws,
-                                            build_cfg or BuildConfig(), max_new_tokens)
-    elif not mutation and tie_signature and hasattr(constraint, "per_prompt"):  # the free grammar, tied
+                                            build_cfg, max_new_tokens)
+    elif per_prompt and form.sampling == "tied" and tie_signature:
         answers = _sample_tied(agent, constraint, prompts, max_new_tokens)
     else:
         answers = agent.sample(prompts, max_new_tokens=max_new_tokens)
     rollouts = []
     for prompt, answer, refs, instr, n in zip(prompts, answers, references, instructions, redrawn):
         ro = ProposalRollout(prompt, answer, list(refs), instr, redrawn=n)
-        parsed = parse_mutation(answer.text) if mutation else parse_proposal(answer.text)
+        parsed = form.parse(answer.text)
         if isinstance(parsed, ProposalError):  # an answer the token limit cut off says so: no grammar can end it
             ro.rejection = "unparsable"
             ro.parse_error = parsed.reason if answer.finished else \
                 f"cut off at {len(answer.tokens)} tokens before its end: {parsed.reason}"
-        elif mutation:
-            task = compile_mutation(parsed, refs, cfg=build_cfg or BuildConfig(), step=step,
-                                    generator_checkpoint=checkpoint)
-            if isinstance(task, MutationError):
-                ro.rejection, ro.reasons = "edit", {"reason": task.reason}
-            else:
-                ro.task = task
         else:
-            ro.task = proposal_to_task(parsed, refs, step, n_visible=n_visible, generator_checkpoint=checkpoint)
+            task = form.compile(parsed, refs, step=step, n_visible=n_visible, build_cfg=build_cfg,
+                                checkpoint=checkpoint)
+            if isinstance(task, Task):
+                ro.task = task
+            else:  # a parsed answer that names no possible task (an impossible edit)
+                ro.rejection, ro.reasons = "edit", {"reason": task.reason}
         rollouts.append(ro)
     parsed = [ro for ro in rollouts if ro.task is not None]
     for ro, report in zip(parsed, validate_many([ro.task for ro in parsed], sb, corpus_index)):

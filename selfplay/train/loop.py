@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from generator.formats import FORMATS
 from generator.schema import Task
 from selfplay.data.corpus import Corpus, CorpusError, check_heldout
 from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks, suite_size_note
@@ -365,7 +366,7 @@ class SelfPlay:
         its task source (the mixer) observes and adapts; every rank then holds rank 0's mixer."""
         solved = [r.result.solved for r in train]
         stats = iteration_stats(D.all_reduce_mean(sum(solved) / max(1, len(solved))), groups, proposals, plan.tasks,
-                                plan.new_ids, rates, kl=kl, mutation=self.cfg.generator.format == "mutation")
+                                plan.new_ids, rates, kl=kl, mutation=FORMATS[self.cfg.generator.format].weighted)
         if self.main:
             new_tasks, difficulty_rows = corpus_updates(proposals.valid, plan.tasks, plan.new_ids, rates,
                                                         self.cfg.train.samples_per_task, self.step)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from generator.build import BuildConfig
-from generator.families.grammar import program_of
+from generator.formats import proposal_format
 from generator.mutation import random_proposal
 from generator.rewards import ProposalOutcome, generator_rewards
 from generator.schema import Task
@@ -56,8 +56,7 @@ def choose_references(cfg, corpus, mixer: Mixer, step: int, n: int) -> list[list
     pool = corpus.query(split="train", order="random", limit=512, seed=seed)
     # and tasks the solver has been seen to solve, which a random draw from a large corpus would mostly miss
     pool += corpus.query(split="train", order="random", limit=256, seed=seed, max_difficulty=0.999)
-    if cfg.generator.format == "mutation":  # an edit needs a program (procedural and edited tasks have one)
-        pool = [x for x in pool if program_of(x) is not None]
+    pool = proposal_format(cfg.generator.format).reference_pool(pool)  # mutation: with a program
     if not pool:
         raise RuntimeError("the corpus holds no training task to show the generator")
     by_id = {t.id: t for t in pool}
@@ -71,19 +70,30 @@ def prompt_budget(agent: LMAgent, max_len: int, max_new_tokens: int) -> int:
     return max(16, min(max_len, positions - max_new_tokens))
 
 
+def sample_proposals(cfg, generator: LMAgent, references: list[list[Task]], sb, corpus, *, step: int,
+                     rng: random.Random, checkpoint: str | None = None,
+                     instruction_weights=None) -> list[ProposalRollout]:
+    """The generator's proposals for these reference groups as the config asks for them (`generator_rollouts`
+    with the format, its redraws and signature tie, the `tasks:` section's build, the prompt budget, validity
+    against `corpus`): the training loop's, the warm start's probe's and the probe bench's one call."""
+    t = cfg.train
+    return generator_rollouts(
+        generator, references, sb, step=step, rng=rng, corpus_index=corpus, n_visible=cfg.tasks.n_visible,
+        checkpoint=checkpoint,
+        max_prompt_tokens=prompt_budget(generator, cfg.warmstart.max_len, t.generator_max_new_tokens),
+        max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
+        build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
+        tie_signature=cfg.generator.tie_signature, instruction_weights=instruction_weights)
+
+
 def propose(cfg, generator: LMAgent, references: list[list[Task]], sb, corpus, mixer: Mixer, *, step: int,
             rank: int) -> list[ProposalRollout]:
     """One proposal per reference group, parsed and validated in the sandbox: the generator's answer
     (generator.source=model) or a random edit of the same references (generator.source=random_edits)."""
-    t, rng = cfg.train, seeds.stream(cfg.run.seed, step, rank)
+    rng = seeds.stream(cfg.run.seed, step, rank)
     if cfg.generator.source == "model":
-        return generator_rollouts(
-            generator, references, sb, step=step, rng=rng, corpus_index=corpus, n_visible=cfg.tasks.n_visible,
-            checkpoint=f"step_{step - 1}",
-            max_prompt_tokens=prompt_budget(generator, cfg.warmstart.max_len, t.generator_max_new_tokens),
-            max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
-            build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
-            tie_signature=cfg.generator.tie_signature, instruction_weights=mixer.instruction_weights)
+        return sample_proposals(cfg, generator, references, sb, corpus, step=step, rng=rng,
+                                checkpoint=f"step_{step - 1}", instruction_weights=mixer.instruction_weights)
     return random_edit_rollouts(references, sb, step=step, rng=rng, corpus_index=corpus,
                                 build_cfg=BuildConfig.from_config(cfg.tasks),
                                 instruction_weights=mixer.instruction_weights)

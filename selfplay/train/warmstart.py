@@ -17,12 +17,11 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from collections import defaultdict
 from typing import Callable, Sequence
 
 import torch
 
-from generator.agent import build_prompt, format_proposal
+from generator.formats import proposal_format
 from generator.schema import Task
 from selfplay.models.agent import LMAgent, agent_ppo_config
 from selfplay.rl import core as rl
@@ -30,7 +29,8 @@ from selfplay.runtime.distributed import local_device
 from selfplay.runtime.errors import UserError
 from selfplay.models.factory import build_models, frozen_copy
 from selfplay.rl.ppo import first_action, last_index, pad_rollouts
-from selfplay.rollout.episodes import generator_rollouts, prompt_options, solver_rollouts
+from selfplay.rollout.episodes import prompt_options, solver_rollouts
+from selfplay.train.proposals import sample_proposals
 from selfplay.rl.sft import sft
 from solver.prompts import answer_text, task_prompt
 
@@ -42,50 +42,10 @@ def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> lis
 
 def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int, fmt: str = "free", sb=None, corpus_index=None,
                        build_cfg=None) -> list[tuple[str, str]]:
-    """(user prompt, answer text) pairs. Free format: given K other tasks of the same family, the generator writes
-    a task; the instruction names what relates the target to its references (same family: mutate; a deeper
-    pipeline: harder). Mutation format: `mutation_examples`."""
-    if fmt == "mutation":
-        return mutation_examples(tasks, k_refs, seed, sb, corpus_index, build_cfg)
-    rng = random.Random(seed)
-    by_family: dict[str, list[Task]] = defaultdict(list)
-    for t in tasks:
-        by_family[t.family].append(t)
-    out = []
-    for t in tasks:
-        pool = [r for r in by_family[t.family] if r.id != t.id]
-        refs = rng.sample(pool, min(k_refs, len(pool))) if pool else []
-        deeper = refs and t.level > max(r.level for r in refs)
-        out.append((build_prompt(refs, "harder" if deeper else "mutate"), format_proposal(t)))
-    return out
-
-
-def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
-                      per_task: int = 3) -> list[tuple[str, str]]:
-    """Mutation-format pairs: `per_task` draws per task, each K references (the task and K - 1 others), an
-    instruction they allow and a random edit that follows it (several per task: a tiny model memorises a few
-    hundred answers instead of learning the grammar); kept when the edited task passes every validity check in the
-    sandbox, novelty against `corpus_index` and the earlier kept ones included (what a proposal must pass)."""
-    from generator.build import BuildConfig
-    from generator.families.grammar import program_of
-    from generator.mutation import build_mutation_prompt, choose_mutation_instruction, format_mutation, random_mutation
-    from generator.validity import validate_many
-
-    build_cfg = build_cfg or BuildConfig()
-    rng = random.Random(f"mutation-examples:{seed}")
-    pool = [t for t in tasks if program_of(t) is not None]
-    drawn = []
-    for _ in range(per_task):
-        for t in pool:
-            others = [r for r in rng.sample(pool, min(len(pool), k_refs + 1)) if r.id != t.id][: k_refs - 1]
-            refs = others + [t]
-            rng.shuffle(refs)
-            instruction = choose_mutation_instruction(rng, refs, build_cfg)
-            found = random_mutation(rng, refs, instruction, cfg=build_cfg)
-            if found is not None:
-                drawn.append((build_mutation_prompt(refs, instruction), format_mutation(found[0]), found[1]))
-    reports = validate_many([task for *_, task in drawn], sb, corpus_index)
-    return [(prompt, answer) for (prompt, answer, _), report in zip(drawn, reports) if report.ok]
+    """The generator's (user prompt, answer text) pairs in format `fmt` (its `examples`: free, `free_examples`,
+    each task written as a proposal from K others of its family; mutation, `mutation_examples`, random edits of
+    K references that pass every validity check in `sb` against `corpus_index`)."""
+    return proposal_format(fmt).examples(tasks, k_refs, seed, sb=sb, corpus_index=corpus_index, build_cfg=build_cfg)
 
 
 def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: int):
@@ -207,21 +167,11 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
     generator's parse and validity rates, and the first rejection reasons."""
     from collections import Counter
 
-    from generator.build import BuildConfig
-    from generator.families.grammar import program_of
-
-    t = cfg.train
     rng = random.Random(f"probe:{cfg.run.seed}")
-    pool = [x for x in tasks if program_of(x) is not None] if cfg.generator.format == "mutation" else list(tasks)
-    groups = [rng.sample(pool, min(t.references, len(pool))) for _ in range(cfg.warmstart.generator_probe)]
-    positions = generator.max_positions or (cfg.warmstart.max_len + t.generator_max_new_tokens)
+    pool = proposal_format(cfg.generator.format).reference_pool(tasks)
+    groups = [rng.sample(pool, min(cfg.train.references, len(pool))) for _ in range(cfg.warmstart.generator_probe)]
     t0 = time.perf_counter()
-    rollouts = generator_rollouts(generator, groups, sb, step=0, rng=rng, corpus_index=corpus,
-                                  n_visible=cfg.tasks.n_visible, max_new_tokens=t.generator_max_new_tokens,
-                                  max_prompt_tokens=max(16, min(cfg.warmstart.max_len,
-                                                                positions - t.generator_max_new_tokens)),
-                                  fmt=cfg.generator.format, build_cfg=BuildConfig.from_config(cfg.tasks),
-                                  redraws=cfg.generator.redraws, tie_signature=cfg.generator.tie_signature)
+    rollouts = sample_proposals(cfg, generator, groups, sb, corpus, step=0, rng=rng)
     n = max(1, len(rollouts))
     rejections = Counter(r.rejection for r in rollouts if not r.valid)
     return {"generator_probe_proposals": len(rollouts),
