@@ -205,7 +205,7 @@ def main() -> None:
         if args.solver_steps > 0:
             sft(solver.module.policy, tokenize_pairs(solver, s_pairs, ws.max_len), steps=args.solver_steps,
                 batch_size=ws.batch_size, lr=ws.lr, pad_id=solver.tokenizer.pad_token_id, max_len=ws.max_len,
-                seed=cfg.run.seed)
+                seed=cfg.run.seed, micro_batch_size=ws.micro_batch_size)
             trained_solver = solver
         examples = tokenize_pairs(generator, g_pairs, ws.max_len)
         print(f"{len(tasks)} tasks, {len(g_pairs)} generator pairs ({len(examples)} fit)", flush=True)
@@ -234,7 +234,7 @@ def main() -> None:
             policy.train()
 
         sft(policy, examples, steps=at[-1], batch_size=ws.batch_size, lr=ws.lr, pad_id=generator.tokenizer.pad_token_id,
-            max_len=ws.max_len, seed=cfg.run.seed, on_step=on_step)
+            max_len=ws.max_len, seed=cfg.run.seed, micro_batch_size=ws.micro_batch_size, on_step=on_step)
     finally:
         out.close()
         loop.close()

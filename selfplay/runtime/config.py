@@ -431,7 +431,7 @@ def _check_warmstart(ws) -> None:
 
 
 def _check_generator(gen_cfg) -> None:
-    from generator.agent import FORMATS
+    from generator.formats import FORMATS  # the registry: a format added with generator.formats.register counts
     if gen_cfg.format not in FORMATS:
         raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
     if int(gen_cfg.close_reserve) < 0:

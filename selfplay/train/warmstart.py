@@ -251,7 +251,8 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
                 on_scalar(f"{name}_sft_loss", loss, i)
 
         losses = sft(agent.module.policy, examples, steps=steps, batch_size=ws.batch_size, lr=ws.lr,
-                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed, on_step=on_step)
+                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed,
+                     micro_batch_size=ws.micro_batch_size, on_step=on_step)
         if bar:
             bar.close()
         # the KL anchor of PPO is the warm-started policy
