@@ -92,7 +92,7 @@ from typing import Sequence
 
 
 from selfplay.eval import stats
-from selfplay.eval.stats import outcome_value, paired_delta  # noqa: F401 - compare's names for them
+from selfplay.eval.stats import mean_sd, outcome_value, paired_delta  # noqa: F401 - compare's names for them
 from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
 from selfplay.runtime import paths
 from selfplay.runtime.checkpoint import LATEST
@@ -575,7 +575,7 @@ def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dic
     LATER_FIGURES over those iterations (None where none had it), the longest run of consecutive iterations with a
     collapse alarm on (the solver's pass rate, the generator's diversity or the KL: not the generator's trust), and
     the generator's mean reward over the first and the last `window` iterations of the whole run."""
-    from selfplay.train.loop import COLLAPSE_ALARMS, window_means
+    from selfplay.train.history import COLLAPSE_ALARMS, window_means
 
     later = [h for h in history if h["step"] >= start]
     out: dict = {"iterations": len(later)}
@@ -642,12 +642,6 @@ def seed_task_delta(pairs: dict, metric: str = "pass@1", n_boot: int = 4000, see
     return d
 
 
-def mean_sd(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for a single value)."""
-    values = list(values)
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
-
-
 def summarize(runs: dict, key: str = "heldout") -> dict:
     """{arm: {split: {metric: {"mean", "sd", "values"}}}} over seeds (key="test_by_level": levels of the test split
     instead of splits)."""
@@ -705,7 +699,7 @@ def compute_table(results: dict) -> str:
     """Per RL arm: the median over seeds of what each run spent in all (its `compute` record, the loop's COMPUTE
     counters: the episodes its PPO batches held, the solver episodes sampled and their tokens, the proposals and
     the generator's tokens, the sandbox's executions); "" when no run has the record."""
-    from selfplay.train.loop import COMPUTE
+    from selfplay.train.history import COMPUTE
 
     lines = ["| arm | runs | " + " | ".join(c.replace("_", " ") for c in COMPUTE) + " |",
              "|---|---|" + "---|" * len(COMPUTE)]

@@ -24,6 +24,7 @@ Everything here is pure numpy and seeded: the same inputs give the same interval
 
 from __future__ import annotations
 
+import statistics
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -163,3 +164,9 @@ def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int 
 def significant(ci: Sequence[float]) -> bool:
     """Whether an interval excludes zero."""
     return ci[0] > 0 or ci[1] < 0
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value): an arm's figure over its seeds."""
+    values = list(values)
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)

@@ -30,14 +30,14 @@ on one fixed set of `fixed_tasks` corpus tasks at `fixed_levels`, chosen once an
 "train on these problems, measure on held-out ones"). How each mode chooses the solver's tasks is one small source
 in selfplay/train/sources.py (`draw`, `observe`, `metrics`, `state_dict`); the loop asks `self.source`.
 
-Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last): both agents, optimiser and trainer states,
-the mixer, RNG states, counters and the corpus size. Starting again on a run folder that holds a checkpoint resumes
-from it bit for bit on one process (tests/selfplay/train/test_resume_exact.py): held-out evaluation leaves the RNGs as
-it found them, so the evaluation at the end of a run does not shift a continued run's draws. A run killed between
-checkpoints leaves the corpus rows of its lost iterations (the corpus is append-only); resuming it is then not
-exact, and says so. `train.steps` is the total, so raising it continues a finished run. A stop
-request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does on preemption)
-finishes the current iteration, writes a checkpoint and exits 0.
+Checkpoints (`RUN_DIR/checkpoints/step_N/`, `latest` written last; selfplay/train/checkpointing.py): both agents,
+optimiser and trainer states, the mixer, RNG states, counters and the corpus size. Starting again on a run folder
+that holds a checkpoint resumes from it bit for bit on one process (tests/selfplay/train/test_resume_exact.py):
+held-out evaluation leaves the RNGs as it found them, so the evaluation at the end of a run does not shift a
+continued run's draws. A run killed between checkpoints leaves the corpus rows of its lost iterations (the corpus is
+append-only); resuming it is then not exact, and says so. `train.steps` is the total, so raising it continues a
+finished run. A stop request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does
+on preemption) finishes the current iteration, writes a checkpoint and exits 0.
 """
 
 from __future__ import annotations
@@ -46,73 +46,43 @@ import json
 import os
 import random
 import statistics
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
 from generator.formats import FORMATS
 from generator.schema import Task
-from selfplay.data.corpus import Corpus, CorpusError, check_heldout
-from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks, suite_size_note
-from selfplay.eval.stats import paired_delta
+from selfplay.data.corpus import Corpus
+from selfplay.eval.evaluate import heldout_tasks, suite_size_note
 from selfplay.models.agent import LMAgent
 from selfplay.rl import core as rl
 from selfplay.rollout.engine import engine_metrics
 from selfplay.rollout.episodes import ProposalRollout, SolverRollout, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime import distributed as D
 from selfplay.runtime import seeds
-from selfplay.runtime.checkpoint import (CheckpointManager, code_versions, preserved_rng, rng_state,
-                                         set_rng_state)
-from selfplay.runtime.config import to_dict
+from selfplay.runtime.checkpoint import CheckpointManager, code_versions
 from selfplay.runtime.paths import RunPaths
 from selfplay.runtime.tb import TBLogger
+from selfplay.train.checkpointing import flush_corpus, restore, save, start
+from selfplay.train.evaluation import evaluate, evaluate_missed
+from selfplay.train.history import COMPUTE, history_entry, print_summary, run_estimate, run_summary, say
 from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats
 from selfplay.train.mixer import IterationStats, Mixer
 from selfplay.train.proposals import ProposalRound, SharedProposal, choose_references, propose, reward_proposals
 from selfplay.train.setup import (StopRequest, check_shared_storage, load_agent, open_run_sandbox, progress,
-                                  quiet_transformers, reserve_heldout, sandbox_workers, seed_global_generators,
-                                  validate_config, wait_for_checkpoint)
+                                  quiet_transformers, sandbox_workers, seed_global_generators, validate_config)
 from selfplay.train.solver_replay import SolverReplay
 from selfplay.train.sources import Draw, make_source
-from selfplay.train.warmstart import level_counts, warm_start
 from solver.rewards import overlong_penalties
-
-# per-iteration figures kept in the run's history (checkpointed) and summed up at the end: history key -> scalar
-HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
-           "parse_rate": "generator/parse_rate", "generator_in_band": "generator/in_band_rate",
-           "generator_never_solved": "generator/never_solved_rate",
-           "generator_always_solved": "generator/always_solved_rate",
-           "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
-           "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean",
-           "alarm_solver_collapse": "mixer/alarm/solver_collapse",
-           "alarm_generator_diversity": "mixer/alarm/generator_diversity", "alarm_kl_blowup": "mixer/alarm/kl_blowup"}
-COLLAPSE_ALARMS = ("alarm_solver_collapse", "alarm_generator_diversity", "alarm_kl_blowup")  # not the trust alarms
-SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
-# what a run has spent, summed over its iterations and ranks (`compute/` scalars, the checkpoint's and the summary's
-# `compute`): the solver episodes its PPO batches held, every solver episode sampled (those measuring proposals
-# beyond the generator's share too) and their policy-sampled tokens, the proposals made and the tokens of the
-# generator's kept answers (none with generator.source=random_edits; answers struck by the novelty screen and drawn
-# again are not counted), and the programs the sandbox executed (cache hits left out; held-out evaluation too)
-COMPUTE = ("ppo_episodes", "solver_episodes", "solver_tokens", "generator_proposals", "generator_tokens",
-           "sandbox_execs")
-
-
-def flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        out.update(flatten(v, key + ".") if isinstance(v, dict) else {key: v})
-    return out
 
 
 class SelfPlay:
     """One run: both agents, the corpus, the mixer and its task source, the sandbox, checkpoints and logs. `run`
-    iterates to `train.steps`; `iteration` is one pass through the stages of the module's docstring."""
+    iterates to `train.steps`; `iteration` is one pass through the stages of the module's docstring. Where the run
+    starts from and what it saves are in checkpointing.py, its held-out evaluation in evaluation.py, its history and
+    closing summary in history.py."""
 
     _validate = staticmethod(validate_config)  # the config checks a run makes before it builds anything
 
@@ -168,7 +138,7 @@ class SelfPlay:
         """Resume (or warm-start), iterate to `train.steps` or a stop request; the closing summary."""
         self.stop.install()
         self.setup()
-        self._evaluate_missed()
+        evaluate_missed(self)
         if self.step >= self.cfg.train.steps:
             self.log(f"run already at step {self.step} of {self.cfg.train.steps}: nothing to do (raise train.steps "
                      "to continue)")
@@ -205,7 +175,7 @@ class SelfPlay:
                 bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
                                 validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}")
             # a stop is answered before the step's periodic evaluation, so that its checkpoint is written within the
-            # signal's grace period; the evaluation it skipped runs when the run resumes (_evaluate_missed)
+            # signal's grace period; the evaluation it skipped runs when the run resumes (evaluation.evaluate_missed)
             stopped = self.stop.now()
             self._evaluate_and_save(stopped)
             if stopped:
@@ -221,13 +191,13 @@ class SelfPlay:
         last = step >= t.steps
         # a solver that does not learn is the one step 0 evaluated: its figures are those, not measured again
         if self.learns and t.eval_every and step % t.eval_every == 0 and not last and not stopped:
-            self._evaluate(step)
+            evaluate(self, step)
         if last and self.learns:
-            self._evaluate(step)
+            evaluate(self, step)
         elif last and self.main:
             self.log("the solver was held at its warm start: its held-out figures are step 0's, not measured again")
         if stopped or last or step % t.checkpoint_every == 0:
-            self._save(step)
+            save(self, step)
 
     # ---- one iteration ------------------------------------------------------------------------------------
     def iteration(self) -> dict:
@@ -421,227 +391,32 @@ class SelfPlay:
 
     # ---- start, resume, checkpoints -----------------------------------------------------------------------
     def setup(self) -> None:
-        """Resume from the run folder's latest checkpoint; without one, rank 0 warm-starts first."""
-        latest = self.ckpt.latest_checkpoint()
-        if latest is None:
-            if self.main:
-                self.ckpt.clean_partial()
-                self._warm_start()
-            wait_for_checkpoint(self.ckpt, self.main)
-            latest = self.ckpt.latest_checkpoint()
-        self._load(latest)
-        if self.main:  # no corpus row may be held out (selfplay.data.corpus.check_heldout: stops with the ids)
-            check_heldout(self.run_dir, self.corpus.iter_tasks(), self.cfg.tasks, "the corpus at the start of the run")
-
-    def _warm_start(self) -> None:
-        """Rank 0: reserve the held-out tasks (and fixed mode's pool), warm-start both agents, evaluate them and
-        write checkpoint step_0."""
-        t0 = time.perf_counter()
-        counts = level_counts(self.cfg.warmstart, self.cfg.tasks.max_level)
-        self.log(f"no checkpoint in {self.run_dir}: warm start ({sum(counts.values())} tasks)")
-        reserve_heldout(self.cfg, self.sb, self.corpus, self.run_dir, self.log)  # first: training never sees them
-        solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
-            self.cfg, self.run_dir, self.sb, self.corpus, log=self.log, progress=progress,
-            on_scalar=lambda tag, value, i: self.tb.scalars({f"warmstart/{tag}": value}, i))
-        self.solver, self.generator = solver, generator
-        self.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
-        self.warm_report = report
-        heldout = self._evaluate(0)
-        self.tb.hparams(flatten(to_dict(self.cfg)))
-        self.warmstart_s = time.perf_counter() - t0
-        self._save(0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
+        """Resume from the run folder's latest checkpoint, or warm-start first (checkpointing.start)."""
+        start(self)
 
     def _load_agent(self, folder: Path, name: str) -> LMAgent:
         """The agent `name` of checkpoint `folder`, as this run trains it (setup.load_agent)."""
         return load_agent(self.cfg, self.info, folder, name)
 
     def _load(self, folder: Path) -> None:
-        """Both agents and the loop's state from checkpoint `folder`."""
-        state = self.ckpt.load_state(folder)
-        self.solver, self.generator = (self._load_agent(folder, name) for name in ("solver", "generator"))
-        self.step = int(state["step"])
-        if "mixer" in state:
-            self.mixer.load_state_dict(state["mixer"])
-        self.source.load_state_dict(state.get("source", {}))
-        if self.replay.buffer is not None and "replay" in state:
-            self.replay.buffer.load_state_dict(state["replay"])
-        if "rng" in state:
-            rngs = state["rng"]
-            set_rng_state(rngs[str(self.rank)] if str(self.rank) in rngs else rngs["0"])
-            self.rng.setstate(_tuple_state(state["loop_rng"]))
-        self.history = state.get("history", [])
-        self.compute = {key: int(state.get("compute", {}).get(key, 0)) for key in COMPUTE}  # 0: saved before counted
-        self.evals = state.get("evals", {})
-        self.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
-        self.warmstart_s = state.get("warmstart_s")
-        self.code = code_versions(state.get("code"))
-        if self.step > 0 or "eval_before" in state:
-            self.evals.setdefault("0", state.get("eval_before", {}))
-        ahead = len(self.corpus) - int(state.get("corpus_size", len(self.corpus)))
-        if ahead > 0:
-            self.log(f"the corpus holds {ahead} more tasks than when step {self.step} was saved (written by "
-                     f"iterations lost when the run was killed); they stay, so this resume is not exact")
-        self.log(f"loaded {folder} (step {self.step}; {len(self.corpus)} tasks in the corpus)")
-
-    def _save(self, step: int, extra: dict | None = None, collective: bool = True) -> None:
-        """Checkpoint `step`. collective=False: rank 0 alone (the warm start, while other ranks wait)."""
-        sync = D.barrier if collective else (lambda: None)
-        if self.main:
-            self.ckpt.begin(step)
-        sync()
-        partial = self.ckpt.root / f"step_{step}.partial"
-        for agent in (self.solver, self.generator):
-            agent.save(partial / agent.name, write_hf=self.main)
-        rngs = D.gather_objects(rng_state()) if collective else [rng_state()]
-        checksums = weights_in_sync((self.solver, self.generator), step) if collective and self.world > 1 else {}
-        sync()
-        if self.main:
-            self._flush_corpus()
-            state = {"param_checksums": checksums, **self._state(rngs), **(extra or {})}
-            self.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))
-            self.log(f"checkpoint step_{step} ({len(self.corpus)} tasks in the corpus)")
-        sync()
-
-    def _state(self, rngs: list) -> dict:
-        """The loop's part of a checkpoint's state.json (every rank's RNG states in `rngs`)."""
-        return {
-            "mixer": self.mixer.state_dict(),
-            "source": self.source.state_dict(),
-            **({"replay": self.replay.buffer.state_dict()} if self.replay.buffer is not None else {}),
-            "rng": {str(r): s for r, s in enumerate(rngs)},
-            "loop_rng": self.rng.getstate(),
-            "history": self.history,
-            "compute": self.compute,
-            "evals": self.evals,
-            "elapsed_s": time.perf_counter() - self.t_start,
-            "warmstart_s": self.warmstart_s,
-            "corpus_size": len(self.corpus),
-            "world_size": self.world,
-            "config": to_dict(self.cfg),
-            "code": self.code,
-        }
+        """Both agents and the loop's state from checkpoint `folder` (checkpointing.restore)."""
+        restore(self, folder)
 
     def _flush_corpus(self) -> None:
-        """The queued tasks and measured difficulties into the corpus (each new row checked against the held-out
-        programs)."""
-        if self.pending_tasks:
-            inserted = self.corpus.insert_many(self.pending_tasks)
-            check_heldout(self.run_dir, [t for t, r in zip(self.pending_tasks, inserted) if r.inserted], self.cfg.tasks,
-                          f"the corpus rows of step {self.step}")
-        for task_id, rate, n, step in self.pending_difficulty:
-            try:
-                self.corpus.update_difficulty(task_id, rate, n_samples=n, step=step)
-            except CorpusError:  # a task the corpus refused as a duplicate of another: nothing to measure
-                pass
+        """The queued tasks and measured difficulties into the corpus (checkpointing.flush_corpus)."""
+        flush_corpus(self.corpus, self.run_dir, self.cfg.tasks, self.step, self.pending_tasks, self.pending_difficulty)
         self.pending_tasks, self.pending_difficulty = [], []
 
-    # ---- evaluation and summary ---------------------------------------------------------------------------
-    def _evaluate(self, step: int) -> dict:
-        """Held-out evaluation by rank 0; under ZeRO-3 every rank takes part (each generation step gathers the
-        partitioned weights from all ranks) and rank 0 keeps the results."""
-        everyone = self.world > 1 and self.solver.zero3
-        if not (self.main or everyone):
-            return {}
-        t0 = time.perf_counter()
-        tasks = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus) if self.main else None
-        if everyone:
-            tasks = D.broadcast_object(tasks)
-        with preserved_rng():  # a run's last evaluation must not shift the draws of a run that continues it
-            results = evaluate_heldout(self.solver, tasks, self.sb, samples=self.cfg.eval.samples,
-                                       max_turns=self.cfg.train.max_turns, reward_cfg=self.cfg.reward,
-                                       temperature=self.cfg.eval.temperature,
-                                       max_prompt_tokens=self.cfg.warmstart.max_len,
-                                       prompt_kw=prompt_options(self.cfg), seed=self.cfg.run.seed)
-        if not self.main:
-            return {}
-        self.tb.scalars(heldout_scalars(results), step)
-        self.evals[str(step)] = results
-        line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s not in BREAKDOWNS)
-        self.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")
-        return results
-
-    def _evaluate_missed(self) -> None:
-        """The periodic evaluation of the step the run resumes at, when a stop came before it (run): measured now,
-        before the run goes on, and saved with the next checkpoint. Rank 0 decides (it holds the evaluations)."""
-        t = self.cfg.train
-        due = (self.learns and 0 < self.step < t.steps and t.eval_every and self.step % t.eval_every == 0
-               and str(self.step) not in self.evals)
-        if D.broadcast_object(bool(due) if self.main else None):
-            self.log(f"step {self.step}: its evaluation was left for the resume by a stop; running it now")
-            self._evaluate(self.step)
-
+    # ---- summary --------------------------------------------------------------------------------------------
     def summary(self) -> dict:
-        """The run so far: held-out results before and after (with their paired change), the corpus by source,
-        what it spent, and the first and last iterations' means."""
-        steps = sorted(self.evals, key=int)
-        before = self.evals.get(steps[0], {}) if steps else {}
-        after = self.evals.get(steps[-1], {}) if steps else {}
-        validity = [h["validity"] for h in self.history if h.get("validity") is not None]
-        seconds = time.perf_counter() - self.t_start
-        return {
-            "run_dir": str(self.run_dir), "mode": self.cfg.train.mode, "steps": self.step,
-            "seconds": seconds, "warmstart_seconds": self.warmstart_s,
-            "selfplay_seconds": seconds - (self.warmstart_s or 0.0),
-            "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s not in BREAKDOWNS},
-            "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
-            "heldout_change": heldout_changes(before, after) if len(steps) > 1 else {},
-            "corpus_by_source": self.corpus.counts("source"),
-            "compute": dict(self.compute),
-            "validity_rate": statistics.mean(validity) if validity else None,
-            **window_means(self.history),
-        }
+        """The run so far (history.run_summary)."""
+        return run_summary(self.run_dir, self.cfg.train.mode, self.step, time.perf_counter() - self.t_start,
+                           self.warmstart_s, self.evals, self.history, self.corpus.counts("source"), self.compute)
 
     def close(self) -> None:
         self.tb.close()
         self.sb.close()
         self.corpus.close()
-
-
-def say(msg: str) -> None:
-    """A log line on stdout that does not glue onto a progress bar (tqdm clears and redraws the bars around it)."""
-    tqdm.write(msg, file=sys.stdout)
-    sys.stdout.flush()
-
-
-def run_estimate(iteration_s: float, left: int, eval_every: int) -> str:
-    """One line after the first iteration: how long the iterations left will take at its pace."""
-    evals = f", plus {left // eval_every} periodic evaluations" if eval_every and left >= eval_every else ""
-    return (f"the first iteration took {iteration_s:.0f} s: the {left} left take about {iteration_s * left / 60:.0f} "
-            f"min at that pace{evals}, plus the closing evaluation")
-
-
-def verdict(change: dict) -> str:
-    """The paired change of a held-out figure in words: its 95 % interval above 0, below 0, or across it."""
-    low, high = change["ci95"]
-    if low > 0:
-        return "the solver improved"
-    if high < 0:
-        return "the solver got worse"
-    return "no measurable change (the interval holds 0)"
-
-
-def print_summary(s: dict) -> None:
-    """The closing summary (`SelfPlay.summary`) as a few lines on stdout."""
-    ws = s["warmstart_seconds"]
-    took = (f"warm start {ws / 60:.1f} min, " if ws is not None else "") + f"{s['steps']} iterations"
-    lines = [f"run {s['run_dir']} ({s['mode']}): {took} (self-play {s['selfplay_seconds'] / 60:.1f} min)"]
-    for split in s["heldout_after"]:
-        b, a = s["heldout_before"].get(split), s["heldout_after"][split]
-        change = s["heldout_change"].get(split)
-        paired = (f" ({change['tasks']} tasks; change {change['delta']:+.3f}, 95 % CI "
-                  f"[{change['ci95'][0]:+.3f}, {change['ci95'][1]:+.3f}])" if change else "")
-        lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}"
-                     + (f": {verdict(change)}" if change else ""))
-    lines.append(f"  corpus by source: {s['corpus_by_source']}")
-    if s["validity_rate"] is not None:
-        lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")
-    first, last = s["first_iterations"], s["last_iterations"]
-    shown = [k for k in HISTORY if first.get(k) is not None or last.get(k) is not None]
-    if shown:
-        heads = f"first {first['n']}", f"last {last['n']}"
-        lines.append(f"  {'per iteration (mean)':<26} {heads[0]:>9} {heads[1]:>9}")
-        lines += [f"  {HISTORY[k]:<26} {_fmt(first.get(k)):>9} {_fmt(last.get(k)):>9}" for k in shown]
-    print("\n".join(lines), flush=True)
 
 
 def log_samples(tb: TBLogger, step: int, proposals: list[ProposalRollout], rollouts: list[SolverRollout]) -> None:
@@ -654,18 +429,6 @@ def log_samples(tb: TBLogger, step: int, proposals: list[ProposalRollout], rollo
         tb.text("samples/solver", f"{head}\n\n{r.task.description}\n\n```python\n{r.result.code}\n```", step)
 
 
-def weights_in_sync(agents, step: int) -> dict:
-    """Every rank must hold the same weights after an update (replicated under DDP and ZeRO-1/2, gathered from
-    the partitions under ZeRO-3). Returns this rank's checksums; raises if ranks differ."""
-    mine = {a.name: a.checksum() for a in agents}
-    everyone = D.gather_objects(mine)
-    for name in mine:
-        if len({c[name] for c in everyone}) != 1:
-            raise RuntimeError(f"{name} weights differ across ranks at step {step}: "
-                               f"{[c[name][:12] for c in everyone]}")
-    return mine
-
-
 def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates: dict, n_samples: int,
                    step: int) -> tuple[list[Task], list[tuple[str, float, int, int]]]:
     """What an iteration adds to the corpus: this iteration's valid proposals and the batch's new procedural tasks
@@ -674,54 +437,6 @@ def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates
     tasks = list(proposals) + [x for x in batch if x.id in new_ids and x.id in rates]
     measured = {x.id: rates[x.id] for x in [*proposals, *batch] if x.id in rates}  # each once, first seen first
     return tasks, [(task_id, rate, n_samples, step) for task_id, rate in measured.items()]
-
-
-def history_entry(step: int, metrics: dict) -> dict:
-    """One iteration's figures for the run's history: None where the iteration had none (or NaN)."""
-    entry = {"step": step}
-    for key, tag in HISTORY.items():
-        value = metrics.get(tag)
-        entry[key] = None if value is None or not np.isfinite(value) else float(value)
-    return entry
-
-
-def heldout_changes(before: dict, after: dict) -> dict:
-    """Per held-out split, the paired change of greedy pass@1 between two evaluations with its task count and a
-    bootstrap 95 % interval over the tasks (stats.paired_delta); splits without per-task outcomes are left out."""
-    b, a = before.get("per_task", {}), after.get("per_task", {})
-    return {split: paired_delta(b[split], a[split], "pass@1_greedy")
-            for split in sorted(set(b) & set(a)) if set(b[split]) & set(a[split])}
-
-
-def window_means(history: list[dict], n: int = SUMMARY_WINDOW) -> dict:
-    """Means of each history figure over the first and the last n iterations (they overlap in a run shorter than
-    2n), for the closing summary; None where no iteration of the window had the figure."""
-    out = {}
-    for name, part in (("first_iterations", history[:n]), ("last_iterations", history[-n:])):
-        means = {"n": len(part)}
-        for key in HISTORY:
-            values = [h[key] for h in part if h.get(key) is not None]
-            means[key] = statistics.fmean(values) if values else None
-        out[name] = means
-    return out
-
-
-def _fmt(x) -> str:
-    return "  n/a" if x is None else f"{x:.3f}"
-
-
-def _jsonable(obj):
-    if isinstance(obj, (np.integer, np.floating)):
-        return obj.item()
-    if isinstance(obj, torch.Tensor):
-        return obj.tolist()
-    if isinstance(obj, tuple):
-        return list(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def _tuple_state(state):
-    return (state[0], tuple(state[1]), state[2])
 
 
 def train(cfg, log=None) -> dict:

@@ -633,7 +633,7 @@ def test_arms_that_differ_in_a_setting_they_must_share_are_refused(tmp_path):
 
 def test_the_report_shows_what_each_arm_spent():
     from selfplay.eval.compare import compute_table
-    from selfplay.train.loop import COMPUTE
+    from selfplay.train.history import COMPUTE
 
     runs = _records([0, 1], 5)
     for i, run in enumerate(runs["selfplay"].values()):
@@ -675,7 +675,7 @@ def test_compare_runs_the_frozen_and_random_arms_and_reports_what_each_spent(war
         assert results["runs"][arm]["0"]["history"][0]["validity"] is not None  # every arm's proposals checked
     assert spent["selfplay"]["generator_tokens"] > 0 and spent["selfplay_frozen"]["generator_tokens"] > 0
     assert spent["selfplay_random"]["generator_tokens"] == 0
-    from selfplay.train.loop import COMPUTE
+    from selfplay.train.history import COMPUTE
 
     report = (out / "results.md").read_text()
     assert "Spent per run in all (medians over seeds):" in report

@@ -19,7 +19,7 @@ from generator.validity import MemoryIndex
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.tb import read_scalars
-from selfplay.train.loop import COMPUTE
+from selfplay.train.history import COMPUTE
 from selfplay.train.proposals import random_edit_rollouts
 
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from selfplay.train.loop import HISTORY, SUMMARY_WINDOW, heldout_changes, history_entry, window_means
+from selfplay.train.history import HISTORY, SUMMARY_WINDOW, heldout_changes, history_entry, window_means
 from selfplay.runtime.tb import read_scalars
 
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
@@ -89,7 +89,7 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
 
 
 def test_the_summary_says_in_words_what_the_interval_shows():
-    from selfplay.train.loop import run_estimate, verdict
+    from selfplay.train.history import run_estimate, verdict
 
     assert verdict({"ci95": [0.01, 0.2]}) == "the solver improved"
     assert verdict({"ci95": [-0.2, -0.01]}) == "the solver got worse"

@@ -1,0 +1,177 @@
+"""Where a run starts from and what it leaves behind: `start` resumes from the run folder's latest checkpoint or,
+in a folder without one, warm-starts both agents and writes step_0 (`first_checkpoint`); `save` writes
+`checkpoints/step_N/` (both agents, every rank's RNG states and the loop's state, `loop_state`), `restore` puts a run
+back where a checkpoint left it, and `flush_corpus` writes the tasks and difficulties an iteration queued (before
+every checkpoint too, so that the corpus a checkpoint names holds them). `run` is the `SelfPlay` whose state they
+write or restore (selfplay/train/loop.py); the layout of a checkpoint is in docs/architecture.md."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from generator.schema import Task
+from selfplay.data.corpus import Corpus, CorpusError, check_heldout
+from selfplay.runtime import distributed as D
+from selfplay.runtime.checkpoint import code_versions, rng_state, set_rng_state
+from selfplay.runtime.config import to_dict
+from selfplay.train.evaluation import evaluate
+from selfplay.train.history import COMPUTE
+from selfplay.train.setup import load_agent, progress, reserve_heldout, wait_for_checkpoint
+from selfplay.train.warmstart import level_counts, warm_start
+
+
+def start(run) -> None:
+    """Resume from the run folder's latest checkpoint; without one, rank 0 warm-starts first."""
+    latest = run.ckpt.latest_checkpoint()
+    if latest is None:
+        if run.main:
+            run.ckpt.clean_partial()
+            first_checkpoint(run)
+        wait_for_checkpoint(run.ckpt, run.main)
+        latest = run.ckpt.latest_checkpoint()
+    restore(run, latest)
+    if run.main:  # no corpus row may be held out (selfplay.data.corpus.check_heldout: stops with the ids)
+        check_heldout(run.run_dir, run.corpus.iter_tasks(), run.cfg.tasks, "the corpus at the start of the run")
+
+
+def first_checkpoint(run) -> None:
+    """Rank 0: reserve the held-out tasks (and fixed mode's pool), warm-start both agents, evaluate them and
+    write checkpoint step_0."""
+    cfg, t0 = run.cfg, time.perf_counter()
+    counts = level_counts(cfg.warmstart, cfg.tasks.max_level)
+    run.log(f"no checkpoint in {run.run_dir}: warm start ({sum(counts.values())} tasks)")
+    reserve_heldout(cfg, run.sb, run.corpus, run.run_dir, run.log)  # first: training never sees them
+    solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
+        cfg, run.run_dir, run.sb, run.corpus, log=run.log, progress=progress,
+        on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i))
+    run.solver, run.generator = solver, generator
+    run.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
+    run.warm_report = report
+    heldout = evaluate(run, 0)
+    run.tb.hparams(flatten(to_dict(cfg)))
+    run.warmstart_s = time.perf_counter() - t0
+    save(run, 0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
+
+
+def save(run, step: int, extra: dict | None = None, collective: bool = True) -> None:
+    """Checkpoint `step`. collective=False: rank 0 alone (the warm start, while other ranks wait)."""
+    sync = D.barrier if collective else (lambda: None)
+    if run.main:
+        run.ckpt.begin(step)
+    sync()
+    partial = run.ckpt.root / f"step_{step}.partial"
+    for agent in (run.solver, run.generator):
+        agent.save(partial / agent.name, write_hf=run.main)
+    rngs = D.gather_objects(rng_state()) if collective else [rng_state()]
+    checksums = weights_in_sync((run.solver, run.generator), step) if collective and run.world > 1 else {}
+    sync()
+    if run.main:
+        run._flush_corpus()
+        state = {"param_checksums": checksums, **loop_state(run, rngs), **(extra or {})}
+        run.ckpt.commit(step, json.loads(json.dumps(state, default=_jsonable)))
+        run.log(f"checkpoint step_{step} ({len(run.corpus)} tasks in the corpus)")
+    sync()
+
+
+def loop_state(run, rngs: list) -> dict:
+    """The loop's part of a checkpoint's state.json (every rank's RNG states in `rngs`)."""
+    return {
+        "mixer": run.mixer.state_dict(),
+        "source": run.source.state_dict(),
+        **({"replay": run.replay.buffer.state_dict()} if run.replay.buffer is not None else {}),
+        "rng": {str(r): s for r, s in enumerate(rngs)},
+        "loop_rng": run.rng.getstate(),
+        "history": run.history,
+        "compute": run.compute,
+        "evals": run.evals,
+        "elapsed_s": time.perf_counter() - run.t_start,
+        "warmstart_s": run.warmstart_s,
+        "corpus_size": len(run.corpus),
+        "world_size": run.world,
+        "config": to_dict(run.cfg),
+        "code": run.code,
+    }
+
+
+def restore(run, folder: Path) -> None:
+    """Both agents and the loop's state from checkpoint `folder`."""
+    state = run.ckpt.load_state(folder)
+    run.solver, run.generator = (load_agent(run.cfg, run.info, folder, name) for name in ("solver", "generator"))
+    run.step = int(state["step"])
+    if "mixer" in state:
+        run.mixer.load_state_dict(state["mixer"])
+    run.source.load_state_dict(state.get("source", {}))
+    if run.replay.buffer is not None and "replay" in state:
+        run.replay.buffer.load_state_dict(state["replay"])
+    if "rng" in state:
+        rngs = state["rng"]
+        set_rng_state(rngs[str(run.rank)] if str(run.rank) in rngs else rngs["0"])
+        run.rng.setstate(_tuple_state(state["loop_rng"]))
+    run.history = state.get("history", [])
+    run.compute = {key: int(state.get("compute", {}).get(key, 0)) for key in COMPUTE}  # 0: saved before counted
+    run.evals = state.get("evals", {})
+    run.t_start = time.perf_counter() - float(state.get("elapsed_s", 0.0))
+    run.warmstart_s = state.get("warmstart_s")
+    run.code = code_versions(state.get("code"))
+    if run.step > 0 or "eval_before" in state:
+        run.evals.setdefault("0", state.get("eval_before", {}))
+    ahead = len(run.corpus) - int(state.get("corpus_size", len(run.corpus)))
+    if ahead > 0:
+        run.log(f"the corpus holds {ahead} more tasks than when step {run.step} was saved (written by "
+                f"iterations lost when the run was killed); they stay, so this resume is not exact")
+    run.log(f"loaded {folder} (step {run.step}; {len(run.corpus)} tasks in the corpus)")
+
+
+def flush_corpus(corpus: Corpus, run_dir: Path, tasks_cfg, step: int, tasks: list[Task],
+                 difficulty: list[tuple[str, float, int, int]]) -> None:
+    """Queued tasks and measured difficulties into the corpus (each new row checked against the held-out
+    programs)."""
+    if tasks:
+        inserted = corpus.insert_many(tasks)
+        check_heldout(run_dir, [t for t, r in zip(tasks, inserted) if r.inserted], tasks_cfg,
+                      f"the corpus rows of step {step}")
+    for task_id, rate, n, measured_at in difficulty:
+        try:
+            corpus.update_difficulty(task_id, rate, n_samples=n, step=measured_at)
+        except CorpusError:  # a task the corpus refused as a duplicate of another: nothing to measure
+            pass
+
+
+def weights_in_sync(agents, step: int) -> dict:
+    """Every rank must hold the same weights after an update (replicated under DDP and ZeRO-1/2, gathered from
+    the partitions under ZeRO-3). Returns this rank's checksums; raises if ranks differ."""
+    mine = {a.name: a.checksum() for a in agents}
+    everyone = D.gather_objects(mine)
+    for name in mine:
+        if len({c[name] for c in everyone}) != 1:
+            raise RuntimeError(f"{name} weights differ across ranks at step {step}: "
+                               f"{[c[name][:12] for c in everyone]}")
+    return mine
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """A nested config as one level of dotted keys (TensorBoard's hparams)."""
+    out: dict = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        out.update(flatten(v, key + ".") if isinstance(v, dict) else {key: v})
+    return out
+
+
+def _jsonable(obj):
+    if isinstance(obj, (np.integer, np.floating)):
+        return obj.item()
+    if isinstance(obj, torch.Tensor):
+        return obj.tolist()
+    if isinstance(obj, tuple):
+        return list(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def _tuple_state(state):
+    return (state[0], tuple(state[1]), state[2])
