@@ -11,7 +11,7 @@ import time
 import weakref
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, overload
 
 from sandbox.errors import SandboxConfigError
 from sandbox.limits import Limits, check_timeout
@@ -281,7 +281,7 @@ class Sandbox:
             self.counters["cache_hits"] += n_hits
             self.counters["exec_s"] += seconds
 
-    def _cached_execute(self, kind: str, jobs: list[tuple[str, dict | None, dict, dict]], use_cache: list[bool]):
+    def _cached_execute(self, kind: str, jobs: Sequence[tuple[str, dict | None, dict, dict]], use_cache: list[bool]):
         """jobs: (source, payload, limits, request); use_cache: per job. Returns raw responses, "cached" set."""
         out: list[dict | None] = [None] * len(jobs)
         keys: list[str | None] = [None] * len(jobs)
@@ -447,6 +447,12 @@ class Sandbox:
     def health(self) -> list[dict]:
         """Per worker: alive, restarts, leftovers of the last program (work dirs, child processes), info."""
         return self._pool.health()
+
+    @overload
+    def missing_isolation(self, why: Literal[False] = False) -> list[str]: ...
+
+    @overload
+    def missing_isolation(self, why: Literal[True]) -> dict[str, str]: ...
 
     def missing_isolation(self, why: bool = False) -> list[str] | dict[str, str]:
         """What isolation this sandbox lacks (empty: none; docs/sandbox.md, "What isolation holds where"):

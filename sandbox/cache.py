@@ -150,11 +150,15 @@ class ResultCache:
 
     # -- storage -----------------------------------------------------------------------------------------------
     def _db(self) -> sqlite3.Connection:
+        """The disk level's connection, one per process (called only where the cache has a path)."""
+        path = self.path
+        if path is None:
+            raise CacheError("this result cache has no disk level (no path)")
         if self._conn is None or self._conn_pid != os.getpid():  # a forked child must not reuse the parent's handle
             try:
-                if self.path != ":memory:":
-                    owner_file(self.path, sqlite=True)  # expected outputs: never readable by a sandboxed program
-                conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None, check_same_thread=False)
+                if path != ":memory:":
+                    owner_file(path, sqlite=True)  # expected outputs: never readable by a sandboxed program
+                conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
                 conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL,"

@@ -51,6 +51,7 @@ import time
 import uuid
 import weakref
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, cast
 
 from sandbox.errors import SandboxConfigError, SandboxUnavailable
 from sandbox.forkserver import pid_alive
@@ -86,7 +87,7 @@ class DockerLauncher:
         self.uid = UID_BASE + index
         self.meta = {"backend": "docker", "network_isolated": True}
         self.client = connect()
-        self.container = None
+        self.container: Any = None  # the docker SDK's Container (the SDK has no type annotations)
         self.dir: str | None = None
         self.programs = 0  # programs served by the current container (recycling)
         self._ready: tuple | None = None  # (container, dir, socket path) started ahead by prestart()
@@ -237,12 +238,13 @@ class DockerPool(Pool):
         return workers
 
     def _stamp(self, w: Worker, resp: dict) -> dict:
-        resp["meta"] = {**resp.get("meta", {}), **w.launcher.meta}  # container facts override the server's
-        w.launcher.programs += 1
-        if self.max_programs and w.launcher.programs >= self.max_programs:
+        launcher = cast(DockerLauncher, w.launcher)  # this pool made every worker from a DockerLauncher
+        resp["meta"] = {**resp.get("meta", {}), **launcher.meta}  # container facts override the server's
+        launcher.programs += 1
+        if self.max_programs and launcher.programs >= self.max_programs:
             self._recycle(w, "max_programs")
-        elif self.max_programs and w.launcher.programs >= self.max_programs // 2:
-            w.launcher.prestart_in_background()  # the replacement warms up during the second half
+        elif self.max_programs and launcher.programs >= self.max_programs // 2:
+            launcher.prestart_in_background()  # the replacement warms up during the second half
         elif resp.get("status") not in ("ok", "error") and not _ping(w):
             self._recycle(w, "failed_ping")
         return resp

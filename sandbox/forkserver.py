@@ -151,6 +151,10 @@ import termios
 import time
 import traceback
 
+TYPE_CHECKING = False  # true to a type checker only: the server imports no module it does not run (not typing)
+if TYPE_CHECKING:
+    from typing import Any
+
 PROTOCOL = 1
 MAX_FRAME = 256 * 1024 * 1024           # largest request/response frame accepted (bytes)
 EXIT_ERROR = 1                          # harness exit code: the program raised (an exit code means nothing else:
@@ -498,8 +502,8 @@ def _blocking_ancestor(path: str) -> str | None:
 
 def python_paths() -> list[str]:
     """Directories a child needs to read to import modules (the installation, sys.path)."""
-    paths = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, *sys.path) if p}
-    paths = sorted(p for p in paths if os.path.isdir(p))
+    found = {os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix, *sys.path) if p}
+    paths = sorted(p for p in found if os.path.isdir(p))
     return [p for p in paths if not any(p.startswith(q + os.sep) for q in paths if q != p)]
 
 
@@ -790,7 +794,7 @@ def cgroup_parents() -> tuple[str, dict[str, str]] | None:
     """Where a worker's cgroups go: ("v1", {"memory": dir, "pids": dir}) or ("v2", {"": dir}), each dir the
     calling process's own cgroup (so a worker stays under whatever limits its parent has), or None."""
     mounts, own = _cgroup_mounts(), _own_cgroups()
-    v1 = {}
+    v1: dict[str, str] = {}
     for ctrl in ("memory", "pids"):
         for mount, mroot, fstype, opts in mounts:
             if fstype == "cgroup" and ctrl in opts and ctrl in own:
@@ -1089,11 +1093,13 @@ def seccomp_filter():
 
 def install_stdio() -> None:
     """Standard streams on descriptors 0-2 that children reuse (they dup their pipes onto 0-2)."""
-    sys.stdin = sys.__stdin__ = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8")
-    sys.stdout = sys.__stdout__ = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8",
-                                                   errors="backslashreplace")
-    sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8",
-                                                   errors="backslashreplace", line_buffering=True)
+    # sys.__stdin__ and the others are Final to a type checker: this server replaces them on purpose
+    sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(0, "r", closefd=False), encoding="utf-8")
+    sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+    sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
 
 
 # ---------------------------------------------------------------------------------------- the child
@@ -1324,7 +1330,7 @@ def child_tests(req: dict, start: int) -> None:
     sys.modules["solution"] = module
     try:
         exec(compile(req["source"], "<solution>", "exec"), module.__dict__)
-        fn = module
+        fn: Any = module  # then the attribute the entry point names
         for part in req["entry_point"].split("."):
             fn = getattr_(fn, part)
         if not callable_(fn):
@@ -1391,7 +1397,7 @@ def child_tests(req: dict, start: int) -> None:
 # call goes to the candidate process and comes back as a value.
 # Values cross in VALUE tags so tuples, sets and dict keys survive; the checker builds only plain builtin values
 # from them, so a program's answers are data there, never objects with behaviour of their own.
-VALUE_TAGS = {"l": list, "t": tuple, "s": set, "f": frozenset}
+VALUE_TAGS: dict[str, Any] = {"l": list, "t": tuple, "s": set, "f": frozenset}
 
 
 class Unencodable(TypeError):
@@ -1565,7 +1571,7 @@ def child_check(req: dict) -> None:
         first = answer()
         if first.get("t") != "loaded" or not isinstance(first.get("names"), list):
             raise CandidateGone(f"the module did not load: {str(first.get('error'))[:300]}")
-        namespace = {"__name__": "check", "__builtins__": builtins}
+        namespace: dict[str, Any] = {"__name__": "check", "__builtins__": builtins}
         entry, prompt, builtin_names = req["entry_point"], req.get("prompt"), frozenset(vars(builtins))
         if isinstance(prompt, str):  # the problem's own helpers run here: only the entry point is the module's
             exec(compile(prompt, "<prompt>", "exec"), namespace)
@@ -1603,7 +1609,8 @@ class _Child:
         self.pid, self.workdir = pid, workdir
         self.out_r, self.err_r, self.res_r, self.job_w = out_r, err_r, res_r, job_w
         self.job_sent, self.job_failed = 0.0, False
-        self.pidfd, self.pipes_closed, self.job_closed = None, False, False
+        self.pidfd: int | None = None
+        self.pipes_closed, self.job_closed = False, False
 
 
 def _kill_and_reap(pid: int) -> None:
@@ -1677,7 +1684,8 @@ class Server:
             nproc = _count_user_processes(os.geteuid()) + args.nproc
         # not root: works only where the server's own cgroup (v2) is delegated to its user (create says None)
         self.cgroup = WorkerCgroup.create(args.nproc) if not args.no_cgroup else None
-        self.container_oom = ContainerOom.open() if args.container_oom else None
+        # the container's OOM count, or the tree's own memory reading polled as that is (below)
+        self.container_oom: ContainerOom | TreeMemory | None = ContainerOom.open() if args.container_oom else None
         self.tree_memory = None  # no cgroup (not root): the server reads the tree's memory itself (TreeMemory)
         if self.cgroup is None and not args.container_oom and not args.no_cgroup:
             self.tree_memory = self.container_oom = TreeMemory(os.getpid(), self.init_pid)  # polled as that is
@@ -1829,7 +1837,7 @@ class Server:
     def _empty_dir(base: str, keep: set, deadline: float | None) -> list[str]:
         """Remove every entry of `base` but those in `keep` (never listing it whole: a program may have made
         millions); returns what is left (`base` itself when it could not be read, or the deadline passed)."""
-        left = []
+        left: list[str] = []
         try:
             with os.scandir(base) as entries:
                 for entry in entries:
@@ -1942,9 +1950,10 @@ class Server:
         names = {out_r: "stdout", err_r: "stderr", pidfd: "exit", res_r: "result"}
         for fd in names:
             poller.register(fd, select.POLLIN)
-        oom_fd = self.cgroup.notify_fd if self.cgroup is not None else None
-        if oom_fd is not None:
-            poller.register(oom_fd, self.cgroup.notify_events)
+        cgroup = self.cgroup  # its OOM events are polled with the pipes (None: no cgroup, no events)
+        oom_fd = cgroup.notify_fd if cgroup is not None else None
+        if cgroup is not None and oom_fd is not None:
+            poller.register(oom_fd, cgroup.notify_events)
         oom_poll = self.container_oom  # no notification there: read its count every OOM_CHECK_S
         next_oom_check = time.monotonic() + OOM_CHECK_S
         now = time.monotonic()
@@ -1953,12 +1962,13 @@ class Server:
         deadline = load_deadline
         limit = int(req["output_limit"])
         res_buf = bytearray()
-        state = {"reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
-                 "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
-                 "result_bytes": 0,
-                 "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
-                 "t_mark": child.job_sent, "load_s": None, "after_memory_error": False,
-                 "check": req.get("op") == "check", "verdict": None}
+        state: dict[str, Any] = {
+            "reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
+            "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
+            "result_bytes": 0,
+            "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
+            "t_mark": child.job_sent, "load_s": None, "after_memory_error": False,
+            "check": req.get("op") == "check", "verdict": None}
         if state["check"]:
             state["nonce"] = b""
         n = len(req["inputs"]) if tests is not None else 0
@@ -1979,8 +1989,8 @@ class Server:
                             break
                     wait = min(wait, next_oom_check - now)
                 for fd, _ in poller.poll(max(1, int(wait * 1000) + 1)):
-                    if fd == oom_fd:
-                        if self.cgroup.oom_fired():  # the tree hit its memory limit: end it now
+                    if cgroup is not None and fd == oom_fd:
+                        if cgroup.oom_fired():  # the tree hit its memory limit: end it now
                             state["reason"] = "memory"
                             break
                         continue
@@ -2275,7 +2285,8 @@ class Server:
         n = len(req["inputs"])
         tests: list = [None] * n
         out = {"stdout": bytearray(), "stderr": bytearray()}
-        overall, extra, start, workdir = "ok", {"timing": "parent"}, 0, None
+        extra: dict[str, Any] = {"timing": "parent"}
+        overall, start, workdir = "ok", 0, None
         try:
             while start < n or start == 0:
                 child = self._start(req, raw, start, workdir)

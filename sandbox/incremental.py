@@ -271,7 +271,7 @@ def _import_time_parts(stmt: ast.stmt) -> tuple[list[ast.AST], list[ast.expr]]:
                   if not _is_constant(d)]
         notes += _annotations(stmt)
     elif isinstance(stmt, ast.ClassDef):
-        parts += [d for d in stmt.decorator_list if not _pure_decorator(d)] + stmt.bases + stmt.keywords
+        parts += [*(d for d in stmt.decorator_list if not _pure_decorator(d)), *stmt.bases, *stmt.keywords]
         for inner in stmt.body:
             if isinstance(inner, _DEFS):
                 p, n = _import_time_parts(inner)
@@ -494,7 +494,7 @@ def _shallow_constants(tree: ast.Module) -> dict[str, bool]:
             value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
             ok = name not in out and value is not None and isinstance(value, (ast.List, ast.Set, ast.Dict)) and \
                 all(_is_constant(e) for e in (value.elts if not isinstance(value, ast.Dict)
-                                              else value.keys + value.values))
+                                              else [*value.keys, *value.values]))
             out[name] = ok
     return out
 
@@ -578,9 +578,10 @@ def analyse(source: str) -> ModuleDigest | None:
         calls[name] -= refs[name]
     # plain functions: bound only by undecorated `def` statements (a call of one always runs its body)
     plain = {n for n in top_names
-             if all(isinstance(body[i], ast.FunctionDef) and not body[i].decorator_list
-                    for i in range(len(body)) if n in bound[i])}
-    light_binders = {n: tuple(_signature_hash(body[i], generator[i]) for i in range(len(body)) if n in bound[i])
+             if all(isinstance(s, ast.FunctionDef) and not s.decorator_list
+                    for i, s in enumerate(body) if n in bound[i])}
+    light_binders = {n: tuple(_signature_hash(s, generator[i]) for i, s in enumerate(body)
+                              if n in bound[i] and isinstance(s, ast.FunctionDef))  # all are, n being plain
                      for n in plain}
     digest = ModuleDigest(module_hash="", binders={}, light_binders=light_binders,
                           refs={k: frozenset(v) for k, v in refs.items()},
@@ -599,7 +600,7 @@ def analyse(source: str) -> ModuleDigest | None:
             unresolved = {n.id for a in notes for n in ast.walk(a) if isinstance(n, ast.Name)} - seen - _BUILTIN_NAMES
             if parts or unresolved:
                 ordered.append(i)
-                entry_parts[i] = parts + notes
+                entry_parts[i] = [*parts, *notes]
         seen |= bound[i]
     position = {i: k for k, i in enumerate(ordered)}
 
@@ -671,7 +672,7 @@ class IncrementalRunner:
         if context != self._context:
             self._memory = {}
         reused: dict[int, Any] = {}
-        if fallback is None:
+        if fallback is None and digest is not None:  # (no fallback: the digest was made)
             for i, key in enumerate(keys):
                 mem = self._memory.get(key)
                 if mem is None:
@@ -692,8 +693,9 @@ class IncrementalRunner:
         outcomes: list = [None] * len(inputs)
         for i, t in reused.items():
             outcomes[i] = t
-        for j, i in enumerate(todo):
-            outcomes[i] = fresh.tests[j]
+        if fresh is not None:  # the tests to do were run
+            for j, i in enumerate(todo):
+                outcomes[i] = fresh.tests[j]
         self._context = context
         self._remember(digest if fallback is None else None, entry_point, keys, todo, fresh)
         self.totals["rerun"] += len(todo)

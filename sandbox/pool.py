@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Protocol
+from typing import Any, Protocol, Sequence
 
 from sandbox import forkserver
 from sandbox.errors import SandboxError, SandboxUnavailable
@@ -83,7 +83,7 @@ class LocalLauncher:
         path = os.path.join(self.dir, "worker.sock")
         log = open(os.path.join(self.dir, "server.log"), "wb")
         args = [self.python, "-I", "-S", FORKSERVER_PATH, "--socket", path, "--work-dir", self.dir, *self.extra_args]
-        who = {}
+        who: dict[str, Any] = {}
         if self.run_as is not None:
             os.chown(self.dir, self.run_as, self.run_as)
             who = {"user": self.run_as, "group": self.run_as, "extra_groups": []}
@@ -155,17 +155,21 @@ class Worker:
         self.send(req)
         return self.receive(timeout)
 
-    def send(self, req: dict) -> None:
-        if self.sock is None:  # a restart failed earlier: the caller tries again
-            raise ConnectionError("sandbox worker is not running")
-        self.sock.settimeout(GRACE_S)
-        forkserver.send_frame(self.sock, req)
-
-    def receive(self, timeout: float) -> dict:
+    def connected(self) -> socket.socket:
+        """The socket to the server; ConnectionError when a restart failed earlier (the caller tries again)."""
         if self.sock is None:
             raise ConnectionError("sandbox worker is not running")
-        self.sock.settimeout(timeout)
-        return forkserver.recv_frame(self.sock, RESPONSE_DEPTH)
+        return self.sock
+
+    def send(self, req: dict) -> None:
+        sock = self.connected()
+        sock.settimeout(GRACE_S)
+        forkserver.send_frame(sock, req)
+
+    def receive(self, timeout: float) -> dict:
+        sock = self.connected()
+        sock.settimeout(timeout)
+        return forkserver.recv_frame(sock, RESPONSE_DEPTH)
 
     def close(self) -> None:
         if self.sock is not None:
@@ -196,7 +200,7 @@ def _failure(req: dict, status: str, message: str, meta: dict) -> dict:
 class Pool:
     """Workers behind one `execute(requests) -> responses` call, safe to use from several threads."""
 
-    def __init__(self, launchers: list[WorkerLauncher]):
+    def __init__(self, launchers: Sequence[WorkerLauncher]):
         self.workers = [Worker(launcher) for launcher in launchers]
         self.idle: queue.SimpleQueue[Worker] = queue.SimpleQueue()
         self._closed = False
@@ -293,8 +297,7 @@ class Pool:
         except SandboxUnavailable:
             w.close()  # _down tries again before its next request
 
-    @staticmethod
-    def _stamp(w: Worker, resp: dict) -> dict:
+    def _stamp(self, w: Worker, resp: dict) -> dict:
         resp["meta"] = {**w.launcher.meta, **resp.get("meta", {})}
         return resp
 
@@ -324,7 +327,7 @@ class Pool:
                         free.append(w)
                         continue
                     busy[w] = (i, time.monotonic() + budget_s(reqs[i]))
-                    sel.register(w.sock, selectors.EVENT_READ, w)
+                    sel.register(w.connected(), selectors.EVENT_READ, w)
                 if not busy:
                     continue
                 wait = max(0.0, min(d for _, d in busy.values()) - time.monotonic())
@@ -343,7 +346,7 @@ class Pool:
                 for w, (i, deadline) in list(busy.items()):
                     if now > deadline:
                         busy.pop(w)
-                        sel.unregister(w.sock)
+                        sel.unregister(w.connected())
                         results[i] = self._broken(w, reqs[i], TimeoutError("no answer"), hung=True)
                         free.append(w)
         finally:

@@ -148,23 +148,22 @@ class CodeEpisode:
             raise RuntimeError("episode already finished")
         action, code = parse_action(answer)
         self.actions.append(action)
-        last_turn = len(self.actions) >= self.max_turns
+        ends = len(self.actions) >= self.max_turns  # the last turn, or an action that submits (below)
         if action == "write":
             if code is None:
                 observation = "no code found in the answer"
             else:
                 self.module = merge_module(self.module, code)
                 observation = "module updated"
-            if self.max_turns == 1:
-                return self._submit()
         elif action == "run":
             observation = self._run_visible()
         elif action == "check":
             observation, _ = static_report(self.task, self.module)
         else:
-            return self._submit()
-        if last_turn:
-            return self._submit()
+            ends = True
+        if ends:
+            self._submit()
+            return None
         return feedback_text(observation)
 
     def _run_visible(self) -> str:

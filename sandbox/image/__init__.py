@@ -167,8 +167,10 @@ def debootstrap_rootfs(cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFA
 def _run_logged(cmd: list[str], log: Log, prefix: str) -> None:
     """Run `cmd`, logging the first line of each stage (debootstrap prints one line per package and stage)."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen, tail, count = set(), [], 0
-    for line in proc.stdout:
+    seen: set[str] = set()
+    tail: list[str] = []
+    count = 0
+    for line in proc.stdout or ():
         line = line.rstrip()
         count += 1
         tail = (tail + [line])[-5:]

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -142,7 +142,7 @@ def code_version() -> dict:
     import selfplay
 
     root = Path(selfplay.__file__).resolve().parent.parent
-    out = {"version": selfplay.__version__, "commit": None, "dirty": None}
+    out: dict[str, Any] = {"version": selfplay.__version__, "commit": None, "dirty": None}
 
     def git(*args: str) -> str | None:
         try:
@@ -172,7 +172,7 @@ def rng_state() -> dict:
     import torch
 
     py = random.getstate()
-    np_state = np.random.get_state()
+    np_state = cast(tuple, np.random.get_state())  # the legacy tuple (numpy's stub names the dict form)
     out = {
         "python": [py[0], list(py[1]), py[2]],
         "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],

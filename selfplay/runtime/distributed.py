@@ -153,7 +153,7 @@ class Heartbeat(threading.Thread):
         if self.is_alive() and self is not threading.current_thread():
             self.join(timeout_s)
 
-    def name(self, rank: int) -> str:
+    def who(self, rank: int) -> str:
         key = f"{self.prefix}who/{rank}"
         try:
             if not self.store_lost and self.store.check([key]):
@@ -180,7 +180,7 @@ class Heartbeat(threading.Thread):
                 return
             stale = [r for r in self.watched if time.monotonic() - self.seen[r][1] > self.timeout_s]
             if stale and not self.reporting:
-                self._end(f"{', '.join(map(self.name, stale))} gave no sign of life for {self.timeout_s:.0f} s "
+                self._end(f"{', '.join(map(self.who, stale))} gave no sign of life for {self.timeout_s:.0f} s "
                           f"(dead or frozen; distributed.timeout_min)")
                 return
 
@@ -195,8 +195,9 @@ class Heartbeat(threading.Thread):
     def _end(self, message: str) -> None:
         self.message = f"rank {self.rank} on {os.uname().nodename} ends: {message}"
         print(f"[selfplay] {self.message}", file=sys.stderr, flush=True)
-        if self.can_interrupt:
-            signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR2)
+        main = threading.main_thread().ident  # set: the main thread runs
+        if self.can_interrupt and main is not None:
+            signal.pthread_kill(main, signal.SIGUSR2)
         time.sleep(self.GRACE_S)
         os._exit(1)  # the main thread is stuck (e.g. inside a collective) and did not take the RankLost
 
@@ -209,7 +210,7 @@ class Heartbeat(threading.Thread):
         previous(exc_type, exc, tb)
         if lost:
             print(f"[selfplay] rank {self.rank} on {os.uname().nodename} failed because "
-                  f"{', '.join(map(self.name, lost))} stopped responding (dead or frozen)", file=sys.stderr,
+                  f"{', '.join(map(self.who, lost))} stopped responding (dead or frozen)", file=sys.stderr,
                   flush=True)
 
 

@@ -8,22 +8,25 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from selfplay.runtime.paths import RunPaths
+
+if TYPE_CHECKING:  # imported where a writer is made: torch is slow to import
+    from torch.utils.tensorboard import SummaryWriter
 
 
 class TBLogger:
     def __init__(self, run_dir: str | Path, enabled: bool = True):
         self.enabled = enabled
-        self.writer = None
+        self.writer: SummaryWriter | None = None  # rank 0's; None where disabled
         if enabled:
             from torch.utils.tensorboard import SummaryWriter
 
             self.writer = SummaryWriter(log_dir=str(RunPaths(run_dir).tb))
 
     def scalars(self, values: Mapping[str, float], step: int) -> None:
-        if not self.enabled:
+        if self.writer is None:
             return
         for tag, value in values.items():
             value = float(value)
@@ -31,22 +34,22 @@ class TBLogger:
                 self.writer.add_scalar(tag, value, step)
 
     def text(self, tag: str, text: str, step: int) -> None:
-        if self.enabled:
+        if self.writer is not None:
             # TensorBoard renders markdown: keep code readable in a fenced block
             self.writer.add_text(tag, text, step)
 
     def hparams(self, flat_config: Mapping[str, object]) -> None:
         """Record the run's configuration as TensorBoard text (searchable), one `key = value` line each."""
-        if self.enabled:
+        if self.writer is not None:
             lines = [f"    {k} = {v}" for k, v in sorted(flat_config.items())]
             self.writer.add_text("config", "\n".join(lines), 0)
 
     def flush(self) -> None:
-        if self.enabled:
+        if self.writer is not None:
             self.writer.flush()
 
     def close(self) -> None:
-        if self.enabled:
+        if self.writer is not None:
             self.writer.close()
 
 
