@@ -11,7 +11,6 @@ Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -19,27 +18,9 @@ import torch
 
 from selfplay.models.factory import (ActorCritic, AdapterOff, ensure_chat_template, fresh_lora, frozen_copy, is_lora,
                                      torch_dtype)
-from selfplay.rl.ppo import PPOTrainer, Sample, generate, is_deepspeed_engine, policy_of
-from selfplay.runtime.distributed import gather_objects, is_distributed
-
-
-@dataclass
-class Answer:
-    """A sampled answer: the prompt ids, the answer ids (eos included when it finished), the decoded text."""
-
-    prompt: list[int]
-    tokens: list[int]
-    text: str
-    finished: bool
-    allowed: torch.Tensor | None = None  # constrained decoding: packed allowed-token bits of each answer token
-    logprobs: list[float] | None = None  # the sampler's log-prob of each answer token (rollout/logprob_gap)
-    closed: int = 0  # tokens of a forced closing at its end (generator.close_reserve; one-token masks)
-
-    def cut(self, n: int) -> tuple[list[int], bool, object, object]:
-        """The first n tokens: (tokens, finished, allowed bits, log-probs); finished only if it ended within n."""
-        allowed = None if self.allowed is None else self.allowed[:n]
-        logprobs = None if self.logprobs is None else self.logprobs[:n]
-        return self.tokens[:n], self.finished and len(self.tokens) <= n, allowed, logprobs
+from selfplay.rl.ppo import PPOTrainer, is_deepspeed_engine, policy_of
+from selfplay.rollout.engine import HFEngine
+from selfplay.rollout.engines import Answer, RolloutEngine, Sampling
 
 
 class LMAgent:
@@ -55,7 +36,8 @@ class LMAgent:
         self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
                                                         if "<|end|>" in tokenizer.get_vocab() else [])})
         self.constraint = None  # a compiled grammar (selfplay.rollout.constrained): sample() then decodes under it
-        self.engine = None  # a rollout engine (selfplay.rollout.engine, rollout.engine=vllm); None: sample_hf
+        # what samples its answers (selfplay/rollout/engines.py); the loop's agents get rollout.engine's (make_engine)
+        self.engine: RolloutEngine = HFEngine()
         self.close_reserve = 0  # tokens of the budget kept to close a cut-off answer under its grammar (constrain)
         self.closer = None
         self.sampled_tokens = 0  # every answer token this agent has sampled (redrawn and struck answers included)
@@ -112,6 +94,12 @@ class LMAgent:
         return self.tokenizer.decode([t for t in tokens if t not in self.eos_ids], skip_special_tokens=True)
 
     # ---- sampling -------------------------------------------------------------------------------------
+    def sampling(self, *, greedy: bool = False, max_new_tokens: int | None = None, batch_size: int = 64) -> Sampling:
+        """The sampling parameters of a batch: this agent's temperature and stop ids, `max_new_tokens` (default
+        ppo.max_new_tokens)."""
+        return Sampling(temperature=float(self.cfg.temperature), greedy=greedy, stop_ids=tuple(self.eos_ids),
+                        max_new_tokens=max_new_tokens or self.cfg.max_new_tokens, batch_size=batch_size)
+
     def sample(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
                batch_size: int = 64, budgets: Sequence[int] | None = None) -> list[Answer]:
         """One answer per prompt (repeat a prompt for k samples), batched, from the agent's rollout engine. Under a
@@ -125,11 +113,9 @@ class LMAgent:
         max_new = max_new_tokens or self.cfg.max_new_tokens
         closing = self.closer is not None and self.constraint is not None and len(prompts) > 0
         grammars = grammars_ahead(self.constraint, len(prompts)) if closing else None
-        budget = max(1, max_new - self.close_reserve) if closing else max_new_tokens
-        if self.engine is not None:
-            answers = self.engine.sample(self, prompts, greedy=greedy, max_new_tokens=budget)
-        else:
-            answers = self.sample_hf(prompts, greedy=greedy, max_new_tokens=budget, batch_size=batch_size)
+        budget = max(1, max_new - self.close_reserve) if closing else max_new
+        answers = self.engine.sample(self, prompts, self.sampling(greedy=greedy, max_new_tokens=budget,
+                                                                  batch_size=batch_size))
         if closing:
             limit = self.max_positions
             budgets = [max_new] * len(answers) if budgets is None else budgets
@@ -143,32 +129,6 @@ class LMAgent:
             close_answers(answers, grammars, self.closer, room, self.decode)
         self.sampled_tokens += sum(len(a.tokens) for a in answers)
         return answers
-
-    def sample_hf(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
-                  batch_size: int = 64) -> list[Answer]:
-        """`sample` with Hugging Face `generate` on the trainer's own model (rollout.engine=hf). Under ZeRO-3 across
-        ranks each generation step gathers the partitioned weights, so every rank runs as many batches as the rank
-        with the most: a rank with fewer (or no prompts) runs one-token batches of nothing for the rest."""
-        out: list[Answer] = []
-        max_new = max_new_tokens or self.cfg.max_new_tokens
-        limit = self.max_positions
-        if limit is not None and any(len(p) >= limit for p in prompts):
-            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
-                             f"{limit} positions")
-        chunks = [[list(p) for p in prompts[i: i + batch_size]] for i in range(0, len(prompts), batch_size)]
-        if self.zero3 and is_distributed():  # each generation step gathers the weights: as many batches as any rank
-            for _ in range(len(chunks), max(gather_objects(len(chunks)))):
-                generate(self.model, [[self.eos_ids[0]]], pad_token_id=self.tokenizer.pad_token_id,
-                         eos_token_id=self.eos_ids, max_new_tokens=1, synced_gpus=True)  # a batch of nothing
-        for chunk in chunks:
-            room = max_new if limit is None else max(1, min(max_new, limit - max(len(p) for p in chunk)))
-            samples: list[Sample] = generate(
-                self.model, chunk, pad_token_id=self.tokenizer.pad_token_id, eos_token_id=self.eos_ids,
-                max_new_tokens=room, temperature=self.cfg.temperature, top_k=self.cfg.top_k, top_p=self.cfg.top_p,
-                do_sample=not greedy, synced_gpus=self.zero3, constraint=self.constraint)
-            for p, s in zip(chunk, samples):
-                out.append(Answer(p, s.tokens, self.decode(s.tokens), s.finished, s.allowed, s.logprobs))
-        return out
 
     # ---- learning -------------------------------------------------------------------------------------
     def set_learning_rate(self, lr: float) -> None:
@@ -185,9 +145,8 @@ class LMAgent:
         `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
         `replay`: past successes (selfplay.rl.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef);
         `groups`: the task of each answer (the leave-one-out baseline of ppo.advantage=rloo). A rollout engine
-        gets the updated weights after it (stats' weight_sync_s)."""
-        if self.engine is not None:
-            self.engine.before_update()
+        gets the updated weights after it (stats' weight_sync_s, where it holds weights of its own)."""
+        self.engine.before_update()
         for group in self.trainer.optimizer.param_groups:
             group.setdefault("base_lr", group["lr"])
             group["lr"] = group["base_lr"] * lr_scale
@@ -199,8 +158,9 @@ class LMAgent:
         stats = self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
                                   response_masks=masks, replay=replayed, groups=groups,
                                   allowed=allowed if any(x is not None for x in allowed) else None)
-        if self.engine is not None:
-            stats["weight_sync_s"] = self.engine.sync(self)
+        seconds = self.engine.sync(self)
+        if seconds is not None:
+            stats["weight_sync_s"] = seconds
         return stats
 
     # ---- checkpoints ----------------------------------------------------------------------------------

@@ -1,9 +1,10 @@
-"""Rollout engines: what samples the agents' answers (`rollout:` config, docs/rl.md "Rollout engines").
+"""The rollout engines shipped here (the contract: selfplay/rollout/engines.py; docs/rl.md "Rollout engines").
 
-`rollout.engine=hf` (default) samples with Hugging Face `generate` on the trainer's own model
-(`LMAgent.sample_hf`); `rollout.engine=vllm` builds one vLLM `LLM` per agent, in the rank's own process, from the
-agent's Hugging Face folder, and `LMAgent.sample` hands it the prompts (`rollout.generator_engine` may choose
-another engine for the generator). Both draw from the distribution the PPO trainer scores, rl.sampling_logprobs:
+`rollout.engine=hf` (default) samples with Hugging Face `generate` on the trainer's own model (`HFEngine`);
+`rollout.engine=vllm` builds one vLLM `LLM` per agent, in the rank's own process, from the agent's Hugging Face
+folder (`VLLMEngine`, registered with `ChildEngine` in selfplay/rollout/engine_process.py), and `LMAgent.sample`
+hands it the prompts and their `Sampling` (`rollout.generator_engine` may choose another engine for the
+generator). Both draw from the distribution the PPO trainer scores, rl.sampling_logprobs:
 temperature only (ppo.top_k / ppo.top_p are refused already), the checkpoint's own decoding options set aside
 (`generation_config="vllm"`), greedy = temperature 0. The trainer never uses the engine's log-probs: PPO's old
 log-probs are recomputed by the trainer's model, and the engine's are only compared with them on a few answers per
@@ -42,7 +43,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Sequence
 
-from selfplay.rollout.settings import (CPU_HEAD_SIZES, ENGINES, KEY, SYNCS, RolloutConfig,  # noqa: F401 - its names
+from selfplay.rollout.engines import Answer, Sampling, register_engine
+from selfplay.rollout.settings import (CPU_HEAD_SIZES, KEY, SYNCS, RolloutConfig,  # noqa: F401 - its names
                                        check_rollout, engine_name, head_size_error, on_gpu)
 from selfplay.runtime.errors import UserError
 
@@ -65,21 +67,57 @@ class EngineError(UserError):
 
 
 class HFEngine:
-    """Hugging Face `generate` on the trainer's own model (today's path; nothing to sync)."""
+    """Hugging Face `generate` (selfplay/rl/ppo.py) on the trainer's own model, `sampling.batch_size` prompts at a
+    time: nothing to sync, nothing to compare. Under ZeRO-3 across ranks each generation step gathers the
+    partitioned weights, so every rank runs as many batches as the rank with the most: a rank with fewer (or no
+    prompts) runs one-token batches of nothing for the rest."""
 
     name = "hf"
+    on_trainer_model = True
 
-    def sample(self, agent, prompts, *, greedy: bool = False, max_new_tokens: int | None = None):
-        return agent.sample_hf(prompts, greedy=greedy, max_new_tokens=max_new_tokens)
+    def sample(self, agent, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Answer]:
+        from selfplay.rl.ppo import generate
+        from selfplay.runtime.distributed import gather_objects, is_distributed
+
+        limit, stop, pad = agent.max_positions, list(sampling.stop_ids), agent.tokenizer.pad_token_id
+        check_room(prompts, limit)
+        size = sampling.batch_size
+        chunks = [[list(p) for p in prompts[i: i + size]] for i in range(0, len(prompts), size)]
+        if agent.zero3 and is_distributed():  # each generation step gathers the weights: as many batches as any rank
+            for _ in range(len(chunks), max(gather_objects(len(chunks)))):
+                generate(agent.model, [[stop[0]]], pad_token_id=pad, eos_token_id=stop, max_new_tokens=1,
+                         synced_gpus=True)  # a batch of nothing
+        out = []
+        for chunk in chunks:
+            room = sampling.max_new_tokens if limit is None else \
+                max(1, min(sampling.max_new_tokens, limit - max(len(p) for p in chunk)))
+            samples = generate(agent.model, chunk, pad_token_id=pad, eos_token_id=stop, max_new_tokens=room,
+                               temperature=sampling.temperature, do_sample=not sampling.greedy,
+                               synced_gpus=agent.zero3, constraint=agent.constraint)
+            out += [Answer(p, s.tokens, agent.decode(s.tokens), s.finished, s.allowed, s.logprobs)
+                    for p, s in zip(chunk, samples)]
+        return out
 
     def before_update(self) -> None:
         pass
 
-    def sync(self, agent) -> float:
-        return 0.0
+    def sync(self, agent) -> None:
+        return None  # it samples the trainer's own weights
 
     def take_metrics(self) -> dict:
         return {}
+
+
+@register_engine("hf")
+def hf_engine(cfg, agent, folder, *, rank: int = 0) -> HFEngine:
+    return HFEngine()
+
+
+def check_room(prompts: Sequence[Sequence[int]], limit: int | None) -> None:
+    """Refuse a prompt that leaves no room for an answer in a model of `limit` positions."""
+    if limit is not None and any(len(p) >= limit for p in prompts):
+        raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
+                         f"{limit} positions")
 
 
 SECOND_ENGINE = ("a second vLLM engine in this process: vLLM's sleep mode allocator is one per process, so each "
@@ -88,11 +126,12 @@ _in_process = 0  # live VLLMEngines in this process: at most one
 
 
 class ServedEngine(ABC):
-    """What a vLLM engine does for its agent, wherever the engine runs: sampling parameters from the agent, the
+    """What a vLLM engine does for its agent, wherever the engine runs: vLLM's parameters of each `Sampling`, the
     answers (eos, grammar bits replayed, decoded text), the log-prob gap, sleep around updates, weight syncs and their
     metrics. Subclasses hold the engine: `_generate`, `_sleep`, `_wake_up`, `_push`, `close`."""
 
     name = "vllm"
+    on_trainer_model = False
     sync_method = "reload"
 
     def __init__(self, agent, rcfg, label: str = ""):
@@ -109,12 +148,12 @@ class ServedEngine(ABC):
         self.gaps: list[float] = []
 
     # ---- sampling -------------------------------------------------------------------------------------
-    def _params(self, agent, max_tokens: int, greedy: bool, grammar: str | None = None) -> dict:
+    def _params(self, sampling: Sampling, max_tokens: int, grammar: str | None = None) -> dict:
         """Sampling parameters as a plain dict (`sampling_params` makes vLLM's of it, where the engine is)."""
         # no per-request seed: it kills the CPU engine ("CPU Generator does not use offset"); LLM(seed=...) holds it
-        return dict(n=1, temperature=0.0 if greedy else float(agent.cfg.temperature), top_p=1.0, top_k=0, min_p=0.0,
-                    max_tokens=max_tokens, stop_token_ids=list(agent.eos_ids), logprobs=0, detokenize=False,
-                    skip_special_tokens=False, grammar=grammar)
+        return dict(n=1, temperature=0.0 if sampling.greedy else float(sampling.temperature), top_p=1.0, top_k=0,
+                    min_p=0.0, max_tokens=max_tokens, stop_token_ids=list(sampling.stop_ids), logprobs=0,
+                    detokenize=False, skip_special_tokens=False, grammar=grammar)
 
     @abstractmethod
     def _generate(self, prompts, params: list[dict]) -> list[dict]:
@@ -126,30 +165,24 @@ class ServedEngine(ABC):
         except Exception as exc:  # noqa: BLE001
             raise EngineError(f"the {self.label}'s vLLM engine failed: {_one_line(exc)}") from exc
 
-    def sample(self, agent, prompts: Sequence[Sequence[int]], *, greedy: bool = False,
-               max_new_tokens: int | None = None):
-        """One answer per prompt, as `LMAgent.sample_hf` gives them (eos included when it finished); under a grammar
+    def sample(self, agent, prompts: Sequence[Sequence[int]], sampling: Sampling) -> list[Answer]:
+        """One answer per prompt, as `HFEngine` gives them (eos included when it finished); under a grammar
         (agent.constraint) the answer carries the allowed-token bits of each step, replayed with the same matcher
         the Hugging Face path records (selfplay.rollout.constrained)."""
-        from selfplay.models.agent import Answer
-
         self.wake()
-        max_new = max_new_tokens or agent.cfg.max_new_tokens
-        limit = agent.max_positions
-        if limit is not None and any(len(p) >= limit for p in prompts):
-            raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
-                             f"{limit} positions")
+        max_new, limit = sampling.max_new_tokens, agent.max_positions
+        check_room(prompts, limit)
         rows = grammar_rows(agent.constraint, len(prompts)) if agent.constraint is not None else None
-        params = [self._params(agent, max_new if limit is None else max(1, min(max_new, limit - len(p))), greedy,
+        params = [self._params(sampling, max_new if limit is None else max(1, min(max_new, limit - len(p))),
                                rows[i][0] if rows else None) for i, p in enumerate(prompts)]
         outs = self._request(prompts, params)
         answers = []
         for i, (p, out) in enumerate(zip(prompts, outs)):
             tokens = out["tokens"]
-            finished = bool(tokens) and tokens[-1] in agent.eos_ids
+            finished = bool(tokens) and tokens[-1] in sampling.stop_ids
             allowed = replay_allowed(agent.constraint, rows[i][1], tokens) if rows else None
             answers.append(Answer(list(p), tokens, agent.decode(tokens), finished, allowed, out["logprobs"]))
-        if not greedy and self.rcfg.gap_answers:
+        if not sampling.greedy and self.rcfg.gap_answers:
             self.gaps.append(logprob_gap(agent, answers[: self.rcfg.gap_answers]))
         return answers
 
@@ -235,7 +268,8 @@ class VLLMEngine(ServedEngine):
         try:
             self.llm = vllm.LLM(**llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
                                              trust_remote_code=trust_remote_code))
-            self._request([[agent.eos_ids[0]]], [self._params(agent, 1, False)])  # a model it cannot run fails here
+            probe = self._params(agent.sampling(max_new_tokens=1), 1)
+            self._request([[agent.eos_ids[0]]], [probe])  # a model it cannot run fails here
         except Exception as exc:  # noqa: BLE001 - whatever vLLM says about this model, in one line
             self.close()
             if isinstance(exc, UserError):
@@ -471,10 +505,11 @@ def logprob_gap(agent, answers) -> float:
 
 def engine_metrics(*agents) -> dict:
     """`time/weight_sync_s` (every agent's syncs since the last call) and `rollout/logprob_gap` (per agent and
-    their mean) for the iteration's metrics; empty with the hf engine. With several ranks (a collective: every
+    their mean) for the iteration's metrics, from the engines that hold weights of their own (not
+    `on_trainer_model`); empty where none does (the hf engine). With several ranks (a collective: every
     rank calls it) the sync time is the slowest rank's and each agent's gap the largest of any rank's, so that
     one rank's engine drifting from its trainer shows in rank 0's log."""
-    mine = {a.name: a.engine.take_metrics() for a in agents if getattr(a, "engine", None) is not None}
+    mine = {a.name: a.engine.take_metrics() for a in agents if not a.engine.on_trainer_model}
     if not mine:
         return {}
     from selfplay.runtime.distributed import gather_objects

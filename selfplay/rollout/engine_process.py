@@ -1,5 +1,6 @@
 """A vLLM engine in a child process of its own (`ChildEngine`): the second agent's engine, since a process holds at
-most one (selfplay/rollout/engine.py, docs/rl.md "One engine per process").
+most one (selfplay/rollout/engine.py, docs/rl.md "One engine per process"). `vllm_engine`, registered as
+`rollout.engine=vllm`, chooses between the two.
 
 The parent keeps everything that needs the agent (sampling parameters, eos ids, grammar rows and the replay of their
 allowed-token bits, decoding, the log-prob gap against the trainer: `ServedEngine`); the child, started with the
@@ -31,8 +32,9 @@ import threading
 import time
 from pathlib import Path
 
-from selfplay.rollout.engine import (KEY, EngineError, ServedEngine, _one_line, generate_plain, llm_kwargs,
-                                     model_runner, policy_weights, require_vllm, write_weights)
+from selfplay.rollout.engine import (KEY, EngineError, ServedEngine, VLLMEngine, _one_line, generate_plain,
+                                     llm_kwargs, model_runner, policy_weights, require_vllm, write_weights)
+from selfplay.rollout.engines import engine_name, register_engine
 from selfplay.runtime.errors import UserError
 
 START_TIMEOUT_S = 1800.0  # building the engine (a large model on a GPU compiles and captures graphs)
@@ -41,6 +43,16 @@ POLL_S = 1.0
 # torchrun's variables: the child's engine is a lone one (world 1), not a rank of the trainer's group
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
              "TORCHELASTIC_RUN_ID")
+
+
+@register_engine("vllm")
+def vllm_engine(cfg, agent, folder: str | Path, *, rank: int = 0) -> ServedEngine:
+    """`rollout.engine=vllm`: the agent's engine in this process (`VLLMEngine`), or, with both agents on vLLM, the
+    generator's in a child process (`ChildEngine`): one engine per process (docs/rl.md "One engine per process")."""
+    kwargs = dict(seed=cfg.run.seed + rank, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+    if agent.name == "generator" and engine_name(cfg.rollout, "solver") == "vllm":
+        return ChildEngine(agent, folder, cfg.rollout, **kwargs)
+    return VLLMEngine(agent, folder, cfg.rollout, **kwargs)
 
 
 class ChildFailed(RuntimeError):
@@ -59,7 +71,7 @@ class ChildEngine(ServedEngine):
         self.seq = 0  # requests numbered, so that a late answer is never taken for the next one's (0: the start)
         kwargs = llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
                             trust_remote_code=trust_remote_code, colocated=False)
-        probe = ([agent.eos_ids[0]], self._params(agent, 1, False))  # a model it cannot run fails at start
+        probe = ([agent.eos_ids[0]], self._params(agent.sampling(max_new_tokens=1), 1))  # fails at start if it must
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         # not daemonic: vLLM or torch may start processes of their own in it; stopped by the finalizer below

@@ -138,11 +138,12 @@ class ProposalRollout:
 
 def _calls_in_step(agent: LMAgent, calls: int) -> int:
     """How many sampling calls this rank makes in a round where it has `calls` of its own. Under ZeRO-3 across
-    ranks with the trainer's own `generate` (rollout.engine=hf) every generation step gathers the partitioned
-    weights from all ranks, so every rank makes as many calls as the rank with the most, calling `agent.sample([])`
-    for those it has nothing for (which takes part in the other ranks' batches: LMAgent.sample_hf); elsewhere
-    `calls`. Redraws, the tied free format and multi-turn episodes make data-dependent numbers of calls."""
-    if agent.engine is not None or not agent.zero3 or not is_distributed():
+    ranks with an engine on the trainer's own model (`on_trainer_model`: rollout.engine=hf) every generation step
+    gathers the partitioned weights from all ranks, so every rank makes as many calls as the rank with the most,
+    calling `agent.sample([])` for those it has nothing for (which takes part in the other ranks' batches:
+    HFEngine); elsewhere `calls`. Redraws, the tied free format and multi-turn episodes make data-dependent numbers
+    of calls."""
+    if not agent.engine.on_trainer_model or not agent.zero3 or not is_distributed():
         return calls
     return max(gather_objects(calls))
 

@@ -1,14 +1,15 @@
 """The `rollout:` config section and its checks, apart from the engines themselves (selfplay/rollout/engine.py), so
 that the ground-floor config (selfplay/runtime/config.py) can hold and check the section without importing the
-engines, the agents and the trainer they reach."""
+engines, the agents and the trainer they reach: the engines' names come from the registry
+(selfplay/rollout/engines.py), which imports no engine."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from selfplay.rollout.engines import engine_name, engine_names  # noqa: F401 - engine_name: the config's readers
 from selfplay.runtime.errors import UserError
 
-ENGINES = ("hf", "vllm")
 SYNCS = ("auto", "reload", "load_weights", "folder")
 KEY = "rollout.engine"
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM CPU attention's head sizes
@@ -16,7 +17,8 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM CPU
 
 @dataclass
 class RolloutConfig:
-    engine: str = "hf"  # hf (Hugging Face generate on the trainer's model) | vllm (a vLLM engine in each rank)
+    # hf (Hugging Face generate on the trainer's model) | vllm (a vLLM engine in each rank) | a registered engine
+    engine: str = "hf"
     generator_engine: str = ""  # the generator's engine, when it differs from rollout.engine ("" = the same)
     kv_cache_gb: float = 1.0  # vllm, CPU build: KV-cache space per engine in GiB (VLLM_CPU_KVCACHE_SPACE)
     gpu_memory_utilization: float = 0.3  # vllm on a GPU: share of its memory each engine takes (weights + KV cache)
@@ -36,8 +38,8 @@ def check_rollout(cfg) -> None:
         raise UserError(head_size_error(m.n_embd // m.n_head))
     for key in ("engine", "generator_engine"):
         value = getattr(rcfg, key)
-        if value not in ENGINES and not (key == "generator_engine" and value == ""):
-            raise UserError(f"rollout.{key} must be one of {', '.join(ENGINES)}, got {value!r}")
+        if value not in engine_names() and not (key == "generator_engine" and value == ""):
+            raise UserError(f"rollout.{key} must be one of {', '.join(engine_names())}, got {value!r}")
     if rcfg.sync not in SYNCS:
         raise UserError(f"rollout.sync must be one of {', '.join(SYNCS)}, got {rcfg.sync!r}")
     if rcfg.kv_cache_gb <= 0 or not 0 < rcfg.gpu_memory_utilization <= 1:
@@ -49,11 +51,6 @@ def check_rollout(cfg) -> None:
 def head_size_error(head: int) -> str:
     return (f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, this "
             f"model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
-
-
-def engine_name(rcfg, agent: str) -> str:
-    """The engine of agent `agent` ("solver" or "generator")."""
-    return (rcfg.generator_engine or rcfg.engine) if agent == "generator" else rcfg.engine
 
 
 def on_gpu() -> bool:

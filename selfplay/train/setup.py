@@ -180,7 +180,7 @@ def load_agent(cfg, info: D.DistInfo, folder: Path, name: str) -> LMAgent:
         agent.constrain(cfg.generator.format, cfg.generator.close_reserve)
     scale = cfg.train.generator_lr_scale if name == "generator" else 1.0
     agent.set_learning_rate(cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
-    agent.engine = make_engine(cfg, agent, folder / name, rank=info.rank)  # rollout.engine; hf: None
+    agent.engine = make_engine(cfg, agent, folder / name, rank=info.rank)  # rollout.engine's
     return agent
 
 

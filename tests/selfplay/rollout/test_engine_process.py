@@ -18,7 +18,7 @@ from selfplay.rollout.engine_process import ChildEngine
 from selfplay.rollout.engines import make_engine
 from selfplay.runtime.config import PPOConfig, load_config
 from selfplay.runtime.errors import UserError
-from tests.selfplay.rollout.test_engine import (GAP_TOL, TEMPERATURE, TEXTS, engine_prompt_logprobs, prompts,
+from tests.selfplay.rollout.test_engine import (GAP_TOL, TEMPERATURE, TEXTS, engine_prompt_logprobs, hf_greedy, prompts,
                                                 trainer_logprobs)
 
 pytestmark = pytest.mark.vllm
@@ -71,7 +71,7 @@ def test_the_child_answers_as_the_in_process_engine(agents):
     ps = prompts(generator, 4)
     theirs = [a.tokens for a in generator.sample(ps, greedy=True)]
     assert theirs == [a.tokens for a in solver.sample(ps, greedy=True)]
-    assert theirs[0] == generator.sample_hf(ps[:1], greedy=True)[0].tokens
+    assert theirs[0] == hf_greedy(generator, ps[:1])[0].tokens
     answers = generator.sample(prompts(generator, 8))
     for a in answers:
         assert 0 < len(a.tokens) and len(a.logprobs) == len(a.tokens) and a.text == generator.decode(a.tokens)
