@@ -1,24 +1,34 @@
 #!/usr/bin/env bash
-# GPU check: a short self-play on one GPU (configs/gpu_check.yaml) on each rollout engine asked for, the throughput
-# and memory each measured, then the engines side by side on the same prompts (`selfplay bench rollout`).
+# GPU check. First the prepared check of the machine (`selfplay bench gpu-check`, selfplay/bench/gpu_check.py): the
+# Qwen2.5-Coder-1.5B shape with random bf16 weights built on the GPU, one line PASS/FAIL with its figure for each of:
+# the shape, one PPO step (DeepSpeed ZeRO-2 where it imports), the memory plan against the measured peak, the weight
+# sync into a stand-in receiver, generate tokens/s at batch 64, a checkpoint round trip, ZeRO-3 on one rank; every
+# figure in OUT_DIR/gpu_check.json. A few minutes on one H100. Then, only with --selfplay, the short self-play below.
 #
-#   bash slurm/gpu_check.sh [--engine hf|vllm|both] [OUT_DIR] [key=value ...]   # or: sbatch --gpus-per-node=1 ...
+#   bash slurm/gpu_check.sh [--tiny] [--selfplay] [--engine hf|vllm|both] [OUT_DIR] [key=value ...]
+#   sbatch --gpus-per-node=1 slurm/gpu_check.sh ...
 #
-# --engine (default both): the rollout engine(s) checked. One warm start in OUT_DIR/warm (default runs/gpu_check),
-# then for each engine E a self-play in OUT_DIR/E, started from a copy of it with rollout.engine=E, and its figures;
-# last `selfplay bench rollout configs/gpu_check.yaml [key=value ...] --engines E... $BENCH_ARGS` (default
-# "--batch 64 --new 128 --repeats 3"), written to OUT_DIR/bench_rollout.json. vllm needs `pip install -e .[vllm]`.
-# The key=value overrides go to every step. On a machine without a GPU it runs the same steps on the CPU.
+# --tiny: the check's 2-layer shape (the CPU; what the tests run). CHECK_ARGS: more options of the check, e.g.
+# "--no-deepspeed --gen-batch 32 ppo.micro_batch_size=2" (`selfplay bench gpu-check --help`).
+# --selfplay: then one warm start of configs/gpu_check.yaml in OUT_DIR/warm (default OUT_DIR runs/gpu_check), for each
+# engine E of --engine (default both) a self-play in OUT_DIR/E from a copy of it with rollout.engine=E and its figures,
+# and `selfplay bench rollout` of the engines ($BENCH_ARGS, default "--batch 64 --new 128 --repeats 3") written to
+# OUT_DIR/bench_rollout.json; the key=value overrides go to each of these steps. vllm needs `pip install -e .[vllm]`.
+# Exit status: 1 when a line of the check FAILs (the self-play still runs when asked), else the self-play's.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 PY=${PYTHON:-python3}  # the interpreter that holds torch (some GPU images have no `python`)
 ENGINE=both
+SELFPLAY=0
+CHECK=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --selfplay) SELFPLAY=1; shift ;;
+    --tiny) CHECK+=(--tiny); shift ;;
     --engine) [ $# -ge 2 ] || { echo "gpu_check.sh: --engine takes hf, vllm or both" >&2; exit 2; }
               ENGINE=$2; shift 2 ;;
     --engine=*) ENGINE=${1#--engine=}; shift ;;
-    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -30,6 +40,10 @@ esac
 OUT=${1:-runs/gpu_check}
 [ $# -gt 0 ] && shift
 BENCH_ARGS=${BENCH_ARGS:---batch 64 --new 128 --repeats 3}
+# shellcheck disable=SC2086  # CHECK_ARGS is a list of options
+"$PY" -m selfplay bench gpu-check ${CHECK[@]+"${CHECK[@]}"} ${CHECK_ARGS:-} --json "$OUT/gpu_check.json" && status=0 || status=$?
+echo "== gpu check: exit $status, figures in $OUT/gpu_check.json"
+[ "$SELFPLAY" = 1 ] || exit "$status"
 "$PY" - <<'PY'
 import torch
 print("cuda:", torch.cuda.is_available(), torch.cuda.get_device_name(0) if torch.cuda.is_available() else "(CPU run)")
@@ -63,3 +77,4 @@ echo "== selfplay bench rollout (${ENGINES[*]}; $BENCH_ARGS)"
 "$PY" -m selfplay bench rollout configs/gpu_check.yaml "$@" --engines "${ENGINES[@]}" $BENCH_ARGS \
   --json "$OUT/bench_rollout.json"
 echo "wall time: $(( $(date +%s) - start )) s"
+exit "$status"

@@ -5,6 +5,7 @@
     selfplay bench rollout [CONFIG] [key=value ...] [--engines hf vllm] [--shape config|llama-135m] [--batch N]
                            [--json OUT]
     selfplay bench update CONFIG[:key=value ...] [CONFIG ...] [--prompt-len N] [--repeats R] [--json OUT]
+    selfplay bench gpu-check [key=value ...] [--tiny] [--no-deepspeed] [--json OUT]
 
 Each benchmark is a module under `selfplay/bench/` exposing `configure(parser)` and `run(args) -> int`, listed in
 BENCHES; add a line there for a new one.
@@ -27,6 +28,9 @@ BENCHES: dict[str, tuple[str, str]] = {
                 "start, memory, weight sync"),
     "update": ("selfplay.bench.update_bench", "one solver PPO update of an iteration's batch per config, side by "
                "side: scoring and optimisation seconds, trainable parameters, memory"),
+    "gpu-check": ("selfplay.bench.gpu_check", "one prepared check of a GPU machine on the Qwen2.5-Coder-1.5B shape "
+                  "(--tiny: the CPU): PPO step, memory plan, weight sync, generate, checkpoint, ZeRO-3; PASS/FAIL "
+                  "lines and a JSON"),
 }
 
 
