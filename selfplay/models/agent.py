@@ -155,9 +155,13 @@ class LMAgent:
             replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
                         [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
         allowed = [getattr(a, "allowed", None) for a in answers]  # the grammar's masks, when answers were constrained
+        # the sampler's log-probs (ppo.tis_cap), where an answer carries one per token; else unknown (weight 1)
+        behaviour = [lp if (lp := getattr(a, "logprobs", None)) is not None and len(lp) == len(a.tokens) else None
+                     for a in answers]
         stats = self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
                                   response_masks=masks, replay=replayed, groups=groups,
-                                  allowed=allowed if any(x is not None for x in allowed) else None)
+                                  allowed=allowed if any(x is not None for x in allowed) else None,
+                                  behaviour_logprobs=behaviour if any(x is not None for x in behaviour) else None)
         seconds = self.engine.sync(self)
         if seconds is not None:
             stats["weight_sync_s"] = seconds

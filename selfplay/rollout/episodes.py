@@ -20,6 +20,7 @@ drawn in two stages, so that its CODE defines the function its SIGNATURE names (
 
 from __future__ import annotations
 
+import math
 import random
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ class SolverRollout:
     mask: list[int]  # 1 where the policy chose the token
     text: str  # the answer text of every turn, joined
     result: EpisodeResult
+    # the sampler's log-prob of each token (NaN at observations; ppo.tis_cap); None where a turn's sampler gave none
+    logprobs: list[float] | None = None
 
     @property
     def reward(self) -> float:
@@ -80,6 +83,7 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
     tokens = [[] for _ in episodes]
     masks = [[] for _ in episodes]
     texts = [[] for _ in episodes]
+    logprobs: list[list[float] | None] = [[] for _ in episodes]
     with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
         limit = agent.max_positions
         for _ in range(max_turns):
@@ -96,15 +100,24 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
                 tokens[i] += answer.tokens
                 masks[i] += [1] * len(answer.tokens)
                 texts[i].append(answer.text)
+                lp = logprobs[i]
+                if lp is not None and answer.logprobs is not None and len(answer.logprobs) == len(answer.tokens):
+                    lp += answer.logprobs
+                else:
+                    logprobs[i] = None
                 if obs is not None:
                     obs_ids = agent.observation_ids(obs)
                     tokens[i] += obs_ids
                     masks[i] += [0] * len(obs_ids)
+                    if logprobs[i] is not None:
+                        logprobs[i] += [math.nan] * len(obs_ids)
     for i in range(len(episodes)):  # an observation after the last answer carries no action: drop it
         while masks[i] and masks[i][-1] == 0:
             masks[i].pop()
             tokens[i].pop()
-    return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result)
+            if logprobs[i] is not None:
+                logprobs[i].pop()
+    return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result, logprobs[i])
             for i, ep in enumerate(episodes)]
 
 
