@@ -31,6 +31,17 @@ def selfplay(*args, timeout=900, check=True, env=None):
     return proc
 
 
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they spin (4x slower)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def task_sb():
     """One process sandbox for the session: the task, generator and solver tests grade in it."""

@@ -14,13 +14,7 @@ VOCAB, PAD, EOS, A = 8, 0, 7, 3
 PROMPT = [1, 2, 5]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads, and on a shared 2-core machine they spin (4x slower)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def tiny_policy(seed=0):

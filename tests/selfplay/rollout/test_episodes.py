@@ -14,12 +14,7 @@ from selfplay.runtime.config import PPOConfig
 from solver.prompts import answer_text, conversation
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 @pytest.mark.slow
