@@ -299,7 +299,7 @@ def snapshot(module) -> dict:
 def differences(module, snap: dict) -> dict:
     """Max |difference| of each parameter from `snap`."""
     with whole(module):
-        return {n: (p.detach().cpu().float() - snap[n].float()).abs().max().item()
+        return {n: (p.detach().float() - snap[n].to(p.device).float()).abs().max().item()
                 for n, p in module.named_parameters()}
 
 
@@ -513,13 +513,16 @@ def deepspeed_importable() -> bool:
     return True
 
 
+def first_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}"
+
+
 def guarded(name: str, step) -> Line:
     """`step()`'s line, or a FAIL line with the error's first line."""
     try:
         return step()
     except Exception as exc:  # noqa: BLE001 - every failure is a FAIL line, the others still run
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
-        return Line(name, False, f"error: {type(exc).__name__}: {first}", {"error": first})
+        return Line(name, False, f"error: {first_line(exc)}", {"error": first_line(exc)})
 
 
 @dataclass
@@ -549,10 +552,19 @@ class Setting:
 def agent_lines(st: Setting, emit) -> None:
     """shape, ppo_step, plan, weight_sync, generate, checkpoint on the agent as the run wraps it; its engine is
     destroyed on return (the caller's `release()` then frees the rest)."""
-    t0 = time.perf_counter()
-    policy = build_policy(st.shape, st.tokenizer, st.dtype, st.device, st.cfg.run.seed)
-    emit(line_shape(st.shape, policy, time.perf_counter() - t0))
-    agent = build_agent(st.cfg, policy, st.tokenizer)
+    shaped = False  # the shape's line is out
+    try:
+        t0 = time.perf_counter()
+        policy = build_policy(st.shape, st.tokenizer, st.dtype, st.device, st.cfg.run.seed)
+        emit(line_shape(st.shape, policy, time.perf_counter() - t0))
+        shaped = True
+        agent = build_agent(st.cfg, policy, st.tokenizer)
+    except Exception as exc:  # noqa: BLE001 - no agent: its lines FAIL, naming why
+        hint = " (CHECK_ARGS=--no-deepspeed runs them in plain torch)" if st.cfg.distributed.deepspeed else ""
+        for name in LINES[int(shaped):-1]:
+            emit(Line(name, False, f"not run: the agent was not built: {first_line(exc)}{hint}",
+                      {"error": first_line(exc)}))
+        return
     try:
         batch = rollouts(st.sizes, st.shape.vocab, st.cfg.run.seed)
         measured = [0]
@@ -646,7 +658,12 @@ def run(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m selfplay.bench.gpu_check", description=__doc__.split("\n")[0])
     configure(parser)
-    return run(parser.parse_args(argv))
+    from selfplay.runtime.errors import UserError
+
+    try:
+        return run(parser.parse_args(argv))
+    except UserError as exc:  # bad input: one line naming the key, as the `selfplay` command prints it
+        parser.exit(2, f"error: {exc}\n")
 
 
 if __name__ == "__main__":

@@ -63,6 +63,17 @@ def test_tiny_check_passes_every_line_and_writes_finite_figures(tmp_path, deepsp
         assert z3["stage"] == 3 and z3["gather"] == "whole model" and z3["loaded"] == z3["tensors"]
 
 
+@pytest.mark.slow  # measured over 9 s
+def test_an_agent_that_cannot_be_built_fails_its_lines_and_the_exit_status():
+    """No traceback and no silent pass: each line that needs the agent says FAIL with the reason, the exit is 1."""
+    proc = selfplay("bench", "gpu-check", "--tiny", "--no-deepspeed", "model.value_model=bogus", check=False)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith(("PASS", "FAIL", "SKIP"))]
+    assert proc.returncode == 1 and lines[0].startswith("PASS  shape") and lines[-1].startswith("FAIL  all")
+    assert [x.split()[1] for x in lines[1:6]] == list(LINES[1:6]), proc.stdout
+    assert all(x.startswith("FAIL") and "model.value_model must be one of" in x for x in lines[1:6]), proc.stdout
+    assert lines[6].startswith("SKIP  zero3"), proc.stdout
+
+
 def test_a_size_below_one_is_refused_in_one_line_naming_the_option():
     proc = selfplay("bench", "gpu-check", "--tiny", "--gen-batch", "0", check=False)
     assert proc.returncode != 0 and "--gen-batch must be >= 1, got 0" in proc.stderr
