@@ -13,7 +13,7 @@ copy of that folder, so the arms of one seed differ only in what happens after t
     uniform      PPO on procedural tasks only, each at a level drawn uniformly (`train.mode=uniform`)
     selfplay     generator proposals + the adaptive mixer + PPO for both agents (`train.mode=selfplay`)
     selfplay_free  the same with the free proposal format (`generator.format=free`) and the generator's critic, its
-                 value head detached from its backbone (`train.generator_advantage=gae model.value_model=detached`,
+                 value head detached from its backbone (`agents.generator.advantage=gae model.value_model=detached`,
                  the setting it was measured with); the format is learnt at the warm start,
                  so this arm has its own (`OUT/seed_S/warmstart_free`, or `OUT/warmstart_free`), made with the same
                  seed, and is paired with it
@@ -117,7 +117,7 @@ ARM_SPECS = {
     # the free format's answers are ~300 tokens: its critic's gradient in the backbone made its PPO drift, so its
     # value head is detached (docs/generator.md: "The free format under PPO"); the tiny default's critic-free
     # generator advantage was chosen on the mutation format, so this arm keeps the critic it was measured with
-    "selfplay_free": Arm("selfplay", ("generator.format=free", "train.generator_advantage=gae",
+    "selfplay_free": Arm("selfplay", ("generator.format=free", "agents.generator.advantage=gae",
                                       "model.value_model=detached"), warm="warmstart_free"),
     "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
     # what the generator's learning adds: the same mixer, references and validity checks with the generator held

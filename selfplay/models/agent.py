@@ -134,7 +134,7 @@ class LMAgent:
     def set_learning_rate(self, lr: float) -> None:
         """The base learning rate of every parameter group (`update` multiplies it by its lr_scale). Called after
         loading a checkpoint: the optimiser state restores the learning rate it was saved with, and a run's
-        configured one must win (`ppo.lr`, `train.generator_lr_scale`)."""
+        configured one must win (`ppo.lr`, `agents.<name>.lr_scale`)."""
         for group in self.trainer.optimizer.param_groups if self.trainer.optimizer is not None else []:
             group["lr"] = group["base_lr"] = float(lr)
 
@@ -208,21 +208,22 @@ class LMAgent:
 
 
 def agent_ppo_config(cfg, name: str):
-    """One agent's PPO settings: a copy of `cfg.ppo`, with the generator's own sampling temperature
-    (`train.generator_temperature`; PPO scores its tokens at that temperature too), its own advantage
-    (`train.generator_advantage`: GAE, or `rloo` over one group, the iteration's proposals, which the loop passes:
-    it writes one proposal per prompt, so there is no task group as the solver's `ppo.advantage=rloo` has), and
-    its own KL coefficient and constant entropy bonus where `train.generator_kl_coef` /
-    `train.generator_entropy_coef` are set."""
-    ppo = copy.deepcopy(cfg.ppo)
+    """One agent's PPO settings: a copy of `cfg.ppo` with what `agents.<name>` sets over it: its sampling temperature
+    (PPO scores its tokens at that temperature too), answer budget, KL coefficient and constant entropy bonus; the
+    generator's advantage (`agents.generator.advantage`: GAE, or `rloo` over one group, the iteration's proposals,
+    which the loop passes: it writes one proposal per prompt, so there is no task group as the solver's
+    `ppo.advantage=rloo` has). The learning rate's scale is applied by the loop (`set_learning_rate`)."""
+    ppo, own = copy.deepcopy(cfg.ppo), cfg.agents[name]
+    if own.temperature is not None:
+        ppo.temperature = own.temperature
+    if own.max_new_tokens is not None:
+        ppo.max_new_tokens = own.max_new_tokens
+    if own.kl_coef is not None:
+        ppo.kl_coef = own.kl_coef
+    if own.entropy_coef is not None:
+        ppo.entropy_coef_start = ppo.entropy_coef_end = own.entropy_coef
     if name == "generator":
-        t = cfg.train
-        ppo.temperature = t.generator_temperature
-        ppo.advantage = "rloo" if t.generator_advantage == "rloo_batch" else "gae"
-        if t.generator_kl_coef is not None:
-            ppo.kl_coef = t.generator_kl_coef
-        if t.generator_entropy_coef is not None:
-            ppo.entropy_coef_start = ppo.entropy_coef_end = t.generator_entropy_coef
+        ppo.advantage = "rloo" if own.advantage == "rloo_batch" else "gae"
     return ppo
 
 

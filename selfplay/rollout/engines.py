@@ -50,7 +50,7 @@ class Sampling:
     """How one batch is sampled, from the distribution the PPO trainer scores (rl.sampling_logprobs): the tempered
     distribution, no top-k / top-p (ppo.top_k / ppo.top_p are refused), its argmax when greedy."""
 
-    temperature: float  # ppo.temperature (the generator's: train.generator_temperature)
+    temperature: float  # the agent's: agents.<name>.temperature, or ppo.temperature
     max_new_tokens: int  # answer tokens at most (an engine also keeps prompt + answer within agent.max_positions)
     greedy: bool = False  # the argmax instead of a draw (temperature set aside)
     stop_ids: tuple[int, ...] = ()  # an answer ends with the first of these it samples (agent.eos_ids)

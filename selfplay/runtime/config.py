@@ -26,7 +26,7 @@ from solver.rewards import RewardConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONFIG_DIR = REPO_ROOT / "configs"
-GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # train.generator_advantage
+GENERATOR_ADVANTAGES = ("gae", "rloo_batch")  # agents.generator.advantage
 # ppo.advantage: critic + GAE per token, or one advantage per answer from its task's answers (no critic): leave-one-out,
 # GRPO (group mean and std), Dr. GRPO (group mean only)
 GROUP_ADVANTAGES = ("rloo", "grpo", "dr_grpo")  # one advantage per answer from its task's answers, no critic
@@ -203,6 +203,44 @@ class WarmstartConfig:
 
 
 @dataclass
+class AgentConfig:
+    """One agent's own settings over the shared `ppo:` ones (null: ppo's value)."""
+
+    temperature: float | None = None  # sampling temperature; PPO scores the agent's tokens at it too
+    max_new_tokens: int | None = None  # longest answer sampled per turn
+    lr_scale: float = 1.0  # learning rate = ppo.lr * this
+    kl_coef: float | None = None  # per-token KL coefficient (its initial value with ppo.adaptive_kl)
+    entropy_coef: float | None = None  # entropy bonus, the same at every update (null: ppo's decayed schedule)
+
+
+@dataclass
+class GeneratorAgentConfig(AgentConfig):
+    temperature: float | None = 0.7
+    max_new_tokens: int | None = 384  # a proposal: description + code + inputs
+    # "gae" (its critic, per token) | "rloo_batch" (no critic: a proposal's return against the mean return of the
+    # iteration's other proposals on its rank, one group as Absolute Zero's per-role baseline; docs/rl.md). The
+    # solver's advantage is ppo.advantage (its answers are grouped by task)
+    advantage: str = "gae"
+
+
+@dataclass
+class AgentsConfig:
+    solver: AgentConfig = field(default_factory=AgentConfig)
+    generator: GeneratorAgentConfig = field(default_factory=GeneratorAgentConfig)
+
+
+# keys that moved, refused where a config file or an override still sets them, naming where they are now
+MOVED = {
+    "train.generator_max_new_tokens": "agents.generator.max_new_tokens",
+    "train.generator_temperature": "agents.generator.temperature",
+    "train.generator_lr_scale": "agents.generator.lr_scale",
+    "train.generator_kl_coef": "agents.generator.kl_coef",
+    "train.generator_entropy_coef": "agents.generator.entropy_coef",
+    "train.generator_advantage": "agents.generator.advantage",
+}
+
+
+@dataclass
 class TrainConfig:
     steps: int = 200  # total self-play iterations; raising it continues a finished run
     # selfplay (generator + mixer) | curriculum (procedural level schedule) | uniform (procedural, levels drawn
@@ -212,22 +250,11 @@ class TrainConfig:
     samples_per_task: int = 4  # solver attempts per task: k for solve rates and generator rewards
     proposals: int = 8  # generator proposals per iteration
     references: int = 2  # K reference tasks shown in each generator prompt
-    generator_max_new_tokens: int = 384  # longest proposal sampled (description + code + inputs)
-    generator_temperature: float = 0.7  # generator sampling temperature (PPO scores at it); solver: ppo.temperature
     max_turns: int = 1  # solver turns per episode: 1 = write and be graded; >1 = write/run/check/submit
     train_generator: bool = True  # PPO on the generator (selfplay mode); False keeps it at its warm start
     # PPO on the solver; False keeps it at its warm start (it still attempts its batch and every valid proposal): the
     # generator then learns against one fixed solver, a stationary reward
     train_solver: bool = True
-    generator_lr_scale: float = 1.0  # generator learning rate = ppo.lr * this
-    # the generator's per-token KL coefficient (its initial value with ppo.adaptive_kl; None: ppo.kl_coef)
-    generator_kl_coef: float | None = None
-    # the generator's entropy bonus, the same at every update (None: ppo.entropy_coef_start decayed to _end)
-    generator_entropy_coef: float | None = None
-    # the generator's advantage: "gae" (its critic, per token) | "rloo_batch" (no critic: a proposal's return against
-    # the mean return of the iteration's other proposals on its rank, one group as Absolute Zero's per-role baseline;
-    # docs/rl.md). The solver's is ppo.advantage
-    generator_advantage: str = "gae"
     # curriculum mode: iterations spent on each level of mixer.level_min..level_max, lowest first; None = train.steps
     # cut into one equal stretch per level, so that the schedule reaches the top level within the run whatever its
     # length (a set value is the same for runs of every length: a short run may never leave the lowest levels)
@@ -302,6 +329,7 @@ class Config:
     mixer: MixerConfig = field(default_factory=MixerConfig)  # adaptive difficulty mixer (selfplay/train/mixer.py)
     model: ModelConfig = field(default_factory=ModelConfig)  # model factory (selfplay/models/factory.py)
     ppo: PPOConfig = field(default_factory=PPOConfig)  # PPO trainer (selfplay/rl/ppo.py, selfplay/rl/core.py)
+    agents: AgentsConfig = field(default_factory=AgentsConfig)  # each agent's own sampling, budget and optimiser
     # torch.distributed / DeepSpeed (selfplay/runtime/distributed.py)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)  # solver hybrid reward weights (solver/rewards.py)
@@ -323,6 +351,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if not path.exists():
         raise UserError(f"config file not found: {path}")
     file_cfg = _read_yaml(path)
+    _refuse_moved(file_cfg, str(path))
     try:
         cfg = OmegaConf.merge(cfg, file_cfg)
     except OmegaConfBaseException as exc:
@@ -330,6 +359,9 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     for item in overrides:
         if "=" not in item:
             raise UserError(f"override {item!r} is not key=value")
+        if item.split("=", 1)[0] in MOVED:
+            key = item.split("=", 1)[0]
+            raise UserError(f"override: {key} is now {MOVED[key]}")
     try:
         cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
     except OmegaConfBaseException as exc:
@@ -341,6 +373,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     check_ppo(cfg)
     check_rollout(cfg)
     return cfg
+
+
+def _refuse_moved(file_cfg, where: str) -> None:
+    """A moved key (MOVED) set in a config file is refused in one line naming its new place."""
+    for old, new in MOVED.items():
+        if OmegaConf.select(file_cfg, old, default=None) is not None:
+            raise UserError(f"{where}: {old} is now {new}")
 
 
 def _read_yaml(path: Path, seen: tuple[Path, ...] = ()):
@@ -377,19 +416,7 @@ def check_ppo(cfg) -> None:
         raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
                         "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
     _check_objective(cfg)
-    for key in ("generator_kl_coef", "generator_entropy_coef"):
-        value = getattr(t, key)
-        if value is not None and value < 0:
-            raise UserError(f"train.{key} must be >= 0 (or null: as ppo's), got {value}")
-    if t.generator_advantage not in GENERATOR_ADVANTAGES:
-        raise UserError(f"train.generator_advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, "
-                        f"got {t.generator_advantage!r}")
-    world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks this process is one of (torchrun sets it)
-    if t.generator_advantage == "rloo_batch" and t.proposals // world < 2:
-        raise UserError(f"train.generator_advantage=rloo_batch takes each rank's proposals as one group, and "
-                        f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
-                        f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
-                        "train.generator_advantage=gae")
+    _check_agents(cfg)
     generator_learns = t.mode == "selfplay" and t.train_generator and cfg.generator.source == "model"
     if not t.train_solver and t.mode != "warmstart" and not generator_learns:
         why = ("" if t.mode != "selfplay" else " and train.train_generator=false" if not t.train_generator
@@ -405,6 +432,31 @@ def check_ppo(cfg) -> None:
             raise UserError(f"train.samples_per_task=1 with ppo.advantage={p.advantage} leaves every answer without a "
                             "baseline (no other answer to its task): set train.samples_per_task >= 2 or "
                             "ppo.advantage=gae")
+
+
+def _check_agents(cfg) -> None:
+    """agents.solver and agents.generator: each setting a value that can be sampled and trained with."""
+    for name in ("solver", "generator"):
+        a = cfg.agents[name]
+        for key in ("kl_coef", "entropy_coef"):
+            if a[key] is not None and a[key] < 0:
+                raise UserError(f"agents.{name}.{key} must be >= 0 (or null: ppo's), got {a[key]}")
+        if a.temperature is not None and a.temperature <= 0:
+            raise UserError(f"agents.{name}.temperature must be > 0 (or null: ppo's), got {a.temperature}")
+        if a.max_new_tokens is not None and a.max_new_tokens < 1:
+            raise UserError(f"agents.{name}.max_new_tokens must be >= 1 (or null: ppo's), got {a.max_new_tokens}")
+        if a.lr_scale < 0:
+            raise UserError(f"agents.{name}.lr_scale must be >= 0, got {a.lr_scale}")
+    g, t = cfg.agents.generator, cfg.train
+    if g.advantage not in GENERATOR_ADVANTAGES:
+        raise UserError(f"agents.generator.advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, "
+                        f"got {g.advantage!r}")
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks this process is one of (torchrun sets it)
+    if g.advantage == "rloo_batch" and t.proposals // world < 2:
+        raise UserError(f"agents.generator.advantage=rloo_batch takes each rank's proposals as one group, and "
+                        f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
+                        f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
+                        "agents.generator.advantage=gae")
 
 
 def _check_objective(cfg) -> None:

@@ -286,8 +286,8 @@ class RunSettings:
     lora_agents: tuple[str, ...]
     micro_batch: int
     mini_batch: int
-    solver_new: int  # ppo.max_new_tokens
-    generator_new: int  # train.generator_max_new_tokens
+    solver_new: int  # agents.solver.max_new_tokens (or ppo.max_new_tokens)
+    generator_new: int  # agents.generator.max_new_tokens
     prompt: int  # prompt tokens planned for
     sft_batch: int
     sft_len: int
@@ -324,6 +324,8 @@ def read_zero_config(name_or_path: str) -> dict:
 def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
     """`RunSettings` of a loaded config."""
     dist, m, p, t, ws = cfg.distributed, cfg.model, cfg.ppo, cfg.train, cfg.warmstart
+    solver_new, generator_new = (int(cfg.agents[name].max_new_tokens or p.max_new_tokens)
+                                 for name in ("solver", "generator"))
     stage, mixed, prefetch = 0, False, DEFAULT_PREFETCH
     if dist.deepspeed:
         ds = read_zero_config(dist.zero_config)
@@ -336,10 +338,10 @@ def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
         zero_stage=stage, mixed_precision=mixed, prefetch=prefetch, value_model=str(m.value_model),
         gradient_checkpointing=bool(m.gradient_checkpointing), lora_r=int(m.lora.r), lora_layers=int(m.lora.layers),
         lora_targets=tuple(m.lora.target_modules), lora_agents=tuple(m.lora.agents),
-        micro_batch=int(p.micro_batch_size), mini_batch=int(p.mini_batch_size), solver_new=int(p.max_new_tokens),
-        generator_new=int(t.generator_max_new_tokens), prompt=int(options.prompt_tokens or ws.max_len),
+        micro_batch=int(p.micro_batch_size), mini_batch=int(p.mini_batch_size), solver_new=solver_new,
+        generator_new=generator_new, prompt=int(options.prompt_tokens or ws.max_len),
         sft_batch=int(ws.batch_size), sft_len=int(min(ws.max_len, options.prompt_tokens + max(
-            p.max_new_tokens, t.generator_max_new_tokens)) if options.prompt_tokens else ws.max_len),
+            solver_new, generator_new)) if options.prompt_tokens else ws.max_len),
         sft_steps=(int(ws.solver_steps), int(ws.generator_steps)),
         engines=(engine_name(cfg.rollout, "solver"), engine_name(cfg.rollout, "generator")),
         gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization), sleep=bool(cfg.rollout.sleep),

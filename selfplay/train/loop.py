@@ -287,9 +287,9 @@ class SelfPlay:
             self._update_solver(train, rates, lr_scale, metrics)
             timing["solver_update_s"] = time.perf_counter() - t0
         if self.generator_learns and proposals:
-            # train.generator_advantage=rloo_batch: this rank's proposals are one group, each one's baseline the
+            # agents.generator.advantage=rloo_batch: this rank's proposals are one group, each one's baseline the
             # mean return of the others (different prompts, one policy: the baseline leaves the gradient unbiased)
-            one_group = [0] * len(proposals) if self.cfg.train.generator_advantage == "rloo_batch" else None
+            one_group = [0] * len(proposals) if self.cfg.agents.generator.advantage == "rloo_batch" else None
             stats = self.generator.update([p.answer for p in proposals], proposal_rewards, lr_scale=lr_scale,
                                           groups=one_group)
             metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
@@ -304,7 +304,7 @@ class SelfPlay:
         replay = self.replay.draw(self.solver, self.corpus, self.step)
         if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
             # reward.overlong_cache: DAPO's soft length penalty
-            overlong = overlong_penalties([r.mask for r in update_rollouts], cfg.ppo.max_new_tokens,
+            overlong = overlong_penalties([r.mask for r in update_rollouts], self.solver.cfg.max_new_tokens,
                                           cfg.reward.overlong_cache)
             rewards = [r.reward + o for r, o in zip(update_rollouts, overlong)]
             if cfg.ppo.null_reward:  # the control: the same episodes and steps, no reward

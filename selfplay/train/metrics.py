@@ -105,7 +105,7 @@ def generator_metrics(stats: IterationStats, proposals: ProposalRound, solver: S
            "generator/parse_rate": sum(o.parsed for o in outcomes) / n,
            # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
            "generator/redrawn": sum(x.redrawn for x in shared) / n,
-           # answers that reached their token limit before their end (train.generator_max_new_tokens)
+           # answers that reached their token limit before their end (agents.generator.max_new_tokens)
            "generator/cut_off_rate": sum(x.cut_off for x in shared) / n,
            "generator/closed_rate": sum(x.closed for x in shared) / n,
            # valid proposals solved by some but not all of the solver's samples

@@ -76,12 +76,12 @@ def sample_proposals(cfg, generator: LMAgent, references: list[list[Task]], sb, 
     """The generator's proposals for these reference groups as the config asks for them (`generator_rollouts`
     with the format, its redraws and signature tie, the `tasks:` section's build, the prompt budget, validity
     against `corpus`): the training loop's, the warm start's probe's and the probe bench's one call."""
-    t = cfg.train
+    budget = generator.cfg.max_new_tokens  # agents.generator.max_new_tokens (or ppo's)
     return generator_rollouts(
         generator, references, sb, step=step, rng=rng, corpus_index=corpus, n_visible=cfg.tasks.n_visible,
         checkpoint=checkpoint,
-        max_prompt_tokens=prompt_budget(generator, cfg.warmstart.max_len, t.generator_max_new_tokens),
-        max_new_tokens=t.generator_max_new_tokens, fmt=cfg.generator.format,
+        max_prompt_tokens=prompt_budget(generator, cfg.warmstart.max_len, budget),
+        max_new_tokens=budget, fmt=cfg.generator.format,
         build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
         tie_signature=cfg.generator.tie_signature, instruction_weights=instruction_weights)
 

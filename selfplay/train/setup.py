@@ -178,8 +178,7 @@ def load_agent(cfg, info: D.DistInfo, folder: Path, name: str) -> LMAgent:
     agent.load_training_state(folder / name)
     if name == "generator" and cfg.generator.constrained:  # refused here if it cannot compile
         agent.constrain(cfg.generator.format, cfg.generator.close_reserve)
-    scale = cfg.train.generator_lr_scale if name == "generator" else 1.0
-    agent.set_learning_rate(cfg.ppo.lr * scale)  # the config's, not the one saved with the optimiser
+    agent.set_learning_rate(cfg.ppo.lr * cfg.agents[name].lr_scale)  # the config's, not the one the optimiser saved
     agent.engine = make_engine(cfg, agent, folder / name, rank=info.rank)  # rollout.engine's
     return agent
 

@@ -462,7 +462,7 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     from selfplay.eval.compare import ARM_SPECS, warm_folder
 
     v = variant("free_rloo", "selfplay_free", ["ppo.advantage=rloo"])
-    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "train.generator_advantage=gae",
+    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "agents.generator.advantage=gae",
                                                           "model.value_model=detached", "ppo.advantage=rloo"),
                                              "warmstart_free")
     assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
@@ -475,7 +475,7 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     free = ARM_SPECS["selfplay_free"].overrides
     assert variant("v", "selfplay_free", ["model.value_model=detached"]).overrides == free
     # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
-    assert warm_start_overrides(v.warm) == ("generator.format=free", "train.generator_advantage=gae",
+    assert warm_start_overrides(v.warm) == ("generator.format=free", "agents.generator.advantage=gae",
                                             "model.value_model=detached")
     assert warm_start_overrides("warmstart") == ()
     for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),

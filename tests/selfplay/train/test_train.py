@@ -106,8 +106,8 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     assert "nothing to do" in again.stdout
     # ... and a learning rate or KL coefficient given for the continuation is the one used (not the one saved with
     # the optimiser or the trainer)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "train.generator_lr_scale=0.5",
-             "ppo.kl_coef=0.321", "train.generator_kl_coef=0.654", "train.generator_entropy_coef=0.0042")
+    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "agents.generator.lr_scale=0.5",
+             "ppo.kl_coef=0.321", "agents.generator.kl_coef=0.654", "agents.generator.entropy_coef=0.0042")
     assert latest_state(run)["step"] == 4
     tags = read_scalars(run)
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
@@ -125,7 +125,7 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
 
 @pytest.mark.slow
 def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_group(warm_run, tmp_path):
-    """train.generator_advantage=rloo_batch: the generator's update passes its proposals as one group (the
+    """agents.generator.advantage=rloo_batch: the generator's update passes its proposals as one group (the
     trainer logs `mixed_groups` only when it is given groups) and leaves its value head as it was; with `gae`,
     the key's default, the value head trains."""
     import torch
@@ -136,7 +136,7 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
     for advantage, critic_trained in (("rloo_batch", False), ("gae", True)):
         run = copy_run(warm_run, tmp_path / advantage)
         selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
-                 f"train.generator_advantage={advantage}")
+                 f"agents.generator.advantage={advantage}")
         before, after = value_head(run, 0), value_head(run, 1)
         same = all(torch.equal(before[k], after[k]) for k in before)
         assert same != critic_trained, advantage
@@ -233,12 +233,12 @@ def test_the_generator_without_a_critic_needs_two_proposals_on_every_rank(monkey
     from selfplay.train.loop import SelfPlay
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    rloo = ["train.generator_advantage=rloo_batch", "train.solver_tasks=4"]
-    with pytest.raises(UserError, match=r"train.generator_advantage=rloo_batch .* train.proposals=2 over 2 ranks "
+    rloo = ["agents.generator.advantage=rloo_batch", "train.solver_tasks=4"]
+    with pytest.raises(UserError, match=r"agents.generator.advantage=rloo_batch .* train.proposals=2 over 2 ranks "
                                         r"gives each 1.*train.proposals >= 4"):
         SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
     SelfPlay._validate(load_config(None, [*rloo, "train.proposals=4"]))
-    SelfPlay._validate(load_config(None, ["train.generator_advantage=gae", "train.solver_tasks=4",
+    SelfPlay._validate(load_config(None, ["agents.generator.advantage=gae", "train.solver_tasks=4",
                                           "train.proposals=2"]))
     monkeypatch.setenv("WORLD_SIZE", "1")
     SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
