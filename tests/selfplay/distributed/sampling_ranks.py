@@ -115,7 +115,7 @@ def main(out: str) -> None:
         rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
                                       fmt="mutation", redraws=3)
     result["redrawn"] = sum(r.redrawn for r in rollouts)
-    # one sampling call, in batches of one prompt: three on rank 0, one on rank 1 (LMAgent.sample_hf)
+    # one sampling call, in batches of one prompt: three on rank 0, one on rank 1 (HFEngine.sample)
     prompt = list(tok("Write a task.", add_special_tokens=False)["input_ids"])
     result["answers"] = len(a.sample([prompt] * (3 if info.rank == 0 else 1), max_new_tokens=8, batch_size=1))
     # free answers in two stages: rank 0's first stages end, rank 1's are cut off (no second stage to draw)

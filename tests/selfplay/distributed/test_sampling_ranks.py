@@ -1,7 +1,7 @@
 """Sampling on 2 real ranks under DeepSpeed ZeRO-3 (torchrun, gloo, CPU): redraws, the tied free format, batches and
 the solver's multi-turn episodes (which end earlier on one rank) make data-dependent numbers of `generate` calls,
 and each generation step is a collective, so the ranks agree on their calls (`episodes._calls_in_step`,
-`LMAgent.sample_hf`); tests/selfplay/distributed/sampling_ranks.py runs on each rank."""
+`HFEngine.sample`); tests/selfplay/distributed/sampling_ranks.py runs on each rank."""
 
 import json
 import os
