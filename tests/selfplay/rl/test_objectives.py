@@ -14,7 +14,9 @@ from selfplay.rl import ppo
 from selfplay.runtime.config import LOSS_AGGREGATIONS, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 from solver.rewards import overlong_penalties, overlong_penalty, turn_lengths
-from test_ppo import EOS, PAD, PROMPT, one_thread, tiny_policy  # noqa: F401 (one_thread: an autouse fixture)
+from test_ppo import EOS, PAD, PROMPT, tiny_policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 SQRT3 = math.sqrt(3.0)
 

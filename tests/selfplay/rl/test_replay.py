@@ -17,7 +17,9 @@ from selfplay.rl import core as rl
 from selfplay.runtime.config import PPOConfig
 from selfplay.models.factory import ActorCritic, frozen_copy
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, priority, successes
-from tests.selfplay.rl.test_ppo import PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
+from tests.selfplay.rl.test_ppo import PAD, tiny_policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 # ---------------------------------------------------------------------------- the answer set (replay_source=sft)
 

@@ -7,7 +7,9 @@ import torch
 
 from selfplay.models.factory import ActorCritic
 from selfplay.train.warmstart import critic_batch, critic_value_loss, pretrain_critic
-from tests.selfplay.rl.test_ppo import EOS, PAD, one_thread, tiny_policy  # noqa: F401 (one_thread: autouse fixture)
+from tests.selfplay.rl.test_ppo import EOS, PAD, tiny_policy
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def rollout(prompt, tokens, reward, mask=None):
