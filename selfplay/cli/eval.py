@@ -102,7 +102,7 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
     from selfplay.eval import evaluate as E
     from selfplay.rollout.episodes import prompt_options
     from selfplay.data.corpus import Corpus, CorpusError, corpus_path
-    from selfplay.train.loop import quiet_transformers
+    from selfplay.train.setup import quiet_transformers
 
     quiet_transformers()
     samples, limit, turns, temp, seed = (options[k] for k in ("samples", "limit", "max_turns", "temperature", "seed"))
