@@ -31,15 +31,15 @@ import json
 import random
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from generator.fingerprint import ast_hash, task_id
 from generator.schema import SchemaError, Task, check_json_value
 
 INSTRUCTIONS = {
     "mutate": "Write a new task that changes one detail of a reference task (the key, the condition, the order, "
-              "or an edge case) so that the old solution no longer works.",
+    "or an edge case) so that the old solution no longer works.",
     "compose": "Write a new task that chains the steps of two reference tasks into one pipeline.",
     "harder": "Write a harder version of a reference task: one more step or a trickier rule.",
     "change_type": "Write a reference task again for a different element type (float, str, tuple or record).",
@@ -85,8 +85,13 @@ def _example_lines(task: Task, n: int) -> list[str]:
 def format_proposal(task: Task, max_inputs: int = 6) -> str:
     """A task written as the generator would propose it (the target text of the generator's warm start)."""
     inputs = [t["input"] for t in task.tests][:max_inputs]
-    lines = [f"DESCRIPTION: {' '.join(task.description.split())}", f"SIGNATURE: {task.signature}", "CODE:",
-             task.reference_solution.rstrip("\n"), "INPUTS:"]
+    lines = [
+        f"DESCRIPTION: {' '.join(task.description.split())}",
+        f"SIGNATURE: {task.signature}",
+        "CODE:",
+        task.reference_solution.rstrip("\n"),
+        "INPUTS:",
+    ]
     lines += [json.dumps(i) for i in inputs]
     lines.append("END")
     return "\n".join(lines) + "\n"
@@ -107,8 +112,9 @@ def build_prompt(references: Sequence[Task], instruction: str, n_examples: int =
     return "\n".join(parts) + "\n"
 
 
-def free_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb=None, corpus_index=None,
-                  build_cfg=None) -> list[tuple[str, str]]:
+def free_examples(
+    tasks: Sequence[Task], k_refs: int, seed: int, sb=None, corpus_index=None, build_cfg=None
+) -> list[tuple[str, str]]:
     """The free format's warm-start pairs (prompt, answer text): for each task, K other tasks of its family as
     references, and the task written as a proposal; the instruction names what relates the target to its
     references (a deeper pipeline: harder, else mutate). `sb`, `corpus_index` and `build_cfg` are not needed: the
@@ -195,8 +201,9 @@ def parse_proposal(text: str) -> Proposal | ProposalError:
     return Proposal(description, signature, entry_point, code, inputs)
 
 
-def proposal_to_task(proposal: Proposal, parents: Sequence[Task], step: int, n_visible: int = 3,
-                     generator_checkpoint: str | None = None) -> Task:
+def proposal_to_task(
+    proposal: Proposal, parents: Sequence[Task], step: int, n_visible: int = 3, generator_checkpoint: str | None = None
+) -> Task:
     """A task record for the proposal, outputs not yet computed (validity computes them in the sandbox).
     The first `n_visible` inputs are the examples the solver sees; the rest are hidden tests."""
     tests = [{"input": i} for i in proposal.inputs]

@@ -17,8 +17,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from generator.descriptions import NOISE_KINDS, describe
-from generator.families import (FAMILIES, FAMILY_WEIGHTS, PipelineError, level_depths, render_reference,
-                                render_signature, sample_pipeline)
+from generator.families import (
+    FAMILIES,
+    FAMILY_WEIGHTS,
+    PipelineError,
+    level_depths,
+    render_reference,
+    render_signature,
+    sample_pipeline,
+)
 from generator.families.catalogue import LITERALS
 from generator.families.values import make_inputs
 from generator.fingerprint import ast_hash, task_id
@@ -41,9 +48,15 @@ class BuildConfig:
             raise SplitError(f"tasks.literals must be one of {', '.join(LITERALS)}, got {self.literals!r}")
 
     @classmethod
-    def from_config(cls, tasks_cfg) -> "BuildConfig":
-        return cls(int(tasks_cfg.n_visible), int(tasks_cfg.n_visible_vague), int(tasks_cfg.n_hidden),
-                   int(tasks_cfg.max_level), SplitConfig.from_config(tasks_cfg), str(tasks_cfg.literals))
+    def from_config(cls, tasks_cfg) -> BuildConfig:
+        return cls(
+            int(tasks_cfg.n_visible),
+            int(tasks_cfg.n_visible_vague),
+            int(tasks_cfg.n_hidden),
+            int(tasks_cfg.max_level),
+            SplitConfig.from_config(tasks_cfg),
+            str(tasks_cfg.literals),
+        )
 
 
 @dataclass
@@ -61,13 +74,19 @@ class BuildStats:
 
 def levels_for(split: str, max_level: int = 4) -> list[int]:
     """Levels a split is drawn at (noisy needs a precise text to add noise to; compositions need >= 2 steps)."""
-    allowed = {"train": [1, 2, 3, 4], "heldout_types": [1, 2, 3, 4], "heldout_compositions": [3, 4],
-               "deeper": [3], "noisy": [2, 3]}[check_split_name(split)]
+    allowed = {
+        "train": [1, 2, 3, 4],
+        "heldout_types": [1, 2, 3, 4],
+        "heldout_compositions": [3, 4],
+        "deeper": [3],
+        "noisy": [2, 3],
+    }[check_split_name(split)]
     return [lv for lv in allowed if lv <= max_level] or allowed[:1]
 
 
-def sample_params(rng: random.Random, level: int, split: str = "train", cfg: BuildConfig = BuildConfig(),
-                  tries: int = 100) -> dict:
+def sample_params(
+    rng: random.Random, level: int, split: str = "train", cfg: BuildConfig = BuildConfig(), tries: int = 100
+) -> dict:
     """JSON params of one procedural task of `level` in `split`."""
     if level not in (1, 2, 3, 4):
         raise SplitError(f"level must be 1..4, got {level!r}")
@@ -81,29 +100,51 @@ def sample_params(rng: random.Random, level: int, split: str = "train", cfg: Bui
         depth = rng.randint(lo, hi)
         pair = tuple(sorted(rng.choice(cfg.splits.pairs))) if c["require_pair"] else None  # sorted: no hash order
         try:
-            steps = sample_pipeline(rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20,
-                                    literals=cfg.literals)
+            steps = sample_pipeline(
+                rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20, literals=cfg.literals
+            )
         except PipelineError:
             continue
         size = rng.randint(4, 6)
-        params = pipeline_params(family, steps, level, size=size, cfg=cfg,
-                                 noise=sorted(rng.sample(NOISE_KINDS, rng.randint(1, 2))) if c["noise"] else [],
-                                 seed=rng.getrandbits(32))
+        params = pipeline_params(
+            family,
+            steps,
+            level,
+            size=size,
+            cfg=cfg,
+            noise=sorted(rng.sample(NOISE_KINDS, rng.randint(1, 2))) if c["noise"] else [],
+            seed=rng.getrandbits(32),
+        )
         if split_of(params, cfg.splits) == split:
             return params
     raise SplitError(f"could not draw a level-{level} task for split {split!r}")
 
 
-def pipeline_params(family: str, steps: list[dict], level: int, *, size: int, seed: int,
-                    cfg: BuildConfig = BuildConfig(), noise: list[str] = ()) -> dict:
+def pipeline_params(
+    family: str,
+    steps: list[dict],
+    level: int,
+    *,
+    size: int,
+    seed: int,
+    cfg: BuildConfig = BuildConfig(),
+    noise: list[str] = (),
+) -> dict:
     """The params of a task running `steps` on `family`'s input at `level` (its sizes, edge cases, text mode and
     number of examples follow the level); `size` is the input length of level 1, `seed` draws text and inputs."""
     depth = len(steps)
     return {
-        "family": family, "input": FAMILIES[family], "steps": steps, "level": level,
+        "family": family,
+        "input": FAMILIES[family],
+        "steps": steps,
+        "level": level,
         "sizes": [size, size] if level == 1 else [0, 12 if depth > 3 else 10],
-        "edge_cases": level >= 2, "vague": level == 4, "noise": list(noise),
-        "n_visible": cfg.n_visible_vague if level == 4 else cfg.n_visible, "n_hidden": cfg.n_hidden, "seed": seed,
+        "edge_cases": level >= 2,
+        "vague": level == 4,
+        "noise": list(noise),
+        "n_visible": cfg.n_visible_vague if level == 4 else cfg.n_visible,
+        "n_hidden": cfg.n_hidden,
+        "seed": seed,
     }
 
 
@@ -116,11 +157,21 @@ def materialise(params: dict, split: str, *, created_step: int = 0) -> Task:
     visible_sizes = (max(sizes[0], 2), max(sizes[1], 2))  # examples that show something
     visible = make_inputs(rng, params["input"], params["n_visible"], size_range=visible_sizes, edge_cases=False)
     hidden = make_inputs(rng, params["input"], params["n_hidden"], size_range=sizes, edge_cases=params["edge_cases"])
-    return Task(id=task_id(reference, "solve", visible + hidden), family=params["family"], source="procedural",
-                split=split, level=params["level"], description=description, entry_point="solve",
-                signature=render_signature(params), reference_solution=reference,
-                visible_tests=[{"input": a} for a in visible], hidden_tests=[{"input": a} for a in hidden],
-                created_step=created_step, params=params)
+    return Task(
+        id=task_id(reference, "solve", visible + hidden),
+        family=params["family"],
+        source="procedural",
+        split=split,
+        level=params["level"],
+        description=description,
+        entry_point="solve",
+        signature=render_signature(params),
+        reference_solution=reference,
+        visible_tests=[{"input": a} for a in visible],
+        hidden_tests=[{"input": a} for a in hidden],
+        created_step=created_step,
+        params=params,
+    )
 
 
 class ChainIndex:
@@ -152,9 +203,20 @@ def _drop_repeats(tasks: list[Task], index, stats: BuildStats) -> list[Task]:
     return keep
 
 
-def generate_tasks(n: int, level: int | None = None, split: str = "train", seed: int = 0, sb=None, *,
-                   corpus_index=None, cfg: BuildConfig | None = None, batch_size: int = 64, stats=None,
-                   on_batch=None, max_attempts: int | None = None) -> list[Task]:
+def generate_tasks(
+    n: int,
+    level: int | None = None,
+    split: str = "train",
+    seed: int = 0,
+    sb=None,
+    *,
+    corpus_index=None,
+    cfg: BuildConfig | None = None,
+    batch_size: int = 64,
+    stats=None,
+    on_batch=None,
+    max_attempts: int | None = None,
+) -> list[Task]:
     """`n` valid tasks (fewer only if `max_attempts`, default 50 n + 200, runs out), deterministic in `seed`.
 
     level: 1..4, or None for a mix of the split's levels; corpus_index: reject duplicates of a stored corpus;
@@ -176,6 +238,7 @@ def generate_tasks(n: int, level: int | None = None, split: str = "train", seed:
     with contextlib.ExitStack() as stack:
         if sb is None:
             import sandbox
+
             sb = stack.enter_context(sandbox.open_sandbox(timeout_s=2.0))
         while len(out) < n and stats.attempted - attempted0 < max_attempts:
             want = n - len(out)

@@ -34,8 +34,9 @@ import ast
 import hashlib
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from generator.agent import ProposalError
 from generator.fingerprint import ast_hash
@@ -44,11 +45,11 @@ from generator.validity import check_safe
 
 ENTRY_POINT = "f"
 KINDS = ("deduction", "abduction", "induction")
-MAX_INPUTS = 10             # inputs per proposal: enough to show a behaviour, few enough to run fast
-MAX_VALUE_CHARS = 1000      # repr length of one input's arguments or of one output: a solver must read or write it
-MAX_PROGRAM_CHARS = 5000    # a longer program is not something a solver can reason through in one answer
-MAX_MESSAGE_CHARS = 300     # the message is a one-line hint, not a specification
-MAX_DEPTH = 20              # nesting of containers in a value; deeper is not a value a solver should write
+MAX_INPUTS = 10  # inputs per proposal: enough to show a behaviour, few enough to run fast
+MAX_VALUE_CHARS = 1000  # repr length of one input's arguments or of one output: a solver must read or write it
+MAX_PROGRAM_CHARS = 5000  # a longer program is not something a solver can reason through in one answer
+MAX_MESSAGE_CHARS = 300  # the message is a one-line hint, not a specification
+MAX_DEPTH = 20  # nesting of containers in a value; deeper is not a value a solver should write
 
 # Modules refused on top of generator.validity's (system interfaces, processes, files, time, introspection):
 # - random, uuid: pseudo-random streams, seeded or not, cannot be followed by reading the program;
@@ -60,14 +61,24 @@ CODE_IO_BANNED_MODULES = frozenset({"random", "uuid", "hashlib", "hmac", "zlib",
 # getattr, ...): id() depends on memory layout and hash() on the interpreter's hash seed, neither on the program.
 CODE_IO_BANNED_CALLS = frozenset({"id", "hash"})
 
-CHECKS = ("parses", "safe", "inputs", "message", "novel_program", "runs", "outputs", "deterministic", "nontrivial",
-          "novel_behaviour")
+CHECKS = (
+    "parses",
+    "safe",
+    "inputs",
+    "message",
+    "novel_program",
+    "runs",
+    "outputs",
+    "deterministic",
+    "nontrivial",
+    "novel_behaviour",
+)
 
 # Appended to the program when it runs: called once per input with the arguments' literal text, it checks the
 # result is a plain value of bounded size and answers its repr, which the parent reads back with literal_eval (and
 # checks again: nothing the child says is trusted beyond being a literal). Its helpers are bound at definition, so
 # a program that rebinds module names while it runs does not change them.
-HARNESS = '''
+HARNESS = """
 
 def __code_io_plain(value, _type=type, _scalars=(bool, int, str), _float=float, _seqs=(list, tuple, set),
                     _dict=dict, _inf=(float("inf"), float("-inf"))):
@@ -102,7 +113,7 @@ def __code_io_call(args_text, _plain=__code_io_plain, _repr=repr, _len=len, _str
     if _len(text) > {max_chars}:
         return ["bad", "output of " + _str(_len(text)) + " characters exceeds {max_chars}"]
     return ["ok", text]
-'''
+"""
 HARNESS_ENTRY = "__code_io_call"
 
 
@@ -188,9 +199,9 @@ def parse_value(text: str) -> tuple[bool, Any]:
 class Proposal:
     """What the generator wrote: a program defining `f`, the argument tuples of one or more calls, a message."""
 
-    program: str            # Python source defining f (and possibly helpers)
-    inputs: tuple           # argument tuples, one per call of f
-    message: str = ""       # one line describing the behaviour (shown to the solver in induction)
+    program: str  # Python source defining f (and possibly helpers)
+    inputs: tuple  # argument tuples, one per call of f
+    message: str = ""  # one line describing the behaviour (shown to the solver in induction)
 
 
 @dataclass(frozen=True)
@@ -198,10 +209,10 @@ class AcceptedProposal:
     """A proposal that passed every check: its outputs, computed in the sandbox, and its novelty keys."""
 
     program: str
-    inputs: tuple           # argument tuples
-    outputs: tuple          # f(*inputs[i]) for each i, typed as the program returned it
+    inputs: tuple  # argument tuples
+    outputs: tuple  # f(*inputs[i]) for each i, typed as the program returned it
     message: str = ""
-    program_key: str = ""   # hash of the normalised program (names renamed, docstrings dropped)
+    program_key: str = ""  # hash of the normalised program (names renamed, docstrings dropped)
     behaviour_key: str = ""  # hash of the (inputs, outputs) pairs
 
     @property
@@ -210,18 +221,29 @@ class AcceptedProposal:
 
     def to_dict(self) -> dict:
         """As plain JSON: values as literal text, so types survive a JSON round trip."""
-        return {"program": self.program, "inputs": [format_args(a) for a in self.inputs],
-                "outputs": [repr(o) for o in self.outputs], "message": self.message,
-                "program_key": self.program_key, "behaviour_key": self.behaviour_key}
+        return {
+            "program": self.program,
+            "inputs": [format_args(a) for a in self.inputs],
+            "outputs": [repr(o) for o in self.outputs],
+            "message": self.message,
+            "program_key": self.program_key,
+            "behaviour_key": self.behaviour_key,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "AcceptedProposal":
+    def from_dict(cls, d: dict) -> AcceptedProposal:
         inputs = tuple(parse_args(t) for t in d["inputs"])
         outputs = tuple(ast.literal_eval(t) for t in d["outputs"])
         if any(isinstance(a, str) for a in inputs):
             raise ValueError("a stored input does not parse")
-        return cls(program=d["program"], inputs=inputs, outputs=outputs, message=d.get("message", ""),
-                   program_key=d.get("program_key", ""), behaviour_key=d.get("behaviour_key", ""))
+        return cls(
+            program=d["program"],
+            inputs=inputs,
+            outputs=outputs,
+            message=d.get("message", ""),
+            program_key=d.get("program_key", ""),
+            behaviour_key=d.get("behaviour_key", ""),
+        )
 
 
 _FENCE = re.compile(r"```[ \t]*(python3?|py)?[ \t]*\n(.*?)```", re.DOTALL | re.IGNORECASE)
@@ -287,8 +309,8 @@ class ProposalCheck:
     """The verdict on one proposal: `accepted` when every check passed, else the failed check and why."""
 
     accepted: AcceptedProposal | None
-    check: str = ""         # the failed check (one of CHECKS), '' when accepted
-    reason: str = ""        # one line: why it failed
+    check: str = ""  # the failed check (one of CHECKS), '' when accepted
+    reason: str = ""  # one line: why it failed
 
     @property
     def ok(self) -> bool:
@@ -327,8 +349,17 @@ def check_program_safe(program: str) -> str:
                     return f"imports banned module '{name.split('.')[0]}'"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CODE_IO_BANNED_CALLS:
             return f"calls banned function '{node.func.id}'"
-    shell = Task(id="", family="code_io", source="generator", split="train", level=1, description="",
-                 entry_point=ENTRY_POINT, signature="", reference_solution=program)
+    shell = Task(
+        id="",
+        family="code_io",
+        source="generator",
+        split="train",
+        level=1,
+        description="",
+        entry_point=ENTRY_POINT,
+        signature="",
+        reference_solution=program,
+    )
     result = check_safe(shell)
     return "" if result.passed else result.reason
 
@@ -408,9 +439,9 @@ class NoveltyIndex:
 class CallOutcome:
     """One call f(*args) in the sandbox: status "ok" with its typed value, else why not."""
 
-    status: str             # "ok", "bad_output" (not plain, too long), or a sandbox test status ("error", "timeout")
+    status: str  # "ok", "bad_output" (not plain, too long), or a sandbox test status ("error", "timeout")
     value: Any = None
-    reason: str = ""        # one line, '' when ok
+    reason: str = ""  # one line, '' when ok
 
 
 def _outcome(test, report) -> CallOutcome:
@@ -432,22 +463,33 @@ def _outcome(test, report) -> CallOutcome:
 
 def harnessed(program: str) -> str:
     """The program with the harness appended (its entry point is HARNESS_ENTRY)."""
-    return program.rstrip("\n") + "\n" + HARNESS.format(entry=ENTRY_POINT, max_chars=MAX_VALUE_CHARS,
-                                                        max_depth=MAX_DEPTH)
+    return (
+        program.rstrip("\n") + "\n" + HARNESS.format(entry=ENTRY_POINT, max_chars=MAX_VALUE_CHARS, max_depth=MAX_DEPTH)
+    )
 
 
-def call_many(sb, jobs: Sequence[tuple[str, Sequence[tuple]]], *, timeout_s: float | None = None,
-              use_cache: bool = True) -> list[list[CallOutcome]]:
+def call_many(
+    sb, jobs: Sequence[tuple[str, Sequence[tuple]]], *, timeout_s: float | None = None, use_cache: bool = True
+) -> list[list[CallOutcome]]:
     """Run each (program, argument tuples) job in the sandbox, all jobs in parallel: per job, per input, the typed
     result of f(*args). The arguments travel as literal text and the result comes back as its repr."""
     if not jobs:
         return []
-    reports = sb.run_tests_many([dict(solution=harnessed(program), entry_point=HARNESS_ENTRY,
-                                      inputs=[[repr(tuple(a))] for a in inputs], timeout_s=timeout_s,
-                                      use_cache=use_cache) for program, inputs in jobs])
+    reports = sb.run_tests_many(
+        [
+            dict(
+                solution=harnessed(program),
+                entry_point=HARNESS_ENTRY,
+                inputs=[[repr(tuple(a))] for a in inputs],
+                timeout_s=timeout_s,
+                use_cache=use_cache,
+            )
+            for program, inputs in jobs
+        ]
+    )
     out = []
     for (_, inputs), report in zip(jobs, reports):
-        outcomes = [_outcome(t, report) for t in report.tests[:len(inputs)]]
+        outcomes = [_outcome(t, report) for t in report.tests[: len(inputs)]]
         outcomes += [CallOutcome("not_run", reason=f"not run ({report.status})")] * (len(inputs) - len(outcomes))
         out.append(outcomes)
     return out
@@ -466,8 +508,11 @@ def _static(proposal: Proposal) -> ProposalCheck | None:
     why = check_inputs(proposal.program, proposal.inputs)
     if why:
         return _reject("inputs", why)
-    if not isinstance(proposal.message, str) or "\n" in proposal.message.strip() \
-            or len(proposal.message) > MAX_MESSAGE_CHARS:
+    if (
+        not isinstance(proposal.message, str)
+        or "\n" in proposal.message.strip()
+        or len(proposal.message) > MAX_MESSAGE_CHARS
+    ):
         return _reject("message", f"the message must be one line of at most {MAX_MESSAGE_CHARS} characters")
     return None
 
@@ -487,13 +532,19 @@ def _judge(proposal: Proposal, first: list[CallOutcome], second: list[CallOutcom
     outputs = tuple(o.value for o in first)
     if len(outputs) > 1 and len({canonical_text(o) for o in outputs}) < 2:
         return _reject("nontrivial", f"every input gives the same output {repr(outputs[0])[:60]}")
-    return AcceptedProposal(program=proposal.program, inputs=tuple(proposal.inputs), outputs=outputs,
-                            message=proposal.message.strip(), program_key=program_key(proposal.program),
-                            behaviour_key=behaviour_key(proposal.inputs, outputs))
+    return AcceptedProposal(
+        program=proposal.program,
+        inputs=tuple(proposal.inputs),
+        outputs=outputs,
+        message=proposal.message.strip(),
+        program_key=program_key(proposal.program),
+        behaviour_key=behaviour_key(proposal.inputs, outputs),
+    )
 
 
-def validate_proposals(proposals: Sequence[Proposal], sb, index: NoveltyIndex | None = None, *,
-                       timeout_s: float | None = None) -> list[ProposalCheck]:
+def validate_proposals(
+    proposals: Sequence[Proposal], sb, index: NoveltyIndex | None = None, *, timeout_s: float | None = None
+) -> list[ProposalCheck]:
     """Check a batch (CHECKS, in order; the first failure is the verdict). Static checks first; then two fresh
     runs per proposal (no cache), all in parallel, the second calling f on the inputs in reverse order (a program
     whose outputs depend on earlier calls is not deterministic: a task shows one call alone). Novelty is judged
@@ -527,8 +578,9 @@ def validate_proposals(proposals: Sequence[Proposal], sb, index: NoveltyIndex | 
     return verdicts
 
 
-def validate_proposal(proposal: Proposal, sb, index: NoveltyIndex | None = None, *,
-                      timeout_s: float | None = None) -> ProposalCheck:
+def validate_proposal(
+    proposal: Proposal, sb, index: NoveltyIndex | None = None, *, timeout_s: float | None = None
+) -> ProposalCheck:
     """Check one proposal (see validate_proposals)."""
     return validate_proposals([proposal], sb, index, timeout_s=timeout_s)[0]
 
@@ -552,21 +604,21 @@ def proposer_reward(rate: float) -> float:
 
 
 # ============================================================================================ prompt
-MAX_REFERENCE_PAIRS = 3     # input/output pairs shown per reference proposal
-MAX_SHOWN_CHARS = 200       # a longer value is cut in the prompt
+MAX_REFERENCE_PAIRS = 3  # input/output pairs shown per reference proposal
+MAX_SHOWN_CHARS = 200  # a longer value is cut in the prompt
 DEFAULT_INPUTS = {"deduction": 2, "abduction": 2, "induction": 6}
 
 _AIMS = {
     "deduction": "Its output on each input should take careful step-by-step reasoning to predict from the code.",
     "abduction": "Recovering an input from an output should take careful reasoning: the function should not simply "
-                 "be inverted at a glance.",
+    "be inverted at a glance.",
     "induction": "Its behaviour should be learnable from a few input/output examples plus your one-line message, "
-                 "and the inputs should together show that behaviour, edge cases included.",
+    "and the inputs should together show that behaviour, edge cases included.",
 }
 
 
 def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def reference_text(proposal: AcceptedProposal, max_pairs: int = MAX_REFERENCE_PAIRS) -> str:
@@ -587,23 +639,30 @@ def generator_prompt(references: Sequence[AcceptedProposal], kind: str, n_inputs
     if not 1 <= n <= MAX_INPUTS:
         raise ValueError(f"n_inputs={n}: ask for 1..{MAX_INPUTS} inputs")
     article = "an" if kind[0] in "aeiou" else "a"
-    parts = [f"Write a new Python function `{ENTRY_POINT}` for {article} {kind} task, with {n} input(s) to call it on.",
-             _AIMS[kind], ""]
+    parts = [
+        f"Write a new Python function `{ENTRY_POINT}` for {article} {kind} task, with {n} input(s) to call it on.",
+        _AIMS[kind],
+        "",
+    ]
     if references:
-        parts += [f"Earlier functions ({len(references)}); write one that differs from all of them in what it "
-                  f"computes:", ""]
+        parts += [
+            f"Earlier functions ({len(references)}); write one that differs from all of them in what it computes:",
+            "",
+        ]
         for i, ref in enumerate(references, 1):
             parts += [f"Reference {i}:", reference_text(ref), ""]
-    parts += ["Rules: the function must be deterministic, finish quickly, return plain values (None, bool, int, "
-              "float, str, list, tuple, dict, set), and import nothing but pure computation modules (no random, "
-              "time, os, sys, files or I/O). Inputs must give different outputs.",
-              "",
-              "Answer in this form:",
-              "```python",
-              f"def {ENTRY_POINT}(...):",
-              "    ...",
-              "```",
-              "input: <the arguments of one call, as Python literals, e.g. [3, 1, 2], 'abc'>",
-              "(one input line per call)",
-              "message: <one line that hints at what the function does>"]
+    parts += [
+        "Rules: the function must be deterministic, finish quickly, return plain values (None, bool, int, "
+        "float, str, list, tuple, dict, set), and import nothing but pure computation modules (no random, "
+        "time, os, sys, files or I/O). Inputs must give different outputs.",
+        "",
+        "Answer in this form:",
+        "```python",
+        f"def {ENTRY_POINT}(...):",
+        "    ...",
+        "```",
+        "input: <the arguments of one call, as Python literals, e.g. [3, 1, 2], 'abc'>",
+        "(one input line per call)",
+        "message: <one line that hints at what the function does>",
+    ]
     return "\n".join(parts)

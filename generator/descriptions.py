@@ -28,11 +28,24 @@ IRRELEVANT = (
     "Assume the caller has already logged the input.",
     "Remember that readability matters.",
 )
-VAGUE_CLAUSES = ("process the {noun} the way the examples show", "adjust the {noun} as needed",
-                 "apply the appropriate transformation", "tidy the data up")
-KIND_WORDS = {"filter": "filtering", "map": "transforming each element", "sort": "sorting", "reverse": "reversing",
-              "dedup": "removing duplicates", "take": "slicing", "top_k": "picking the top elements",
-              "window": "sliding windows", "group": "grouping", "sink": "reducing to a single value"}
+VAGUE_CLAUSES = (
+    "process the {noun} the way the examples show",
+    "adjust the {noun} as needed",
+    "apply the appropriate transformation",
+    "tidy the data up",
+)
+KIND_WORDS = {
+    "filter": "filtering",
+    "map": "transforming each element",
+    "sort": "sorting",
+    "reverse": "reversing",
+    "dedup": "removing duplicates",
+    "take": "slicing",
+    "top_k": "picking the top elements",
+    "window": "sliding windows",
+    "group": "grouping",
+    "sink": "reducing to a single value",
+}
 NOISE_KINDS = ("irrelevant", "vague", "error")
 
 
@@ -68,18 +81,28 @@ def _closer(params: dict, rng: random.Random) -> str:
         return ""
     etype, _ = final_type(params["input"], params["steps"])
     noun = NOUNS.get(etype, ("values",))[0]
-    return rng.choice([" Return the resulting list.", " Return the list you end up with.",
-                       f" The function returns the final list of {noun}.", " Return the result as a list."])
+    return rng.choice(
+        [
+            " Return the resulting list.",
+            " Return the list you end up with.",
+            f" The function returns the final list of {noun}.",
+            " Return the result as a list.",
+        ]
+    )
 
 
 def _opener(params: dict, rng: random.Random) -> str:
     kind = params["input"]
     what = rng.choice(INPUT_PHRASES[kind])
     arg = PARAM_NAMES.get(kind, "xs")
-    return rng.choice([f"Write a function `solve({arg})` that takes {what}.",
-                       f"The input `{arg}` is {what}.",
-                       f"You are given {what} `{arg}`.",
-                       f"Implement `solve({arg})`, where `{arg}` is {what}."])
+    return rng.choice(
+        [
+            f"Write a function `solve({arg})` that takes {what}.",
+            f"The input `{arg}` is {what}.",
+            f"You are given {what} `{arg}`.",
+            f"Implement `solve({arg})`, where `{arg}` is {what}.",
+        ]
+    )
 
 
 def describe(params: dict, rng: random.Random, *, vague: bool = False, noise: list[str] = ()) -> str:
@@ -88,9 +111,13 @@ def describe(params: dict, rng: random.Random, *, vague: bool = False, noise: li
     if vague:
         kinds = sorted({KIND_WORDS[s["kind"]] for s in params["steps"]})
         hint = rng.choice(kinds)
-        body = rng.choice([f"Work out the rule from the examples; it involves {hint}, among other things.",
-                           f"The examples define what to compute (hint: {hint} is part of it).",
-                           f"Figure out the transformation from the input/output examples. One ingredient: {hint}."])
+        body = rng.choice(
+            [
+                f"Work out the rule from the examples; it involves {hint}, among other things.",
+                f"The examples define what to compute (hint: {hint} is part of it).",
+                f"Figure out the transformation from the input/output examples. One ingredient: {hint}.",
+            ]
+        )
         return f"{opener} {body}"
     clauses = _clauses(params, rng)
     if "vague" in noise and clauses:
@@ -119,7 +146,7 @@ def _inject_error(clauses: list[str], rng: random.Random) -> list[str]:
         m = re.search(r"(?<![\w.'])(\d+)(?![\w.'])", clauses[i])
         if m:
             n = int(m.group(1))
-            clauses[i] = clauses[i][:m.start()] + str(n + 1) + clauses[i][m.end():]
+            clauses[i] = clauses[i][: m.start()] + str(n + 1) + clauses[i][m.end() :]
             return clauses
     for i in order:
         for a, b in _SWAPS:

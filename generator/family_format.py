@@ -17,8 +17,8 @@ import dataclasses
 import hashlib
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from generator.agent import ProposalError
 from generator.build import BuildConfig, materialise, pipeline_params
@@ -34,6 +34,7 @@ _ANSWER = re.compile(r"^FAMILY (\w+)\nLEVEL (\d)\nEND$")
 @dataclass(frozen=True)
 class FamilyChoice:
     """A parsed answer: which family, at which level."""
+
     family: str
     level: int
 
@@ -41,6 +42,7 @@ class FamilyChoice:
 @dataclass(frozen=True)
 class ChoiceError:
     """A parsed answer whose task cannot be drawn (a held-out family, no pipeline of that depth)."""
+
     reason: str
 
 
@@ -73,34 +75,52 @@ def parse(text) -> FamilyChoice | ProposalError:
     return FamilyChoice(family, level)
 
 
-def compile_choice(choice: FamilyChoice, references: Sequence[Task], *, step: int = 0, n_visible: int = 3,
-                   build_cfg: BuildConfig = BuildConfig(), checkpoint: str | None = None) -> Task | ChoiceError:
+def compile_choice(
+    choice: FamilyChoice,
+    references: Sequence[Task],
+    *,
+    step: int = 0,
+    n_visible: int = 3,
+    build_cfg: BuildConfig = BuildConfig(),
+    checkpoint: str | None = None,
+) -> Task | ChoiceError:
     """A task of the chosen family and level (test outputs not yet computed), drawn from a seed that the
     references and the choice fix, or why none can be made."""
     digest = hashlib.sha256("\n".join([*(t.id for t in references), choice.family, str(choice.level)]).encode())
     rng = random.Random(digest.hexdigest())
     try:
-        steps = sample_pipeline(rng, FAMILIES[choice.family], rng.randint(*level_depths(choice.level,
-                                build_cfg.splits.train_max_depth)), forbid_pairs=build_cfg.splits.pairs,
-                                literals=build_cfg.literals)
+        steps = sample_pipeline(
+            rng,
+            FAMILIES[choice.family],
+            rng.randint(*level_depths(choice.level, build_cfg.splits.train_max_depth)),
+            forbid_pairs=build_cfg.splits.pairs,
+            literals=build_cfg.literals,
+        )
     except PipelineError as exc:
         return ChoiceError(str(exc))
-    params = pipeline_params(choice.family, steps, choice.level, cfg=build_cfg, size=rng.randint(4, 6),
-                             seed=rng.getrandbits(32))
+    params = pipeline_params(
+        choice.family, steps, choice.level, cfg=build_cfg, size=rng.randint(4, 6), seed=rng.getrandbits(32)
+    )
     split = split_of(params, build_cfg.splits)
     if split != "train":
         return ChoiceError(f"family {choice.family} belongs to the held-out split {split}")
     task = materialise(params, "train", created_step=step)
-    return dataclasses.replace(task, source="generator", family=f"generator/{choice.family}",
-                               parent_ids=[t.id for t in references], generator_checkpoint=checkpoint)
+    return dataclasses.replace(
+        task,
+        source="generator",
+        family=f"generator/{choice.family}",
+        parent_ids=[t.id for t in references],
+        generator_checkpoint=checkpoint,
+    )
 
 
 def write(choice: FamilyChoice) -> str:
     return f"FAMILY {choice.family}\nLEVEL {choice.level}\nEND\n"
 
 
-def examples(tasks: Sequence[Task], k_refs: int, seed: int, sb=None, corpus_index=None,
-             build_cfg=None) -> list[tuple[str, str]]:
+def examples(
+    tasks: Sequence[Task], k_refs: int, seed: int, sb=None, corpus_index=None, build_cfg=None
+) -> list[tuple[str, str]]:
     """Warm-start pairs: K random other tasks as references, the instruction "another", and a procedural task's own
     family and level as the answer."""
     rng = random.Random(f"family-examples:{seed}")
@@ -121,5 +141,14 @@ def grammar() -> str:
     return f'root ::= "FAMILY " family "\\nLEVEL " level "\\nEND\\n"\nfamily ::= {families}\nlevel ::= {levels}\n'
 
 
-FAMILY = ProposalFormat(name="family", instruction=choose, prompt=build, parse=parse, compile=compile_choice,
-                        target=write, examples=examples, grammar=grammar, max_answer_tokens=32)
+FAMILY = ProposalFormat(
+    name="family",
+    instruction=choose,
+    prompt=build,
+    parse=parse,
+    compile=compile_choice,
+    target=write,
+    examples=examples,
+    grammar=grammar,
+    max_answer_tokens=32,
+)

@@ -14,8 +14,8 @@ example, run end to end by tests/generator/test_formats.py).
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
 
 from generator import agent, mutation
 from generator.build import BuildConfig
@@ -57,38 +57,70 @@ class ProposalFormat:
 
     def __post_init__(self) -> None:
         if self.sampling not in SAMPLINGS:
-            raise ValueError(f"format {self.name!r}: sampling must be one of {', '.join(SAMPLINGS)}, "
-                             f"got {self.sampling!r}")
+            raise ValueError(
+                f"format {self.name!r}: sampling must be one of {', '.join(SAMPLINGS)}, got {self.sampling!r}"
+            )
 
     def reference_pool(self, tasks: Sequence[Task]) -> list[Task]:
         """The tasks this format's prompts can show as references."""
         return [t for t in tasks if program_of(t) is not None] if self.needs_program else list(tasks)
 
 
-def _free_instruction(rng: random.Random, references: Sequence[Task], build_cfg: BuildConfig,
-                      weights: Weights | None) -> str:
+def _free_instruction(
+    rng: random.Random, references: Sequence[Task], build_cfg: BuildConfig, weights: Weights | None
+) -> str:
     return agent.choose_instruction(rng, len(references))  # uniform: the free format's instructions are not weighed
 
 
-def _free_compile(parsed: agent.Proposal, references: Sequence[Task], *, step: int, n_visible: int,
-                  build_cfg: BuildConfig, checkpoint: str | None) -> Task:
+def _free_compile(
+    parsed: agent.Proposal,
+    references: Sequence[Task],
+    *,
+    step: int,
+    n_visible: int,
+    build_cfg: BuildConfig,
+    checkpoint: str | None,
+) -> Task:
     return agent.proposal_to_task(parsed, references, step, n_visible=n_visible, generator_checkpoint=checkpoint)
 
 
-def _mutation_compile(parsed: mutation.Mutation, references: Sequence[Task], *, step: int, n_visible: int,
-                      build_cfg: BuildConfig, checkpoint: str | None) -> Task | mutation.MutationError:
+def _mutation_compile(
+    parsed: mutation.Mutation,
+    references: Sequence[Task],
+    *,
+    step: int,
+    n_visible: int,
+    build_cfg: BuildConfig,
+    checkpoint: str | None,
+) -> Task | mutation.MutationError:
     return mutation.compile_mutation(parsed, references, cfg=build_cfg, step=step, generator_checkpoint=checkpoint)
 
 
 FREE = ProposalFormat(
-    name="free", instruction=_free_instruction, prompt=agent.build_prompt, parse=agent.parse_proposal,
-    compile=_free_compile, target=agent.format_proposal, examples=agent.free_examples, grammar=free_grammar,
-    sampling="tied")
+    name="free",
+    instruction=_free_instruction,
+    prompt=agent.build_prompt,
+    parse=agent.parse_proposal,
+    compile=_free_compile,
+    target=agent.format_proposal,
+    examples=agent.free_examples,
+    grammar=free_grammar,
+    sampling="tied",
+)
 MUTATION = ProposalFormat(
-    name="mutation", instruction=mutation.choose_mutation_instruction, prompt=mutation.build_mutation_prompt,
-    parse=mutation.parse_mutation, compile=_mutation_compile, target=mutation.format_mutation,
-    examples=mutation.mutation_examples, grammar=mutation_grammar, needs_program=True, weighted=True,
-    max_answer_tokens=mutation.MAX_ANSWER_TOKENS, sampling="edits")
+    name="mutation",
+    instruction=mutation.choose_mutation_instruction,
+    prompt=mutation.build_mutation_prompt,
+    parse=mutation.parse_mutation,
+    compile=_mutation_compile,
+    target=mutation.format_mutation,
+    examples=mutation.mutation_examples,
+    grammar=mutation_grammar,
+    needs_program=True,
+    weighted=True,
+    max_answer_tokens=mutation.MAX_ANSWER_TOKENS,
+    sampling="edits",
+)
 FORMATS: dict[str, ProposalFormat] = {f.name: f for f in (FREE, MUTATION)}
 
 

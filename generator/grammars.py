@@ -31,8 +31,9 @@ from generator.families.values import TYPE_NAMES, input_etype
 from generator.splits import SplitConfig
 
 # `type` targets: the input names less those of the default held-out element types (float, tup)
-TRAIN_INPUTS = tuple(name for name, kind in INPUT_NAMES.items()
-                     if TYPE_NAMES[input_etype(kind)] not in SplitConfig().heldout_types)
+TRAIN_INPUTS = tuple(
+    name for name, kind in INPUT_NAMES.items() if TYPE_NAMES[input_etype(kind)] not in SplitConfig().heldout_types
+)
 
 
 def _alt(words) -> str:
@@ -49,9 +50,16 @@ def _arg_names(tables) -> list[str]:
 
 def _string_chars() -> str:
     """The characters of every string constant the catalogue offers, as the body of a character class."""
-    chars = {c for table in list(EXPR_TABLES.values()) + list(KEY_TABLES.values()) for exprs in table.values()
-             for e in exprs for name in set(e.args) | set(e.wide) for v in allowed_values(e, name)
-             if isinstance(v, str) for c in v} | set("abcdefghijklmnopqrstuvwxyz0123456789_")
+    chars = {
+        c
+        for table in list(EXPR_TABLES.values()) + list(KEY_TABLES.values())
+        for exprs in table.values()
+        for e in exprs
+        for name in set(e.args) | set(e.wide)
+        for v in allowed_values(e, name)
+        if isinstance(v, str)
+        for c in v
+    } | set("abcdefghijklmnopqrstuvwxyz0123456789_")
     return "".join(sorted(chars - {"-"})) + ("-" if "-" in chars else "")  # '-' last: a literal in the class
 
 
@@ -73,8 +81,10 @@ def edits_grammar(edits: dict, exclude=frozenset()) -> str | None:
     less the (r, edit text) answers in `exclude`; None when none is left."""
     from generator.mutation import format_edit
 
-    texts = {r: sorted({format_edit(e) for e in options} - {t for rr, t in exclude if rr == r})
-             for r, options in edits.items()}
+    texts = {
+        r: sorted({format_edit(e) for e in options} - {t for rr, t in exclude if rr == r})
+        for r, options in edits.items()
+    }
     texts = {r: t for r, t in texts.items() if t}
     if not texts:
         return None
@@ -90,37 +100,45 @@ def mutation_grammar() -> str:
     keys = _names([KEY_TABLES["sort"], KEY_TABLES["top_k"]])
     group_keys = _names([KEY_TABLES["group"]])
     args = _arg_names(list(EXPR_TABLES.values()) + list(KEY_TABLES.values()))
-    return "\n".join([
-        'root ::= "REF " digit "\\nEDIT " edit "\\nEND\\n"',
-        'digit ::= [1-9]',
-        'edit ::= "const " digit " " constname "=" value | "key " digit " " key args | "expr " digit " " exprname args'
-        ' | "order " digit | "type " input | "add " digit " " step | "set " digit " " step | "drop " digit'
-        ' | "swap " digit " " digit | "splice " digit " " digit " " digit',
-        f'input ::= {_alt(TRAIN_INPUTS)}',
-        'args ::= "" | " " assign | ' + " | ".join(f'" {a}=" value " {b}=" value' for a in args for b in args
-                                                   if a != b),  # at most two constants, never one twice
-        'assign ::= argname "=" value',
-        f'argname ::= {_alt(args)}',
-        f'constname ::= {_alt(args + ["k", "w"])}',  # const also sets K of take/top_k and W of window
-        'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',
-        'chars ::= "" | char | char char | char char char | char char char char | char char char char char char'
-        ' | char char char char char char char char',
-        f'char ::= [{_string_chars()}]',  # every character of the catalogue's string constants
-        f'exprname ::= {_alt(n for names in exprs.values() for n in names)}',
-        f'key ::= {_alt(keys + group_keys)}',
-        'step ::= "filter " filtername args | "map " mapname args | "sink " sinkname args'
-        ' | "sort " sortkey args " " ("asc" | "desc") (" inplace")? | "top_k " sortkey args " " digit " "'
-        ' ("largest" | "smallest") | "take " ("first" | "last") " " digit | "window " digit " " windowagg'
-        ' | "group " groupkey " " groupvalue " " aggregate | "reverse" | "dedup"',
-        f'filtername ::= {_alt(exprs["filter"])}',
-        f'mapname ::= {_alt(exprs["map"])}',
-        f'sinkname ::= {_alt(exprs["sink"])}',
-        f'sortkey ::= {_alt(keys)}',
-        f'groupkey ::= {_alt(group_keys)}',
-        f'groupvalue ::= {_alt(e.name for exprs_ in GROUP_VALUES.values() for e in exprs_)}',
-        f'windowagg ::= {_alt(WINDOW_AGGS)}',
-        f'aggregate ::= {_alt(AGGREGATES)}',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                'root ::= "REF " digit "\\nEDIT " edit "\\nEND\\n"',
+                "digit ::= [1-9]",
+                'edit ::= "const " digit " " constname "=" value | "key " digit " " key args'
+                ' | "expr " digit " " exprname args'
+                ' | "order " digit | "type " input | "add " digit " " step | "set " digit " " step | "drop " digit'
+                ' | "swap " digit " " digit | "splice " digit " " digit " " digit',
+                f"input ::= {_alt(TRAIN_INPUTS)}",
+                'args ::= "" | " " assign | '
+                + " | ".join(
+                    f'" {a}=" value " {b}=" value' for a in args for b in args if a != b
+                ),  # at most two constants, never one twice
+                'assign ::= argname "=" value',
+                f"argname ::= {_alt(args)}",
+                f"constname ::= {_alt(args + ['k', 'w'])}",  # const also sets K of take/top_k and W of window
+                'value ::= "-"? [0-9] [0-9]? [0-9]? ("." [0-9] [0-9]?)? | "\\"" chars "\\""',
+                'chars ::= "" | char | char char | char char char | char char char char | char char char char char char'
+                " | char char char char char char char char",
+                f"char ::= [{_string_chars()}]",  # every character of the catalogue's string constants
+                f"exprname ::= {_alt(n for names in exprs.values() for n in names)}",
+                f"key ::= {_alt(keys + group_keys)}",
+                'step ::= "filter " filtername args | "map " mapname args | "sink " sinkname args'
+                ' | "sort " sortkey args " " ("asc" | "desc") (" inplace")? | "top_k " sortkey args " " digit " "'
+                ' ("largest" | "smallest") | "take " ("first" | "last") " " digit | "window " digit " " windowagg'
+                ' | "group " groupkey " " groupvalue " " aggregate | "reverse" | "dedup"',
+                f"filtername ::= {_alt(exprs['filter'])}",
+                f"mapname ::= {_alt(exprs['map'])}",
+                f"sinkname ::= {_alt(exprs['sink'])}",
+                f"sortkey ::= {_alt(keys)}",
+                f"groupkey ::= {_alt(group_keys)}",
+                f"groupvalue ::= {_alt(e.name for exprs_ in GROUP_VALUES.values() for e in exprs_)}",
+                f"windowagg ::= {_alt(WINDOW_AGGS)}",
+                f"aggregate ::= {_alt(AGGREGATES)}",
+            ]
+        )
+        + "\n"
+    )
 
 
 IDENT_START = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_"
@@ -176,10 +194,12 @@ def python_rules(max_depth: int = 4, max_expr_depth: int = MAX_EXPR_DEPTH) -> li
         alts = [f'{ind} simple "\\n"']
         if d < max_depth:
             inner = f"body{d + 1}"
-            alts += [f'{ind} "for " ctargets " in " exprlist ":\\n" {inner}',
-                     f'{ind} "while " expr ":\\n" {inner}',
-                     f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner}){{0,7}} ({ind} "else:\\n"'
-                     f' {inner})?']
+            alts += [
+                f'{ind} "for " ctargets " in " exprlist ":\\n" {inner}',
+                f'{ind} "while " expr ":\\n" {inner}',
+                f'{ind} "if " expr ":\\n" {inner} ({ind} "elif " expr ":\\n" {inner}){{0,7}} ({ind} "else:\\n"'
+                f" {inner})?",
+            ]
         most = MAX_STATEMENTS if d == 1 else MAX_STATEMENTS // 2
         lines += [f"body{d} ::= stmt{d}{{1,{most}}}", f"stmt{d} ::= " + " | ".join(alts)]
     lines += [
@@ -189,7 +209,7 @@ def python_rules(max_depth: int = 4, max_expr_depth: int = MAX_EXPR_DEPTH) -> li
         'target ::= name ("." name | "[" subscript1 "]"){0,6}',
         'ctargets ::= name (", " name){0,7}',
         'exprlist ::= expr (", " expr){0,7}',
-        'expr ::= expr0',
+        "expr ::= expr0",
         'compop ::= " < " | " > " | " == " | " != " | " <= " | " >= " | " in " | " not in " | " is " | " is not "',
         'arop ::= " + " | " - " | " * " | " / " | " // " | " % " | " ** "',
         'lparams ::= "" | " " name (", " name){0,7}',
@@ -211,18 +231,20 @@ def expression_rules(d: int, top: int) -> list[str]:
     n = d + 1
     last = d == top
     lines = [
-        f'expr{d} ::= disj{d}' if last else
-        f'expr{d} ::= "lambda" lparams ": " expr{n} | disj{d} (" if " disj{d} " else " expr{n})?',
+        f"expr{d} ::= disj{d}"
+        if last
+        else f'expr{d} ::= "lambda" lparams ": " expr{n} | disj{d} (" if " disj{d} " else " expr{n})?',
         f'disj{d} ::= conj{d} (" or " conj{d}){{0,3}}',
         f'conj{d} ::= inv{d} (" and " inv{d}){{0,3}}',
-        f'inv{d} ::= comparison{d}' if last else f'inv{d} ::= "not " inv{n} | comparison{d}',
-        f'comparison{d} ::= arith{d} (compop arith{d}){{0,2}}',
-        f'arith{d} ::= unary{d} (arop unary{d}){{0,4}}',
-        f'unary{d} ::= primary{d}' if last else f'unary{d} ::= "-" unary{n} | primary{d}',
+        f"inv{d} ::= comparison{d}" if last else f'inv{d} ::= "not " inv{n} | comparison{d}',
+        f"comparison{d} ::= arith{d} (compop arith{d}){{0,2}}",
+        f"arith{d} ::= unary{d} (arop unary{d}){{0,4}}",
+        f"unary{d} ::= primary{d}" if last else f'unary{d} ::= "-" unary{n} | primary{d}',
         f'primary{d} ::= (atom{d} | string) trailer{d}{{0,6}} | number | "True" | "False" | "None"',
         f'trailer{d} ::= "." name' if last else f'trailer{d} ::= "." name | "(" args{n} ")" | "[" subscript{n} "]"',
-        f'atom{d} ::= name | "(" ")" | "[" "]" | "{{" "}}"' if last else
-        f'atom{d} ::= name | "(" ")" | "(" expr{n} ")" | "(" expr{n} ",)" | "(" expr{n} (", " expr{n}){{1,15}} ")"'
+        f'atom{d} ::= name | "(" ")" | "[" "]" | "{{" "}}"'
+        if last
+        else f'atom{d} ::= name | "(" ")" | "(" expr{n} ")" | "(" expr{n} ",)" | "(" expr{n} (", " expr{n}){{1,15}} ")"'
         f' | "(" expr{n} compfor{n} ")" | "[" "]" | "[" expr{n} (", " expr{n}){{0,15}} "]"'
         f' | "[" expr{n} compfor{n} "]" | "{{" "}}" | "{{" pair{n} (", " pair{n}){{0,15}} "}}"'
         f' | "{{" pair{n} compfor{n} "}}" | "{{" expr{n} (", " expr{n}){{0,15}} "}}" | "{{" expr{n} compfor{n} "}}"',
@@ -239,8 +261,9 @@ def expression_rules(d: int, top: int) -> list[str]:
     return lines
 
 
-FREE_ROOT = ('root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs'
-             ' "END\\n"')
+FREE_ROOT = (
+    'root ::= "DESCRIPTION: " line "\\nSIGNATURE: " def "\\nCODE:\\n" def ":\\n" body1 "INPUTS:\\n" inputs "END\\n"'
+)
 
 
 def _free_rules() -> list[str]:
@@ -254,7 +277,7 @@ def _free_rules() -> list[str]:
         'type ::= name ("[" type1 (", " type1){0,3} "]")? | "None" | "..."',
         'type1 ::= name ("[" type2 (", " type2){0,3} "]")? | "None" | "..."',
         'type2 ::= name | "None" | "..."',
-        'line ::= [^\\n \\t\\r] [^\\n]{0,599}',  # a description that is not blank
+        "line ::= [^\\n \\t\\r] [^\\n]{0,599}",  # a description that is not blank
         f'inputs ::= ("[" (json (", " json){{0,7}})? "]\\n"){{1,{MAX_INPUT_LINES}}}',
         'json ::= jnumber | jstring | "[" (json (", " json){0,15})? "]" | "{" (member (", " member){0,15})? "}"'
         ' | "true" | "false" | "null"',

@@ -40,17 +40,35 @@ import dataclasses
 import hashlib
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from generator.agent import ProposalError, choose_instruction
 from generator.build import BuildConfig, materialise, pipeline_params
 from generator.families import FAMILIES, level_depths, render_reference
 from generator.families.catalogue import AGGREGATES, GROUP_KEYS, GROUP_VALUES, KEYS
-from generator.families.grammar import (EXPR_TABLES, INPUT_NAMES, INPUT_SHORT, KEY_TABLES, MAX_STEP_K, MAX_STEP_W,
-                                        ORDERS, WINDOW_AGGS, GrammarError, allowed_values, check_pipeline,
-                                        find_expr, format_args, format_program, format_step, parse_assignment,
-                                        parse_int, parse_name, parse_step, program_of)
+from generator.families.grammar import (
+    EXPR_TABLES,
+    INPUT_NAMES,
+    INPUT_SHORT,
+    KEY_TABLES,
+    MAX_STEP_K,
+    MAX_STEP_W,
+    ORDERS,
+    WINDOW_AGGS,
+    GrammarError,
+    allowed_values,
+    check_pipeline,
+    find_expr,
+    format_args,
+    format_program,
+    format_step,
+    parse_assignment,
+    parse_int,
+    parse_name,
+    parse_step,
+    program_of,
+)
 from generator.families.steps import applicable_kinds, output_type, sample_step
 from generator.families.values import input_etype
 from generator.fingerprint import ast_hash
@@ -68,8 +86,10 @@ INSTRUCTIONS = {
     "change_type": ("change the input type", ("type",)),
     "compose": ("splice in a step of another reference", ("splice",)),
 }
-EDIT_HELP = ("const I NAME=V | key I KEY | expr I NAME | order I | type T | add I STEP | drop I | swap I J | "
-             "set I STEP | splice I R J")
+EDIT_HELP = (
+    "const I NAME=V | key I KEY | expr I NAME | order I | type T | add I STEP | drop I | swap I J | "
+    "set I STEP | splice I R J"
+)
 MAX_ANSWER_TOKENS = 64  # a mutation is short: sampling stops here
 # the range the drawn edits' constants come from: every value `check_pipeline` accepts (narrow and wide), whatever
 # `tasks.literals` the procedural corpus used, so that an edit of a constant rarely lands on a program the corpus holds
@@ -80,6 +100,7 @@ _REF = re.compile(r"^REF (\d{1,3})$")
 @dataclass(frozen=True)
 class MutationError:
     """A parsed edit that cannot be compiled: an invalid proposal, with its reason."""
+
     reason: str
 
 
@@ -220,8 +241,12 @@ def feasible_instructions(references: Sequence[Task], cfg: BuildConfig = BuildCo
     return [n for n in names if random_mutation(rng, references, n, cfg=cfg, tries=12) is not None]
 
 
-def choose_mutation_instruction(rng: random.Random, references: Sequence[Task], cfg: BuildConfig = BuildConfig(),
-                                weights: Callable[[list[str]], Sequence[float] | None] | None = None) -> str:
+def choose_mutation_instruction(
+    rng: random.Random,
+    references: Sequence[Task],
+    cfg: BuildConfig = BuildConfig(),
+    weights: Callable[[list[str]], Sequence[float] | None] | None = None,
+) -> str:
     """An instruction the references allow, "mutate" when none is found: uniformly among those, or by
     `weights(names)` (one positive weight per allowed name; None falls back to the uniform draw)."""
     names = feasible_instructions(references, cfg) or ["mutate"]
@@ -330,8 +355,9 @@ def _retype(kind: str, steps: list[dict]) -> list[dict]:
             if step["kind"] not in applicable_kinds(etype):
                 raise GrammarError(f"{where}: {step['kind']} does not apply to {etype} elements")
             if step["kind"] in EXPR_TABLES:
-                step["args"] = _retype_args(step["args"], find_expr(EXPR_TABLES[step["kind"]], etype, step["expr"],
-                                                                    where))
+                step["args"] = _retype_args(
+                    step["args"], find_expr(EXPR_TABLES[step["kind"]], etype, step["expr"], where)
+                )
             elif step["kind"] in ("sort", "top_k"):
                 step["args"] = _retype_args(step["args"], find_expr(KEYS, etype, step["key"], where))
             elif step["kind"] == "group":
@@ -369,7 +395,7 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
                 raise MutationFailure(f"reference {edit.ref} has no program")
             new = dict(other[1][_step_at(other[1], edit.to, f"reference {edit.ref}'s step")])
         new = _normalise(new, _etype_before(kind, steps, edit.at - 1))
-        return kind, steps[: edit.at - 1] + [new] + steps[edit.at - 1:]
+        return kind, steps[: edit.at - 1] + [new] + steps[edit.at - 1 :]
     i = _step_at(steps, edit.at)
     step = steps[i]
     etype = _etype_before(kind, steps, i)
@@ -384,10 +410,14 @@ def apply_edit(kind: str, steps: list[dict], edit: Edit, references: Sequence[Ta
         elif name == "w" and step["kind"] == "window":
             step["w"] = _clamp(edit.value, 2, MAX_STEP_W)
         else:
-            names = sorted(step.get("args", {})) + (["k"] if step["kind"] in ("take", "top_k") else []) + (
-                ["w"] if step["kind"] == "window" else [])
-            raise MutationFailure(f"step {edit.at} ({step['kind']}) has no constant {edit.name!r} "
-                                  f"(it has: {', '.join(names) or 'none'})")
+            names = (
+                sorted(step.get("args", {}))
+                + (["k"] if step["kind"] in ("take", "top_k") else [])
+                + (["w"] if step["kind"] == "window" else [])
+            )
+            raise MutationFailure(
+                f"step {edit.at} ({step['kind']}) has no constant {edit.name!r} (it has: {', '.join(names) or 'none'})"
+            )
     elif op == "key":
         if step["kind"] not in KEY_TABLES:
             raise MutationFailure(f"step {edit.at} ({step['kind']}) has no key")
@@ -455,8 +485,9 @@ def _edited(mutation: Mutation, references: Sequence[Task], cfg: BuildConfig):
     if (new_kind, _copying(new_steps)) == (kind, _copying(steps)):  # sorting in place or not: the same outputs
         return MutationError("the edit changes nothing" + (" but how a sort is written" if new_steps != steps else ""))
     if outputs_form(new_kind, new_steps) == outputs_form(kind, steps):
-        return MutationError("the edit changes nothing the outputs show (an order nothing after it sees, or steps "
-                             "that commute)")
+        return MutationError(
+            "the edit changes nothing the outputs show (an order nothing after it sees, or steps that commute)"
+        )
     family = next(f for f, k in FAMILIES.items() if k == new_kind)
     split = split_of({"family": family, "steps": new_steps}, cfg.splits)
     if split != "train":
@@ -464,8 +495,14 @@ def _edited(mutation: Mutation, references: Sequence[Task], cfg: BuildConfig):
     return parent, new_kind, new_steps, family
 
 
-def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: BuildConfig = BuildConfig(),
-                     step: int = 0, generator_checkpoint: str | None = None) -> Task | MutationError:
+def compile_mutation(
+    mutation: Mutation,
+    references: Sequence[Task],
+    *,
+    cfg: BuildConfig = BuildConfig(),
+    step: int = 0,
+    generator_checkpoint: str | None = None,
+) -> Task | MutationError:
     """The task the mutation describes (test outputs not yet computed), or why it cannot be made. Never raises
     on a parsed mutation."""
     edited = _edited(mutation, references, cfg)
@@ -475,16 +512,21 @@ def compile_mutation(mutation: Mutation, references: Sequence[Task], *, cfg: Bui
     level = _level(int(parent.params.get("level", parent.level)), len(new_steps), cfg.splits.train_max_depth)
     text = format_program(new_kind, new_steps)
     digest = hashlib.sha256(f"{parent.id}\n{text}".encode()).digest()
-    params = pipeline_params(family, new_steps, level, cfg=cfg, size=4 + digest[4] % 3,
-                             seed=int.from_bytes(digest[:4], "big"))
+    params = pipeline_params(
+        family, new_steps, level, cfg=cfg, size=4 + digest[4] % 3, seed=int.from_bytes(digest[:4], "big")
+    )
     split = split_of(params, cfg.splits)
     if split != "train":
         return MutationError(f"the edited program belongs to the held-out split {split}")
     task = materialise(params, "train", created_step=step)
     parents = [parent] + ([references[mutation.edit.ref - 1]] if mutation.edit.op == "splice" else [])
-    return dataclasses.replace(task, source="generator", family=f"generator/{family}",
-                               parent_ids=list(dict.fromkeys(p.id for p in parents)),
-                               generator_checkpoint=generator_checkpoint)
+    return dataclasses.replace(
+        task,
+        source="generator",
+        family=f"generator/{family}",
+        parent_ids=list(dict.fromkeys(p.id for p in parents)),
+        generator_checkpoint=generator_checkpoint,
+    )
 
 
 # ---- every possible edit (the prompt's grammar) ---------------------------------------------------------------
@@ -501,21 +543,38 @@ def candidate_steps(etype: str) -> list[dict]:
     out = []
     for kind in applicable_kinds(etype):
         if kind in EXPR_TABLES:
-            out += [{"kind": kind, "expr": e.name, "args": a} for e in EXPR_TABLES[kind].get(etype, ())
-                    for a in _arg_products(e)]
+            out += [
+                {"kind": kind, "expr": e.name, "args": a}
+                for e in EXPR_TABLES[kind].get(etype, ())
+                for a in _arg_products(e)
+            ]
         elif kind == "sort":
-            out += [{"kind": kind, "key": e.name, "args": a, "desc": d, "in_place": p} for e in KEYS[etype]
-                    for a in _arg_products(e) for d in (False, True) for p in (False, True)]
+            out += [
+                {"kind": kind, "key": e.name, "args": a, "desc": d, "in_place": p}
+                for e in KEYS[etype]
+                for a in _arg_products(e)
+                for d in (False, True)
+                for p in (False, True)
+            ]
         elif kind == "top_k":
-            out += [{"kind": kind, "key": e.name, "args": a, "k": k, "largest": g} for e in KEYS[etype]
-                    for a in _arg_products(e) for k in range(1, MAX_STEP_K + 1) for g in (False, True)]
+            out += [
+                {"kind": kind, "key": e.name, "args": a, "k": k, "largest": g}
+                for e in KEYS[etype]
+                for a in _arg_products(e)
+                for k in range(1, MAX_STEP_K + 1)
+                for g in (False, True)
+            ]
         elif kind == "take":
             out += [{"kind": kind, "k": k, "end": end} for end in ("first", "last") for k in range(1, MAX_STEP_K + 1)]
         elif kind == "window":
             out += [{"kind": kind, "w": w, "agg": a} for w in range(2, MAX_STEP_W + 1) for a in WINDOW_AGGS]
         elif kind == "group":
-            out += [{"kind": kind, "key": k.name, "val": v.name, "agg": a} for k in GROUP_KEYS[etype]
-                    for v in GROUP_VALUES[etype] for a in AGGREGATES]
+            out += [
+                {"kind": kind, "key": k.name, "val": v.name, "agg": a}
+                for k in GROUP_KEYS[etype]
+                for v in GROUP_VALUES[etype]
+                for a in AGGREGATES
+            ]
         else:
             out.append({"kind": kind})
     return out
@@ -533,11 +592,15 @@ def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
         elif step["kind"] == "group":
             yield from (Edit("key", at=j + 1, name=e.name) for e in GROUP_KEYS[etype])
         if step["kind"] in EXPR_TABLES:
-            yield from (Edit("expr", at=j + 1, name=e.name, args=a) for e in EXPR_TABLES[step["kind"]][etype]
-                        for a in _arg_products(e))
+            yield from (
+                Edit("expr", at=j + 1, name=e.name, args=a)
+                for e in EXPR_TABLES[step["kind"]][etype]
+                for a in _arg_products(e)
+            )
         elif step["kind"] in ("window", "group"):
-            yield from (Edit("expr", at=j + 1, name=a) for a in (WINDOW_AGGS if step["kind"] == "window"
-                                                                 else AGGREGATES))
+            yield from (
+                Edit("expr", at=j + 1, name=a) for a in (WINDOW_AGGS if step["kind"] == "window" else AGGREGATES)
+            )
         if step["kind"] in ORDERS:
             yield Edit("order", at=j + 1)
         yield Edit("drop", at=j + 1)
@@ -555,12 +618,24 @@ def _candidate_edits(kind: str, steps: list[dict], references: Sequence[Task]):
 
 # steps whose adjacent order never changes the outputs (filters keep the relative order and depend on the element
 # alone; a stable sort, a reverse and a first-occurrence dedup commute with them; a map with a reverse)
-COMMUTING = {frozenset(p) for p in (("filter",), ("filter", "reverse"), ("filter", "sort"), ("filter", "dedup"),
-                                    ("map", "reverse"))}
+COMMUTING = {
+    frozenset(p)
+    for p in (("filter",), ("filter", "reverse"), ("filter", "sort"), ("filter", "dedup"), ("map", "reverse"))
+}
 ORDER_ONLY = ("sort", "reverse")  # steps that only reorder the list
 ORDER_BLIND = ("filter", "map", "dedup", "sort", "reverse")  # steps whose output multiset ignores the input's order
-ORDER_BLIND_SINKS = {("int", "sum"), ("int", "max"), ("int", "min"), ("int", "len"), ("str", "len"), ("rec", "len"),
-                     ("tup", "len"), ("tup", "total"), ("float", "max"), ("float", "len")}  # (element type, sink)
+ORDER_BLIND_SINKS = {
+    ("int", "sum"),
+    ("int", "max"),
+    ("int", "min"),
+    ("int", "len"),
+    ("str", "len"),
+    ("rec", "len"),
+    ("tup", "len"),
+    ("tup", "total"),
+    ("float", "max"),
+    ("float", "len"),
+}  # (element type, sink)
 
 
 def outputs_form(kind: str, steps: list[dict]) -> list[str]:
@@ -575,8 +650,7 @@ def outputs_form(kind: str, steps: list[dict]) -> list[str]:
     blind_end = last["kind"] == "sink" and (etypes[-1], last["expr"]) in ORDER_BLIND_SINKS
     kept = []
     for i, step in enumerate(steps):
-        dead = (blind_end and step["kind"] in ORDER_ONLY
-                and all(s["kind"] in ORDER_BLIND for s in steps[i + 1:-1]))
+        dead = blind_end and step["kind"] in ORDER_ONLY and all(s["kind"] in ORDER_BLIND for s in steps[i + 1 : -1])
         if not dead:
             kept.append(dict(step, in_place=False) if step["kind"] == "sort" else step)
     form = [format_step(s) for s in kept]
@@ -599,14 +673,18 @@ def _copying(steps: list[dict]) -> list[dict]:
 def known_program(kind: str, steps: list[dict], index) -> bool:
     """Whether `index` (a validity CorpusIndex) holds this program already, its sorts in place or not: the same
     normalised reference solution as the families write it (a compiled task's novelty check would reject it)."""
-    variants = [steps] + ([_copying(steps), [dict(s, in_place=True) if s.get("kind") == "sort" else s for s in steps]]
-                          if any(s.get("kind") == "sort" for s in steps) else [])
-    return any(index.find_duplicate("", ast_hash(render_reference({"input": kind, "steps": v})), None) is not None
-               for v in variants)
+    variants = [steps] + (
+        [_copying(steps), [dict(s, in_place=True) if s.get("kind") == "sort" else s for s in steps]]
+        if any(s.get("kind") == "sort" for s in steps)
+        else []
+    )
+    return any(
+        index.find_duplicate("", ast_hash(render_reference({"input": kind, "steps": v})), None) is not None
+        for v in variants
+    )
 
 
-def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig(),
-                   index=None) -> dict[int, list[Edit]]:
+def possible_edits(references: Sequence[Task], cfg: BuildConfig = BuildConfig(), index=None) -> dict[int, list[Edit]]:
     """Reference number -> every edit (constants from the catalogue's values) that compiles to a program of the
     training split different from the reference's and, given a corpus `index`, not already held by it (the same
     program; a different one with the same behaviour is left to the novelty check): what the prompt's grammar
@@ -651,8 +729,9 @@ def _random_args(rng: random.Random, expr, literals: str) -> dict:
     return {name: rng.choice(tuple(c)) for name, c in expr.choices(literals).items()}
 
 
-def _random_edit(rng: random.Random, op: str, kind: str, steps: list[dict], references: Sequence[Task],
-                 ref: int, literals: str) -> Edit:
+def _random_edit(
+    rng: random.Random, op: str, kind: str, steps: list[dict], references: Sequence[Task], ref: int, literals: str
+) -> Edit:
     n = len(steps)
     i = rng.randrange(n)
     etype = _etype_before(kind, steps, i)
@@ -670,8 +749,9 @@ def _random_edit(rng: random.Random, op: str, kind: str, steps: list[dict], refe
         j = rng.choice(options)
         e = _etype_before(kind, steps, j)
         expr = rng.choice(KEY_TABLES[steps[j]["kind"]][e])
-        return Edit(op, at=j + 1, name=expr.name,
-                    args={} if steps[j]["kind"] == "group" else _random_args(rng, expr, literals))
+        return Edit(
+            op, at=j + 1, name=expr.name, args={} if steps[j]["kind"] == "group" else _random_args(rng, expr, literals)
+        )
     if op == "expr":
         if step["kind"] in EXPR_TABLES:
             expr = rng.choice(EXPR_TABLES[step["kind"]][etype])
@@ -709,8 +789,14 @@ def _random_edit(rng: random.Random, op: str, kind: str, steps: list[dict], refe
     raise MutationFailure(f"unknown edit {op!r}")
 
 
-def random_mutation(rng: random.Random, references: Sequence[Task], instruction: str, *,
-                    cfg: BuildConfig = BuildConfig(), tries: int = 30) -> tuple[Mutation, Task] | None:
+def random_mutation(
+    rng: random.Random,
+    references: Sequence[Task],
+    instruction: str,
+    *,
+    cfg: BuildConfig = BuildConfig(),
+    tries: int = 30,
+) -> tuple[Mutation, Task] | None:
     """A mutation that follows `instruction` and compiles, with its task, or None after `tries` draws."""
     ops = INSTRUCTIONS[instruction][1]
     candidates = [i for i, r in enumerate(references, 1) if program_of(r)]
@@ -730,8 +816,9 @@ def random_mutation(rng: random.Random, references: Sequence[Task], instruction:
     return None
 
 
-def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None,
-                      per_task: int = 3) -> list[tuple[str, str]]:
+def mutation_examples(
+    tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_index=None, build_cfg=None, per_task: int = 3
+) -> list[tuple[str, str]]:
     """The mutation format's warm-start pairs (prompt, answer text): `per_task` draws per task, each K references
     (the task and K - 1 others), an instruction they allow and a random edit that follows it (several per task: a
     tiny model memorises a few hundred answers instead of learning the grammar); kept when the edited task passes
@@ -757,9 +844,14 @@ def mutation_examples(tasks: Sequence[Task], k_refs: int, seed: int, sb, corpus_
 RANDOM_EDITS = "random_edits"  # the generator_checkpoint of a task a random edit made (generator.source)
 
 
-def random_proposal(rng: random.Random, references: Sequence[Task], *, cfg: BuildConfig = BuildConfig(),
-                    weights: Callable[[list[str]], Sequence[float] | None] | None = None,
-                    step: int = 0) -> tuple[str, str, Task | MutationError]:
+def random_proposal(
+    rng: random.Random,
+    references: Sequence[Task],
+    *,
+    cfg: BuildConfig = BuildConfig(),
+    weights: Callable[[list[str]], Sequence[float] | None] | None = None,
+    step: int = 0,
+) -> tuple[str, str, Task | MutationError]:
     """A proposal made without a generator (`generator.source=random_edits`): the instruction drawn as a mutation
     prompt draws it (`choose_mutation_instruction`, with the same `weights`), then a random edit that follows it
     (`random_mutation`, as the warm start draws its targets). Returns the instruction, the answer's text (empty when
@@ -769,5 +861,8 @@ def random_proposal(rng: random.Random, references: Sequence[Task], *, cfg: Buil
     found = random_mutation(rng, references, instruction, cfg=cfg)
     if found is None:
         return instruction, "", MutationError(f"no random edit of these references follows {instruction!r}")
-    return instruction, format_mutation(found[0]), compile_mutation(found[0], references, cfg=cfg, step=step,
-                                                                    generator_checkpoint=RANDOM_EDITS)
+    return (
+        instruction,
+        format_mutation(found[0]),
+        compile_mutation(found[0], references, cfg=cfg, step=step, generator_checkpoint=RANDOM_EDITS),
+    )

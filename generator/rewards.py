@@ -29,8 +29,8 @@ Everything here is a pure function of numbers and cluster keys, so it can be tes
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 PENALTY_UNPARSABLE = -1.0
 PENALTY_INVALID = -0.5
@@ -108,8 +108,12 @@ def diversity(outcomes: Sequence[ProposalOutcome]) -> float | None:
     return (len({c for c in clusters if c is not None}) + sum(c is None for c in clusters)) / len(clusters)
 
 
-def generator_rewards(outcomes: Sequence[ProposalOutcome], repetition_weight: float = 1.0,
-                      learnability_kind: str = "one_minus_p", closed_invalid: str = "invalid") -> list[float]:
+def generator_rewards(
+    outcomes: Sequence[ProposalOutcome],
+    repetition_weight: float = 1.0,
+    learnability_kind: str = "one_minus_p",
+    closed_invalid: str = "invalid",
+) -> list[float]:
     """Scalar reward per proposal of one batch (all of the iteration's proposals: B = len(outcomes))."""
     if repetition_weight < 0:
         raise ValueError(f"repetition weight must be >= 0, got {repetition_weight}")

@@ -85,7 +85,7 @@ class Task:
         return json.dumps(self.to_dict(), sort_keys=True, ensure_ascii=False, allow_nan=False)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Task":
+    def from_dict(cls, data: dict) -> Task:
         if not isinstance(data, dict):
             raise SchemaError(f"a task record must be a JSON object, got {type(data).__name__}")
         names = {f.name for f in dataclasses.fields(cls)}
@@ -95,8 +95,11 @@ class Task:
         version = data.get("schema_version", SCHEMA_VERSION)
         if not isinstance(version, int) or version > SCHEMA_VERSION:
             raise SchemaError(f"schema_version {version!r} is newer than this code ({SCHEMA_VERSION})")
-        required = [f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        required = [
+            f.name
+            for f in dataclasses.fields(cls)
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         missing = [n for n in required if n not in data]
         if missing:
             raise SchemaError(f"missing field(s) {', '.join(missing)}")
@@ -105,7 +108,7 @@ class Task:
         return task
 
     @classmethod
-    def from_json(cls, text: str) -> "Task":
+    def from_json(cls, text: str) -> Task:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -114,16 +117,25 @@ class Task:
 
     def validate_shape(self) -> None:
         """Field types and JSON-only values. Raises SchemaError naming the first bad field."""
-        for name in ("id", "family", "source", "split", "description", "entry_point", "signature",
-                     "reference_solution"):
+        for name in (
+            "id",
+            "family",
+            "source",
+            "split",
+            "description",
+            "entry_point",
+            "signature",
+            "reference_solution",
+        ):
             if not isinstance(getattr(self, name), str):
                 raise SchemaError(f"{name} must be a string")
         if self.source not in SOURCES:
             raise SchemaError(f"source {self.source!r} is not one of {', '.join(SOURCES)}")
         if not isinstance(self.level, int) or isinstance(self.level, bool) or not 1 <= self.level <= 4:
             raise SchemaError(f"level must be an integer 1..4, got {self.level!r}")
-        if self.difficulty is not None and not (isinstance(self.difficulty, (int, float))
-                                                and 0.0 <= self.difficulty <= 1.0):
+        if self.difficulty is not None and not (
+            isinstance(self.difficulty, (int, float)) and 0.0 <= self.difficulty <= 1.0
+        ):
             raise SchemaError(f"difficulty must be null or a number in [0, 1], got {self.difficulty!r}")
         if not isinstance(self.created_step, int):
             raise SchemaError("created_step must be an integer")
@@ -144,7 +156,7 @@ class Task:
             for i, test in enumerate(tests):
                 where = f"{name}[{i}]"
                 if not isinstance(test, dict) or "input" not in test or set(test) - {"input", "output"}:
-                    raise SchemaError(f"{where} must be {{\"input\": [args], \"output\": value}}")
+                    raise SchemaError(f'{where} must be {{"input": [args], "output": value}}')
                 if not isinstance(test["input"], list):
                     raise SchemaError(f"{where}.input must be a list of positional arguments")
                 check_json_value(test["input"], f"{where}.input")

@@ -92,6 +92,9 @@ class Screen:
         for index in (self.index, self.passed):
             if index is not None and index.find_duplicate("", fingerprint, behaviour) is not None:
                 return "a program or a behaviour the corpus or the batch has"
-        self.passed.add(dataclasses.replace(task, id=f"passed{len(self.passed.ids)}",
-                                            fingerprints={"ast": fingerprint, "behaviour": behaviour}))
+        self.passed.add(
+            dataclasses.replace(
+                task, id=f"passed{len(self.passed.ids)}", fingerprints={"ast": fingerprint, "behaviour": behaviour}
+            )
+        )
         return None

@@ -49,13 +49,12 @@ class SplitConfig:
         for p in self.heldout_pairs:
             parts = p.split("+")
             if len(parts) != 2 or not all(k in KINDS for k in parts) or parts[0] == parts[1]:
-                raise SplitError(f"held-out pair {p!r} must be two different step kinds 'a+b' from "
-                                 f"{', '.join(KINDS)}")
+                raise SplitError(f"held-out pair {p!r} must be two different step kinds 'a+b' from {', '.join(KINDS)}")
         if self.train_max_depth < 1:
             raise SplitError("train_max_depth must be >= 1")
 
     @classmethod
-    def from_config(cls, tasks_cfg) -> "SplitConfig":
+    def from_config(cls, tasks_cfg) -> SplitConfig:
         """From the `tasks:` section of selfplay's config (any object with these attributes)."""
         for name in getattr(tasks_cfg, "heldout_splits", ()):
             if name not in SPLITS[1:]:
@@ -98,10 +97,14 @@ def constraints(split: str, cfg: SplitConfig = SplitConfig()) -> dict:
     if split == "heldout_types":
         if not heldout_families:
             raise SplitError("no family has a held-out element type (tasks.heldout_types is empty)")
-        return {"families": heldout_families, "depth": None, "forbid_pairs": (), "require_pair": False,
-                "noise": False}
-    base = {"families": train_families, "depth": None, "forbid_pairs": tuple(cfg.pairs), "require_pair": False,
-            "noise": False}
+        return {"families": heldout_families, "depth": None, "forbid_pairs": (), "require_pair": False, "noise": False}
+    base = {
+        "families": train_families,
+        "depth": None,
+        "forbid_pairs": tuple(cfg.pairs),
+        "require_pair": False,
+        "noise": False,
+    }
     if split == "heldout_compositions":
         if not cfg.pairs:
             raise SplitError("no held-out pairs configured (tasks.heldout_pairs is empty)")
@@ -113,7 +116,7 @@ def constraints(split: str, cfg: SplitConfig = SplitConfig()) -> dict:
     return base
 
 
-def split_of_task(task, heldout: "HeldoutIndex | None" = None, cfg: SplitConfig = SplitConfig()) -> str:
+def split_of_task(task, heldout: HeldoutIndex | None = None, cfg: SplitConfig = SplitConfig()) -> str:
     """The split a task belongs to. A task the families built (procedural, or compiled from a mutation) has its
     program in its params: `split_of(params)`. A task without them (a free-format proposal: Python the families did
     not build, stored with split "train" and no params) is judged by its program as the held-out hygiene judges it

@@ -27,26 +27,134 @@ from generator.families.values import ELEMENTS, probe_inputs
 from generator.fingerprint import ast_hash, behaviour_hash, canonical_json, task_id
 from generator.schema import SchemaError, Task, check_json_value
 
-CHECKS = ("parses", "safe", "signature", "description", "json_values", "runs", "outputs_match", "deterministic",
-          "diverse", "trivial_fail", "novel")
+CHECKS = (
+    "parses",
+    "safe",
+    "signature",
+    "description",
+    "json_values",
+    "runs",
+    "outputs_match",
+    "deterministic",
+    "diverse",
+    "trivial_fail",
+    "novel",
+)
 STATIC_CHECKS = CHECKS[:4]
 
-BANNED_MODULES = frozenset({
-    "os", "sys", "subprocess", "socket", "threading", "multiprocessing", "time", "datetime", "shutil", "signal",
-    "ctypes", "importlib", "pathlib", "io", "builtins", "gc", "inspect", "pickle", "marshal", "asyncio",
-    "concurrent", "select", "selectors", "resource", "pty", "urllib", "http", "ftplib", "smtplib", "requests",
-    "secrets", "tempfile", "glob", "fcntl", "mmap", "code", "codeop", "runpy", "sched", "_thread", "atexit",
-    "webbrowser", "platform", "sysconfig", "faulthandler", "tracemalloc", "zipimport", "pdb", "trace",
-})
+BANNED_MODULES = frozenset(
+    {
+        "os",
+        "sys",
+        "subprocess",
+        "socket",
+        "threading",
+        "multiprocessing",
+        "time",
+        "datetime",
+        "shutil",
+        "signal",
+        "ctypes",
+        "importlib",
+        "pathlib",
+        "io",
+        "builtins",
+        "gc",
+        "inspect",
+        "pickle",
+        "marshal",
+        "asyncio",
+        "concurrent",
+        "select",
+        "selectors",
+        "resource",
+        "pty",
+        "urllib",
+        "http",
+        "ftplib",
+        "smtplib",
+        "requests",
+        "secrets",
+        "tempfile",
+        "glob",
+        "fcntl",
+        "mmap",
+        "code",
+        "codeop",
+        "runpy",
+        "sched",
+        "_thread",
+        "atexit",
+        "webbrowser",
+        "platform",
+        "sysconfig",
+        "faulthandler",
+        "tracemalloc",
+        "zipimport",
+        "pdb",
+        "trace",
+    }
+)
 # The interpreter's system interfaces a task's reference has no reason to load: private modules (`_ctypes`,
 # `_posixsubprocess`, `_socket`, ...: a leading underscore, `__future__` aside) reach what the banned public ones
 # wrap, and these reach the process, the files or the kernel directly (`posix` is `os`).
-SYSTEM_MODULES = frozenset({"posix", "nt", "pwd", "grp", "spwd", "termios", "tty", "syslog", "sqlite3", "dbm",
-                            "shelve", "ssl", "socketserver", "xmlrpc", "mailbox", "logging"})
-BANNED_CALLS = frozenset({"eval", "exec", "compile", "open", "__import__", "input", "breakpoint", "globals",
-                          "locals", "vars", "exit", "quit", "getattr", "setattr", "delattr", "memoryview", "help"})
-ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__repr__", "__str__", "__eq__", "__lt__",
-                             "__hash__", "__iter__", "__next__", "__getitem__", "__contains__"})
+SYSTEM_MODULES = frozenset(
+    {
+        "posix",
+        "nt",
+        "pwd",
+        "grp",
+        "spwd",
+        "termios",
+        "tty",
+        "syslog",
+        "sqlite3",
+        "dbm",
+        "shelve",
+        "ssl",
+        "socketserver",
+        "xmlrpc",
+        "mailbox",
+        "logging",
+    }
+)
+BANNED_CALLS = frozenset(
+    {
+        "eval",
+        "exec",
+        "compile",
+        "open",
+        "__import__",
+        "input",
+        "breakpoint",
+        "globals",
+        "locals",
+        "vars",
+        "exit",
+        "quit",
+        "getattr",
+        "setattr",
+        "delattr",
+        "memoryview",
+        "help",
+    }
+)
+ALLOWED_DUNDERS = frozenset(
+    {
+        "__init__",
+        "__name__",
+        "__len__",
+        "__repr__",
+        "__str__",
+        "__eq__",
+        "__lt__",
+        "__hash__",
+        "__iter__",
+        "__next__",
+        "__getitem__",
+        "__contains__",
+    }
+)
 MIN_HIDDEN, MIN_VISIBLE = 3, 1
 _ERROR = {"__trivial_error__": True}  # what a trivial program "returns" when it raises
 NOT_RUN = "not run"  # reason prefix of checks skipped after an earlier failure
@@ -158,8 +266,10 @@ def check_safe(task: Task) -> CheckResult:
                 if top in BANNED_MODULES:
                     return fail(f"imports banned module '{top}'")
                 if (top.startswith("_") and top != "__future__") or top in SYSTEM_MODULES:
-                    return fail(f"imports banned module '{top}': a reference has no reason to load the interpreter's "
-                                f"private or system interfaces")
+                    return fail(
+                        f"imports banned module '{top}': a reference has no reason to load the interpreter's "
+                        f"private or system interfaces"
+                    )
                 if top == "random":
                     uses_random = True
         elif isinstance(node, ast.Call):
@@ -216,8 +326,7 @@ def check_signature(task: Task) -> CheckResult:
     sig_args = [a.arg for a in sig.args.posonlyargs + sig.args.args]
     ref_args = [a.arg for a in defs[-1].args.posonlyargs + defs[-1].args.args]
     if sig_args != ref_args:
-        return fail(f"signature parameters ({', '.join(sig_args)}) differ from the reference's "
-                    f"({', '.join(ref_args)})")
+        return fail(f"signature parameters ({', '.join(sig_args)}) differ from the reference's ({', '.join(ref_args)})")
     lo, hi, star = _arity(defs[-1])
     for i, test in enumerate(task.tests):
         n = len(test["input"]) if isinstance(test.get("input"), list) else -1
@@ -235,7 +344,7 @@ def check_description(task: Task) -> CheckResult:
 # ============================================================================== sandbox checks
 def check_runs(task: Task, report) -> CheckResult:
     """The reference ran within limits on every input (report: its TestReport on the task's tests)."""
-    for i, outcome in enumerate(report.tests[:len(task.tests)]):
+    for i, outcome in enumerate(report.tests[: len(task.tests)]):
         if outcome.status == "unserializable":
             continue  # json_values says why
         if outcome.status != "ok":
@@ -269,8 +378,9 @@ def check_outputs_match(task: Task, outputs: list) -> CheckResult:
     """Stored outputs (if the record came with them) equal what the reference computes now."""
     for i, (test, out) in enumerate(zip(task.tests, outputs)):
         if "output" in test and not sandbox.outputs_equal(out, test["output"]):  # the stored one is expected
-            return fail(f"{_test_name(task, i)}: stored output {_short(test['output'])} but the reference "
-                        f"returns {_short(out)}")
+            return fail(
+                f"{_test_name(task, i)}: stored output {_short(test['output'])} but the reference returns {_short(out)}"
+            )
     return OK
 
 
@@ -285,13 +395,15 @@ def check_deterministic(task: Task, first: list, second: list) -> CheckResult:
 def check_diverse(task: Task, outputs: list) -> CheckResult:
     """Enough tests, inputs not all alike, and the hidden outputs not all equal."""
     if len(task.visible_tests) < MIN_VISIBLE or len(task.hidden_tests) < MIN_HIDDEN:
-        return fail(f"needs >= {MIN_VISIBLE} visible and >= {MIN_HIDDEN} hidden tests, has "
-                    f"{len(task.visible_tests)} and {len(task.hidden_tests)}")
+        return fail(
+            f"needs >= {MIN_VISIBLE} visible and >= {MIN_HIDDEN} hidden tests, has "
+            f"{len(task.visible_tests)} and {len(task.hidden_tests)}"
+        )
     inputs = {canonical_json(t["input"]) for t in task.tests}
     need = max(2, math.ceil(0.75 * len(task.tests)))
     if len(inputs) < need:
         return fail(f"only {len(inputs)} distinct inputs among {len(task.tests)} tests (need {need})")
-    hidden_out = {canonical_json(o) for o in outputs[len(task.visible_tests):]}
+    hidden_out = {canonical_json(o) for o in outputs[len(task.visible_tests) :]}
     if len(hidden_out) < 2:
         return fail("every hidden test has the same output")
     return OK
@@ -302,12 +414,21 @@ def trivial_battery(task: Task, outputs: list) -> tuple[list[str], str]:
     solution (identity, constants, most common output, empty values, sorted/reversed input, a lookup table
     of the visible examples); run once per hidden input, each column is compared with the expected output."""
     visible = {canonical_json(t["input"]): o for t, o in zip(task.visible_tests, outputs)}
-    hidden = outputs[len(task.visible_tests):]
+    hidden = outputs[len(task.visible_tests) :]
     counts = Counter(canonical_json(o) for o in hidden)
     common = counts.most_common(1)[0][0] if counts else "null"
-    names = ["identity", "most_common_output", "empty_list", "empty_str", "zero", "none", "sorted_input",
-             "reversed_input", "visible_lookup"]
-    program = f'''import json
+    names = [
+        "identity",
+        "most_common_output",
+        "empty_list",
+        "empty_str",
+        "zero",
+        "none",
+        "sorted_input",
+        "reversed_input",
+        "visible_lookup",
+    ]
+    program = f"""import json
 
 COMMON = json.loads({common!r})
 TABLE = json.loads({canonical_json(visible)!r})
@@ -340,18 +461,21 @@ def {task.entry_point}(*args):
             answer = {_ERROR!r}
         answers.append(answer)
     return answers
-'''
+"""
     return names, program
 
 
 def check_trivial_fail(task: Task, outputs: list, report) -> CheckResult:
     """No trivial program passes every hidden test (report: the battery's TestReport on the hidden inputs)."""
     names, _ = trivial_battery(task, outputs)
-    hidden = outputs[len(task.visible_tests):]
+    hidden = outputs[len(task.visible_tests) :]
     if report.status != "ok" or any(t.status != "ok" for t in report.tests):
         return fail(f"the trivial battery did not run ({report.status})")
-    passing = [n for j, n in enumerate(names)
-               if all(sandbox.outputs_equal(t.output[j], exp) for t, exp in zip(report.tests, hidden))]
+    passing = [
+        n
+        for j, n in enumerate(names)
+        if all(sandbox.outputs_equal(t.output[j], exp) for t, exp in zip(report.tests, hidden))
+    ]
     if passing:
         return fail(f"trivial solution passes every hidden test: {', '.join(passing)}")
     return OK
@@ -381,7 +505,7 @@ def _test_name(task: Task, i: int) -> str:
 
 def _short(value, limit: int = 60) -> str:
     text = json.dumps(value, ensure_ascii=False) if value is not _UNSERIALIZABLE else "<not JSON>"
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _outputs(report, n: int) -> list:
@@ -413,14 +537,16 @@ def _behaviour(report, start: int) -> str | None:
     return behaviour_hash(answers)
 
 
-def validate(task: Task, sb, corpus_index: CorpusIndex | None = None, *, timeout_s: float | None = None
-             ) -> ValidationReport:
+def validate(
+    task: Task, sb, corpus_index: CorpusIndex | None = None, *, timeout_s: float | None = None
+) -> ValidationReport:
     """Run every check on one task (see validate_many)."""
     return validate_many([task], sb, corpus_index, timeout_s=timeout_s)[0]
 
 
-def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None, *,
-                  timeout_s: float | None = None) -> list[ValidationReport]:
+def validate_many(
+    tasks: list[Task], sb, corpus_index: CorpusIndex | None = None, *, timeout_s: float | None = None
+) -> list[ValidationReport]:
     """Validate a batch. Tasks are judged for novelty in order, against `corpus_index` and the earlier valid
     tasks of the batch, as if each valid one had been inserted before the next."""
     results: list[dict[str, CheckResult]] = []
@@ -434,8 +560,14 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
         if not inputs_json.passed:
             res["json_values"] = inputs_json
         results.append(res)
-        work.append(dataclasses.replace(task, visible_tests=[dict(t) for t in task.visible_tests],
-                                        hidden_tests=[dict(t) for t in task.hidden_tests], checks={}))
+        work.append(
+            dataclasses.replace(
+                task,
+                visible_tests=[dict(t) for t in task.visible_tests],
+                hidden_tests=[dict(t) for t in task.hidden_tests],
+                checks={},
+            )
+        )
         if all(r.passed for r in res.values()):
             t = work[-1]
             if not t.id:
@@ -455,10 +587,24 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
         kind = probe_kind(t)
         probes[i] = probe_inputs(kind) if kind else []
         inputs = [test["input"] for test in t.tests]
-        jobs.append(dict(solution=t.reference_solution, entry_point=t.entry_point, inputs=inputs + probes[i],
-                         timeout_s=timeout_s, use_cache=False))
-        jobs.append(dict(solution=t.reference_solution, entry_point=t.entry_point, inputs=inputs,
-                         timeout_s=timeout_s, use_cache=False))
+        jobs.append(
+            dict(
+                solution=t.reference_solution,
+                entry_point=t.entry_point,
+                inputs=inputs + probes[i],
+                timeout_s=timeout_s,
+                use_cache=False,
+            )
+        )
+        jobs.append(
+            dict(
+                solution=t.reference_solution,
+                entry_point=t.entry_point,
+                inputs=inputs,
+                timeout_s=timeout_s,
+                use_cache=False,
+            )
+        )
     reports = sb.run_tests_many(jobs) if jobs else []
     outputs: dict[int, list] = {}
     for n, i in enumerate(live):
@@ -482,8 +628,14 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
     for i in live:
         t = work[i]
         _, program = trivial_battery(t, outputs[i])
-        jobs.append(dict(solution=program, entry_point=t.entry_point, inputs=[h["input"] for h in t.hidden_tests],
-                         timeout_s=timeout_s))
+        jobs.append(
+            dict(
+                solution=program,
+                entry_point=t.entry_point,
+                inputs=[h["input"] for h in t.hidden_tests],
+                timeout_s=timeout_s,
+            )
+        )
     for i, report in zip(live, sb.run_tests_many(jobs) if jobs else []):
         results[i]["trivial_fail"] = check_trivial_fail(work[i], outputs[i], report)
 
@@ -494,8 +646,7 @@ def validate_many(tasks: list[Task], sb, corpus_index: CorpusIndex | None = None
         if i in outputs:
             nv = len(task.visible_tests)
             task.visible_tests = [{"input": t["input"], "output": o} for t, o in zip(task.visible_tests, outputs[i])]
-            task.hidden_tests = [{"input": t["input"], "output": o}
-                                 for t, o in zip(task.hidden_tests, outputs[i][nv:])]
+            task.hidden_tests = [{"input": t["input"], "output": o} for t, o in zip(task.hidden_tests, outputs[i][nv:])]
         if all(r.passed for r in res.values()) and "trivial_fail" in res:
             res["novel"] = check_novel(task, corpus_index)
             if res["novel"].passed:

@@ -97,10 +97,30 @@ sandbox.health() reports per worker what the last program left (work dirs, proce
 Set iteration order is the same in every worker (PYTHONHASHSEED=0), so runs are reproducible across workers.
 """
 
-from sandbox.api import (ExecResult, Sandbox, TestOutcome, TestReport, normalize, open_sandbox,
-                         outputs_equal, usable_cpus)
+from sandbox.api import (
+    ExecResult,
+    Sandbox,
+    TestOutcome,
+    TestReport,
+    normalize,
+    open_sandbox,
+    outputs_equal,
+    usable_cpus,
+)
 from sandbox.errors import SandboxConfigError, SandboxError, SandboxUnavailable
 from sandbox.limits import Limits
 
-__all__ = ["open_sandbox", "Sandbox", "ExecResult", "TestReport", "TestOutcome", "normalize", "outputs_equal",
-           "SandboxError", "SandboxConfigError", "SandboxUnavailable", "Limits", "usable_cpus"]
+__all__ = [
+    "open_sandbox",
+    "Sandbox",
+    "ExecResult",
+    "TestReport",
+    "TestOutcome",
+    "normalize",
+    "outputs_equal",
+    "SandboxError",
+    "SandboxConfigError",
+    "SandboxUnavailable",
+    "Limits",
+    "usable_cpus",
+]

@@ -9,9 +9,10 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from fractions import Fraction
-from typing import Any, Literal, Sequence, overload
+from typing import Any, Literal, overload
 
 from sandbox.errors import SandboxConfigError
 from sandbox.limits import Limits, check_timeout
@@ -19,17 +20,17 @@ from sandbox.limits import Limits, check_timeout
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
 TEST_STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "not_run", "unserializable")
 BACKENDS = ("process", "docker")
-MAX_WORKERS = 256               # more fork servers than this is a typo, not a plan
+MAX_WORKERS = 256  # more fork servers than this is a typo, not a plan
 
 
 # ------------------------------------------------------------------------------------------ results
 @dataclass(frozen=True)
 class ExecResult:
-    status: str                     # one of STATUSES
-    stdout: str = ""                # captured, capped at output_limit bytes (stdout+stderr together)
+    status: str  # one of STATUSES
+    stdout: str = ""  # captured, capped at output_limit bytes (stdout+stderr together)
     stderr: str = ""
-    duration_s: float = 0.0         # wall-clock seconds the run took, measured by the worker's server
-    cached: bool = False            # True when this came from the result cache
+    duration_s: float = 0.0  # wall-clock seconds the run took, measured by the worker's server
+    cached: bool = False  # True when this came from the result cache
     meta: dict = field(default_factory=dict)  # backend, network_isolated, user_isolated, exit_code, signal, ...
 
     @property
@@ -40,35 +41,46 @@ class ExecResult:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ExecResult":
-        return cls(status=d["status"], stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
-                   duration_s=float(d.get("duration_s", 0.0)), cached=bool(d.get("cached", False)),
-                   meta=dict(d.get("meta") or {}))
+    def from_dict(cls, d: dict) -> ExecResult:
+        return cls(
+            status=d["status"],
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            duration_s=float(d.get("duration_s", 0.0)),
+            cached=bool(d.get("cached", False)),
+            meta=dict(d.get("meta") or {}),
+        )
 
 
 @dataclass(frozen=True)
 class TestOutcome:
-    __test__ = False                # not a pytest class
-    status: str                     # one of TEST_STATUSES
-    output: Any = None              # the normalised JSON value the entry point returned (None if it did not)
-    error: str | None = None        # short "ExcType: message"
-    passed: bool | None = None      # compared with the expected output in the parent; None without expected
-    duration_s: float = 0.0         # measured by the server: previous answer (or the load) to this answer
+    __test__ = False  # not a pytest class
+    status: str  # one of TEST_STATUSES
+    output: Any = None  # the normalised JSON value the entry point returned (None if it did not)
+    error: str | None = None  # short "ExcType: message"
+    passed: bool | None = None  # compared with the expected output in the parent; None without expected
+    duration_s: float = 0.0  # measured by the server: previous answer (or the load) to this answer
     calls: list[str] | None = None  # solution functions that ran during this test (record_calls=True)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TestOutcome":
-        return cls(status=d["status"], output=d.get("output"), error=d.get("error"), passed=d.get("passed"),
-                   duration_s=float(d.get("duration_s", 0.0)), calls=d.get("calls"))
+    def from_dict(cls, d: dict) -> TestOutcome:
+        return cls(
+            status=d["status"],
+            output=d.get("output"),
+            error=d.get("error"),
+            passed=d.get("passed"),
+            duration_s=float(d.get("duration_s", 0.0)),
+            calls=d.get("calls"),
+        )
 
 
 @dataclass(frozen=True)
 class TestReport:
     __test__ = False
-    status: str                     # "ok" when the module loaded and every test ran to an answer
+    status: str  # "ok" when the module loaded and every test ran to an answer
     tests: list[TestOutcome] = field(default_factory=list)
     stdout: str = ""
     stderr: str = ""
@@ -105,11 +117,16 @@ class TestReport:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "TestReport":
-        return cls(status=d["status"], tests=[TestOutcome.from_dict(t) for t in d.get("tests", [])],
-                   stdout=d.get("stdout", ""), stderr=d.get("stderr", ""),
-                   duration_s=float(d.get("duration_s", 0.0)), cached=bool(d.get("cached", False)),
-                   meta=dict(d.get("meta") or {}))
+    def from_dict(cls, d: dict) -> TestReport:
+        return cls(
+            status=d["status"],
+            tests=[TestOutcome.from_dict(t) for t in d.get("tests", [])],
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            duration_s=float(d.get("duration_s", 0.0)),
+            cached=bool(d.get("cached", False)),
+            meta=dict(d.get("meta") or {}),
+        )
 
 
 # -------------------------------------------------------------------------------------- comparison
@@ -119,8 +136,9 @@ def normalize(value: Any) -> Any:
     try:
         return json.loads(json.dumps(value))
     except (TypeError, ValueError, RecursionError) as exc:
-        raise SandboxConfigError(f"value is not JSON-serialisable ({exc}); use lists, dicts, str, numbers, "
-                                 f"bool and None") from None
+        raise SandboxConfigError(
+            f"value is not JSON-serialisable ({exc}); use lists, dicts, str, numbers, bool and None"
+        ) from None
 
 
 def outputs_equal(output: Any, expected: Any) -> bool:
@@ -212,8 +230,7 @@ def process_isolation_gaps(infos: list[dict]) -> dict[str, str]:
     if not all(i.get("user_isolated") or i.get("user_namespace") for i in infos):
         files.append("they run under the server's uid, outside any user namespace of theirs")
     if any(i.get("read_all_files") for i in infos):
-        files.append("they may read every file (CAP_DAC_READ_SEARCH: the Python installation is in a closed "
-                     "directory)")
+        files.append("they may read every file (CAP_DAC_READ_SEARCH: the Python installation is in a closed directory)")
     if files:
         gaps["files"] = "; ".join(files) + cause
     if not all(i.get("private_tmp") and i.get("ipc_isolated") for i in infos):
@@ -227,8 +244,7 @@ def process_isolation_gaps(infos: list[dict]) -> dict[str, str]:
         if not all(i.get("cgroup") or i.get("tree_memory_limit") for i in infos):
             tree.append("no cgroup per worker and the server does not read the tree's memory (--no-cgroup)")
         if not all(i.get("cgroup") or i.get("nproc_per_worker") for i in infos):
-            tree.append("RLIMIT_NPROC counts every process of the server's user (no uid of its own, no user "
-                        "namespace)")
+            tree.append("RLIMIT_NPROC counts every process of the server's user (no uid of its own, no user namespace)")
         gaps["resources"] = "a program's whole tree is not held: " + "; ".join(tree) + cause
     return gaps
 
@@ -238,18 +254,29 @@ def isolation_refusal(backend: str, why: dict[str, str]) -> str:
     gaps = "; ".join(f"{name}: {reason}" for name, reason in why.items())
     remedy = "run the process backend as root or use the docker backend"
     if any(NO_USERNS in reason for reason in why.values()):
-        remedy = ("allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 where the kernel "
-                  "has it, and user.max_user_namespaces above 0), " + remedy)
-    return (f"the {backend} sandbox lacks isolation: {gaps} (docs/sandbox.md, 'What isolation holds where'): "
-            f"programs could read hidden tests or the host; {remedy}, or set sandbox.allow_unisolated=true to "
-            f"accept it")
+        remedy = (
+            "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1 where the kernel "
+            "has it, and user.max_user_namespaces above 0), " + remedy
+        )
+    return (
+        f"the {backend} sandbox lacks isolation: {gaps} (docs/sandbox.md, 'What isolation holds where'): "
+        f"programs could read hidden tests or the host; {remedy}, or set sandbox.allow_unisolated=true to "
+        f"accept it"
+    )
 
 
 class Sandbox:
     """Runs programs and gradings over a pool of workers. Use as a context manager (or call close())."""
 
-    def __init__(self, pool, backend: str, limits: Limits, cache: bool = True, cache_path: str | None = None,
-                 trace_path: str | None = None):
+    def __init__(
+        self,
+        pool,
+        backend: str,
+        limits: Limits,
+        cache: bool = True,
+        cache_path: str | None = None,
+        trace_path: str | None = None,
+    ):
         self._pool = pool
         self._finalizer = weakref.finalize(self, pool.close)  # workers stop even if close() is forgotten
         self.backend = backend
@@ -271,9 +298,11 @@ class Sandbox:
     def _limits(self, timeout_s=None, memory_mb=None) -> Limits:
         if timeout_s is None and memory_mb is None:
             return self.limits
-        return Limits(timeout_s=self.limits.timeout_s if timeout_s is None else timeout_s,
-                      memory_mb=self.limits.memory_mb if memory_mb is None else memory_mb,
-                      output_limit=self.limits.output_limit)
+        return Limits(
+            timeout_s=self.limits.timeout_s if timeout_s is None else timeout_s,
+            memory_mb=self.limits.memory_mb if memory_mb is None else memory_mb,
+            output_limit=self.limits.output_limit,
+        )
 
     def _count(self, n_runs: int, n_hits: int, seconds: float) -> None:
         with self._lock:
@@ -286,7 +315,7 @@ class Sandbox:
         out: list[dict | None] = [None] * len(jobs)
         keys: list[str | None] = [None] * len(jobs)
         todo = []
-        for i, (source, payload, limits, req) in enumerate(jobs):
+        for i, (source, payload, limits, _req) in enumerate(jobs):
             if self._cache is not None and use_cache[i]:
                 keys[i] = self._cache.key(kind, source, payload, {**limits, "backend": self.backend})
                 hit = self._cache.get(keys[i])
@@ -299,8 +328,11 @@ class Sandbox:
         for i, resp in zip(todo, responses):
             resp["cached"] = False
             out[i] = resp
-            if self._cache is not None and resp["status"] != "sandbox_error" \
-                    and not resp.get("meta", {}).get("worker_restarted"):
+            if (
+                self._cache is not None
+                and resp["status"] != "sandbox_error"
+                and not resp.get("meta", {}).get("worker_restarted")
+            ):
                 key = keys[i] or self._cache.key(kind, jobs[i][0], jobs[i][1], {**jobs[i][2], "backend": self.backend})
                 self._cache.put(key, {k: v for k, v in resp.items() if k != "cached"})
         self._count(len(jobs), len(jobs) - len(todo), time.perf_counter() - t0)
@@ -310,13 +342,20 @@ class Sandbox:
         return out
 
     # -- programs
-    def run(self, source: str, *, timeout_s: float | None = None, memory_mb: int | None = None,
-            use_cache: bool = True) -> ExecResult:
+    def run(
+        self, source: str, *, timeout_s: float | None = None, memory_mb: int | None = None, use_cache: bool = True
+    ) -> ExecResult:
         """Run a self-contained Python program as __main__."""
         return self.run_many([source], timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
 
-    def run_many(self, sources: Sequence[str], *, timeout_s: float | None = None, memory_mb: int | None = None,
-                 use_cache: bool = True) -> list[ExecResult]:
+    def run_many(
+        self,
+        sources: Sequence[str],
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        use_cache: bool = True,
+    ) -> list[ExecResult]:
         """Run programs in parallel over the workers; results in input order."""
         if isinstance(sources, str) or not isinstance(sources, (list, tuple)):
             raise SandboxConfigError("run_many takes a list of program sources; use run() for one program")
@@ -326,8 +365,17 @@ class Sandbox:
         return [ExecResult.from_dict(r) for r in self._cached_execute("run", jobs, [use_cache] * len(jobs))]
 
     # -- trusted checks
-    def run_check(self, source: str, entry_point: str, check: str, *, prompt: str | None = None,
-                  timeout_s: float | None = None, memory_mb: int | None = None, use_cache: bool = True) -> ExecResult:
+    def run_check(
+        self,
+        source: str,
+        entry_point: str,
+        check: str,
+        *,
+        prompt: str | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        use_cache: bool = True,
+    ) -> ExecResult:
         """Grade module `source` with trusted test code `check` that defines `check(candidate)` (HumanEval's
         form). The test code runs in a checker process the program cannot reach; every call of `candidate` is
         answered by the module in its own process, as a value. `prompt` (the problem's own code, e.g. HumanEval's
@@ -342,25 +390,41 @@ class Sandbox:
             job["prompt"] = prompt
         return self.run_check_many([job], timeout_s=timeout_s, memory_mb=memory_mb, use_cache=use_cache)[0]
 
-    def run_check_many(self, jobs: Sequence[dict], *, timeout_s: float | None = None, memory_mb: int | None = None,
-                       use_cache: bool = True) -> list[ExecResult]:
+    def run_check_many(
+        self,
+        jobs: Sequence[dict],
+        *,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        use_cache: bool = True,
+    ) -> list[ExecResult]:
         """Many run_check calls (dicts with source, entry_point, check and optionally prompt) in parallel over
         the workers."""
         limits = self._limits(timeout_s, memory_mb)
         ld = limits.as_dict()
         prepared = []
         for job in jobs:
-            if not isinstance(job, dict) or not {"source", "entry_point", "check"} <= set(job) <= \
-                    {"source", "entry_point", "check", "prompt"}:
-                raise SandboxConfigError("each check job is a dict with source, entry_point, check and optionally "
-                                         "prompt")
+            if not isinstance(job, dict) or not {"source", "entry_point", "check"} <= set(job) <= {
+                "source",
+                "entry_point",
+                "check",
+                "prompt",
+            }:
+                raise SandboxConfigError(
+                    "each check job is a dict with source, entry_point, check and optionally prompt"
+                )
             _check_source(job["source"], "module")
             _check_source(job["check"], "check code")
             if not isinstance(job["entry_point"], str) or not job["entry_point"].isidentifier():
                 raise SandboxConfigError(f"entry_point={job['entry_point']!r}: pass the name of a module function")
             payload = {"entry_point": job["entry_point"], "check": job["check"]}
-            req = {"op": "check", "source": job["source"], "entry_point": job["entry_point"], "test": job["check"],
-                   **ld}
+            req = {
+                "op": "check",
+                "source": job["source"],
+                "entry_point": job["entry_point"],
+                "test": job["check"],
+                **ld,
+            }
             if job.get("prompt") is not None:
                 _check_source(job["prompt"], "prompt")
                 try:
@@ -382,12 +446,23 @@ class Sandbox:
         inputs = normalize(list(inputs))
         test_timeout = self.limits.timeout_s if timeout_s is None else check_timeout(timeout_s)
         ld = self.limits.as_dict()
-        payload = {"entry_point": entry_point, "inputs": inputs, "stop_on_failure": bool(stop_on_failure),
-                   "record_calls": bool(record_calls)}
+        payload = {
+            "entry_point": entry_point,
+            "inputs": inputs,
+            "stop_on_failure": bool(stop_on_failure),
+            "record_calls": bool(record_calls),
+        }
         limits = {**ld, "test_timeout_s": test_timeout}
-        req = {"op": "tests", "source": solution, "entry_point": entry_point, "inputs": inputs,
-               "test_timeout_s": test_timeout, "stop_on_error": bool(stop_on_failure),
-               "record_calls": bool(record_calls), **ld}
+        req = {
+            "op": "tests",
+            "source": solution,
+            "entry_point": entry_point,
+            "inputs": inputs,
+            "test_timeout_s": test_timeout,
+            "stop_on_error": bool(stop_on_failure),
+            "record_calls": bool(record_calls),
+            **ld,
+        }
         return solution, payload, limits, req
 
     @staticmethod
@@ -405,40 +480,97 @@ class Sandbox:
                 passed = status == "ok" and outputs_equal(output, expected[i])
             if failed and stop_on_failure:
                 status, output, passed = "not_run", None, (None if expected is None else False)
-            tests.append(TestOutcome(status=status, output=output, error=t.get("error"), passed=passed,
-                                     duration_s=float(t.get("duration_s") or 0.0), calls=t.get("calls")))
+            tests.append(
+                TestOutcome(
+                    status=status,
+                    output=output,
+                    error=t.get("error"),
+                    passed=passed,
+                    duration_s=float(t.get("duration_s") or 0.0),
+                    calls=t.get("calls"),
+                )
+            )
             failed = failed or status != "ok" or passed is False
-        return TestReport(status=resp["status"], tests=tests, stdout=resp.get("stdout", ""),
-                          stderr=resp.get("stderr", ""), duration_s=float(resp.get("duration_s", 0.0)),
-                          cached=bool(resp.get("cached")), meta=dict(resp.get("meta") or {}))
+        return TestReport(
+            status=resp["status"],
+            tests=tests,
+            stdout=resp.get("stdout", ""),
+            stderr=resp.get("stderr", ""),
+            duration_s=float(resp.get("duration_s", 0.0)),
+            cached=bool(resp.get("cached")),
+            meta=dict(resp.get("meta") or {}),
+        )
 
-    def run_tests(self, solution: str, entry_point: str, inputs: Sequence[Sequence], expected=None, *,
-                  timeout_s: float | None = None, stop_on_failure: bool = False, record_calls: bool = False,
-                  use_cache: bool = True) -> TestReport:
+    def run_tests(
+        self,
+        solution: str,
+        entry_point: str,
+        inputs: Sequence[Sequence],
+        expected=None,
+        *,
+        timeout_s: float | None = None,
+        stop_on_failure: bool = False,
+        record_calls: bool = False,
+        use_cache: bool = True,
+    ) -> TestReport:
         """Call solution's entry_point(*input) for each input in a child; compare with expected here."""
-        return self.run_tests_many([dict(solution=solution, entry_point=entry_point, inputs=inputs,
-                                         expected=expected, timeout_s=timeout_s, stop_on_failure=stop_on_failure,
-                                         record_calls=record_calls, use_cache=use_cache)])[0]
+        return self.run_tests_many(
+            [
+                dict(
+                    solution=solution,
+                    entry_point=entry_point,
+                    inputs=inputs,
+                    expected=expected,
+                    timeout_s=timeout_s,
+                    stop_on_failure=stop_on_failure,
+                    record_calls=record_calls,
+                    use_cache=use_cache,
+                )
+            ]
+        )[0]
 
     def run_tests_many(self, jobs: Sequence[dict]) -> list[TestReport]:
         """Many run_tests calls (dicts of its arguments) in parallel over the workers; reports in order."""
-        allowed = {"solution", "entry_point", "inputs", "expected", "timeout_s", "stop_on_failure",
-                   "record_calls", "use_cache"}
+        allowed = {
+            "solution",
+            "entry_point",
+            "inputs",
+            "expected",
+            "timeout_s",
+            "stop_on_failure",
+            "record_calls",
+            "use_cache",
+        }
         prepared, use_cache = [], []
         for job in jobs:
-            if not isinstance(job, dict) or not {"solution", "entry_point", "inputs"} <= job.keys() \
-                    or job.keys() - allowed:
-                raise SandboxConfigError(f"each job is a dict with solution, entry_point, inputs and optionally "
-                                         f"{sorted(allowed - {'solution', 'entry_point', 'inputs'})}")
+            if (
+                not isinstance(job, dict)
+                or not {"solution", "entry_point", "inputs"} <= job.keys()
+                or job.keys() - allowed
+            ):
+                raise SandboxConfigError(
+                    f"each job is a dict with solution, entry_point, inputs and optionally "
+                    f"{sorted(allowed - {'solution', 'entry_point', 'inputs'})}"
+                )
             expected = job.get("expected")
             if expected is not None:
                 expected = normalize(list(expected))
                 if len(expected) != len(job["inputs"]):
                     raise SandboxConfigError(f"{len(expected)} expected outputs for {len(job['inputs'])} inputs")
-            prepared.append((self._tests_job(job["solution"], job["entry_point"], job["inputs"],
-                                             job.get("timeout_s"), job.get("stop_on_failure", False),
-                                             job.get("record_calls", False)), expected,
-                             bool(job.get("stop_on_failure", False))))
+            prepared.append(
+                (
+                    self._tests_job(
+                        job["solution"],
+                        job["entry_point"],
+                        job["inputs"],
+                        job.get("timeout_s"),
+                        job.get("stop_on_failure", False),
+                        job.get("record_calls", False),
+                    ),
+                    expected,
+                    bool(job.get("stop_on_failure", False)),
+                )
+            )
             use_cache.append(bool(job.get("use_cache", True)))
         responses = self._cached_execute("tests", [p[0] for p in prepared], use_cache)
         return [self._grade(resp, expected, stop) for resp, (_, expected, stop) in zip(responses, prepared)]
@@ -493,7 +625,7 @@ class Sandbox:
             if part is not None and hasattr(part, "close"):
                 part.close()
 
-    def __enter__(self) -> "Sandbox":
+    def __enter__(self) -> Sandbox:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -509,23 +641,34 @@ def usable_cpus() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s: float = 5.0,
-                 memory_mb: int = 512, cache: bool = True, *, output_limit: int = 1_000_000,
-                 cache_path: str | None = None, trace_path: str | None = None, **options) -> Sandbox:
+def open_sandbox(
+    backend: str = "process",
+    workers: int | None = None,
+    timeout_s: float = 5.0,
+    memory_mb: int = 512,
+    cache: bool = True,
+    *,
+    output_limit: int = 1_000_000,
+    cache_path: str | None = None,
+    trace_path: str | None = None,
+    **options,
+) -> Sandbox:
     """Start a sandbox (see the package docstring). Raises SandboxConfigError / SandboxUnavailable."""
     if backend not in BACKENDS:
         raise SandboxConfigError(f"unknown sandbox backend {backend!r}; use one of {', '.join(BACKENDS)}")
     if workers is None:
         workers = usable_cpus()
     if isinstance(workers, bool) or not isinstance(workers, int) or not 1 <= workers <= MAX_WORKERS:
-        raise SandboxConfigError(f"workers={workers!r}: pass an integer between 1 and {MAX_WORKERS} (or None "
-                                 f"for one per usable CPU)")
+        raise SandboxConfigError(
+            f"workers={workers!r}: pass an integer between 1 and {MAX_WORKERS} (or None for one per usable CPU)"
+        )
     limits = Limits(timeout_s=timeout_s, memory_mb=memory_mb, output_limit=output_limit)
     if backend == "docker":
         open_docker = _optional("sandbox.docker_backend", "open_docker_backend")
         if open_docker is None:
-            raise SandboxConfigError("backend='docker' needs sandbox/docker_backend.py, which this installation "
-                                     "lacks; use backend='process'")
+            raise SandboxConfigError(
+                "backend='docker' needs sandbox/docker_backend.py, which this installation lacks; use backend='process'"
+            )
         pool = open_docker(workers=workers, limits=limits, **options)
     else:
         from sandbox.pool import LocalLauncher, Pool
@@ -534,12 +677,16 @@ def open_sandbox(backend: str = "process", workers: int | None = None, timeout_s
         python = options.pop("python", None)
         confine = options.pop("confine", True)
         if options:
-            raise SandboxConfigError(f"unknown option(s) for the process backend: {', '.join(sorted(options))}; "
-                                     f"it takes isolate_user=, python=, confine=")
-        if python is not None and not (isinstance(python, str) and os.path.isfile(python)
-                                       and os.access(python, os.X_OK)):
+            raise SandboxConfigError(
+                f"unknown option(s) for the process backend: {', '.join(sorted(options))}; "
+                f"it takes isolate_user=, python=, confine="
+            )
+        if python is not None and not (
+            isinstance(python, str) and os.path.isfile(python) and os.access(python, os.X_OK)
+        ):
             raise SandboxConfigError(f"python={python!r}: pass the path of a Python interpreter (or None for this one)")
         extra = () if confine else ("--no-cgroup", "--no-pidns", "--no-private-root")  # docs/sandbox.md
-        pool = Pool([LocalLauncher(i, isolate_user=bool(isolate_user), python=python, extra_args=extra)
-                     for i in range(workers)])
+        pool = Pool(
+            [LocalLauncher(i, isolate_user=bool(isolate_user), python=python, extra_args=extra) for i in range(workers)]
+        )
     return Sandbox(pool, backend, limits, cache=cache, cache_path=cache_path, trace_path=trace_path)

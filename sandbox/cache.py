@@ -92,8 +92,13 @@ def cache_key(kind: str, source: str, payload: Any = None, limits: dict | None =
     """The content address of one execution (see the module docstring for what goes in)."""
     if not isinstance(kind, str) or not kind:
         raise CacheError(f"cache kind must be a non-empty str, got {kind!r}")
-    parts = [KEY_VERSION, kind, code_digest(source), canonical_json(payload, "payload"),
-             canonical_json(limits or {}, "limits")]
+    parts = [
+        KEY_VERSION,
+        kind,
+        code_digest(source),
+        canonical_json(payload, "payload"),
+        canonical_json(limits or {}, "limits"),
+    ]
     return hashlib.sha256("\x1f".join(parts).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -119,11 +124,21 @@ class ResultCache:
             SQLite's overhead and what other processes sharing the file added since their last prune).
     """
 
-    def __init__(self, path: str | None = None, max_items: int = 100_000, max_disk_items: int | None = 1_000_000,
-                 *, max_entry_bytes: int = MAX_ENTRY_BYTES, max_bytes: int = MAX_BYTES,
-                 max_disk_bytes: int = MAX_DISK_BYTES):
-        for name, v in (("max_entry_bytes", max_entry_bytes), ("max_bytes", max_bytes),
-                        ("max_disk_bytes", max_disk_bytes)):
+    def __init__(
+        self,
+        path: str | None = None,
+        max_items: int = 100_000,
+        max_disk_items: int | None = 1_000_000,
+        *,
+        max_entry_bytes: int = MAX_ENTRY_BYTES,
+        max_bytes: int = MAX_BYTES,
+        max_disk_bytes: int = MAX_DISK_BYTES,
+    ):
+        for name, v in (
+            ("max_entry_bytes", max_entry_bytes),
+            ("max_bytes", max_bytes),
+            ("max_disk_bytes", max_disk_bytes),
+        ):
             if not isinstance(v, int) or v < 1:
                 raise CacheError(f"{name} must be a positive int, got {v!r}")
         self.max_entry_bytes, self.max_bytes, self.max_disk_bytes = max_entry_bytes, max_bytes, max_disk_bytes
@@ -161,8 +176,10 @@ class ResultCache:
                 conn = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
-                conn.execute("CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL,"
-                             " created REAL NOT NULL)")
+                conn.execute(
+                    "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, value TEXT NOT NULL,"
+                    " created REAL NOT NULL)"
+                )
             except (sqlite3.Error, OSError) as exc:
                 raise CacheError(f"cannot open the result cache {self.path!r}: {exc}") from None
             self._conn, self._conn_pid = conn, os.getpid()
@@ -197,14 +214,16 @@ class ResultCache:
         if not self.path:
             return 0
         with self._lock:
-            return int(self._db().execute(
-                "SELECT COALESCE(SUM(LENGTH(CAST(value AS BLOB))), 0) FROM results").fetchone()[0])
+            return int(
+                self._db().execute("SELECT COALESCE(SUM(LENGTH(CAST(value AS BLOB))), 0) FROM results").fetchone()[0]
+            )
 
     def _prune(self, db: sqlite3.Connection) -> None:
         """Drop the oldest entries beyond max_disk_items, then beyond max_disk_bytes."""
         if self.max_disk_items:
-            db.execute("DELETE FROM results WHERE rowid <= (SELECT MAX(rowid) FROM results) - ?",
-                       (self.max_disk_items,))
+            db.execute(
+                "DELETE FROM results WHERE rowid <= (SELECT MAX(rowid) FROM results) - ?", (self.max_disk_items,)
+            )
         total = db.execute("SELECT COALESCE(SUM(LENGTH(CAST(value AS BLOB))), 0) FROM results").fetchone()[0]
         excess = int(total) - self.max_disk_bytes
         if excess <= 0:
@@ -260,8 +279,10 @@ class ResultCache:
             if self.path:
                 try:
                     db = self._db()
-                    db.execute("INSERT OR REPLACE INTO results (key, value, created) VALUES (?, ?, ?)",
-                               (key, text, time.time()))
+                    db.execute(
+                        "INSERT OR REPLACE INTO results (key, value, created) VALUES (?, ?, ?)",
+                        (key, text, time.time()),
+                    )
                     self._puts_since_prune += 1
                     self._bytes_since_prune += _size(text)
                     if self._puts_since_prune >= _PRUNE_EVERY or self._bytes_since_prune > self.max_disk_bytes // 16:
@@ -288,8 +309,15 @@ class ResultCache:
 
     def stats(self) -> dict:
         """Counters since construction; `hit_rate` feeds the `sandbox/cache_hit_rate` TensorBoard tag."""
-        return {"hits": self.hits, "misses": self.misses, "hit_rate": self.hit_rate, "puts": self.puts,
-                "skipped": self.skipped, "disk_errors": self.disk_errors, "items": len(self._mem)}
+        return {
+            "hits": self.hits,
+            "misses": self.misses,
+            "hit_rate": self.hit_rate,
+            "puts": self.puts,
+            "skipped": self.skipped,
+            "disk_errors": self.disk_errors,
+            "items": len(self._mem),
+        }
 
 
 def _size(text: str) -> int:
@@ -322,12 +350,20 @@ def measure_hit_cost(sb, source: str, n: int = 50) -> dict:
         t0 = time.perf_counter()
         again = sb.run(source)
         api.append(time.perf_counter() - t0)
-    out = {"n": n, "status": first.status, "fresh_ms": 1e3 * statistics.median(fresh),
-           "lookup_us": 1e6 * statistics.median(lookups), "api_hit_ms": 1e3 * statistics.median(api),
-           "api_hit_cached": bool(getattr(again, "cached", False)), "lookup_hit": hit is not None}
+    out = {
+        "n": n,
+        "status": first.status,
+        "fresh_ms": 1e3 * statistics.median(fresh),
+        "lookup_us": 1e6 * statistics.median(lookups),
+        "api_hit_ms": 1e3 * statistics.median(api),
+        "api_hit_cached": bool(getattr(again, "cached", False)),
+        "lookup_hit": hit is not None,
+    }
     out["lookup_ratio"] = out["lookup_us"] / 1e3 / out["fresh_ms"]
     out["api_hit_ratio"] = out["api_hit_ms"] / out["fresh_ms"]
-    print(f"cache hit cost: fresh run {out['fresh_ms']:.3f} ms, lookup {out['lookup_us']:.1f} us "
-          f"({100 * out['lookup_ratio']:.2f}% of a run), hit through sb.run {out['api_hit_ms']:.3f} ms "
-          f"({100 * out['api_hit_ratio']:.2f}%, cached={out['api_hit_cached']})")
+    print(
+        f"cache hit cost: fresh run {out['fresh_ms']:.3f} ms, lookup {out['lookup_us']:.1f} us "
+        f"({100 * out['lookup_ratio']:.2f}% of a run), hit through sb.run {out['api_hit_ms']:.3f} ms "
+        f"({100 * out['api_hit_ratio']:.2f}%, cached={out['api_hit_cached']})"
+    )
     return out

@@ -69,15 +69,18 @@ WORK_DIR = "/tmp"  # the tmpfs holding the programs' work dirs
 PING_TIMEOUT_S = 2.0  # a health check that takes longer counts as failed
 PR_SET_DUMPABLE = 4
 # Started as `python3 -I -S -c BOOT SERVER_PATH ARGS...`: make the process non-dumpable, then run the server.
-BOOT = ("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(%d, 0, 0, 0, 0); sys.argv = sys.argv[1:]; "
-        "runpy.run_path(sys.argv[0], run_name='__main__')" % PR_SET_DUMPABLE)
+BOOT = (
+    f"import ctypes, runpy, sys; ctypes.CDLL(None).prctl({PR_SET_DUMPABLE}, 0, 0, 0, 0); sys.argv = sys.argv[1:]; "
+    "runpy.run_path(sys.argv[0], run_name='__main__')"
+)
 
 
 class DockerLauncher:
     """Starts one fork server in a fresh container (the pool's WorkerLauncher protocol)."""
 
-    def __init__(self, index: int, *, image: str, cpus: float, container_memory_mb: int, pids_limit: int,
-                 tmpfs_mb: int):
+    def __init__(
+        self, index: int, *, image: str, cpus: float, container_memory_mb: int, pids_limit: int, tmpfs_mb: int
+    ):
         self.index = index
         self.image = image
         self.cpus = cpus
@@ -103,8 +106,12 @@ class DockerLauncher:
         self.container, self.dir, path = self._ready
         self._ready = None
         self.programs = 0
-        self.meta = {"backend": "docker", "network_isolated": True, "container": self.container.short_id,
-                     "socket_dir_locked": os.stat(self.dir).st_uid == 0 and os.geteuid() == 0}
+        self.meta = {
+            "backend": "docker",
+            "network_isolated": True,
+            "container": self.container.short_id,
+            "socket_dir_locked": os.stat(self.dir).st_uid == 0 and os.geteuid() == 0,
+        }
         return path
 
     def alive(self) -> bool:
@@ -167,31 +174,58 @@ class DockerLauncher:
         else:
             os.chmod(folder, 0o777)
         path = os.path.join(folder, "worker.sock")
-        server_args = ["--socket", f"{SOCKET_DIR}/worker.sock", "--work-dir", WORK_DIR, "--no-netns",
-                       "--no-private-tmp", "--wipe-tmp", "--wipe-ipc", "--container-oom"]
+        server_args = [
+            "--socket",
+            f"{SOCKET_DIR}/worker.sock",
+            "--work-dir",
+            WORK_DIR,
+            "--no-netns",
+            "--no-private-tmp",
+            "--wipe-tmp",
+            "--wipe-ipc",
+            "--container-oom",
+        ]
         try:
             container = self.client.containers.run(
-                self.image, ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args], detach=True,
+                self.image,
+                ["python3", "-I", "-S", "-c", BOOT, SERVER_PATH, *server_args],
+                detach=True,
                 name=f"selfplay-sandbox-{os.getpid()}-{self.index}-{uuid.uuid4().hex[:6]}",
-                labels={LABEL: str(os.getpid())}, environment=server_env(), user=f"{self.uid}:{self.uid}",
-                network_mode="none", read_only=True, cap_drop=["ALL"], security_opt=["no-new-privileges"],
-                mem_limit=f"{self.container_memory_mb}m", memswap_limit=f"{self.container_memory_mb}m",
-                pids_limit=self.pids_limit, nano_cpus=int(self.cpus * 1e9), ipc_mode="private",
-                tmpfs={WORK_DIR: f"size={self.tmpfs_mb}m,mode=1777"}, working_dir=WORK_DIR,
-                volumes={folder: {"bind": SOCKET_DIR, "mode": "rw"},
-                         FORKSERVER_PATH: {"bind": SERVER_PATH, "mode": "ro"},
-                         SECCOMP_SOURCE: {"bind": SECCOMP_PATH, "mode": "ro"}})
+                labels={LABEL: str(os.getpid())},
+                environment=server_env(),
+                user=f"{self.uid}:{self.uid}",
+                network_mode="none",
+                read_only=True,
+                cap_drop=["ALL"],
+                security_opt=["no-new-privileges"],
+                mem_limit=f"{self.container_memory_mb}m",
+                memswap_limit=f"{self.container_memory_mb}m",
+                pids_limit=self.pids_limit,
+                nano_cpus=int(self.cpus * 1e9),
+                ipc_mode="private",
+                tmpfs={WORK_DIR: f"size={self.tmpfs_mb}m,mode=1777"},
+                working_dir=WORK_DIR,
+                volumes={
+                    folder: {"bind": SOCKET_DIR, "mode": "rw"},
+                    FORKSERVER_PATH: {"bind": SERVER_PATH, "mode": "ro"},
+                    SECCOMP_SOURCE: {"bind": SECCOMP_PATH, "mode": "ro"},
+                },
+            )
         except Exception as exc:  # noqa: BLE001 - engine errors come in many types
             shutil.rmtree(folder, ignore_errors=True)
-            raise SandboxUnavailable(f"cannot start a sandbox container from image {self.image!r}: "
-                                     f"{_first_line(exc)}; check `docker info` and `selfplay sandbox build-image`")
+            raise SandboxUnavailable(
+                f"cannot start a sandbox container from image {self.image!r}: "
+                f"{_first_line(exc)}; check `docker info` and `selfplay sandbox build-image`"
+            ) from exc
         deadline = time.monotonic() + START_TIMEOUT_S
         while not os.path.exists(path):
             if time.monotonic() > deadline or not _running(container):
                 logs = _logs(container)
                 _remove(container, folder)
-                raise SandboxUnavailable(f"the fork server did not start in a container of {self.image!r} "
-                                         f"({logs}); rebuild the image with `selfplay sandbox build-image --force`")
+                raise SandboxUnavailable(
+                    f"the fork server did not start in a container of {self.image!r} "
+                    f"({logs}); rebuild the image with `selfplay sandbox build-image --force`"
+                )
             time.sleep(0.005)
         if as_root:  # lock the folder: programs (same uid as the server) can no longer touch the socket
             os.chown(folder, 0, 0)
@@ -282,9 +316,18 @@ def _ping(w: Worker) -> bool:
         return False
 
 
-def open_docker_backend(workers: int, limits: Limits, *, image: str = DEFAULT_IMAGE, max_programs: int = 1000,
-                        cpus: float = 1.0, container_memory_mb: int | None = None, pids_limit: int = 256,
-                        tmpfs_mb: int = 256, **unknown) -> DockerPool:
+def open_docker_backend(
+    workers: int,
+    limits: Limits,
+    *,
+    image: str = DEFAULT_IMAGE,
+    max_programs: int = 1000,
+    cpus: float = 1.0,
+    container_memory_mb: int | None = None,
+    pids_limit: int = 256,
+    tmpfs_mb: int = 256,
+    **unknown,
+) -> DockerPool:
     """A pool of `workers` warm containers from `image`.
 
     max_programs: replace a container after this many programs (0: only when damaged);
@@ -293,25 +336,35 @@ def open_docker_backend(workers: int, limits: Limits, *, image: str = DEFAULT_IM
     and threads per container; tmpfs_mb: size of the container's /tmp, where programs' work dirs live.
     """
     if unknown:
-        raise SandboxConfigError(f"unknown option(s) for the docker backend: {', '.join(sorted(unknown))}; "
-                                 f"known: image, max_programs, cpus, container_memory_mb, pids_limit, tmpfs_mb")
+        raise SandboxConfigError(
+            f"unknown option(s) for the docker backend: {', '.join(sorted(unknown))}; "
+            f"known: image, max_programs, cpus, container_memory_mb, pids_limit, tmpfs_mb"
+        )
     if isinstance(max_programs, bool) or not isinstance(max_programs, int) or max_programs < 0:
         raise SandboxConfigError(f"max_programs={max_programs!r}: pass a non-negative integer (0 = never recycle)")
     if not isinstance(cpus, (int, float)) or not 0.01 <= cpus <= (os.cpu_count() or 1):
         raise SandboxConfigError(f"cpus={cpus!r}: pass a CPU share between 0.01 and {os.cpu_count()}")
     memory = container_memory_mb or 2 * limits.memory_mb + 256
-    for name, value, low in (("container_memory_mb", memory, 64), ("pids_limit", pids_limit, 8),
-                             ("tmpfs_mb", tmpfs_mb, 1)):
+    for name, value, low in (
+        ("container_memory_mb", memory, 64),
+        ("pids_limit", pids_limit, 8),
+        ("tmpfs_mb", tmpfs_mb, 1),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < low:
             raise SandboxConfigError(f"{name}={value!r}: pass an integer >= {low}")
     client = connect()
     if image_recipe(client, image) is None:
         hint = "" if image == DEFAULT_IMAGE else f" --name {image}"
-        raise SandboxUnavailable(f"Docker image {image!r} not found: build it with "
-                                 f"`selfplay sandbox build-image{hint}`")
+        raise SandboxUnavailable(
+            f"Docker image {image!r} not found: build it with `selfplay sandbox build-image{hint}`"
+        )
     remove_stale_containers(client)
-    launchers = [DockerLauncher(i, image=image, cpus=float(cpus), container_memory_mb=memory,
-                                pids_limit=pids_limit, tmpfs_mb=tmpfs_mb) for i in range(workers)]
+    launchers = [
+        DockerLauncher(
+            i, image=image, cpus=float(cpus), container_memory_mb=memory, pids_limit=pids_limit, tmpfs_mb=tmpfs_mb
+        )
+        for i in range(workers)
+    ]
     pool = DockerPool(launchers, max_programs)
     _OPEN_POOLS.add(pool)
     return pool
@@ -364,7 +417,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 # pools still open at interpreter exit are closed, so no container outlives its process
-_OPEN_POOLS: "weakref.WeakSet[DockerPool]" = weakref.WeakSet()
+_OPEN_POOLS: weakref.WeakSet[DockerPool] = weakref.WeakSet()
 _EXIT_LOCK = threading.Lock()
 
 

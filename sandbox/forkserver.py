@@ -156,34 +156,46 @@ if TYPE_CHECKING:
     from typing import Any
 
 PROTOCOL = 1
-MAX_FRAME = 256 * 1024 * 1024           # largest request/response frame accepted (bytes)
-EXIT_ERROR = 1                          # harness exit code: the program raised (an exit code means nothing else:
-EXIT_HARNESS = 114                      # the program can choose any); set-up failed (never read as a status)
-END_ASK, END_SAY = b"?", b"!"           # run: after the last statement the child asks for the nonce, says it back
-NONCE_BYTES = 32                        # the end-of-program nonce, sent only when asked for, after the job
-MEMORY_EVIDENCE = 0.5                   # "memory" needs a peak resident set >= this share of memory_mb
-CPU_SLACK_S = 0.5                       # "timeout" by RLIMIT_CPU needs used CPU >= the limit minus this
-ACCEPT_TIMEOUT_S = 120                  # a server nobody connects to exits after this
-RESULT_FD = 3                           # the result pipe's descriptor in a grading child
-FRAME_SLACK = 64 * 1024                 # result frame bytes allowed beyond output_limit (error text, calls)
-DRAIN_S = 1.0                           # how long to read what killed children left in their pipes
-JOB_FD = 4                              # where a (pre-forked) child reads its job
-JOB_HEADER = ">iIII"                    # job: start test (JOB_RUN, JOB_CHECK), memory MiB, CPU s, payload bytes
-JOB_RUN, JOB_CHECK = -1, -2             # the "start test" of a run and of a check job
-PRELOAD = (                             # modules programs commonly import; imported once, shared by fork
+MAX_FRAME = 256 * 1024 * 1024  # largest request/response frame accepted (bytes)
+EXIT_ERROR = 1  # harness exit code: the program raised (an exit code means nothing else:
+EXIT_HARNESS = 114  # the program can choose any); set-up failed (never read as a status)
+END_ASK, END_SAY = b"?", b"!"  # run: after the last statement the child asks for the nonce, says it back
+NONCE_BYTES = 32  # the end-of-program nonce, sent only when asked for, after the job
+MEMORY_EVIDENCE = 0.5  # "memory" needs a peak resident set >= this share of memory_mb
+CPU_SLACK_S = 0.5  # "timeout" by RLIMIT_CPU needs used CPU >= the limit minus this
+ACCEPT_TIMEOUT_S = 120  # a server nobody connects to exits after this
+RESULT_FD = 3  # the result pipe's descriptor in a grading child
+FRAME_SLACK = 64 * 1024  # result frame bytes allowed beyond output_limit (error text, calls)
+DRAIN_S = 1.0  # how long to read what killed children left in their pipes
+JOB_FD = 4  # where a (pre-forked) child reads its job
+JOB_HEADER = ">iIII"  # job: start test (JOB_RUN, JOB_CHECK), memory MiB, CPU s, payload bytes
+JOB_RUN, JOB_CHECK = -1, -2  # the "start test" of a run and of a check job
+PRELOAD = (  # modules programs commonly import; imported once, shared by fork
     "abc array bisect calendar collections collections.abc copy dataclasses datetime decimal enum fractions "
     "functools hashlib heapq io itertools json math numbers operator random re statistics string "
     "textwrap traceback types typing unicodedata"
 ).split()
-UID_AUTO_BASE = 0x70000000              # --uid auto: this + server pid, unique among live servers, unused
-DEFAULT_NPROC = 64                      # processes+threads a child may have (per worker uid when root)
-DEFAULT_FSIZE_MB = 64                   # largest file a child may write
-DEFAULT_NOFILE = 64                     # open descriptors per child process
-DEFAULT_TMPFS_MB = 512                  # size of each private tmpfs (root only)
-MAX_RESULT_BYTES = 64 << 20            # answers kept per request; tests beyond get "output_limit", no answer
-MAX_DEPTH = 100                         # deepest answer (lists/dicts) a test may return; deeper is "unserializable"
-SERVER_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM", "SIGTSTP",
-                  "SIGTTIN", "SIGTTOU", "SIGVTALRM", "SIGPROF")  # ignored by the server (see main)
+UID_AUTO_BASE = 0x70000000  # --uid auto: this + server pid, unique among live servers, unused
+DEFAULT_NPROC = 64  # processes+threads a child may have (per worker uid when root)
+DEFAULT_FSIZE_MB = 64  # largest file a child may write
+DEFAULT_NOFILE = 64  # open descriptors per child process
+DEFAULT_TMPFS_MB = 512  # size of each private tmpfs (root only)
+MAX_RESULT_BYTES = 64 << 20  # answers kept per request; tests beyond get "output_limit", no answer
+MAX_DEPTH = 100  # deepest answer (lists/dicts) a test may return; deeper is "unserializable"
+SERVER_SIGNALS = (
+    "SIGINT",
+    "SIGTERM",
+    "SIGHUP",
+    "SIGQUIT",
+    "SIGUSR1",
+    "SIGUSR2",
+    "SIGALRM",
+    "SIGTSTP",
+    "SIGTTIN",
+    "SIGTTOU",
+    "SIGVTALRM",
+    "SIGPROF",
+)  # ignored by the server (see main)
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
 TEST_STATUSES = ("ok", "error", "unserializable", "output_limit")  # what a child may claim for its own test
 
@@ -200,14 +212,14 @@ MS_NOEXEC, MS_RDONLY, MS_REMOUNT = 8, 1, 32
 PR_SET_NO_NEW_PRIVS, PR_SET_KEEPCAPS, PR_SET_CHILD_SUBREAPER, PR_SET_PDEATHSIG = 38, 8, 36, 1
 PR_SET_DUMPABLE = 4
 CAP_DAC_READ_SEARCH, CAP_KILL = 2, 5
-CGROUP_PREFIX = "selfplay-sandbox-"     # a worker's cgroup: CGROUP_PREFIX + server pid, under the server's own
+CGROUP_PREFIX = "selfplay-sandbox-"  # a worker's cgroup: CGROUP_PREFIX + server pid, under the server's own
 ROOT_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")  # read-only in a program's root
 ROOT_ETC = ("ld.so.cache", "ld.so.conf", "localtime")  # the only files of /etc a program's root holds
 ROOT_DEV = ("null", "zero", "full", "random", "urandom")  # device nodes in it
-OOM_CHECK_S = 0.05                      # how often a container's OOM count is read while a program runs
-OOM_SCORE_ADJ = b"1000"                 # children are the OOM killer's first choice, never the server or trainer
-CLEAN_S = 2.0                           # longest a program's clean-up may take; the rest goes with the worker
-REMOVE_CHECK = 256                      # remove_tree looks at its deadline once per this many entries
+OOM_CHECK_S = 0.05  # how often a container's OOM count is read while a program runs
+OOM_SCORE_ADJ = b"1000"  # children are the OOM killer's first choice, never the server or trainer
+CLEAN_S = 2.0  # longest a program's clean-up may take; the rest goes with the worker
+REMOVE_CHECK = 256  # remove_tree looks at its deadline once per this many entries
 
 
 # ----------------------------------------------------------------------------------------------- framing
@@ -473,8 +485,11 @@ def private_tmp(size_mb: int) -> list[str]:
         return []
     shared = shared_dirs()
     for hidden in HIDDEN_DIRS:
-        if os.path.isdir(hidden) and not os.path.islink(hidden) and \
-                _libc.mount(b"tmpfs", hidden.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") == 0:
+        if (
+            os.path.isdir(hidden)
+            and not os.path.islink(hidden)
+            and _libc.mount(b"tmpfs", hidden.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"size=1m,mode=0755") == 0
+        ):
             for path in shared:
                 if path.startswith(hidden + os.sep):
                     os.makedirs(path, mode=0o755, exist_ok=True)
@@ -602,16 +617,19 @@ def build_root(readable: list[str], writable: list[str]) -> str | None:
                 open(root + src, "w").close()
                 if not _bind(src, root + src, readonly=True, nodev=False):
                     return None
-        for name, target in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"),
-                             ("stderr", "/proc/self/fd/2")):
+        for name, target in (
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ):
             os.symlink(target, f"{root}/dev/{name}")
         for path in ("/proc", "/run"):
             _mkdirs(root, path)
         for path in writable:
             if not _bind(path, _mkdirs(root, path), readonly=False):
                 return None
-        if _libc.mount(None, root.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV,
-                       None) != 0:
+        if _libc.mount(None, root.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV, None) != 0:
             return None
         return root
     except OSError:
@@ -621,8 +639,7 @@ def build_root(readable: list[str], writable: list[str]) -> str | None:
 def mount_root_proc(root: str) -> bool:
     """/proc in the programs' root with hidepid=2 (a program sees only its own uid's processes), mounted by the
     calling process: from pid_init, a /proc of the pid namespace; from the server, of the host's pids."""
-    return _libc.mount(b"proc", f"{root}/proc".encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-                       b"hidepid=2") == 0
+    return _libc.mount(b"proc", f"{root}/proc".encode(), b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, b"hidepid=2") == 0
 
 
 # ---------------------------------------------------------------------- a pid namespace (root only)
@@ -786,7 +803,7 @@ def _own_cgroups() -> dict[str, str]:
 def _hierarchy_dir(mount: str, mount_root: str, path: str) -> str | None:
     if mount_root != "/" and not (path == mount_root or path.startswith(mount_root.rstrip("/") + "/")):
         return None
-    rel = path[len(mount_root):] if mount_root != "/" else path
+    rel = path[len(mount_root) :] if mount_root != "/" else path
     return os.path.join(mount, rel.lstrip("/"))
 
 
@@ -866,8 +883,9 @@ class WorkerCgroup:
         self.version, self.dirs = version, dirs
         self.memory_dir = dirs["memory"] if version == "v1" else dirs[""]
         self.pids_dir = dirs["pids"] if version == "v1" else dirs[""]
-        self.attach_fds = [os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC)
-                           for d in dict.fromkeys(dirs.values())]
+        self.attach_fds = [
+            os.open(os.path.join(d, "cgroup.procs"), os.O_WRONLY | os.O_CLOEXEC) for d in dict.fromkeys(dirs.values())
+        ]
         self.pids_current = os.open(os.path.join(self.pids_dir, "pids.current"), os.O_RDONLY | os.O_CLOEXEC)
         self.memory_mb: int | None = None
         if version == "v1":
@@ -884,7 +902,7 @@ class WorkerCgroup:
             self._ooms = self._v2_ooms()
 
     @classmethod
-    def create(cls, nproc: int) -> "WorkerCgroup | None":
+    def create(cls, nproc: int) -> WorkerCgroup | None:
         """Make this server's cgroup(s) under its own (removing those of dead servers there first); None where
         cgroups cannot be made (not root, a read-only cgroupfs, controllers not delegated on v2)."""
         found = cgroup_parents()
@@ -895,8 +913,11 @@ class WorkerCgroup:
         try:
             for ctrl, parent in parents.items():
                 for name in os.listdir(parent):
-                    if name.startswith(CGROUP_PREFIX) and name[len(CGROUP_PREFIX):].isdigit() \
-                            and not pid_alive(int(name[len(CGROUP_PREFIX):])):
+                    if (
+                        name.startswith(CGROUP_PREFIX)
+                        and name[len(CGROUP_PREFIX) :].isdigit()
+                        and not pid_alive(int(name[len(CGROUP_PREFIX) :]))
+                    ):
                         remove_cgroup_dirs([os.path.join(parent, name)], wait_s=0)
                 if version == "v2":
                     with open(os.path.join(parent, "cgroup.subtree_control")) as f:
@@ -990,7 +1011,7 @@ class ContainerOom:
         self.kills = self._kills()
 
     @classmethod
-    def open(cls) -> "ContainerOom | None":
+    def open(cls) -> ContainerOom | None:
         for path, key in cls.PATHS:
             try:
                 return cls(path, key)
@@ -1095,11 +1116,14 @@ def install_stdio() -> None:
     """Standard streams on descriptors 0-2 that children reuse (they dup their pipes onto 0-2)."""
     # sys.__stdin__ and the others are Final to a type checker: this server replaces them on purpose
     sys.stdin = sys.__stdin__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.FileIO(0, "r", closefd=False), encoding="utf-8")
+        io.FileIO(0, "r", closefd=False), encoding="utf-8"
+    )
     sys.stdout = sys.__stdout__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace")
+        io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="backslashreplace"
+    )
     sys.stderr = sys.__stderr__ = io.TextIOWrapper(  # type: ignore[misc]
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True)
+        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+    )
 
 
 # ---------------------------------------------------------------------------------------- the child
@@ -1134,8 +1158,8 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     os.dup2(job_r, JOB_FD)
     os.closerange(JOB_FD + 1, 1 << 20)  # the client connection, the listening socket, other pipes, pidfds
     if cfg["root"] is not None:  # the programs' root (build_root); chrooted, it cannot make a user namespace
-        os.chroot(cfg["root"])   # (the kernel refuses CLONE_NEWUSER in a chroot), so it cannot chroot out
-    os.chdir(workdir)            # (same path inside: /tmp is bound into the root)
+        os.chroot(cfg["root"])  # (the kernel refuses CLONE_NEWUSER in a chroot), so it cannot chroot out
+    os.chdir(workdir)  # (same path inside: /tmp is bound into the root)
     limits = [  # address space and CPU come with the job
         (resource.RLIMIT_FSIZE, cfg["fsize_mb"] * 1024 * 1024),
         (resource.RLIMIT_NOFILE, cfg["nofile"]),
@@ -1157,7 +1181,7 @@ def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, jo
     if not cfg["no_new_privs"]:  # normally inherited from the server (Server.__init__), like what follows:
         _libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
     if cfg.get("seccomp") is not None:  # last: keyrings, message queues, locks, sockets but AF_UNIX (seccomp.py)
-        cfg["seccomp"].install()        # fail with EPERM for the program and every process it makes
+        cfg["seccomp"].install()  # fail with EPERM for the program and every process it makes
     # the server set, before forking us, what a program sees as a fresh process would (each page written here
     # would be a copy-on-write fault in every child): HOME=TMPDIR=workdir (Server._fork_child), tempfile.tempdir
     # None, sys.argv, the recursion limit and sys.std* = sys.__std*__ (Server.ready_for_children); `random`
@@ -1323,7 +1347,7 @@ def child_tests(req: dict, start: int) -> None:
         data = pack(">I", len_(data)) + data
         view = memoryview(data)
         while view:
-            view = view[write(RESULT_FD, view):]
+            view = view[write(RESULT_FD, view) :]
 
     module = types.ModuleType("solution")
     module.__dict__["__builtins__"] = __builtins__
@@ -1374,8 +1398,14 @@ def child_tests(req: dict, start: int) -> None:
         whole = record and getprofile() is profiler
         if record:
             setprofile(None)
-        frame = {"t": "test", "i": i, "status": status, "output": None, "error": error,
-                 "calls": sorted_(calls) if whole else None}
+        frame = {
+            "t": "test",
+            "i": i,
+            "status": status,
+            "output": None,
+            "error": error,
+            "calls": sorted_(calls) if whole else None,
+        }
         if text is None:
             emit(frame)
         else:  # splice the serialised output in rather than parse and dump it again
@@ -1435,7 +1465,7 @@ def decode_value(v, len=len, type=type):  # noqa: A002 - builtins bound: the can
         return v
     if type(v) is not dict or len(v) != 1:
         raise ValueError("not a value")
-    (tag, body), = v.items()
+    ((tag, body),) = v.items()
     if tag == "d" and type(body) is list:
         return {decode_value(k): decode_value(x) for k, x in body}
     if tag in VALUE_TAGS and type(body) is list:
@@ -1451,11 +1481,12 @@ def write_frame(fd: int, obj: dict, _len=len, _dumps=json.dumps, _pack=struct.pa
     data = _dumps(obj, separators=(",", ":")).encode("utf-8", "surrogatepass")
     view = memoryview(_pack(">I", _len(data)) + data)
     while view:
-        view = view[_os_write(fd, view):]
+        view = view[_os_write(fd, view) :]
 
 
-def read_frame(fd: int, limit: int, _len=len, _type=type, _unpack=struct.unpack,
-               _decode=json.JSONDecoder().raw_decode) -> dict:  # bound: json.loads itself calls len()
+def read_frame(
+    fd: int, limit: int, _len=len, _type=type, _unpack=struct.unpack, _decode=json.JSONDecoder().raw_decode
+) -> dict:  # bound: json.loads itself calls len()
     """One frame from a pipe; EOFError when it closes, ValueError when the frame is malformed or too big."""
     (size,) = _unpack(">I", _read_fd(fd, 4))
     if size > limit:
@@ -1480,8 +1511,11 @@ def candidate_process(req: dict, call_fd: int, answer_fd: int) -> None:
         rc = _report_exception(exc)
         write_frame(answer_fd, {"t": "load_error", "error": _short_error(exc)})
         _flush_and_exit(rc or EXIT_ERROR)
-    names = [k for k, v in list(module.__dict__.items())
-             if isinstance(k, str) and not k.startswith("__") and isinstance(v, types.FunctionType)]
+    names = [
+        k
+        for k, v in list(module.__dict__.items())
+        if isinstance(k, str) and not k.startswith("__") and isinstance(v, types.FunctionType)
+    ]
     write_frame(answer_fd, {"t": "loaded", "names": names})
     while True:
         try:
@@ -1543,8 +1577,9 @@ def child_check(req: dict) -> None:
             if gone:
                 raise CandidateGone(gone[0])
             try:
-                write_frame(call_w, {"fn": self.name, "args": encode_value(list(args)),
-                                     "kwargs": encode_value(dict(kwargs))})
+                write_frame(
+                    call_w, {"fn": self.name, "args": encode_value(list(args)), "kwargs": encode_value(dict(kwargs))}
+                )
             except OSError:
                 gone.append("the candidate process ended")
                 raise CandidateGone(gone[0]) from None
@@ -1576,8 +1611,9 @@ def child_check(req: dict) -> None:
         if isinstance(prompt, str):  # the problem's own helpers run here: only the entry point is the module's
             exec(compile(prompt, "<prompt>", "exec"), namespace)
         else:  # helpers from the module, never one named like a builtin (a module `abs` would answer the test's)
-            namespace.update({name: Proxy(name) for name in first["names"]
-                              if isinstance(name, str) and name not in builtin_names})
+            namespace.update(
+                {name: Proxy(name) for name in first["names"] if isinstance(name, str) and name not in builtin_names}
+            )
         if entry in builtin_names:  # passed as `candidate` only: the test's own calls of that name stay builtin
             namespace.pop(entry, None)
         else:
@@ -1602,8 +1638,19 @@ def child_check(req: dict) -> None:
 class _Child:
     """A forked child and the server's ends of its pipes."""
 
-    __slots__ = ("pid", "workdir", "out_r", "err_r", "res_r", "job_w", "job_sent", "job_failed", "pidfd",
-                 "pipes_closed", "job_closed")
+    __slots__ = (
+        "pid",
+        "workdir",
+        "out_r",
+        "err_r",
+        "res_r",
+        "job_w",
+        "job_sent",
+        "job_failed",
+        "pidfd",
+        "pipes_closed",
+        "job_closed",
+    )
 
     def __init__(self, pid: int, workdir: str, out_r: int, err_r: int, res_r: int, job_w: int):
         self.pid, self.workdir = pid, workdir
@@ -1655,8 +1702,12 @@ class Server:
         # CAP_DAC_READ_SEARCH in a chroot (open_by_handle_at would leave it), so a closed one means no root
         readable = all(os.stat(p).st_mode & 0o005 == 0o005 for p in needed)
         # (in our user namespace children keep our one uid, which reads the installation as we do)
-        if as_root and "/tmp" in self.private_dirs and not args.no_private_root and \
-                (args.uid is None or self.userns or readable):
+        if (
+            as_root
+            and "/tmp" in self.private_dirs
+            and not args.no_private_root
+            and (args.uid is None or self.userns or readable)
+        ):
             self.root = build_root(needed, self.private_dirs)
         self.pidns = None  # (init pid, command fd, answer fd) of the pid namespace children are forked into
         if as_root and self.private_tmp and not args.no_pidns:
@@ -1690,22 +1741,37 @@ class Server:
         if self.cgroup is None and not args.container_oom and not args.no_cgroup:
             self.tree_memory = self.container_oom = TreeMemory(os.getpid(), self.init_pid)  # polled as that is
         self.oom_watch = self.cgroup or self.container_oom  # whichever tells us of an OOM kill in the tree
-        self.cfg = {"uid": uid, "read_cap": read_cap, "nproc": nproc, "fsize_mb": args.fsize_mb,
-                    "nofile": args.nofile, "cap_args": _cap_args(read_cap), "root": self.root,
-                    "cgroup_fds": self.cgroup.attach_fds if self.cgroup else [], "oom_adj": True}
-        self.meta = {"network_isolated": self.network_isolated, "user_isolated": uid is not None,
-                     "read_all_files": read_cap,
-                     "private_tmp": self.private_tmp, "private_dirs": self.private_dirs,
-                     "private_proc": self.private_proc,
-                     "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc), "server_pid": os.getpid(),
-                     "uts_isolated": self.uts_isolated,
-                     "cgroup": self.cgroup.version if self.cgroup else None,
-                     "pid_namespace": self.pidns is not None, "private_root": self.root is not None,
-                     "tree_memory_limit": bool(self.oom_watch),
-                     "tree_memory_polled": self.tree_memory is not None,
-                     # RLIMIT_NPROC counts only this worker's processes (a uid of its own, or its user namespace)
-                     "nproc_per_worker": bool(self.cgroup) or uid is not None or self.userns,
-                     "user_namespace": self.userns, "userns_error": self.userns_error}
+        self.cfg = {
+            "uid": uid,
+            "read_cap": read_cap,
+            "nproc": nproc,
+            "fsize_mb": args.fsize_mb,
+            "nofile": args.nofile,
+            "cap_args": _cap_args(read_cap),
+            "root": self.root,
+            "cgroup_fds": self.cgroup.attach_fds if self.cgroup else [],
+            "oom_adj": True,
+        }
+        self.meta = {
+            "network_isolated": self.network_isolated,
+            "user_isolated": uid is not None,
+            "read_all_files": read_cap,
+            "private_tmp": self.private_tmp,
+            "private_dirs": self.private_dirs,
+            "private_proc": self.private_proc,
+            "ipc_isolated": self.ipc_isolated or bool(args.wipe_ipc),
+            "server_pid": os.getpid(),
+            "uts_isolated": self.uts_isolated,
+            "cgroup": self.cgroup.version if self.cgroup else None,
+            "pid_namespace": self.pidns is not None,
+            "private_root": self.root is not None,
+            "tree_memory_limit": bool(self.oom_watch),
+            "tree_memory_polled": self.tree_memory is not None,
+            # RLIMIT_NPROC counts only this worker's processes (a uid of its own, or its user namespace)
+            "nproc_per_worker": bool(self.cgroup) or uid is not None or self.userns,
+            "user_namespace": self.userns,
+            "userns_error": self.userns_error,
+        }
         self.cfg["seccomp"] = seccomp  # installed last in _child_setup
         self.meta["seccomp"] = self.cfg["seccomp"] is not None
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
@@ -1859,7 +1925,7 @@ class Server:
         return left
 
     # -- one child
-    def _fork_child(self, workdir: str) -> "_Child":
+    def _fork_child(self, workdir: str) -> _Child:
         """Fork a child that sets itself up and then waits for its job (see child_job)."""
         if workdir != self._env_workdir:  # usually the same (spare) dir as last time: nothing to write
             os.environ["HOME"] = os.environ["TMPDIR"] = self._env_workdir = workdir  # the rest: scrub_environment
@@ -1894,7 +1960,7 @@ class Server:
             except OSError:
                 self._ready = None
 
-    def _start(self, req: dict, raw: bytes, start: int, workdir: str | None) -> "_Child":
+    def _start(self, req: dict, raw: bytes, start: int, workdir: str | None) -> _Child:
         """Hand a job to the pre-forked child (or a new one in `workdir`)."""
         data = job_bytes(req, raw, start)  # first: should it fail, no child has been handed a job
         if self.cgroup is not None and not self.cgroup.set_memory(int(req["memory_mb"])):
@@ -1912,12 +1978,12 @@ class Server:
         try:
             view = memoryview(data)
             while view:
-                view = view[os.write(child.job_w, view):]
+                view = view[os.write(child.job_w, view) :]
         except OSError:
             child.job_failed = True  # the child died during set-up, before it read its job: _collect sees how
         return child
 
-    def _collect(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
+    def _collect(self, req: dict, child: _Child, out: dict, tests: list | None, start: int) -> dict:
         """Watch one child until it exits, times out, floods or breaks protocol. Returns what happened. Should
         anything fail outside the watch itself (which handles its own failures), the child's group is killed and
         reaped and its descriptors closed before the failure goes on (the server then asks to be replaced)."""
@@ -1927,7 +1993,7 @@ class Server:
             self._abandon(child)
             raise
 
-    def _abandon(self, child: "_Child") -> None:
+    def _abandon(self, child: _Child) -> None:
         _kill_and_reap(child.pid)
         self._sweep()
         self._sweep_namespace()
@@ -1943,7 +2009,7 @@ class Server:
         child.pidfd = None
         self.recycle = self.recycle or "failed while collecting a program"
 
-    def _watch(self, req: dict, child: "_Child", out: dict, tests: list | None, start: int) -> dict:
+    def _watch(self, req: dict, child: _Child, out: dict, tests: list | None, start: int) -> dict:
         pid, out_r, err_r, res_r = child.pid, child.out_r, child.err_r, child.res_r
         pidfd = child.pidfd = os.pidfd_open(pid)
         poller = select.poll()
@@ -1963,12 +2029,23 @@ class Server:
         limit = int(req["output_limit"])
         res_buf = bytearray()
         state: dict[str, Any] = {
-            "reason": None, "next": start, "loaded": tests is None, "done": False, "load_error": None,
-            "violation": None, "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
+            "reason": None,
+            "next": start,
+            "loaded": tests is None,
+            "done": False,
+            "load_error": None,
+            "violation": None,
+            "max_frame": limit + FRAME_SLACK,  # an honest frame holds <= limit of output
             "result_bytes": 0,
-            "asked": False, "ended": False, "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
-            "t_mark": child.job_sent, "load_s": None, "after_memory_error": False,
-            "check": req.get("op") == "check", "verdict": None}
+            "asked": False,
+            "ended": False,
+            "nonce": os.urandom(NONCE_BYTES) if tests is None else b"",
+            "t_mark": child.job_sent,
+            "load_s": None,
+            "after_memory_error": False,
+            "check": req.get("op") == "check",
+            "verdict": None,
+        }
         if state["check"]:
             state["nonce"] = b""
         n = len(req["inputs"]) if tests is not None else 0
@@ -2089,7 +2166,7 @@ class Server:
         state["cpu_limit_s"] = int(math.ceil(cpu_budget_s(req))) + 1
         return state
 
-    def _result_bytes(self, buf: bytearray, state: dict, tests: list | None, n: int, child: "_Child") -> bool:
+    def _result_bytes(self, buf: bytearray, state: dict, tests: list | None, n: int, child: _Child) -> bool:
         """What arrived on the result pipe: test frames (see _frames); for a check the checker's one verdict
         frame; for a run the end-of-program exchange: END_ASK, to which we answer with the nonce, then
         END_SAY + nonce. Anything else is a violation."""
@@ -2102,8 +2179,8 @@ class Server:
                     raise ProtocolViolation("unexpected checker frame")
                 if len(buf) < 4 + size:
                     break
-                raw = bytes(buf[4:4 + size])
-                del buf[:4 + size]
+                raw = bytes(buf[4 : 4 + size])
+                del buf[: 4 + size]
                 try:
                     frame = None if json_too_deep(raw, 2) else json.loads(raw)
                 except (ValueError, RecursionError, MemoryError):
@@ -2123,9 +2200,9 @@ class Server:
             except OSError:
                 pass
         if state["asked"] and not state["ended"] and len(buf) >= 1 + NONCE_BYTES:
-            if bytes(buf[:1 + NONCE_BYTES]) != END_SAY + state["nonce"]:
+            if bytes(buf[: 1 + NONCE_BYTES]) != END_SAY + state["nonce"]:
                 raise ProtocolViolation("a wrong end-of-program report")
-            del buf[:1 + NONCE_BYTES]
+            del buf[: 1 + NONCE_BYTES]
             state["ended"] = True
         if state["ended"] and buf:
             raise ProtocolViolation("bytes after the end-of-program report")
@@ -2142,8 +2219,8 @@ class Server:
                 raise ProtocolViolation("oversized result frame")
             if len(buf) < 4 + size:
                 break
-            raw = bytes(buf[4:4 + size])
-            del buf[:4 + size]
+            raw = bytes(buf[4 : 4 + size])
+            del buf[: 4 + size]
             if json_too_deep(raw, MAX_DEPTH + 1):  # the frame object itself is one level
                 raise ProtocolViolation(f"result frame nested deeper than {MAX_DEPTH}")
             try:
@@ -2175,13 +2252,22 @@ class Server:
                     raise ProtocolViolation("output on a failed test")
                 state["result_bytes"] += size
                 if state["result_bytes"] > MAX_RESULT_BYTES and status == "ok":  # bounded whatever the test count
-                    status, error, frame["output"] = \
-                        "output_limit", f"answers exceeded {MAX_RESULT_BYTES} bytes in total", None
-                tests[i] = {"status": status, "output": frame["output"], "error": error,
-                            "duration_s": now - state["t_mark"], "calls": calls}
+                    status, error, frame["output"] = (
+                        "output_limit",
+                        f"answers exceeded {MAX_RESULT_BYTES} bytes in total",
+                        None,
+                    )
+                tests[i] = {
+                    "status": status,
+                    "output": frame["output"],
+                    "error": error,
+                    "duration_s": now - state["t_mark"],
+                    "calls": calls,
+                }
                 state["t_mark"] = now
-                state["after_memory_error"] = status == "error" and error is not None \
-                    and error.startswith("MemoryError")
+                state["after_memory_error"] = (
+                    status == "error" and error is not None and error.startswith("MemoryError")
+                )
                 state["next"] = i + 1
                 progressed = True
             elif kind == "done" and state["loaded"] and state["next"] == n:
@@ -2210,8 +2296,10 @@ class Server:
         if reason == "output_limit":
             return "output_limit", {"reason": "stdout+stderr exceeded output_limit"}
         if reason == "memory" or (reason is None and state.get("oom") and not state["setup_failed"]):
-            return "memory", {"reason": f"the program's processes together reached their memory limit "
-                                        f"({state['tree_limit']}): the kernel's OOM killer acted; all were ended"}
+            return "memory", {
+                "reason": f"the program's processes together reached their memory limit "
+                f"({state['tree_limit']}): the kernel's OOM killer acted; all were ended"
+            }
         if reason == "protocol":
             return "error", {"reason": f"protocol violation: {state['violation']}"}
         if reason == "internal":
@@ -2222,8 +2310,10 @@ class Server:
         if os.WIFSIGNALED(wstatus):
             sig = os.WTERMSIG(wstatus)
             facts = {"signal": sig}
-            if sig in (signal.SIGXCPU, signal.SIGKILL) and \
-                    ru.ru_utime + ru.ru_stime >= state["cpu_limit_s"] - CPU_SLACK_S:
+            if (
+                sig in (signal.SIGXCPU, signal.SIGKILL)
+                and ru.ru_utime + ru.ru_stime >= state["cpu_limit_s"] - CPU_SLACK_S
+            ):
                 return "timeout", {**facts, "reason": "CPU time limit"}
             if memory:
                 return "memory", {**facts, "reason": f"signal {sig} at a peak of {ru.ru_maxrss // 1024} MiB"}
@@ -2247,9 +2337,13 @@ class Server:
         meta = dict(self.meta)
         if extra:
             meta.update(extra)
-        return {"status": status, "stdout": self._text(out["stdout"], cap),
-                "stderr": self._text(out["stderr"], max(0, cap - min(len(out["stdout"]), cap))),
-                "duration_s": time.monotonic() - t0, "meta": meta}
+        return {
+            "status": status,
+            "stdout": self._text(out["stdout"], cap),
+            "stderr": self._text(out["stderr"], max(0, cap - min(len(out["stdout"]), cap))),
+            "duration_s": time.monotonic() - t0,
+            "meta": meta,
+        }
 
     def handle_run(self, req: dict, raw: bytes) -> dict:
         t0 = time.monotonic()
@@ -2295,16 +2389,26 @@ class Server:
                 status, facts = self._exit_status(state)
                 if state.get("internal"):  # our failure: no verdict on this or any later test
                     for i in range(start, n):
-                        tests[i] = {"status": "sandbox_error", "output": None, "calls": None, "duration_s": 0.0,
-                                    "error": facts["reason"]}
+                        tests[i] = {
+                            "status": "sandbox_error",
+                            "output": None,
+                            "calls": None,
+                            "duration_s": 0.0,
+                            "error": facts["reason"],
+                        }
                     overall, extra["reason"] = "sandbox_error", facts["reason"]
                     break
                 if "load_s" not in extra and state["load_s"] is not None:
                     extra["load_s"] = state["load_s"]
                 if state["violation"]:
                     for i in range(start, n):
-                        tests[i] = {"status": "error", "output": None, "calls": None, "duration_s": 0.0,
-                                    "error": f"ProtocolError: {state['violation']}"}
+                        tests[i] = {
+                            "status": "error",
+                            "output": None,
+                            "calls": None,
+                            "duration_s": 0.0,
+                            "error": f"ProtocolError: {state['violation']}",
+                        }
                     overall, extra["protocol_violation"] = "error", state["violation"]
                     break
                 if not state["loaded"]:  # the module did not load: nothing ran
@@ -2327,8 +2431,13 @@ class Server:
                     break  # all ran, or stop_on_error stopped the child after a failing test
                 # the child ended abnormally inside test i
                 tstatus = status if status not in ("ok", "sandbox_error") else "error"
-                tests[i] = {"status": tstatus, "output": None, "duration_s": time.monotonic() - state["t_mark"],
-                            "calls": None, "error": f"{facts.get('reason', tstatus)} during the test"}
+                tests[i] = {
+                    "status": tstatus,
+                    "output": None,
+                    "duration_s": time.monotonic() - state["t_mark"],
+                    "calls": None,
+                    "error": f"{facts.get('reason', tstatus)} during the test",
+                }
                 if tstatus != "error" and overall == "ok":
                     overall = tstatus
                 if tstatus == "output_limit" or req.get("stop_on_error"):
@@ -2354,37 +2463,60 @@ class Server:
     def handle(self, req: dict, raw: bytes | None = None) -> dict:
         op = req.get("op")
         if op == "hello":
-            return {"ok": True, "protocol": PROTOCOL, "pid": os.getpid(), "python": sys.version.split()[0],
-                    "child_uid": self.cfg["uid"] if self.cfg["uid"] is not None else os.geteuid(), **self.meta}
+            return {
+                "ok": True,
+                "protocol": PROTOCOL,
+                "pid": os.getpid(),
+                "python": sys.version.split()[0],
+                "child_uid": self.cfg["uid"] if self.cfg["uid"] is not None else os.geteuid(),
+                **self.meta,
+            }
         if op == "ping":
             return {"ok": True}
         if op == "stats":
             ours = {self._ready and self._ready.workdir}
             dirs = [d for d in os.listdir(self.work_base) if os.path.join(self.work_base, d) not in ours]
-            kids = [pid for pid in self._children()
-                    if not (self._ready and pid == self._ready.pid) and pid != self.init_pid]
+            kids = [
+                pid for pid in self._children() if not (self._ready and pid == self._ready.pid) and pid != self.init_pid
+            ]
             tasks: list | None = None
             if self.cgroup is not None:  # processes in the worker's cgroup, the pre-forked child aside
                 tasks = [p for p in self.cgroup.procs() if not (self._ready and p == self._ready.pid)]
-            return {"ok": True, "workdirs": len(dirs), "children": kids,
-                    "ready": self._ready.pid if self._ready else None, "fds": len(os.listdir("/proc/self/fd")),
-                    "cgroup_procs": tasks, "init": self.init_pid}
+            return {
+                "ok": True,
+                "workdirs": len(dirs),
+                "children": kids,
+                "ready": self._ready.pid if self._ready else None,
+                "fds": len(os.listdir("/proc/self/fd")),
+                "cgroup_procs": tasks,
+                "init": self.init_pid,
+            }
         if op in ("run", "tests", "check"):
             error = _validate(req)
             if error:
-                return {"status": "sandbox_error", "stdout": "", "stderr": error, "duration_s": 0.0,
-                        "meta": dict(self.meta)}
+                return {
+                    "status": "sandbox_error",
+                    "stdout": "",
+                    "stderr": error,
+                    "duration_s": 0.0,
+                    "meta": dict(self.meta),
+                }
             raw = raw if raw is not None else json.dumps(req).encode()
             return {"run": self.handle_run, "tests": self.handle_tests, "check": self.handle_check}[op](req, raw)
-        return {"status": "sandbox_error", "stdout": "", "stderr": f"unknown op {op!r}", "duration_s": 0.0,
-                "meta": dict(self.meta)}
+        return {
+            "status": "sandbox_error",
+            "stdout": "",
+            "stderr": f"unknown op {op!r}",
+            "duration_s": 0.0,
+            "meta": dict(self.meta),
+        }
 
     def serve(self, listener: socket.socket) -> None:
         """Serve the one client connection; exit when it closes (so a dead client leaves no server behind)."""
         listener.settimeout(ACCEPT_TIMEOUT_S)
         try:
             conn, _ = listener.accept()
-        except socket.timeout:
+        except TimeoutError:
             return
         listener.close()
         conn.settimeout(None)
@@ -2407,8 +2539,13 @@ class Server:
                 try:
                     resp = self.handle(req, raw)
                 except Exception:  # noqa: BLE001 - our fault: report it, then let the pool replace us
-                    resp = {"status": "sandbox_error", "stdout": "", "stderr": traceback.format_exc()[-4000:],
-                            "duration_s": 0.0, "meta": dict(self.meta)}
+                    resp = {
+                        "status": "sandbox_error",
+                        "stdout": "",
+                        "stderr": traceback.format_exc()[-4000:],
+                        "duration_s": 0.0,
+                        "meta": dict(self.meta),
+                    }
                     self.recycle = self.recycle or "a request failed inside the server"
                 if self.recycle:  # the pool replaces this worker before its next program (Pool._received)
                     resp["recycle"] = self.recycle
@@ -2451,8 +2588,9 @@ def add_site_packages() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="sandbox fork server (see the module docstring)")
     parser.add_argument("--socket", required=True, help="unix socket path to listen on")
-    parser.add_argument("--uid", default=None,
-                        help="unprivileged uid for children (root only); 'auto' = UID_AUTO_BASE + server pid")
+    parser.add_argument(
+        "--uid", default=None, help="unprivileged uid for children (root only); 'auto' = UID_AUTO_BASE + server pid"
+    )
     parser.add_argument("--nproc", type=int, default=DEFAULT_NPROC, help="RLIMIT_NPROC for children")
     parser.add_argument("--fsize-mb", type=int, default=DEFAULT_FSIZE_MB, help="RLIMIT_FSIZE for children")
     parser.add_argument("--nofile", type=int, default=DEFAULT_NOFILE, help="RLIMIT_NOFILE for children")
@@ -2460,19 +2598,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", default=None, help="where work dirs go without a private tmpfs")
     parser.add_argument("--no-prefork", action="store_true", help="fork each child only when its job comes")
     parser.add_argument("--no-netns", action="store_true", help="do not try to isolate the network")
-    parser.add_argument("--no-userns", action="store_true",
-                        help="without root, no user namespace of its own (enter_user_namespace): no namespace at all")
+    parser.add_argument(
+        "--no-userns",
+        action="store_true",
+        help="without root, no user namespace of its own (enter_user_namespace): no namespace at all",
+    )
     parser.add_argument("--no-private-tmp", action="store_true", help="do not mount private tmpfs (root only)")
-    parser.add_argument("--wipe-ipc", action="store_true",
-                        help="remove every SysV IPC object after every program (a container's own namespace)")
-    parser.add_argument("--wipe-tmp", action="store_true",
-                        help="empty /tmp, /var/tmp, /dev/shm after every program (a container's own)")
+    parser.add_argument(
+        "--wipe-ipc",
+        action="store_true",
+        help="remove every SysV IPC object after every program (a container's own namespace)",
+    )
+    parser.add_argument(
+        "--wipe-tmp", action="store_true", help="empty /tmp, /var/tmp, /dev/shm after every program (a container's own)"
+    )
     parser.add_argument("--no-cgroup", action="store_true", help="no cgroup per worker (root only)")
     parser.add_argument("--no-pidns", action="store_true", help="no pid namespace for programs (root only)")
-    parser.add_argument("--no-private-root", action="store_true",
-                        help="programs see the host's file tree, not a root of their own (root only)")
-    parser.add_argument("--container-oom", action="store_true",
-                        help="read the container's OOM-kill count during and after every program")
+    parser.add_argument(
+        "--no-private-root",
+        action="store_true",
+        help="programs see the host's file tree, not a root of their own (root only)",
+    )
+    parser.add_argument(
+        "--container-oom",
+        action="store_true",
+        help="read the container's OOM-kill count during and after every program",
+    )
     parser.add_argument("--no-seccomp", action="store_true", help="no seccomp filter for children (seccomp.py)")
     args = parser.parse_args(argv)
     if sys.flags.no_site:

@@ -84,64 +84,342 @@ import dataclasses
 import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 from sandbox.api import TestReport, normalize, outputs_equal
 from sandbox.errors import SandboxConfigError
 
 # Imports that make a solution's results nondeterministic (clock, randomness, OS, threads) or let it inspect and
 # rewrite itself; any of them anywhere in the solution turns incremental reuse off.
-UNSOUND_MODULES = frozenset({
-    "random", "time", "datetime", "uuid", "secrets", "os", "threading", "_thread", "multiprocessing",
-    "subprocess", "socket", "asyncio", "concurrent", "signal", "select", "sched", "gc", "inspect", "importlib",
-    "ctypes", "tempfile", "shutil", "pathlib", "glob", "io", "builtins", "atexit", "faulthandler", "pickle",
-    "marshal", "sqlite3", "urllib", "http", "resource", "platform", "types", "code", "codeop", "runpy", "pdb",
-    "sysconfig", "site", "pkgutil", "zipimport", "trace", "tracemalloc", "weakref", "fcntl", "mmap", "locale",
-    "getpass", "numpy",
-})
+UNSOUND_MODULES = frozenset(
+    {
+        "random",
+        "time",
+        "datetime",
+        "uuid",
+        "secrets",
+        "os",
+        "threading",
+        "_thread",
+        "multiprocessing",
+        "subprocess",
+        "socket",
+        "asyncio",
+        "concurrent",
+        "signal",
+        "select",
+        "sched",
+        "gc",
+        "inspect",
+        "importlib",
+        "ctypes",
+        "tempfile",
+        "shutil",
+        "pathlib",
+        "glob",
+        "io",
+        "builtins",
+        "atexit",
+        "faulthandler",
+        "pickle",
+        "marshal",
+        "sqlite3",
+        "urllib",
+        "http",
+        "resource",
+        "platform",
+        "types",
+        "code",
+        "codeop",
+        "runpy",
+        "pdb",
+        "sysconfig",
+        "site",
+        "pkgutil",
+        "zipimport",
+        "trace",
+        "tracemalloc",
+        "weakref",
+        "fcntl",
+        "mmap",
+        "locale",
+        "getpass",
+        "numpy",
+    }
+)
 # Reuse trusts the child's record of which functions a test called, so it needs a proof that the program can
 # neither switch the recording off nor reach the result channel: only these modules may be imported (anything
 # else, e.g. logging, posix, _random, falls back), `sys` only for SAFE_SYS_ATTRS, no dunder but SAFE_DUNDERS is
 # named, and a class may derive only from object, exceptions, its module's own classes and SAFE_BASES.
-SOUND_MODULES = frozenset({
-    "math", "cmath", "itertools", "functools", "collections", "heapq", "bisect", "string", "re", "operator",
-    "typing", "dataclasses", "fractions", "decimal", "statistics", "numbers", "abc", "enum", "copy", "array",
-    "textwrap", "unicodedata", "hashlib", "difflib", "json", "sys",
-})
-SAFE_SYS_ATTRS = frozenset({"maxsize", "setrecursionlimit", "getrecursionlimit", "maxunicode", "float_info",
-                            "int_info", "version_info", "byteorder", "hexversion", "getsizeof"})
-SAFE_DUNDERS = frozenset({"__init__", "__name__", "__doc__", "__len__", "__iter__", "__next__", "__eq__", "__ne__",
-                          "__lt__", "__le__", "__gt__", "__ge__", "__hash__", "__repr__", "__str__", "__contains__",
-                          "__getitem__", "__setitem__", "__add__", "__sub__", "__mul__", "__bool__", "__main__"})
-SAFE_BASES = frozenset({"object", "ABC", "abc.ABC", "Enum", "enum.Enum", "NamedTuple", "typing.NamedTuple",
-                        "Generic", "typing.Generic", "Protocol", "typing.Protocol"})
-DYNAMIC_NAMES = frozenset({"eval", "exec", "compile", "globals", "locals", "vars", "__import__", "breakpoint",
-                           "setattr", "delattr", "open", "input", "__builtins__", "__dict__", "__loader__",
-                           "__spec__", "id"})  # id(): object addresses differ between a full and a partial run
-DYNAMIC_ATTRS = frozenset({"__dict__", "__globals__", "__code__", "__closure__", "__builtins__", "__defaults__",
-                           "__kwdefaults__", "__subclasses__", "f_globals", "f_locals", "f_back", "f_code",
-                           "gi_frame", "cr_frame", "tb_frame", "setprofile", "settrace", "_getframe", "modules",
-                           "__import__", "__setattr__", "__delattr__", "attrgetter", "methodcaller",
-                           "get_type_hints", "monitoring"})
+SOUND_MODULES = frozenset(
+    {
+        "math",
+        "cmath",
+        "itertools",
+        "functools",
+        "collections",
+        "heapq",
+        "bisect",
+        "string",
+        "re",
+        "operator",
+        "typing",
+        "dataclasses",
+        "fractions",
+        "decimal",
+        "statistics",
+        "numbers",
+        "abc",
+        "enum",
+        "copy",
+        "array",
+        "textwrap",
+        "unicodedata",
+        "hashlib",
+        "difflib",
+        "json",
+        "sys",
+    }
+)
+SAFE_SYS_ATTRS = frozenset(
+    {
+        "maxsize",
+        "setrecursionlimit",
+        "getrecursionlimit",
+        "maxunicode",
+        "float_info",
+        "int_info",
+        "version_info",
+        "byteorder",
+        "hexversion",
+        "getsizeof",
+    }
+)
+SAFE_DUNDERS = frozenset(
+    {
+        "__init__",
+        "__name__",
+        "__doc__",
+        "__len__",
+        "__iter__",
+        "__next__",
+        "__eq__",
+        "__ne__",
+        "__lt__",
+        "__le__",
+        "__gt__",
+        "__ge__",
+        "__hash__",
+        "__repr__",
+        "__str__",
+        "__contains__",
+        "__getitem__",
+        "__setitem__",
+        "__add__",
+        "__sub__",
+        "__mul__",
+        "__bool__",
+        "__main__",
+    }
+)
+SAFE_BASES = frozenset(
+    {
+        "object",
+        "ABC",
+        "abc.ABC",
+        "Enum",
+        "enum.Enum",
+        "NamedTuple",
+        "typing.NamedTuple",
+        "Generic",
+        "typing.Generic",
+        "Protocol",
+        "typing.Protocol",
+    }
+)
+DYNAMIC_NAMES = frozenset(
+    {
+        "eval",
+        "exec",
+        "compile",
+        "globals",
+        "locals",
+        "vars",
+        "__import__",
+        "breakpoint",
+        "setattr",
+        "delattr",
+        "open",
+        "input",
+        "__builtins__",
+        "__dict__",
+        "__loader__",
+        "__spec__",
+        "id",
+    }
+)  # id(): object addresses differ between a full and a partial run
+DYNAMIC_ATTRS = frozenset(
+    {
+        "__dict__",
+        "__globals__",
+        "__code__",
+        "__closure__",
+        "__builtins__",
+        "__defaults__",
+        "__kwdefaults__",
+        "__subclasses__",
+        "f_globals",
+        "f_locals",
+        "f_back",
+        "f_code",
+        "gi_frame",
+        "cr_frame",
+        "tb_frame",
+        "setprofile",
+        "settrace",
+        "_getframe",
+        "modules",
+        "__import__",
+        "__setattr__",
+        "__delattr__",
+        "attrgetter",
+        "methodcaller",
+        "get_type_hints",
+        "monitoring",
+    }
+)
 # Decorators that do nothing observable at import beyond wrapping the function (with constant arguments).
-PURE_DECORATORS = frozenset({"staticmethod", "classmethod", "property", "cache", "lru_cache", "cached_property",
-                             "total_ordering", "dataclass", "wraps", "abstractmethod", "functools.cache",
-                             "functools.lru_cache", "functools.total_ordering", "functools.cached_property",
-                             "dataclasses.dataclass", "abc.abstractmethod", "setter", "getter", "deleter"})
+PURE_DECORATORS = frozenset(
+    {
+        "staticmethod",
+        "classmethod",
+        "property",
+        "cache",
+        "lru_cache",
+        "cached_property",
+        "total_ordering",
+        "dataclass",
+        "wraps",
+        "abstractmethod",
+        "functools.cache",
+        "functools.lru_cache",
+        "functools.total_ordering",
+        "functools.cached_property",
+        "dataclasses.dataclass",
+        "abc.abstractmethod",
+        "setter",
+        "getter",
+        "deleter",
+    }
+)
 # Builtins that read a container without keeping or mutating it (so passing module data to them is safe).
-PURE_BUILTINS = frozenset({"len", "sorted", "sum", "min", "max", "any", "all", "list", "tuple", "set", "frozenset",
-                           "dict", "enumerate", "zip", "reversed", "str", "repr", "bool", "hash", "abs", "int",
-                           "float", "range", "isinstance", "print", "bin", "hex", "ord", "chr", "round", "divmod",
-                           "pow", "format", "iter", "map", "filter", "type", "bytes", "complex"})
-READ_METHODS = frozenset({"get", "keys", "values", "items", "index", "count", "copy", "startswith", "endswith",
-                          "find", "rfind", "join", "split", "strip", "lower", "upper", "format", "issubset",
-                          "issuperset", "union", "intersection", "difference", "symmetric_difference",
-                          "isdisjoint", "most_common", "bit_length", "replace", "isdigit", "isalpha", "encode",
-                          "decode", "rstrip", "lstrip", "splitlines", "rjust", "ljust", "zfill", "partition",
-                          "rpartition", "title", "capitalize", "swapcase", "casefold", "center", "isalnum",
-                          "isspace", "isupper", "islower", "translate", "maketrans", "rindex", "elements",
-                          "total", "conjugate", "real", "imag", "numerator", "denominator"})
+PURE_BUILTINS = frozenset(
+    {
+        "len",
+        "sorted",
+        "sum",
+        "min",
+        "max",
+        "any",
+        "all",
+        "list",
+        "tuple",
+        "set",
+        "frozenset",
+        "dict",
+        "enumerate",
+        "zip",
+        "reversed",
+        "str",
+        "repr",
+        "bool",
+        "hash",
+        "abs",
+        "int",
+        "float",
+        "range",
+        "isinstance",
+        "print",
+        "bin",
+        "hex",
+        "ord",
+        "chr",
+        "round",
+        "divmod",
+        "pow",
+        "format",
+        "iter",
+        "map",
+        "filter",
+        "type",
+        "bytes",
+        "complex",
+    }
+)
+READ_METHODS = frozenset(
+    {
+        "get",
+        "keys",
+        "values",
+        "items",
+        "index",
+        "count",
+        "copy",
+        "startswith",
+        "endswith",
+        "find",
+        "rfind",
+        "join",
+        "split",
+        "strip",
+        "lower",
+        "upper",
+        "format",
+        "issubset",
+        "issuperset",
+        "union",
+        "intersection",
+        "difference",
+        "symmetric_difference",
+        "isdisjoint",
+        "most_common",
+        "bit_length",
+        "replace",
+        "isdigit",
+        "isalpha",
+        "encode",
+        "decode",
+        "rstrip",
+        "lstrip",
+        "splitlines",
+        "rjust",
+        "ljust",
+        "zfill",
+        "partition",
+        "rpartition",
+        "title",
+        "capitalize",
+        "swapcase",
+        "casefold",
+        "center",
+        "isalnum",
+        "isspace",
+        "isupper",
+        "islower",
+        "translate",
+        "maketrans",
+        "rindex",
+        "elements",
+        "total",
+        "conjugate",
+        "real",
+        "imag",
+        "numerator",
+        "denominator",
+    }
+)
 REUSABLE_STATUSES = frozenset({"ok", "error", "unserializable"})
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 _BUILTIN_NAMES = frozenset(dir(builtins)) | {"__name__", "__file__", "__doc__"}
@@ -229,10 +507,27 @@ def _is_constant(node: ast.AST | None) -> bool:
     """A value with no names, calls or mutable displays: numbers, strings, None, tuples and operators of them."""
     if node is None:
         return True
-    return all(isinstance(n, (ast.Constant, ast.Tuple, ast.UnaryOp, ast.BinOp, ast.BoolOp, ast.Compare,
-                              ast.unaryop, ast.operator, ast.boolop, ast.cmpop, ast.Load, ast.JoinedStr,
-                              ast.FormattedValue))
-               for n in ast.walk(node))
+    return all(
+        isinstance(
+            n,
+            (
+                ast.Constant,
+                ast.Tuple,
+                ast.UnaryOp,
+                ast.BinOp,
+                ast.BoolOp,
+                ast.Compare,
+                ast.unaryop,
+                ast.operator,
+                ast.boolop,
+                ast.cmpop,
+                ast.Load,
+                ast.JoinedStr,
+                ast.FormattedValue,
+            ),
+        )
+        for n in ast.walk(node)
+    )
 
 
 def _decorator_name(node: ast.expr) -> str:
@@ -256,8 +551,11 @@ def _pure_decorator(node: ast.expr) -> bool:
 
 def _annotations(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.expr]:
     a = fn.args
-    out = [arg.annotation for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
-           if arg is not None and arg.annotation is not None]
+    out = [
+        arg.annotation
+        for arg in a.posonlyargs + a.args + a.kwonlyargs + [a.vararg, a.kwarg]
+        if arg is not None and arg.annotation is not None
+    ]
     return out + ([fn.returns] if fn.returns is not None else [])
 
 
@@ -267,8 +565,9 @@ def _import_time_parts(stmt: ast.stmt) -> tuple[list[ast.AST], list[ast.expr]]:
     notes: list[ast.expr] = []
     if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
         parts += [d for d in stmt.decorator_list if not _pure_decorator(d)]
-        parts += [d for d in stmt.args.defaults + [k for k in stmt.args.kw_defaults if k is not None]
-                  if not _is_constant(d)]
+        parts += [
+            d for d in stmt.args.defaults + [k for k in stmt.args.kw_defaults if k is not None] if not _is_constant(d)
+        ]
         notes += _annotations(stmt)
     elif isinstance(stmt, ast.ClassDef):
         parts += [*(d for d in stmt.decorator_list if not _pure_decorator(d)), *stmt.bases, *stmt.keywords]
@@ -281,8 +580,11 @@ def _import_time_parts(stmt: ast.stmt) -> tuple[list[ast.AST], list[ast.expr]]:
                 continue  # docstring
             elif isinstance(inner, ast.Pass):
                 continue
-            elif isinstance(inner, ast.Assign) and _is_constant(inner.value) \
-                    and all(isinstance(t, ast.Name) for t in inner.targets):
+            elif (
+                isinstance(inner, ast.Assign)
+                and _is_constant(inner.value)
+                and all(isinstance(t, ast.Name) for t in inner.targets)
+            ):
                 continue
             elif isinstance(inner, ast.AnnAssign) and _is_constant(inner.value):
                 notes.append(inner.annotation)
@@ -296,12 +598,12 @@ def _import_time_parts(stmt: ast.stmt) -> tuple[list[ast.AST], list[ast.expr]]:
 class ModuleDigest:
     """What incremental reuse needs to know about one version of a solution."""
 
-    module_hash: str                       # import-time behaviour (see the module docstring)
-    binders: dict[str, tuple]              # module-level name -> final binder (its binding statements, in order)
-    light_binders: dict[str, tuple]        # plain function name -> binder by signature hashes only
-    refs: dict[str, frozenset[str]]        # top-level def name -> names its definitions use other than by a call
-    calls: dict[str, frozenset[str]]       # top-level def name -> names its definitions call directly, `n(...)`
-    unsound: str | None = None             # why reuse is off for this solution, or None
+    module_hash: str  # import-time behaviour (see the module docstring)
+    binders: dict[str, tuple]  # module-level name -> final binder (its binding statements, in order)
+    light_binders: dict[str, tuple]  # plain function name -> binder by signature hashes only
+    refs: dict[str, frozenset[str]]  # top-level def name -> names its definitions use other than by a call
+    calls: dict[str, frozenset[str]]  # top-level def name -> names its definitions call directly, `n(...)`
+    unsound: str | None = None  # why reuse is off for this solution, or None
 
     def closure(self, names) -> set[str]:
         """`names` plus every name the definitions among them use or call, transitively (import-time view)."""
@@ -335,8 +637,11 @@ class ModuleDigest:
     def fingerprint(self, roots) -> str:
         """Hash of what a test that executed the functions `roots` can observe (module hash + binders)."""
         full, light = self.test_closure(roots)
-        return _sha(self.module_hash, [(n, self.binders.get(n)) for n in sorted(full)],
-                    [(n, self.light_binders[n]) for n in sorted(light)])
+        return _sha(
+            self.module_hash,
+            [(n, self.binders.get(n)) for n in sorted(full)],
+            [(n, self.light_binders[n]) for n in sorted(light)],
+        )
 
 
 def _dunder(name: str) -> bool:
@@ -347,8 +652,9 @@ def _untrusted_reason(tree: ast.Module) -> str | None:
     """What could let a program tamper with the call record or the result channel (None when nothing could):
     an import outside SOUND_MODULES, `sys` beyond SAFE_SYS_ATTRS, a dunder name or attribute, getattr & co by a
     dunder or introspective constant, a class derived from a builtin type, three-argument type()."""
-    sys_names = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import)
-                 for a in n.names if a.name == "sys"}
+    sys_names = {
+        a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names if a.name == "sys"
+    }
     classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
     parents = {child: parent for parent in ast.walk(tree) for child in ast.iter_child_nodes(parent)}
     for node in ast.walk(tree):
@@ -357,8 +663,11 @@ def _untrusted_reason(tree: ast.Module) -> str | None:
             for mod in mods:
                 if mod.split(".")[0] not in SOUND_MODULES:
                     return f"imports {mod} (not known to leave the call record alone)"
-            if isinstance(node, ast.ImportFrom) and node.module == "sys" and \
-                    any(a.name not in SAFE_SYS_ATTRS for a in node.names):
+            if (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "sys"
+                and any(a.name not in SAFE_SYS_ATTRS for a in node.names)
+            ):
                 return "imports from sys beyond " + ", ".join(sorted(SAFE_SYS_ATTRS))
         elif isinstance(node, ast.Name) and node.id in sys_names:
             parent = parents.get(node)
@@ -369,9 +678,13 @@ def _untrusted_reason(tree: ast.Module) -> str | None:
         elif isinstance(node, ast.Attribute) and _dunder(node.attr):
             return f"dunder attribute .{node.attr}"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            if node.func.id in ("getattr", "hasattr", "setattr", "delattr") and len(node.args) >= 2 and \
-                    isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
-                    (_dunder(node.args[1].value) or node.args[1].value in DYNAMIC_ATTRS):
+            if (
+                node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+                and len(node.args) >= 2
+                and isinstance(node.args[1], ast.Constant)
+                and isinstance(node.args[1].value, str)
+                and (_dunder(node.args[1].value) or node.args[1].value in DYNAMIC_ATTRS)
+            ):
                 return f"{node.func.id} of {node.args[1].value}"
             if node.func.id == "type" and len(node.args) > 1:
                 return "a class made by type()"
@@ -449,8 +762,11 @@ def _mutable_state_reason(tree: ast.Module) -> str | None:
     for stmt in tree.body:
         if isinstance(stmt, _DEFS):
             continue
-        constant = isinstance(stmt, (ast.Assign, ast.AnnAssign)) and _is_constant(stmt.value) \
+        constant = (
+            isinstance(stmt, (ast.Assign, ast.AnnAssign))
+            and _is_constant(stmt.value)
             or isinstance(stmt, (ast.Import, ast.ImportFrom))
+        )
         for name in _bound_names(stmt):
             data[name] = data.get(name, True) and constant
     shallow = {n for n, ok in _shallow_constants(tree).items() if ok}
@@ -461,23 +777,33 @@ def _mutable_state_reason(tree: ast.Module) -> str | None:
         nodes = _scope_nodes(fn)
         local = _local_names(fn, nodes)
         owners = set()
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.args.args and \
-                any(_decorator_name(d) == "classmethod" for d in fn.decorator_list):
+        if (
+            isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and fn.args.args
+            and any(_decorator_name(d) == "classmethod" for d in fn.decorator_list)
+        ):
             owners.add(fn.args.args[0].arg)  # cls.x = ... changes the class for every later test
         parents: dict = {}  # built on first need: most functions never read module containers
         for node in nodes:
             if isinstance(node, (ast.Attribute, ast.Subscript)) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 root = _root_name(node)
-                if root is None or root in owners or _touches_class(node) or \
-                        (root in module_names and root not in local):
+                if (
+                    root is None
+                    or root in owners
+                    or _touches_class(node)
+                    or (root in module_names and root not in local)
+                ):
                     return f"a function stores into module-level state ({root or 'an expression'})"
             elif isinstance(node, ast.Name) and node.id in data and not data[node.id] and node.id not in local:
                 if node.id in shallow and not parents:
                     parents = {child: parent for parent in nodes for child in ast.iter_child_nodes(parent)}
                 if node.id not in shallow or not _read_only_use(node, parents):
                     return f"a function uses mutable module-level {node.id}"
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and \
-                    isinstance(node.func.value, (ast.Attribute, ast.Subscript)):
+            elif (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, (ast.Attribute, ast.Subscript))
+            ):
                 root = _root_name(node.func.value)
                 if root in top_defs and root not in local and node.func.attr not in READ_METHODS:
                     return f"a function mutates an attribute of {root}"
@@ -492,9 +818,15 @@ def _shallow_constants(tree: ast.Module) -> dict[str, bool]:
             continue
         for name in _bound_names(stmt):
             value = stmt.value if isinstance(stmt, (ast.Assign, ast.AnnAssign)) else None
-            ok = name not in out and value is not None and isinstance(value, (ast.List, ast.Set, ast.Dict)) and \
-                all(_is_constant(e) for e in (value.elts if not isinstance(value, ast.Dict)
-                                              else [*value.keys, *value.values]))
+            ok = (
+                name not in out
+                and value is not None
+                and isinstance(value, (ast.List, ast.Set, ast.Dict))
+                and all(
+                    _is_constant(e)
+                    for e in (value.elts if not isinstance(value, ast.Dict) else [*value.keys, *value.values])
+                )
+            )
             out[name] = ok
     return out
 
@@ -577,15 +909,26 @@ def analyse(source: str) -> ModuleDigest | None:
     for name in calls:  # same name defined twice: a callee of one that the other uses otherwise counts as used
         calls[name] -= refs[name]
     # plain functions: bound only by undecorated `def` statements (a call of one always runs its body)
-    plain = {n for n in top_names
-             if all(isinstance(s, ast.FunctionDef) and not s.decorator_list
-                    for i, s in enumerate(body) if n in bound[i])}
-    light_binders = {n: tuple(_signature_hash(s, generator[i]) for i, s in enumerate(body)
-                              if n in bound[i] and isinstance(s, ast.FunctionDef))  # all are, n being plain
-                     for n in plain}
-    digest = ModuleDigest(module_hash="", binders={}, light_binders=light_binders,
-                          refs={k: frozenset(v) for k, v in refs.items()},
-                          calls={k: frozenset(v) for k, v in calls.items()})
+    plain = {
+        n
+        for n in top_names
+        if all(isinstance(s, ast.FunctionDef) and not s.decorator_list for i, s in enumerate(body) if n in bound[i])
+    }
+    light_binders = {
+        n: tuple(
+            _signature_hash(s, generator[i])
+            for i, s in enumerate(body)
+            if n in bound[i] and isinstance(s, ast.FunctionDef)
+        )  # all are, n being plain
+        for n in plain
+    }
+    digest = ModuleDigest(
+        module_hash="",
+        binders={},
+        light_binders=light_binders,
+        refs={k: frozenset(v) for k, v in refs.items()},
+        calls={k: frozenset(v) for k, v in calls.items()},
+    )
 
     # which statements do something at import beyond binding a name, in order
     ordered: list[int] = []
@@ -605,8 +948,11 @@ def analyse(source: str) -> ModuleDigest | None:
     position = {i: k for k, i in enumerate(ordered)}
 
     def binder(name: str, upto: int | None) -> tuple:
-        seq = [("def", stmt_hash[i]) if isinstance(body[i], _DEFS) else ("stmt", position[i])
-               for i in range(len(body)) if name in bound[i]]
+        seq = [
+            ("def", stmt_hash[i]) if isinstance(body[i], _DEFS) else ("stmt", position[i])
+            for i in range(len(body))
+            if name in bound[i]
+        ]
         if upto is None:
             return tuple(seq)
         return tuple(seq) + (sum(1 for i in range(upto) if name in bound[i]),)
@@ -618,9 +964,12 @@ def analyse(source: str) -> ModuleDigest | None:
     # every top-level decorator (also the pure ones, which are not import-time statements): an edit of one re-runs
     # everything, as decorators often carry state (caches) or register the function somewhere
     decorators = sorted((s.name, _dump(s.decorator_list)) for s in body if isinstance(s, _DEFS) and s.decorator_list)
-    return dataclasses.replace(digest, module_hash=_sha(entries, decorators),
-                               binders={n: binder(n, None) for n in top_names},
-                               unsound=_unsound_reason(tree, top_names))
+    return dataclasses.replace(
+        digest,
+        module_hash=_sha(entries, decorators),
+        binders={n: binder(n, None) for n in top_names},
+        unsound=_unsound_reason(tree, top_names),
+    )
 
 
 def owner(call_name: str) -> str:
@@ -631,7 +980,7 @@ def owner(call_name: str) -> str:
 # ----------------------------------------------------------------------------------------------- runner
 @dataclass
 class _Remembered:
-    outcome: Any                 # TestOutcome of the run that produced it
+    outcome: Any  # TestOutcome of the run that produced it
     fingerprint: str
 
 
@@ -645,8 +994,8 @@ class IncrementalRunner:
     def __init__(self, sb, *, timeout_s: float | None = None):
         self.sb = sb
         self.timeout_s = timeout_s
-        self._context: tuple | None = None              # (entry_point, timeout_s) the memory belongs to
-        self._memory: dict[str, _Remembered] = {}        # canonical JSON of a test input -> last clean outcome
+        self._context: tuple | None = None  # (entry_point, timeout_s) the memory belongs to
+        self._memory: dict[str, _Remembered] = {}  # canonical JSON of a test input -> last clean outcome
         self.totals = {"rerun": 0, "reused": 0}
 
     def reset(self) -> None:
@@ -679,8 +1028,11 @@ class IncrementalRunner:
                     continue
                 fp = digest.fingerprint(self._roots(entry_point, mem.outcome.calls))
                 if fp == mem.fingerprint:
-                    passed = None if expected is None else (
-                        mem.outcome.status == "ok" and outputs_equal(mem.outcome.output, expected[i]))
+                    passed = (
+                        None
+                        if expected is None
+                        else (mem.outcome.status == "ok" and outputs_equal(mem.outcome.output, expected[i]))
+                    )
                     reused[i] = dataclasses.replace(mem.outcome, passed=passed)
         todo = [i for i in range(len(inputs)) if i not in reused]
         fresh = self._run(solution, entry_point, inputs, expected, todo) if todo else None
@@ -707,9 +1059,14 @@ class IncrementalRunner:
 
     def _run(self, solution, entry_point, inputs, expected, todo):
         """One sandbox call with just the tests in `todo`, recording which functions each test called."""
-        return self.sb.run_tests(solution, entry_point, [inputs[i] for i in todo],
-                                 None if expected is None else [expected[i] for i in todo],
-                                 timeout_s=self.timeout_s, record_calls=True)
+        return self.sb.run_tests(
+            solution,
+            entry_point,
+            [inputs[i] for i in todo],
+            None if expected is None else [expected[i] for i in todo],
+            timeout_s=self.timeout_s,
+            record_calls=True,
+        )
 
     @staticmethod
     def _roots(entry_point: str, calls) -> set[str]:
@@ -717,8 +1074,7 @@ class IncrementalRunner:
         roots.update(owner(c) for c in calls or ())
         return roots
 
-    def _remember(self, digest: ModuleDigest | None, entry_point: str, keys: list[str], todo: list[int],
-                  fresh) -> None:
+    def _remember(self, digest: ModuleDigest | None, entry_point: str, keys: list[str], todo: list[int], fresh) -> None:
         """Keep the clean fresh outcomes of this turn (reused ones stay as they are)."""
         if digest is None:  # nothing of this version can be reused later
             self._memory = {}

@@ -22,15 +22,16 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from sandbox import forkserver
 from sandbox.errors import SandboxError, SandboxUnavailable
 
 FORKSERVER_PATH = os.path.abspath(forkserver.__file__)
-START_TIMEOUT_S = 30.0          # how long a worker may take to create its socket
+START_TIMEOUT_S = 30.0  # how long a worker may take to create its socket
 META_KEYS = ("network_isolated", "user_isolated", "private_tmp", "ipc_isolated")  # from a worker's hello, into results
-GRACE_S = 10.0                  # beyond a request's own budget before a silent worker counts as hung
+GRACE_S = 10.0  # beyond a request's own budget before a silent worker counts as hung
 
 
 class WorkerLauncher(Protocol):
@@ -57,15 +58,27 @@ def server_env() -> dict:
     ones the server never called, again, writing to its copy of the symbol tables (~10 copy-on-write faults and
     ~1 % of a program's CPU). The server drops it from the environment programs get.
     """
-    return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1", "LD_BIND_NOW": "1"}
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONHASHSEED": "0",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LD_BIND_NOW": "1",
+    }
 
 
 class LocalLauncher:
     """A fork server as a host process (the "process" backend)."""
 
-    def __init__(self, index: int, *, python: str | None = None, isolate_user: bool = True,
-                 run_as: int | None = None, extra_args: tuple = ()):
+    def __init__(
+        self,
+        index: int,
+        *,
+        python: str | None = None,
+        isolate_user: bool = True,
+        run_as: int | None = None,
+        extra_args: tuple = (),
+    ):
         """python: the interpreter for the server (default: this one); isolate_user: give children a uid of
         their own (root only); run_as: start the server itself under this uid (root only; e.g. to use the
         unprivileged user-namespace path); extra_args: more forkserver.py options."""
@@ -88,16 +101,27 @@ class LocalLauncher:
             os.chown(self.dir, self.run_as, self.run_as)
             who = {"user": self.run_as, "group": self.run_as, "extra_groups": []}
         with log:
-            self.proc = subprocess.Popen(args, env=server_env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                         start_new_session=True, close_fds=True, cwd=self.dir, **who)
+            self.proc = subprocess.Popen(
+                args,
+                env=server_env(),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                close_fds=True,
+                cwd=self.dir,
+                **who,
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while not os.path.exists(path):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 with open(os.path.join(self.dir, "server.log"), "rb") as f:
                     tail = f.read()[-2000:].decode(errors="replace")
                 self.stop()
-                raise SandboxUnavailable(f"sandbox worker {self.index} did not start; check that "
-                                         f"`{self.python} {FORKSERVER_PATH} --socket /tmp/x.sock` runs: {tail}")
+                raise SandboxUnavailable(
+                    f"sandbox worker {self.index} did not start; check that "
+                    f"`{self.python} {FORKSERVER_PATH} --socket /tmp/x.sock` runs: {tail}"
+                )
             time.sleep(0.002)
         return path
 
@@ -192,8 +216,10 @@ def budget_s(req: dict) -> float:
 def _failure(req: dict, status: str, message: str, meta: dict) -> dict:
     resp = {"status": status, "stdout": "", "stderr": message, "duration_s": 0.0, "meta": meta}
     if req.get("op") == "tests":
-        resp["tests"] = [{"status": status, "output": None, "error": message, "duration_s": 0.0, "calls": None}
-                         for _ in req["inputs"]]
+        resp["tests"] = [
+            {"status": status, "output": None, "error": message, "duration_s": 0.0, "calls": None}
+            for _ in req["inputs"]
+        ]
     return resp
 
 
@@ -274,7 +300,7 @@ class Pool:
             return down
         try:
             resp = w.request(req, budget_s(req))
-        except socket.timeout as exc:
+        except TimeoutError as exc:
             return self._broken(w, req, exc, hung=True)
         except (OSError, EOFError, ValueError) as exc:
             return self._broken(w, req, exc, hung=False)
@@ -337,7 +363,7 @@ class Pool:
                     sel.unregister(w.sock)
                     try:
                         results[i] = self._received(w, w.receive(GRACE_S))
-                    except socket.timeout as exc:
+                    except TimeoutError as exc:
                         results[i] = self._broken(w, reqs[i], exc, hung=True)
                     except (OSError, EOFError, ValueError) as exc:
                         results[i] = self._broken(w, reqs[i], exc, hung=False)
@@ -363,10 +389,18 @@ class Pool:
                     stats = w.request({"op": "stats"}, GRACE_S)
                 except (OSError, EOFError, ValueError):
                     stats = {"ok": False}
-                out.append({"alive": w.launcher.alive() and bool(stats.get("ok")), "restarts": w.restarts,
-                            "workdirs": stats.get("workdirs"), "children": stats.get("children"),
-                            "ready": stats.get("ready"), "fds": stats.get("fds"),
-                            "cgroup_procs": stats.get("cgroup_procs"), "info": dict(w.info)})
+                out.append(
+                    {
+                        "alive": w.launcher.alive() and bool(stats.get("ok")),
+                        "restarts": w.restarts,
+                        "workdirs": stats.get("workdirs"),
+                        "children": stats.get("children"),
+                        "ready": stats.get("ready"),
+                        "fds": stats.get("fds"),
+                        "cgroup_procs": stats.get("cgroup_procs"),
+                        "info": dict(w.info),
+                    }
+                )
             return out
         finally:
             for w in workers:

@@ -34,10 +34,10 @@ import os
 import struct
 
 # classic BPF
-BPF_LD_W_ABS = 0x20       # BPF_LD | BPF_W | BPF_ABS: A = 32-bit word at offset k of seccomp_data
-BPF_JEQ_K = 0x15          # BPF_JMP | BPF_JEQ | BPF_K
-BPF_JGE_K = 0x35          # BPF_JMP | BPF_JGE | BPF_K
-BPF_RET_K = 0x06          # BPF_RET | BPF_K
+BPF_LD_W_ABS = 0x20  # BPF_LD | BPF_W | BPF_ABS: A = 32-bit word at offset k of seccomp_data
+BPF_JEQ_K = 0x15  # BPF_JMP | BPF_JEQ | BPF_K
+BPF_JGE_K = 0x35  # BPF_JMP | BPF_JGE | BPF_K
+BPF_RET_K = 0x06  # BPF_RET | BPF_K
 SECCOMP_RET_ALLOW = 0x7FFF0000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_MODE_FILTER = 2
@@ -60,17 +60,61 @@ X32_SYSCALL_BIT = 0x40000000
 
 # system call numbers per architecture (x86-64: arch/x86/entry/syscalls/syscall_64.tbl; arm64: the generic table)
 SYSCALLS = {
-    "x86_64": {"add_key": 248, "request_key": 249, "keyctl": 250,
-               "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242, "mq_timedreceive": 243, "mq_notify": 244,
-               "mq_getsetattr": 245, "flock": 73, "fcntl": 72, "socket": 41, "socketpair": 53,
-               "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 321},
-    "aarch64": {"add_key": 217, "request_key": 218, "keyctl": 219,
-                "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182, "mq_timedreceive": 183, "mq_notify": 184,
-                "mq_getsetattr": 185, "flock": 32, "fcntl": 25, "socket": 198, "socketpair": 199,
-                "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427, "bpf": 280},
+    "x86_64": {
+        "add_key": 248,
+        "request_key": 249,
+        "keyctl": 250,
+        "mq_open": 240,
+        "mq_unlink": 241,
+        "mq_timedsend": 242,
+        "mq_timedreceive": 243,
+        "mq_notify": 244,
+        "mq_getsetattr": 245,
+        "flock": 73,
+        "fcntl": 72,
+        "socket": 41,
+        "socketpair": 53,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "bpf": 321,
+    },
+    "aarch64": {
+        "add_key": 217,
+        "request_key": 218,
+        "keyctl": 219,
+        "mq_open": 180,
+        "mq_unlink": 181,
+        "mq_timedsend": 182,
+        "mq_timedreceive": 183,
+        "mq_notify": 184,
+        "mq_getsetattr": 185,
+        "flock": 32,
+        "fcntl": 25,
+        "socket": 198,
+        "socketpair": 199,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "bpf": 280,
+    },
 }
-DENIED = ("add_key", "request_key", "keyctl", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive",
-          "mq_notify", "mq_getsetattr", "flock", "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf")
+DENIED = (
+    "add_key",
+    "request_key",
+    "keyctl",
+    "mq_open",
+    "mq_unlink",
+    "mq_timedsend",
+    "mq_timedreceive",
+    "mq_notify",
+    "mq_getsetattr",
+    "flock",
+    "io_uring_setup",
+    "io_uring_enter",
+    "io_uring_register",
+    "bpf",
+)
 AF_UNIX = 1
 SOCKET_FAMILIES = (AF_UNIX,)  # what socket()/socketpair() may create
 # fcntl commands that take, test or lease a lock: F_GETLK, F_SETLK, F_SETLKW (5-7), their 32-bit-ABI *64 forms
@@ -118,9 +162,14 @@ def program(machine: str, errno_value: int = errno.EPERM) -> bytes:
         code.append(("jge", X32_SYSCALL_BIT, "deny", None))
     for name in DENIED:
         code.append(("jeq", nrs[name], "deny", None))
-    code += [("jeq", nrs["socket"], "family", None), ("jeq", nrs["socketpair"], "family", None),
-             ("jeq", nrs["fcntl"], "fcntl", None), ("ret", SECCOMP_RET_ALLOW),
-             ("label", "family"), ("ld", _arg_low(0))]
+    code += [
+        ("jeq", nrs["socket"], "family", None),
+        ("jeq", nrs["socketpair"], "family", None),
+        ("jeq", nrs["fcntl"], "fcntl", None),
+        ("ret", SECCOMP_RET_ALLOW),
+        ("label", "family"),
+        ("ld", _arg_low(0)),
+    ]
     code += [("jeq", family, "allow", None) for family in SOCKET_FAMILIES]
     code += [("ret", deny), ("label", "fcntl"), ("ld", _arg_low(1))]
     code += [("jeq", cmd, "deny", None) for cmd in LOCK_COMMANDS]
@@ -142,8 +191,10 @@ class Filter:
         """Set no_new_privs (needed without CAP_SYS_ADMIN; a no-op where it is set) and install the filter on this
         thread (the children are single-threaded when they install it: their program starts afterwards, and every
         process and thread it makes inherits the filter). Raises OSError when the kernel refuses."""
-        if self._prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) != 0 or \
-                self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._prog_ref, 0, 0) != 0:
+        if (
+            self._prctl(PR_SET_NO_NEW_PRIVS, 1, None, 0, 0) != 0
+            or self._prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, self._prog_ref, 0, 0) != 0
+        ):
             err = ctypes.get_errno()
             raise OSError(err, f"seccomp filter refused: {os.strerror(err)}")
 

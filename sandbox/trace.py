@@ -95,8 +95,12 @@ class TraceLog:
         if isinstance(tests, list):
             by_status = collections.Counter(t.get("status") for t in tests)
             errors = collections.Counter(error_type(t.get("error")) for t in tests if t.get("error"))
-            rec["tests"] = {"passed": sum(1 for t in tests if t.get("passed")), "total": len(tests),
-                            "by_status": dict(by_status), "error_types": {k: v for k, v in errors.items() if k}}
+            rec["tests"] = {
+                "passed": sum(1 for t in tests if t.get("passed")),
+                "total": len(tests),
+                "by_status": dict(by_status),
+                "error_types": {k: v for k, v in errors.items() if k},
+            }
         return rec
 
     def record(self, kind: str, source: str, result: dict) -> None:
@@ -114,7 +118,7 @@ class TraceLog:
                 os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "TraceLog":
+    def __enter__(self) -> TraceLog:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -13,28 +13,37 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import sandbox
-from generator.code_io import (ENTRY_POINT, KINDS, MAX_VALUE_CHARS, AcceptedProposal, call_many, format_args,
-                               parse_args, parse_value)
+from generator.code_io import (
+    ENTRY_POINT,
+    KINDS,
+    MAX_VALUE_CHARS,
+    AcceptedProposal,
+    call_many,
+    format_args,
+    parse_args,
+    parse_value,
+)
 from solver.parse import extract_code
 
 STATUSES = ("correct", "wrong", "no_answer", "error")
-MAX_ANSWER_CHARS = 20_000   # longer answers are read from their end (where the final answer stands)
+MAX_ANSWER_CHARS = 20_000  # longer answers are read from their end (where the final answer stands)
 
 
 @dataclass(frozen=True)
 class CodeIOTask:
     """One solver task from an accepted proposal."""
 
-    kind: str               # one of KINDS
-    program: str            # the proposal's program: shown in deduction and abduction, hidden in induction
-    pairs: tuple            # graded (argument tuple, output) pairs: one in deduction and abduction, the
-                            # held-back pairs in induction
-    shown: tuple = ()       # induction: the (argument tuple, output) pairs the solver sees
-    message: str = ""       # induction: the proposal's one-line description
+    kind: str  # one of KINDS
+    program: str  # the proposal's program: shown in deduction and abduction, hidden in induction
+    pairs: tuple  # graded (argument tuple, output) pairs: one in deduction and abduction, the
+    # held-back pairs in induction
+    shown: tuple = ()  # induction: the (argument tuple, output) pairs the solver sees
+    message: str = ""  # induction: the proposal's one-line description
 
 
 @dataclass(frozen=True)
@@ -43,14 +52,14 @@ class ParsedValue:
 
     ok: bool
     value: Any = None
-    reason: str = ""        # why there is no value ('' when ok)
+    reason: str = ""  # why there is no value ('' when ok)
 
 
 @dataclass(frozen=True)
 class Verdict:
-    reward: float           # in [0, 1]
-    status: str             # one of STATUSES
-    detail: str = ""        # one line: what was compared or what went wrong
+    reward: float  # in [0, 1]
+    status: str  # one of STATUSES
+    detail: str = ""  # one line: what was compared or what went wrong
 
 
 # ============================================================================================ tasks
@@ -100,17 +109,35 @@ def _call(args: tuple) -> str:
 def task_prompt(task: CodeIOTask) -> str:
     """What the solver sees for a task: short, plain text, ending with the form of the answer."""
     if task.kind == "deduction":
-        (args, _), = task.pairs
-        return "\n".join(["Here is a Python function:", "", "```python", task.program.strip("\n"), "```", "",
-                          f"What does {_call(args)} return?",
-                          "Reason as you need, then give the returned value as a Python literal in a ```python "
-                          "block at the end of your answer."])
+        ((args, _),) = task.pairs
+        return "\n".join(
+            [
+                "Here is a Python function:",
+                "",
+                "```python",
+                task.program.strip("\n"),
+                "```",
+                "",
+                f"What does {_call(args)} return?",
+                "Reason as you need, then give the returned value as a Python literal in a ```python "
+                "block at the end of your answer.",
+            ]
+        )
     if task.kind == "abduction":
-        (_, output), = task.pairs
-        return "\n".join(["Here is a Python function:", "", "```python", task.program.strip("\n"), "```", "",
-                          f"Find arguments for which {ENTRY_POINT} returns {output!r}.",
-                          f"Reason as you need, then give the call, e.g. {ENTRY_POINT}(1, [2, 3]), with literal "
-                          f"arguments in a ```python block at the end of your answer."])
+        ((_, output),) = task.pairs
+        return "\n".join(
+            [
+                "Here is a Python function:",
+                "",
+                "```python",
+                task.program.strip("\n"),
+                "```",
+                "",
+                f"Find arguments for which {ENTRY_POINT} returns {output!r}.",
+                f"Reason as you need, then give the call, e.g. {ENTRY_POINT}(1, [2, 3]), with literal "
+                f"arguments in a ```python block at the end of your answer.",
+            ]
+        )
     if task.kind == "induction":
         lines = [f"Write a Python function `{ENTRY_POINT}` that behaves like this:", ""]
         lines += [f"{_call(args)} == {output!r}" for args, output in task.shown]
@@ -131,8 +158,16 @@ def _candidates(text: str) -> list[str]:
     text = text[-MAX_ANSWER_CHARS:]
     blocks = [m.group(1).strip() for m in _FENCE.finditer(text)][::-1]
     lines = [line.strip().strip("`").strip() for line in text.splitlines() if line.strip()]
-    last = re.sub(r"^(?:the\s+)?(?:final\s+)?(?:answer|output|input|result|returns?)\s*(?:is)?\s*[:=]?\s*", "",
-                  lines[-1], flags=re.IGNORECASE) if lines else ""
+    last = (
+        re.sub(
+            r"^(?:the\s+)?(?:final\s+)?(?:answer|output|input|result|returns?)\s*(?:is)?\s*[:=]?\s*",
+            "",
+            lines[-1],
+            flags=re.IGNORECASE,
+        )
+        if lines
+        else ""
+    )
     return [b for b in blocks if b] + ([last] if last and not blocks else [])
 
 
@@ -184,8 +219,7 @@ def parse_input(text: str) -> ParsedValue:
             if _is_call_of_f(left) and left.keywords:
                 reason = "input: arguments must be positional literals (no name=value)"
                 continue
-            inner = ", ".join(ast.get_source_segment(line, a) or "" for a in left.args) if _is_call_of_f(left) \
-                else line
+            inner = ", ".join(ast.get_source_segment(line, a) or "" for a in left.args) if _is_call_of_f(left) else line
             args = parse_args(inner)
             if isinstance(args, tuple):
                 return ParsedValue(True, args)
@@ -200,14 +234,20 @@ def verify_deduction(task: CodeIOTask, answer: str) -> Verdict:
     parsed = parse_output(answer)
     if not parsed.ok:
         return Verdict(0.0, "no_answer", parsed.reason)
-    (_, expected), = task.pairs
+    ((_, expected),) = task.pairs
     if sandbox.outputs_equal(parsed.value, expected):
         return Verdict(1.0, "correct")
     return Verdict(0.0, "wrong", f"answered {repr(parsed.value)[:60]}")
 
 
-def verify_many(tasks: Sequence[CodeIOTask], answers: Sequence[str], sb, *, timeout_s: float | None = None,
-                partial_credit: bool = False) -> list[Verdict]:
+def verify_many(
+    tasks: Sequence[CodeIOTask],
+    answers: Sequence[str],
+    sb,
+    *,
+    timeout_s: float | None = None,
+    partial_credit: bool = False,
+) -> list[Verdict]:
     """Grade answers, one per task, the sandbox work of all of them in parallel. Deduction compares values here;
     abduction runs the task's program on the answer's arguments; induction runs the answer's program on the
     held-back inputs (reward 1 when every one is right, or with `partial_credit` the fraction right)."""
@@ -239,8 +279,9 @@ def verify_many(tasks: Sequence[CodeIOTask], answers: Sequence[str], sb, *, time
     return verdicts
 
 
-def verify(task: CodeIOTask, answer: str, sb=None, *, timeout_s: float | None = None,
-           partial_credit: bool = False) -> Verdict:
+def verify(
+    task: CodeIOTask, answer: str, sb=None, *, timeout_s: float | None = None, partial_credit: bool = False
+) -> Verdict:
     """Grade one answer (see verify_many); `sb` may be None for deduction."""
     if task.kind == "deduction":
         return verify_deduction(task, answer)
@@ -252,15 +293,16 @@ def verify(task: CodeIOTask, answer: str, sb=None, *, timeout_s: float | None = 
 def _graded(task: CodeIOTask, outcomes, partial_credit: bool) -> Verdict:
     """Compare the sandbox outcomes with the task's outputs."""
     if task.kind == "abduction":
-        (_, expected), = task.pairs
+        ((_, expected),) = task.pairs
         o = outcomes[0]
         if o.status != "ok":
             return Verdict(0.0, "error", o.reason)
         if sandbox.outputs_equal(o.value, expected):
             return Verdict(1.0, "correct")
         return Verdict(0.0, "wrong", f"f returns {repr(o.value)[:60]} on that input")
-    right = [o.status == "ok" and sandbox.outputs_equal(o.value, expected)
-             for o, (_, expected) in zip(outcomes, task.pairs)]
+    right = [
+        o.status == "ok" and sandbox.outputs_equal(o.value, expected) for o, (_, expected) in zip(outcomes, task.pairs)
+    ]
     n, total = sum(right), len(task.pairs)
     if n == total:
         return Verdict(1.0, "correct", f"{n}/{total} held-back inputs")

@@ -36,7 +36,7 @@ def parse_action(text: str) -> tuple[str, str | None]:
     """(action, code or None) from a solver answer. Unknown or missing ACTION with code -> write."""
     m = _ACTION.search(text or "")
     action = m.group(1).lower() if m else None
-    rest = text[m.end():] if m else (text or "")
+    rest = text[m.end() :] if m else (text or "")
     parsed = extract_code(rest)
     # code that does not parse is still the answer: the static check then flags (and penalises) the syntax error
     code = parsed.code if parsed.code is not None else (parsed.candidate or None)
@@ -57,7 +57,7 @@ def merge_module(current: str, new_code: str) -> str:
 
     def segment(lines, node):
         start = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])]) - 1
-        return "\n".join(lines[start: node.end_lineno])
+        return "\n".join(lines[start : node.end_lineno])
 
     named = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
     new_defs = {n.name: segment(new_lines, n) for n in new_tree.body if isinstance(n, named)}
@@ -122,8 +122,7 @@ class EpisodeResult:
 class CodeEpisode:
     """One task, one solver, up to `max_turns` turns. Drive it with `observe()` / `act(answer_text)`."""
 
-    def __init__(self, task: Task, sb, *, max_turns: int = 1, reward_cfg: RewardConfig | None = None,
-                 runner=None):
+    def __init__(self, task: Task, sb, *, max_turns: int = 1, reward_cfg: RewardConfig | None = None, runner=None):
         if max_turns < 1:
             raise ValueError("max_turns must be >= 1")
         self.task, self.sb, self.max_turns = task, sb, max_turns
@@ -194,8 +193,9 @@ class CodeEpisode:
         if "syntax_error" in flags or "empty_answer" in flags:
             passed, status = 0, "error" if "syntax_error" in flags else "empty"
         else:
-            report = self.sb.run_tests(self.module, task.entry_point, [t["input"] for t in hidden],
-                                       [t["output"] for t in hidden])
+            report = self.sb.run_tests(
+                self.module, task.entry_point, [t["input"] for t in hidden], [t["output"] for t in hidden]
+            )
             passed, status = report.passed, report.status
             if report.status == "timeout":
                 self.flags.add("timeout")
@@ -206,15 +206,28 @@ class CodeEpisode:
             # does (forged frames, work moved into import time) shortens it, and process start-up does not count
             ref = self.sb.run_tests(task.reference_solution, task.entry_point, [t["input"] for t in hidden])
             sol_s, ref_s = report.compute_s, ref.compute_s
-        inputs = RewardInputs(hidden_passed=passed, hidden_total=len(hidden), flags=set(self.flags),
-                              solution_time_s=sol_s, reference_time_s=ref_s)
+        inputs = RewardInputs(
+            hidden_passed=passed,
+            hidden_total=len(hidden),
+            flags=set(self.flags),
+            solution_time_s=sol_s,
+            reference_time_s=ref_s,
+        )
         terms = reward_terms(inputs)
         terms["progress"] = self._progress
         if self.reward_cfg.quality:
             from solver.rewards import quality
 
             terms["quality"] = quality(self.module, task.reference_solution)
-        self.result = EpisodeResult(code=self.module, actions=self.actions, reward=total_reward(terms, self.reward_cfg),
-                                    terms=terms, hidden_passed=passed, hidden_total=len(hidden), status=status,
-                                    turns_to_success=self.turns_to_success, visible_progress=self.visible_progress)
+        self.result = EpisodeResult(
+            code=self.module,
+            actions=self.actions,
+            reward=total_reward(terms, self.reward_cfg),
+            terms=terms,
+            hidden_passed=passed,
+            hidden_total=len(hidden),
+            status=status,
+            turns_to_success=self.turns_to_success,
+            visible_progress=self.visible_progress,
+        )
         return None

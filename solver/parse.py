@@ -102,7 +102,7 @@ def extract_code(text: str, entry_point: str | None = None) -> ParsedAnswer:
         if m.group(2).lower() not in _PYTHON_TAGS:
             continue
         body = m.group(3)
-        closed = text[m.end() - len(m.group(1)): m.end()] == m.group(1)
+        closed = text[m.end() - len(m.group(1)) : m.end()] == m.group(1)
         if closed:  # a finished block must parse whole: a syntax error inside it is the answer's, not truncation
             stripped = body.strip("\n")
             tree = _parse(stripped) if stripped.strip() else None
@@ -122,7 +122,7 @@ def extract_code(text: str, entry_point: str | None = None) -> ParsedAnswer:
     for start in starts:
         code = _trim_to_parse(lines[start:])
         if code is None:
-            failed.append("\n".join(lines[start:start + MAX_LINES]))
+            failed.append("\n".join(lines[start : start + MAX_LINES]))
             continue
         bare.append(code)
         if not entry_point or _defines(code, entry_point):

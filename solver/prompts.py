@@ -11,14 +11,16 @@ The expected answer is the function in a ```python fence (solver/parse.py reads 
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from generator.schema import Task
 
 MAX_EXAMPLE_CHARS = 300  # longer example values are cut in the prompt (the solver still sees their start)
 
-MULTI_TURN_HELP = ("Answer with one action per turn: 'ACTION: write' followed by code, 'ACTION: run' to run the "
-                   "examples, 'ACTION: check' for a static check, or 'ACTION: submit'.")
+MULTI_TURN_HELP = (
+    "Answer with one action per turn: 'ACTION: write' followed by code, 'ACTION: run' to run the "
+    "examples, 'ACTION: check' for a static check, or 'ACTION: submit'."
+)
 
 
 def _short(value, max_chars: int = MAX_EXAMPLE_CHARS) -> str:
@@ -34,8 +36,9 @@ def examples_text(task: Task, max_examples: int | None = None, max_chars: int = 
     return "\n".join(lines)
 
 
-def task_prompt(task: Task, multi_turn: bool = False, max_examples: int | None = None,
-                max_chars: int = MAX_EXAMPLE_CHARS) -> str:
+def task_prompt(
+    task: Task, multi_turn: bool = False, max_examples: int | None = None, max_chars: int = MAX_EXAMPLE_CHARS
+) -> str:
     """Description, signature, the visible examples (at most `max_examples`, each value cut at `max_chars`: a
     small model's context is short), and what to answer."""
     parts = [task.description.strip(), "", f"Signature: {task.signature}"]
@@ -76,8 +79,9 @@ def render(messages: Sequence[dict], tokenizer=None, add_generation_prompt: bool
     """The text a model sees: the tokenizer's chat template when it has one, else plain headers
     ("### User:\n...\n\n### Assistant:\n", an assistant message closed by the tokenizer's eos token)."""
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
     eos = getattr(tokenizer, "eos_token", None) or ""
     parts = []
     for m in messages:

@@ -117,8 +117,11 @@ def total_reward(terms: dict[str, float], cfg: RewardConfig) -> float:
 
 def needed(cfg: RewardConfig) -> set[str]:
     """The terms with a non-zero weight: callers skip expensive measurements (timing, radon) for the rest."""
-    return {name for name in ("correctness", "solved", "efficiency", "quality", "progress", *PENALTY_KINDS)
-            if getattr(cfg, name) != 0.0}
+    return {
+        name
+        for name in ("correctness", "solved", "efficiency", "quality", "progress", *PENALTY_KINDS)
+        if getattr(cfg, name) != 0.0
+    }
 
 
 def overlong_penalty(length: int, max_len: int, cache: int) -> float:

@@ -16,15 +16,26 @@ import pytest
 
 import sandbox
 
-SMOKE = ["configs/smoke.yaml", "warmstart.tasks=160", "warmstart.solver_steps=40", "warmstart.generator_steps=10",
-         "eval.tasks_per_split=2"]
+SMOKE = [
+    "configs/smoke.yaml",
+    "warmstart.tasks=160",
+    "warmstart.solver_steps=40",
+    "warmstart.generator_steps=10",
+    "eval.tasks_per_split=2",
+]
 REPO = Path(__file__).resolve().parents[1]
 
 
 def selfplay(*args, timeout=900, check=True, env=None):
     """`python -m selfplay ARGS` in a subprocess; `env`: variables set for it on top of this one's."""
-    proc = subprocess.run([sys.executable, "-m", "selfplay", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **env} if env else None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "selfplay", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **env} if env else None,
+    )
     if check and proc.returncode != 0:
         err = proc.stderr if len(proc.stderr) < 6000 else proc.stderr[:3000] + "\n...\n" + proc.stderr[-3000:]
         raise AssertionError(f"selfplay {' '.join(args)} exited {proc.returncode}:\n{err}")
@@ -60,5 +71,3 @@ def copy_run(warm_run: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "run"
     shutil.copytree(warm_run, dst)
     return dst
-
-

@@ -85,8 +85,13 @@ def imports(source: str, path: str) -> list[tuple[int, str]]:
             if node.level:  # from . import x / from ..a import b
                 base = path.removesuffix(".py").split("/")[: -node.level] + base
             found += [(node.lineno, ".".join(base + ([a.name] if a.name != "*" else []))) for a in node.names]
-        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
-              and isinstance(node.args[0].value, str) and _callee(node.func) in ("import_module", "__import__")):
+        elif (
+            isinstance(node, ast.Call)
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and _callee(node.func) in ("import_module", "__import__")
+        ):
             found.append((node.lineno, node.args[0].value))
     return found
 
@@ -106,8 +111,10 @@ def violations(sources: dict[str, str]) -> list[str]:
             if theirs is None:
                 top = module.split(".")[0]
                 if mine in THIRD_PARTY and top not in sys.stdlib_module_names and top not in THIRD_PARTY[mine]:
-                    out.append(f"{path}:{line}: {mine} imports {module}: {mine} takes the standard library and "
-                               f"{', '.join(sorted(THIRD_PARTY[mine]))} only")
+                    out.append(
+                        f"{path}:{line}: {mine} imports {module}: {mine} takes the standard library and "
+                        f"{', '.join(sorted(THIRD_PARTY[mine]))} only"
+                    )
                 continue
             if theirs == mine or FLOOR[theirs] < FLOOR[mine] or _excepted(path, module):
                 continue
@@ -117,13 +124,15 @@ def violations(sources: dict[str, str]) -> list[str]:
 
 
 def _excepted(path: str, module: str) -> bool:
-    return any(path == file and (module == allowed or module.startswith(allowed + "."))
-               for file, allowed in EXCEPTIONS)
+    return any(path == file and (module == allowed or module.startswith(allowed + ".")) for file, allowed in EXCEPTIONS)
 
 
 def project_sources() -> dict[str, str]:
-    return {p.relative_to(REPO).as_posix(): p.read_text(encoding="utf-8")
-            for root in ROOTS for p in sorted((REPO / root).rglob("*.py"))}
+    return {
+        p.relative_to(REPO).as_posix(): p.read_text(encoding="utf-8")
+        for root in ROOTS
+        for p in sorted((REPO / root).rglob("*.py"))
+    }
 
 
 def test_every_import_runs_down_the_floors():
@@ -136,8 +145,13 @@ def test_every_import_runs_down_the_floors():
 def test_every_exception_is_still_needed():
     """An exception whose import is gone is struck from the table, so that the table says what the code does."""
     sources = project_sources()
-    used = {(path, allowed) for path, source in sources.items() for _, module in imports(source, path)
-            for file, allowed in EXCEPTIONS if path == file and (module == allowed or module.startswith(allowed + "."))}
+    used = {
+        (path, allowed)
+        for path, source in sources.items()
+        for _, module in imports(source, path)
+        for file, allowed in EXCEPTIONS
+        if path == file and (module == allowed or module.startswith(allowed + "."))
+    }
     assert set(EXCEPTIONS) == used, f"exceptions no import needs: {sorted(set(EXCEPTIONS) - used)}"
 
 
@@ -165,7 +179,8 @@ def test_an_exception_covers_its_own_file_only():
     assert violations(allowed) == []
     assert violations({"selfplay/rl/core.py": "from selfplay.models.factory import update_mode\n"}) == [
         "selfplay/rl/core.py:1: selfplay/rl imports selfplay/models (selfplay.models.factory.update_mode), a room on a "
-        "floor above"]
+        "floor above"
+    ]
 
 
 ROOMS = sorted(FLOOR)
@@ -173,8 +188,11 @@ ROOMS = sorted(FLOOR)
 
 @given(st.sampled_from(ROOMS), st.sampled_from(ROOMS))
 def test_an_import_between_two_rooms_is_allowed_exactly_when_it_runs_down(mine, theirs):
-    path = f"{mine}/x/m.py" if mine.startswith("selfplay/") else (
-        "selfplay/m.py" if mine == "selfplay" else f"{mine}/m.py")
+    path = (
+        f"{mine}/x/m.py"
+        if mine.startswith("selfplay/")
+        else ("selfplay/m.py" if mine == "selfplay" else f"{mine}/m.py")
+    )
     module = theirs.replace("/", ".") + ".m"
     found = violations({path: f"def f():\n    import {module}\n"})
     assert room_of_file(path) == mine and room_of_module(module) == theirs

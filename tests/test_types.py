@@ -16,7 +16,12 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow  # measured at 30-90 s (torch's and numpy's types are read)
 def test_mypy_finds_nothing():
     assert shutil.which("mypy"), "mypy is missing: pip install -e '.[test]'"
-    proc = subprocess.run([sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml")],
-                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mypy", "--config-file", str(REPO / "pyproject.toml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
     assert "Success: no issues found" in proc.stdout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import copy
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -28,12 +28,20 @@ class CopyEngine:
         """One answer per prompt, from the copy, at the sampling's temperature (its argmax when greedy)."""
         if not prompts:
             return []
-        samples = generate(self.policy, prompts, pad_token_id=agent.tokenizer.pad_token_id,
-                           eos_token_id=list(sampling.stop_ids), max_new_tokens=sampling.max_new_tokens,
-                           temperature=sampling.temperature, do_sample=not sampling.greedy,
-                           constraint=agent.constraint)  # under a grammar: each step's allowed-token bits
-        return [Answer(list(p), s.tokens, agent.decode(s.tokens), s.finished, s.allowed, s.logprobs)
-                for p, s in zip(prompts, samples)]
+        samples = generate(
+            self.policy,
+            prompts,
+            pad_token_id=agent.tokenizer.pad_token_id,
+            eos_token_id=list(sampling.stop_ids),
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            do_sample=not sampling.greedy,
+            constraint=agent.constraint,
+        )  # under a grammar: each step's allowed-token bits
+        return [
+            Answer(list(p), s.tokens, agent.decode(s.tokens), s.finished, s.allowed, s.logprobs)
+            for p, s in zip(prompts, samples)
+        ]
 
     def before_update(self) -> None:
         pass  # it holds no memory the update needs

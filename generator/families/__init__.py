@@ -17,15 +17,29 @@ from __future__ import annotations
 
 import random
 
-from generator.families.steps import (KINDS, PARAM_NAMES, SOURCE_CODE, applicable_kinds, output_type,
-                                      render_step, sample_step)
+from generator.families.steps import (
+    KINDS,
+    PARAM_NAMES,
+    SOURCE_CODE,
+    applicable_kinds,
+    output_type,
+    render_step,
+    sample_step,
+)
 from generator.families.values import ANNOTATIONS, ELEMENTS, input_annotation, input_etype
 
 # family name -> input kind (see generator.families.values): a list of each element type, then a text and CSV lines
 FAMILIES = {**{e.family: e.kind for e in ELEMENTS}, "string": "text", "record_pipeline": "csv"}
 # How often each family is drawn (list transforms dominate, as in typical list exercises).
-FAMILY_WEIGHTS = {"list_int": 4, "list_float": 2, "list_str": 3, "list_record": 2, "list_tuple": 2,
-                  "string": 2, "record_pipeline": 2}
+FAMILY_WEIGHTS = {
+    "list_int": 4,
+    "list_float": 2,
+    "list_str": 3,
+    "list_record": 2,
+    "list_tuple": 2,
+    "string": 2,
+    "record_pipeline": 2,
+}
 LEVELS = (1, 2, 3, 4)
 
 
@@ -42,8 +56,16 @@ def kinds_of(steps: list[dict]) -> list[str]:
     return [s["kind"] for s in steps]
 
 
-def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(), require_pair=None,
-                    tries: int = 200, literals: str = "narrow") -> list[dict]:
+def sample_pipeline(
+    rng: random.Random,
+    kind: str,
+    depth: int,
+    *,
+    forbid_pairs=(),
+    require_pair=None,
+    tries: int = 200,
+    literals: str = "narrow",
+) -> list[dict]:
     """Steps of a `depth`-step pipeline on input `kind`.
 
     forbid_pairs: unordered pairs of step kinds that must not both appear; require_pair: one that must;
@@ -65,12 +87,12 @@ def sample_pipeline(rng: random.Random, kind: str, depth: int, *, forbid_pairs=(
         if any(p <= present for p in forbid):
             continue
         return steps
-    raise PipelineError(f"no {depth}-step pipeline for {kind} with pairs forbid={forbid_pairs} "
-                        f"require={require_pair}")
+    raise PipelineError(f"no {depth}-step pipeline for {kind} with pairs forbid={forbid_pairs} require={require_pair}")
 
 
-def _try_pipeline(rng: random.Random, kind: str, depth: int, forced: dict[int, str],
-                  literals: str) -> list[dict] | None:
+def _try_pipeline(
+    rng: random.Random, kind: str, depth: int, forced: dict[int, str], literals: str
+) -> list[dict] | None:
     etype = input_etype(kind)
     steps: list[dict] = []
     for i in range(depth):
@@ -107,10 +129,10 @@ def render_reference(params: dict) -> str:
     arg = PARAM_NAMES.get(kind, "xs")
     body = list(SOURCE_CODE.get(kind, []))
     etype = input_etype(kind)
-    for i, step in enumerate(steps):
+    for step in steps:
         lines = render_step(step, etype)
         if step["kind"] == "sink":
-            lines = ["return " + lines[0][len("xs = "):]]
+            lines = ["return " + lines[0][len("xs = ") :]]
         body += lines
         etype, _ = output_type(step, etype)
     if not steps or steps[-1]["kind"] != "sink":
@@ -125,5 +147,16 @@ def render_signature(params: dict) -> str:
     return f"def solve({PARAM_NAMES.get(kind, 'xs')}: {input_annotation(kind)}) -> {out}"
 
 
-__all__ = ["FAMILIES", "FAMILY_WEIGHTS", "KINDS", "LEVELS", "PipelineError", "final_type", "kinds_of",
-           "level_depths", "render_reference", "render_signature", "sample_pipeline"]
+__all__ = [
+    "FAMILIES",
+    "FAMILY_WEIGHTS",
+    "KINDS",
+    "LEVELS",
+    "PipelineError",
+    "final_type",
+    "kinds_of",
+    "level_depths",
+    "render_reference",
+    "render_signature",
+    "sample_pipeline",
+]

@@ -29,8 +29,11 @@ INPUT_SHORT = {kind: name for name, kind in INPUT_NAMES.items()}
 EXPR_TABLES = {"filter": PREDICATES, "map": MAPS, "sink": SINKS}
 KEY_TABLES = {"sort": KEYS, "top_k": KEYS, "group": GROUP_KEYS}
 WINDOW_AGGS = ("sum", "max", "min")
-ORDERS = {"sort": ("desc", ("asc", "desc")), "top_k": ("largest", ("smallest", "largest")),
-          "take": ("end", ("first", "last"))}  # kind -> (field, (value of False/first, value of True/second))
+ORDERS = {
+    "sort": ("desc", ("asc", "desc")),
+    "top_k": ("largest", ("smallest", "largest")),
+    "take": ("end", ("first", "last")),
+}  # kind -> (field, (value of False/first, value of True/second))
 MAX_STEP_K = max(MAX_K.values())
 MAX_STEP_W = max(MAX_WINDOW.values())
 
@@ -117,11 +120,20 @@ def format_step(step: dict) -> str:
     if kind in EXPR_TABLES:
         return " ".join([kind, step["expr"], *format_args(step["args"])])
     if kind == "sort":
-        return " ".join(["sort", step["key"], *format_args(step["args"]), "desc" if step["desc"] else "asc"]
-                        + (["inplace"] if step.get("in_place") else []))
+        return " ".join(
+            ["sort", step["key"], *format_args(step["args"]), "desc" if step["desc"] else "asc"]
+            + (["inplace"] if step.get("in_place") else [])
+        )
     if kind == "top_k":
-        return " ".join(["top_k", step["key"], *format_args(step["args"]), str(step["k"]),
-                         "largest" if step["largest"] else "smallest"])
+        return " ".join(
+            [
+                "top_k",
+                step["key"],
+                *format_args(step["args"]),
+                str(step["k"]),
+                "largest" if step["largest"] else "smallest",
+            ]
+        )
     if kind == "take":
         return f"take {step['end']} {step['k']}"
     if kind == "window":
@@ -155,15 +167,20 @@ def parse_step(tokens: list[str]) -> dict:
         if not rest or rest[0] not in ("asc", "desc"):
             raise GrammarError("sort needs asc or desc after its key")
         in_place = rest[1:2] == ["inplace"]
-        _expect_end(rest[2 if in_place else 1:], kind)
+        _expect_end(rest[2 if in_place else 1 :], kind)
         return {"kind": kind, "key": key, "args": args, "desc": rest[0] == "desc", "in_place": in_place}
     if kind == "top_k":
         key, args, rest = _named_with_args(rest, "the top_k key")
         if len(rest) < 2 or rest[1] not in ("largest", "smallest"):
             raise GrammarError("top_k needs K and largest or smallest after its key")
         _expect_end(rest[2:], kind)
-        return {"kind": kind, "key": key, "args": args, "k": parse_int(rest[0], "top_k's K"),
-                "largest": rest[1] == "largest"}
+        return {
+            "kind": kind,
+            "key": key,
+            "args": args,
+            "k": parse_int(rest[0], "top_k's K"),
+            "largest": rest[1] == "largest",
+        }
     if kind == "take":
         if len(rest) < 2 or rest[0] not in ("first", "last"):
             raise GrammarError("take needs first or last, then K")
@@ -173,14 +190,21 @@ def parse_step(tokens: list[str]) -> dict:
         if len(rest) < 2:
             raise GrammarError("window needs its width and sum, max or min")
         _expect_end(rest[2:], kind)
-        return {"kind": kind, "w": parse_int(rest[0], "window's width"),
-                "agg": parse_name(rest[1], "window's aggregate")}
+        return {
+            "kind": kind,
+            "w": parse_int(rest[0], "window's width"),
+            "agg": parse_name(rest[1], "window's aggregate"),
+        }
     if kind == "group":
         if len(rest) < 3:
             raise GrammarError("group needs KEY VALUE AGGREGATE")
         _expect_end(rest[3:], kind)
-        return {"kind": kind, "key": parse_name(rest[0], "group's key"), "val": parse_name(rest[1], "group's value"),
-                "agg": parse_name(rest[2], "group's aggregate")}
+        return {
+            "kind": kind,
+            "key": parse_name(rest[0], "group's key"),
+            "val": parse_name(rest[1], "group's value"),
+            "agg": parse_name(rest[2], "group's aggregate"),
+        }
     _expect_end(rest, kind)
     return {"kind": kind}
 

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import random
 
-from generator.families.catalogue import (AGGREGATES, GROUP_KEYS, GROUP_VALUES, KEYS, MAPS, PREDICATES, SINKS,
-                                          Expr, find)
+from generator.families.catalogue import AGGREGATES, GROUP_KEYS, GROUP_VALUES, KEYS, MAPS, PREDICATES, SINKS, Expr, find
 from generator.families.values import NOUNS
 
 KINDS = ("filter", "map", "sort", "reverse", "dedup", "take", "top_k", "window", "group", "sink")
@@ -45,16 +44,26 @@ def sample_step(rng: random.Random, kind: str, etype: str, literals: str = "narr
         return {"kind": kind, **_pick(rng, MAPS, etype, literals)}
     if kind == "sort":
         key = _pick(rng, KEYS, etype, literals)
-        return {"kind": kind, "key": key["expr"], "args": key["args"], "desc": rng.random() < 0.4,
-                "in_place": rng.random() < 0.15}
+        return {
+            "kind": kind,
+            "key": key["expr"],
+            "args": key["args"],
+            "desc": rng.random() < 0.4,
+            "in_place": rng.random() < 0.15,
+        }
     if kind in ("reverse", "dedup"):
         return {"kind": kind}
     if kind == "take":
         return {"kind": kind, "k": rng.randint(1, MAX_K[literals]), "end": rng.choice(["first", "last"])}
     if kind == "top_k":
         key = _pick(rng, KEYS, etype, literals)
-        return {"kind": kind, "key": key["expr"], "args": key["args"], "k": rng.randint(1, MAX_K[literals]),
-                "largest": rng.random() < 0.6}
+        return {
+            "kind": kind,
+            "key": key["expr"],
+            "args": key["args"],
+            "k": rng.randint(1, MAX_K[literals]),
+            "largest": rng.random() < 0.6,
+        }
     if kind == "window":
         return {"kind": kind, "w": rng.randint(2, MAX_WINDOW[literals]), "agg": rng.choice(["sum", "max", "min"])}
     if kind == "group":
@@ -109,8 +118,12 @@ def render_step(step: dict, etype: str) -> list[str]:
         key = find(GROUP_KEYS, etype, step["key"]).code
         agg = AGGREGATES[step["agg"]][0]
         val = "x" if step["agg"] == "count" else find(GROUP_VALUES, etype, step["val"]).code
-        return ["groups = {}", "for x in xs:", f"    groups.setdefault({key}, []).append({val})",
-                f"xs = [[k, {agg}] for k, v in sorted(groups.items())]"]
+        return [
+            "groups = {}",
+            "for x in xs:",
+            f"    groups.setdefault({key}, []).append({val})",
+            f"xs = [[k, {agg}] for k, v in sorted(groups.items())]",
+        ]
     if kind == "sink":
         return [f"xs = {find(SINKS, etype, step['expr']).fill(step['args'])}"]
     raise ValueError(f"unknown step kind {kind!r}")
@@ -126,42 +139,65 @@ def step_phrases(step: dict, etype: str) -> list[str]:
     noun, one = NOUNS[etype]
     kind = step["kind"]
     if kind in ("filter", "map"):
-        templates = (["keep only the {noun} {p}", "select the {noun} {p}", "discard every {one} except those {p}"]
-                     if kind == "filter" else
-                     ["replace each {one} with {p}", "map every {one} to {p}", "turn each {one} into {p}"])
+        templates = (
+            ["keep only the {noun} {p}", "select the {noun} {p}", "discard every {one} except those {p}"]
+            if kind == "filter"
+            else ["replace each {one} with {p}", "map every {one} to {p}", "turn each {one} into {p}"]
+        )
         expr = find(PREDICATES if kind == "filter" else MAPS, etype, step["expr"])
         return _expand(templates, expr.phrases, step["args"], noun=noun, one=one)
     if kind == "sort":
         order, big = ("descending", "largest") if step["desc"] else ("ascending", "smallest")
-        templates = (["sort the list in place by {p} ({order}, stable)",
-                      "reorder the list in place (no copy) by {p}, {big} first, keeping ties in order"]
-                     if step.get("in_place") else
-                     ["sort the {noun} by {p} in {order} order, keeping ties in their original order",
-                      "order the {noun} by {p}, {big} first (a stable sort)",
-                      "stable-sort the {noun} by {p} ({order})"])
-        return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order,
-                       big=big)
+        templates = (
+            [
+                "sort the list in place by {p} ({order}, stable)",
+                "reorder the list in place (no copy) by {p}, {big} first, keeping ties in order",
+            ]
+            if step.get("in_place")
+            else [
+                "sort the {noun} by {p} in {order} order, keeping ties in their original order",
+                "order the {noun} by {p}, {big} first (a stable sort)",
+                "stable-sort the {noun} by {p} ({order})",
+            ]
+        )
+        return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order, big=big)
     if kind == "reverse":
         return [f"reverse the order of the {noun}", f"put the {noun} in reverse order", "reverse the list"]
     if kind == "dedup":
-        return [f"remove duplicate {noun}, keeping the first occurrence of each",
-                f"drop repeated {noun} so that each appears once, in order of first appearance",
-                "remove duplicates while preserving the original order"]
+        return [
+            f"remove duplicate {noun}, keeping the first occurrence of each",
+            f"drop repeated {noun} so that each appears once, in order of first appearance",
+            "remove duplicates while preserving the original order",
+        ]
     if kind == "take":
         k, end = step["k"], step["end"]
-        return [f"keep only the {end} {k} {noun}", f"take the {end} {k} {noun} (fewer if the list is shorter)",
-                f"cut the list down to its {end} {k} {noun}"]
+        return [
+            f"keep only the {end} {k} {noun}",
+            f"take the {end} {k} {noun} (fewer if the list is shorter)",
+            f"cut the list down to its {end} {k} {noun}",
+        ]
     if kind == "top_k":
         order, big = ("descending", "largest") if step["largest"] else ("ascending", "smallest")
-        templates = ["keep the {k} {noun} with the {big} {p}, in {order} order of {p}",
-                     "take the top {k} {noun} by {p} ({big} first; ties keep their order)"]
-        return _expand(templates, find(KEYS, etype, step["key"]).phrases, step["args"], noun=noun, order=order,
-                       big=big, k=step["k"])
+        templates = [
+            "keep the {k} {noun} with the {big} {p}, in {order} order of {p}",
+            "take the top {k} {noun} by {p} ({big} first; ties keep their order)",
+        ]
+        return _expand(
+            templates,
+            find(KEYS, etype, step["key"]).phrases,
+            step["args"],
+            noun=noun,
+            order=order,
+            big=big,
+            k=step["k"],
+        )
     if kind == "window":
         w, agg = step["w"], {"sum": "sum", "max": "maximum", "min": "minimum"}[step["agg"]]
-        return [f"replace the list with the {agg} of every window of {w} consecutive {noun}",
-                f"compute the {agg} of each sliding window of size {w}",
-                f"slide a window of length {w} over the {noun} and list the {agg} of each window"]
+        return [
+            f"replace the list with the {agg} of every window of {w} consecutive {noun}",
+            f"compute the {agg} of each sliding window of size {w}",
+            f"slide a window of length {w} over the {noun} and list the {agg} of each window",
+        ]
     if kind == "group":
         key = find(GROUP_KEYS, etype, step["key"])
         vals = find(GROUP_VALUES, etype, step["val"]).phrases[0]
@@ -169,9 +205,10 @@ def step_phrases(step: dict, etype: str) -> list[str]:
         out = []
         for p in key.phrases:
             for a in aggs:
-                out += [f"group the {noun} by {p} and, for each {p} in increasing order, produce the pair "
-                        f"[{p}, {a}]",
-                        f"make a list of [{p}, {a}] pairs, one per distinct {p}, sorted by {p}"]
+                out += [
+                    f"group the {noun} by {p} and, for each {p} in increasing order, produce the pair [{p}, {a}]",
+                    f"make a list of [{p}, {a}] pairs, one per distinct {p}, sorted by {p}",
+                ]
         return out
     if kind == "sink":
         s = find(SINKS, etype, step["expr"])
@@ -182,13 +219,22 @@ def step_phrases(step: dict, etype: str) -> list[str]:
 # ---- sources: how the function's argument becomes the list `xs` -------------------------------------------
 SOURCE_CODE = {
     "text": ["xs = s.split()"],
-    "csv": ["xs = []", "for line in lines:", '    name, city, age, score = line.split(",")',
-            '    xs.append({"name": name, "city": city, "age": int(age), "score": int(score)})'],
+    "csv": [
+        "xs = []",
+        "for line in lines:",
+        '    name, city, age, score = line.split(",")',
+        '    xs.append({"name": name, "city": city, "age": int(age), "score": int(score)})',
+    ],
 }
 SOURCE_PHRASES = {
-    "text": ["split the text into words at whitespace", "break the sentence into its words",
-             "cut the string into words separated by spaces"],
-    "csv": ["parse each line 'name,city,age,score' into a record with integer age and score",
-            "read every CSV line (name, city, age, score) as a record, converting age and score to integers"],
+    "text": [
+        "split the text into words at whitespace",
+        "break the sentence into its words",
+        "cut the string into words separated by spaces",
+    ],
+    "csv": [
+        "parse each line 'name,city,age,score' into a record with integer age and score",
+        "read every CSV line (name, city, age, score) as a record, converting age and score to integers",
+    ],
 }
 PARAM_NAMES = {"text": "s", "csv": "lines"}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class ElementType:
     """One element type, every spelling of it in one row (the tables below and elsewhere derive from ELEMENTS)."""
+
     tag: str  # "tup": the catalogue's tables, the short input name of the program text, (etype, sink) pairs
     name: str  # "tuple": its user-facing name, which held-out types are named with (tasks.heldout_types)
     family: str  # "list_tuple": the family whose input is a list of it, the input kind "list:<tag>"
@@ -29,17 +30,49 @@ class ElementType:
 
 
 ELEMENTS = (
-    ElementType("int", "int", "list_int", "int", ("numbers", "number"),
-                ("a list of integers", "a list of whole numbers", "an integer list")),
-    ElementType("float", "float", "list_float", "float", ("values", "value"),
-                ("a list of floating-point numbers", "a list of decimal values", "a list of floats")),
-    ElementType("str", "str", "list_str", "str", ("words", "word"),
-                ("a list of words", "a list of strings", "a list of short words")),
-    ElementType("rec", "record", "list_record", "dict", ("records", "record"),
-                ("a list of person records (dicts with keys 'name', 'city', 'age' and 'score')",
-                 "a list of dicts, each with 'name', 'city', 'age' and 'score'")),
-    ElementType("tup", "tuple", "list_tuple", "list", ("pairs", "pair"),
-                ("a list of [name, count] pairs", "a list of two-element lists [name, count]")),
+    ElementType(
+        "int",
+        "int",
+        "list_int",
+        "int",
+        ("numbers", "number"),
+        ("a list of integers", "a list of whole numbers", "an integer list"),
+    ),
+    ElementType(
+        "float",
+        "float",
+        "list_float",
+        "float",
+        ("values", "value"),
+        ("a list of floating-point numbers", "a list of decimal values", "a list of floats"),
+    ),
+    ElementType(
+        "str",
+        "str",
+        "list_str",
+        "str",
+        ("words", "word"),
+        ("a list of words", "a list of strings", "a list of short words"),
+    ),
+    ElementType(
+        "rec",
+        "record",
+        "list_record",
+        "dict",
+        ("records", "record"),
+        (
+            "a list of person records (dicts with keys 'name', 'city', 'age' and 'score')",
+            "a list of dicts, each with 'name', 'city', 'age' and 'score'",
+        ),
+    ),
+    ElementType(
+        "tup",
+        "tuple",
+        "list_tuple",
+        "list",
+        ("pairs", "pair"),
+        ("a list of [name, count] pairs", "a list of two-element lists [name, count]"),
+    ),
 )
 ELEMENT_TYPES = tuple(e.tag for e in ELEMENTS)
 # The user-facing name of each element type (held-out splits are named with these).
@@ -47,14 +80,69 @@ TYPE_NAMES = {e.tag: e.name for e in ELEMENTS}
 ANNOTATIONS = {**{e.tag: e.annotation for e in ELEMENTS}, "bool": "bool"}
 NOUNS = {e.tag: e.nouns for e in ELEMENTS}  # plural, singular
 
-WORDS = ("apple", "banana", "cherry", "kiwi", "mango", "pear", "plum", "fig", "grape", "lemon", "lime", "melon",
-         "Apple", "Kiwi", "Zebra", "ant", "bee", "cat", "dog", "eel", "owl", "yak", "level", "noon", "radar",
-         "stats", "tree", "Sky", "moon", "star", "sun", "rain", "snow")
+WORDS = (
+    "apple",
+    "banana",
+    "cherry",
+    "kiwi",
+    "mango",
+    "pear",
+    "plum",
+    "fig",
+    "grape",
+    "lemon",
+    "lime",
+    "melon",
+    "Apple",
+    "Kiwi",
+    "Zebra",
+    "ant",
+    "bee",
+    "cat",
+    "dog",
+    "eel",
+    "owl",
+    "yak",
+    "level",
+    "noon",
+    "radar",
+    "stats",
+    "tree",
+    "Sky",
+    "moon",
+    "star",
+    "sun",
+    "rain",
+    "snow",
+)
 UNICODE_WORDS = ("café", "naïve", "straße", "élan", "日本", "ñandú", "Ωmega", "über", "façade", "jalapeño")
 NAMES = ("ana", "ben", "cleo", "dan", "eva", "finn", "gus", "hana", "ivan", "jade", "kai", "lena", "mo", "nina")
 CITIES = ("oslo", "rome", "lima", "kyiv", "nice", "bern")
-SENTENCE_WORDS = ("the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "a", "cat", "sat", "on", "mat",
-                  "Hello", "World", "data", "is", "fun", "level", "noon", "code", "runs", "fast")
+SENTENCE_WORDS = (
+    "the",
+    "quick",
+    "brown",
+    "fox",
+    "jumps",
+    "over",
+    "lazy",
+    "dog",
+    "a",
+    "cat",
+    "sat",
+    "on",
+    "mat",
+    "Hello",
+    "World",
+    "data",
+    "is",
+    "fun",
+    "level",
+    "noon",
+    "code",
+    "runs",
+    "fast",
+)
 
 
 def random_element(rng: random.Random, etype: str, *, negatives: bool = True, unicode: bool = False):
@@ -65,8 +153,12 @@ def random_element(rng: random.Random, etype: str, *, negatives: bool = True, un
     if etype == "str":
         return rng.choice(UNICODE_WORDS if unicode and rng.random() < 0.6 else WORDS)
     if etype == "rec":
-        return {"name": rng.choice(NAMES), "city": rng.choice(CITIES), "age": rng.randint(18, 70),
-                "score": rng.randint(0, 100)}
+        return {
+            "name": rng.choice(NAMES),
+            "city": rng.choice(CITIES),
+            "age": rng.randint(18, 70),
+            "score": rng.randint(0, 100),
+        }
     if etype == "tup":
         return [rng.choice(WORDS[:12] + (UNICODE_WORDS[:3] if unicode else ())), rng.randint(0, 20)]
     raise ValueError(f"unknown element type {etype!r}")
@@ -145,8 +237,7 @@ def edge_case_applies(kind: str, case: str) -> bool:
     return True
 
 
-def make_inputs(rng: random.Random, kind: str, n: int, *, size_range: tuple[int, int],
-                edge_cases: bool) -> list[list]:
+def make_inputs(rng: random.Random, kind: str, n: int, *, size_range: tuple[int, int], edge_cases: bool) -> list[list]:
     """`n` argument lists (each `[value]`): edge cases first when asked, then random inputs."""
     args: list[list] = []
     if edge_cases:
@@ -155,8 +246,13 @@ def make_inputs(rng: random.Random, kind: str, n: int, *, size_range: tuple[int,
                 break
             if not edge_case_applies(kind, case):
                 continue
-            size = 0 if case == "empty" else 1 if case == "single" else rng.randint(max(4, size_range[0]),
-                                                                                     max(6, size_range[1]))
+            size = (
+                0
+                if case == "empty"
+                else 1
+                if case == "single"
+                else rng.randint(max(4, size_range[0]), max(6, size_range[1]))
+            )
             args.append([make_input(rng, kind, size, "random" if case in ("empty", "single") else case)])
     while len(args) < n:
         args.append([make_input(rng, kind, rng.randint(*size_range))])

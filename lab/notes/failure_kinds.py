@@ -84,8 +84,9 @@ def main(runs: list[Path]) -> None:
     cfg = config_of(json.loads((first / "state.json").read_text()), first)
     tasks = [Task.from_json(line) for line in (runs[0] / "heldout.jsonl").read_text().splitlines()]
     tasks = [t for t in tasks if t.params.get("eval_split", t.split) == "test"]
-    kw = dict(greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg),
-              reward_cfg=cfg.reward)
+    kw = dict(
+        greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg), reward_cfg=cfg.reward
+    )
     print(f"{'checkpoint':48s} {'level':>5s} " + " ".join(f"{k:>8s}" for k in KINDS))
     with sandbox.open_sandbox("process", timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb) as sb:
         for run in runs:

@@ -27,8 +27,9 @@ def main(before_run: Path, after_run: Path, level: int) -> None:
     cfg = config_of(json.loads((before / "state.json").read_text()), before)
     tasks = [Task.from_json(line) for line in (before_run / "heldout.jsonl").read_text().splitlines()]
     tasks = [t for t in tasks if t.level == level and t.params.get("eval_split", t.split) == "test"]
-    kw = dict(greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg),
-              reward_cfg=cfg.reward)
+    kw = dict(
+        greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg), reward_cfg=cfg.reward
+    )
     with sandbox.open_sandbox("process", timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb) as sb:
         a = solver_rollouts(load_solver(before / "solver", cfg), tasks, 1, sb, **kw)
         b = solver_rollouts(load_solver(after / "solver", cfg), tasks, 1, sb, **kw)
@@ -38,8 +39,10 @@ def main(before_run: Path, after_run: Path, level: int) -> None:
         print(task_prompt(x.task, **prompt_options(cfg)))
         print(f"--- {before} (solved):\n{x.text}\n--- {after}:\n{y.text}")
     gained = sum(1 for x, y in zip(a, b) if y.result.solved and not x.result.solved)
-    print(f"level {level}, {len(tasks)} tasks: solved {sum(r.result.solved for r in a)} -> "
-          f"{sum(r.result.solved for r in b)} (lost {len(lost)}, gained {gained})")
+    print(
+        f"level {level}, {len(tasks)} tasks: solved {sum(r.result.solved for r in a)} -> "
+        f"{sum(r.result.solved for r in b)} (lost {len(lost)}, gained {gained})"
+    )
 
 
 if __name__ == "__main__":

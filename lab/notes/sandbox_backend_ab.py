@@ -52,6 +52,7 @@ def process(python=None, pin=False):
             for i, launcher in enumerate(launchers):
                 os.sched_setaffinity(launcher.pid, {i % os.cpu_count()})  # the server; its children inherit it
         return Sandbox(pool, "process", Limits(**LIMITS, output_limit=1_000_000), cache=False)
+
     return make
 
 

@@ -34,8 +34,8 @@ import time
 
 import sandbox.pool
 from sandbox.api import Limits, Sandbox
-from sandbox.pool import LocalLauncher, Pool
 from sandbox.forkserver import PRELOAD
+from sandbox.pool import LocalLauncher, Pool
 from selfplay.bench.humaneval_set import load_programs
 from selfplay.bench.sandbox_bench import BARE_FORK, drive_fork_workers
 
@@ -75,11 +75,13 @@ print(json.dumps({"verdicts": ok, "wall": t1 - t0, "cpu": r1.ru_utime + r1.ru_st
 BARE_FORK_COUNTED = BARE_FORK.replace(
     "verdicts, seconds = [], []",
     "import resource\nR = resource.getrusage\nr0 = (R(resource.RUSAGE_SELF), R(resource.RUSAGE_CHILDREN))\n"
-    "verdicts, seconds = [], []").replace(
+    "verdicts, seconds = [], []",
+).replace(
     "print(json.dumps([verdicts, seconds]), flush=True)",
     "r1 = (R(resource.RUSAGE_SELF), R(resource.RUSAGE_CHILDREN))\n"
     "d = [(b.ru_utime + b.ru_stime - a.ru_utime - a.ru_stime, b.ru_minflt - a.ru_minflt) for a, b in zip(r0, r1)]\n"
-    "print(json.dumps([verdicts, seconds, d]), flush=True)")
+    "print(json.dumps([verdicts, seconds, d]), flush=True)",
+)
 
 
 def proc_cpu(pid: int) -> dict:
@@ -88,12 +90,24 @@ def proc_cpu(pid: int) -> dict:
         fields = f.read().rsplit(")", 1)[1].split()
     # fields[0] is state (field 3); minflt=10, cminflt=11, utime=14, stime=15, cutime=16, cstime=17
     g = lambda k: int(fields[k - 3])  # noqa: E731
-    return {"self": (g(14) + g(15)) / TICK, "self_user": g(14) / TICK, "children": (g(16) + g(17)) / TICK,
-            "children_user": g(16) / TICK, "faults": g(10), "child_faults": g(11)}
+    return {
+        "self": (g(14) + g(15)) / TICK,
+        "self_user": g(14) / TICK,
+        "children": (g(16) + g(17)) / TICK,
+        "children_user": g(16) / TICK,
+        "faults": g(10),
+        "child_faults": g(11),
+    }
 
 
-def run_process(python: str, sources: list[str], workers: int, extra_args: tuple = (), server: str | None = None,
-                env_drop: tuple = ()) -> dict:
+def run_process(
+    python: str,
+    sources: list[str],
+    workers: int,
+    extra_args: tuple = (),
+    server: str | None = None,
+    env_drop: tuple = (),
+) -> dict:
     saved, saved_env = sandbox.pool.FORKSERVER_PATH, sandbox.pool.server_env
     sandbox.pool.FORKSERVER_PATH = server or saved  # both read by LocalLauncher.start (here, in Pool())
     sandbox.pool.server_env = lambda: {k: v for k, v in saved_env().items() if k not in env_drop}
@@ -110,10 +124,17 @@ def run_process(python: str, sources: list[str], workers: int, extra_args: tuple
         wall, client = time.perf_counter() - t0, time.process_time() - c0
         after = [proc_cpu(p) for p in pids]
     d = {k: sum(a[k] - b[k] for a, b in zip(after, before)) for k in before[0]}
-    return {"wall": wall, "client": client, "server": d["self"], "children": d["children"],
-            "children_user": d["children_user"], "server_faults": d["faults"], "child_faults": d["child_faults"],
-            "verdicts": [r.status == "ok" for r in results],
-            "python": sb._pool.workers[0].info.get("python")}
+    return {
+        "wall": wall,
+        "client": client,
+        "server": d["self"],
+        "children": d["children"],
+        "children_user": d["children_user"],
+        "server_faults": d["faults"],
+        "child_faults": d["child_faults"],
+        "verdicts": [r.status == "ok" for r in results],
+        "python": sb._pool.workers[0].info.get("python"),
+    }
 
 
 def run_fork(python: str, sources: list[str], workers: int) -> dict:
@@ -122,23 +143,45 @@ def run_fork(python: str, sources: list[str], workers: int) -> dict:
     for k, (v, _, _) in enumerate(shares):
         for j, i in enumerate(range(k, len(sources), workers)):
             verdicts[i] = v[j]
-    return {"wall": wall, "server": sum(s[2][0][0] for s in shares), "children": sum(s[2][1][0] for s in shares),
-            "server_faults": sum(s[2][0][1] for s in shares), "child_faults": sum(s[2][1][1] for s in shares),
-            "client": 0.0, "verdicts": verdicts}
+    return {
+        "wall": wall,
+        "server": sum(s[2][0][0] for s in shares),
+        "children": sum(s[2][1][0] for s in shares),
+        "server_faults": sum(s[2][0][1] for s in shares),
+        "child_faults": sum(s[2][1][1] for s in shares),
+        "client": 0.0,
+        "verdicts": verdicts,
+    }
 
 
 def run_exec(python: str, sources: list[str], workers: int) -> dict:
-    out = subprocess.run([python, "-I", "-S", "-c", EXEC_FLOOR, *PRELOAD], input=json.dumps(sources) + "\n",
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [python, "-I", "-S", "-c", EXEC_FLOOR, *PRELOAD],
+        input=json.dumps(sources) + "\n",
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     r = json.loads(out.stdout)
-    return {"wall": r["wall"], "server": r["cpu"], "children": 0.0, "client": 0.0, "server_faults": r["faults"],
-            "child_faults": 0, "verdicts": r["verdicts"]}
+    return {
+        "wall": r["wall"],
+        "server": r["cpu"],
+        "children": 0.0,
+        "client": 0.0,
+        "server_faults": r["faults"],
+        "child_faults": 0,
+        "verdicts": r["verdicts"],
+    }
 
 
-RUNNERS = {"process": run_process, "fork": run_fork, "exec": run_exec,
-           "noprefork": lambda py, src, w: run_process(py, src, w, ("--no-prefork",)),
-           "base": lambda py, src, w: run_process(py, src, w, server=BASE_SERVER),
-           "lazybind": lambda py, src, w: run_process(py, src, w, env_drop=("LD_BIND_NOW",))}
+RUNNERS = {
+    "process": run_process,
+    "fork": run_fork,
+    "exec": run_exec,
+    "noprefork": lambda py, src, w: run_process(py, src, w, ("--no-prefork",)),
+    "base": lambda py, src, w: run_process(py, src, w, server=BASE_SERVER),
+    "lazybind": lambda py, src, w: run_process(py, src, w, env_drop=("LD_BIND_NOW",)),
+}
 BASE_SERVER = None  # --base-server: another forkserver.py (e.g. `git show COMMIT:sandbox/forkserver.py > F`)
 
 
@@ -160,35 +203,49 @@ def main() -> None:
     pairs = [(r, p) for r in args.runners for p in args.pythons if os.path.exists(PYTHONS[p])]
     rows: dict[tuple, list[dict]] = {}
     for k in range(args.rounds):
-        order = pairs[k % len(pairs):] + pairs[:k % len(pairs)]
+        order = pairs[k % len(pairs) :] + pairs[: k % len(pairs)]
         for runner, py in order:
             rows.setdefault((runner, py), []).append(RUNNERS[runner](PYTHONS[py], sources, args.workers))
         print(f"round {k + 1}/{args.rounds} done (load {os.getloadavg()[0]:.2f})", file=sys.stderr, flush=True)
     ref = rows[pairs[0]][0]["verdicts"]
-    print(f"{n} programs, {args.workers} worker(s), medians of {args.rounds} rounds; ms of CPU per program "
-          f"(faults per program)")
-    print(f"{'runner':8s} {'python':7s} {'total CPU':>9s} {'server':>7s} {'children':>8s} {'client':>6s} "
-          f"{'srv flt':>7s} {'chld flt':>8s} {'wall':>6s}  verdicts")
+    print(
+        f"{n} programs, {args.workers} worker(s), medians of {args.rounds} rounds; ms of CPU per program "
+        f"(faults per program)"
+    )
+    print(
+        f"{'runner':8s} {'python':7s} {'total CPU':>9s} {'server':>7s} {'children':>8s} {'client':>6s} "
+        f"{'srv flt':>7s} {'chld flt':>8s} {'wall':>6s}  verdicts"
+    )
     table = {}
     for (runner, py), rs in rows.items():
-        med = lambda key: statistics.median(r[key] for r in rs) * 1e3 / n  # noqa: E731
+        med = lambda key, rs=rs: statistics.median(r[key] for r in rs) * 1e3 / n  # noqa: E731
         total = statistics.median((r["server"] + r["children"] + r["client"]) for r in rs) * 1e3 / n
         same = all(r["verdicts"] == ref for r in rs)
-        table[f"{runner}/{py}"] = {"total": total, "server": med("server"), "children": med("children"),
-                                   "client": med("client"), "server_faults": med("server_faults") / 1e3,
-                                   "child_faults": med("child_faults") / 1e3, "wall": med("wall"),
-                                   "totals": [(r["server"] + r["children"] + r["client"]) * 1e3 / n for r in rs],
-                                   "same_verdicts": same}
+        table[f"{runner}/{py}"] = {
+            "total": total,
+            "server": med("server"),
+            "children": med("children"),
+            "client": med("client"),
+            "server_faults": med("server_faults") / 1e3,
+            "child_faults": med("child_faults") / 1e3,
+            "wall": med("wall"),
+            "totals": [(r["server"] + r["children"] + r["client"]) * 1e3 / n for r in rs],
+            "same_verdicts": same,
+        }
         t = table[f"{runner}/{py}"]
-        print(f"{runner:8s} {py:7s} {total:9.3f} {t['server']:7.3f} {t['children']:8.3f} {t['client']:6.3f} "
-              f"{t['server_faults']:7.1f} {t['child_faults']:8.1f} {t['wall']:6.3f}  "
-              f"{'same' if same else 'DIFFER'}  rounds: {', '.join(f'{x:.2f}' for x in t['totals'])}")
+        print(
+            f"{runner:8s} {py:7s} {total:9.3f} {t['server']:7.3f} {t['children']:8.3f} {t['client']:6.3f} "
+            f"{t['server_faults']:7.1f} {t['child_faults']:8.1f} {t['wall']:6.3f}  "
+            f"{'same' if same else 'DIFFER'}  rounds: {', '.join(f'{x:.2f}' for x in t['totals'])}"
+        )
     if args.paired and len(pairs) == 2:
         a, b = (table[f"{r}/{p}"]["totals"] for r, p in pairs)
         ratios = sorted(y / x for x, y in zip(a, b))
         q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else ratios * 3
-        print(f"{pairs[1][0]}/{pairs[0][0]} CPU per round: median {statistics.median(ratios):.3f} "
-              f"(quartiles {q[0]:.3f}-{q[2]:.3f}, {len(ratios)} rounds)")
+        print(
+            f"{pairs[1][0]}/{pairs[0][0]} CPU per round: median {statistics.median(ratios):.3f} "
+            f"(quartiles {q[0]:.3f}-{q[2]:.3f}, {len(ratios)} rounds)"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(table, f, indent=2)

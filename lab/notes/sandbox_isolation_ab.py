@@ -36,10 +36,12 @@ def main() -> None:
         for name, (isolate_user, extra, python) in VARIANTS.items():
             if python and not os.path.exists(python):
                 continue
-            pool = Pool([LocalLauncher(i, isolate_user=isolate_user, extra_args=extra, python=python)
-                         for i in range(2)])
-            with Sandbox(pool, "process", Limits(timeout_s=3.0, memory_mb=512, output_limit=1_000_000),
-                         cache=False) as sb:
+            pool = Pool(
+                [LocalLauncher(i, isolate_user=isolate_user, extra_args=extra, python=python) for i in range(2)]
+            )
+            with Sandbox(
+                pool, "process", Limits(timeout_s=3.0, memory_mb=512, output_limit=1_000_000), cache=False
+            ) as sb:
                 sb.run_many(["pass"] * 2)
                 t0 = time.perf_counter()
                 sb.run_many(programs)

@@ -38,8 +38,9 @@ def record(python: str | None, server: str | None, freq: int, out: str) -> int:
     with Sandbox(pool, "process", Limits(timeout_s=3.0, memory_mb=512, output_limit=1_000_000), cache=False) as sb:
         sb.run_many(["pass"])
         pid = pool.workers[0].launcher.pid
-        perf = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(freq), "-g", "-o", out,
-                                 "-p", str(pid)])
+        perf = subprocess.Popen(
+            ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(freq), "-g", "-o", out, "-p", str(pid)]
+        )
         time.sleep(1.0)  # perf attaches
         for _ in range(2):
             sb.run_many(sources)
@@ -50,8 +51,9 @@ def record(python: str | None, server: str | None, freq: int, out: str) -> int:
 
 def samples(data: str):
     """(pid, [(symbol, dso), ...] innermost first) per sample."""
-    text = subprocess.run(["perf", "script", "-i", data, "-F", "pid,ip,sym,dso"], capture_output=True,
-                          text=True, check=True).stdout
+    text = subprocess.run(
+        ["perf", "script", "-i", data, "-F", "pid,ip,sym,dso"], capture_output=True, text=True, check=True
+    ).stdout
     for block in text.split("\n\n"):
         lines = [line.strip() for line in block.strip().splitlines() if line.strip()]
         if not lines:
@@ -102,7 +104,7 @@ def main() -> None:
             names = [s for s, _ in frames]
             if "asm_exc_page_fault" in names:
                 k = names.index("asm_exc_page_fault")
-                faults[who][" < ".join(names[k + 1:k + 3]) or "?"] += 1
+                faults[who][" < ".join(names[k + 1 : k + 3]) or "?"] += 1
     total = sum(cats.values())
     print(f"{total} samples at {args.freq} Hz, {len(pids) - 1} children; share of all samples:")
     for (who, what), n in cats.most_common():

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import sandbox
 from generator.schema import Task
-from selfplay.runtime.checkpoint import CheckpointManager
+from selfplay.eval.evaluate import per_task_outcomes, read_tasks
 from selfplay.eval.load import config_of, load_solver
 from selfplay.eval.stats import paired_delta
-from selfplay.eval.evaluate import per_task_outcomes, read_tasks
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
+from selfplay.runtime.checkpoint import CheckpointManager
 
 
 def checkpoint(run: Path, step: int | None) -> Path:
@@ -28,11 +28,15 @@ def checkpoint(run: Path, step: int | None) -> Path:
 def main(run: Path, warmstart: Path, step: int | None) -> None:
     after_ckpt, before_ckpt = checkpoint(run, step), checkpoint(warmstart, 0)
     cfg = config_of(json.loads((after_ckpt / "state.json").read_text()), after_ckpt)
-    heldout = [t for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())
-               if t.params.get("eval_split", t.split) == "test" and t.level in cfg.train.fixed_levels]
+    heldout = [
+        t
+        for t in map(Task.from_json, (warmstart / "heldout.jsonl").read_text().splitlines())
+        if t.params.get("eval_split", t.split) == "test" and t.level in cfg.train.fixed_levels
+    ]
     sets = {"training tasks": read_tasks(run / "fixed_tasks.jsonl"), "held-out (same levels)": heldout}
-    kw = dict(greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg),
-              reward_cfg=cfg.reward)
+    kw = dict(
+        greedy=True, max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg), reward_cfg=cfg.reward
+    )
     with sandbox.open_sandbox("process", timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb) as sb:
         outcome = {}
         for name, ckpt in (("before", before_ckpt), ("after", after_ckpt)):
@@ -41,10 +45,12 @@ def main(run: Path, warmstart: Path, step: int | None) -> None:
                 rollouts = solver_rollouts(solver, tasks, 1, sb, **kw)
                 outcome[name, label] = per_task_outcomes(rollouts, rollouts)
     print(f"{before_ckpt} -> {after_ckpt}, greedy pass@1")
-    for label, tasks in sets.items():
+    for label in sets:
         d = paired_delta(outcome["before", label], outcome["after", label], "pass@1_greedy")
-        print(f"  {label:24s} n={d['tasks']:3d}  {d['before']:.3f} -> {d['after']:.3f}  {d['delta']:+.3f} "
-              f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]")
+        print(
+            f"  {label:24s} n={d['tasks']:3d}  {d['before']:.3f} -> {d['after']:.3f}  {d['delta']:+.3f} "
+            f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+        )
 
 
 if __name__ == "__main__":

@@ -22,8 +22,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from sandbox.errors import SandboxError, SandboxUnavailable
 
@@ -70,7 +70,8 @@ def connect(timeout_s: float = 60.0):
         reason = str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__
         raise SandboxUnavailable(
             f"Docker engine not reachable ({reason}): start it (`dockerd &` as root, or `systemctl start docker`) "
-            f"and check `docker info`") from None
+            f"and check `docker info`"
+        ) from None
     return client
 
 
@@ -105,8 +106,15 @@ def registry_reachable(timeout_s: float = 15.0) -> bool:
         return False
 
 
-def build_image(name: str = DEFAULT_IMAGE, method: str = "auto", *, mirror: str = DEFAULT_MIRROR,
-                cache_dir: str = DEFAULT_CACHE_DIR, force: bool = False, log: Log = print) -> dict:
+def build_image(
+    name: str = DEFAULT_IMAGE,
+    method: str = "auto",
+    *,
+    mirror: str = DEFAULT_MIRROR,
+    cache_dir: str = DEFAULT_CACHE_DIR,
+    force: bool = False,
+    log: Log = print,
+) -> dict:
     """Build image `name` by `method` unless an image with the same recipe exists. Returns a summary dict."""
     if method not in METHODS:
         raise ImageBuildError(f"unknown image build method {method!r}: use one of {', '.join(METHODS)}")
@@ -131,8 +139,9 @@ def build_image(name: str = DEFAULT_IMAGE, method: str = "auto", *, mirror: str 
     return {"name": name, "method": method, "recipe": recipe, "built": True, "python": version}
 
 
-def debootstrap_rootfs(cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFAULT_MIRROR,
-                       suite: str = DEBIAN_SUITE, log: Log = print) -> Path:
+def debootstrap_rootfs(
+    cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFAULT_MIRROR, suite: str = DEBIAN_SUITE, log: Log = print
+) -> Path:
     """A tarball of a trimmed minbase Debian root with python3, made once and then reused from `cache_dir`."""
     cache = Path(cache_dir)
     tarball = cache / f"rootfs-{recipe_hash('debootstrap', suite)}.tar"
@@ -140,11 +149,15 @@ def debootstrap_rootfs(cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFA
         log(f"using cached root filesystem {tarball}")
         return tarball
     if shutil.which("debootstrap") is None:
-        raise ImageBuildError("debootstrap is not installed: apt-get install debootstrap "
-                              "(or build from the Dockerfile with --method dockerfile where a registry is reachable)")
+        raise ImageBuildError(
+            "debootstrap is not installed: apt-get install debootstrap "
+            "(or build from the Dockerfile with --method dockerfile where a registry is reachable)"
+        )
     if os.geteuid() != 0:
-        raise ImageBuildError("debootstrap needs root: run `selfplay sandbox build-image` as root "
-                              "(or use --method dockerfile where a registry is reachable)")
+        raise ImageBuildError(
+            "debootstrap needs root: run `selfplay sandbox build-image` as root "
+            "(or use --method dockerfile where a registry is reachable)"
+        )
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache, prefix="rootfs-build-") as work:
         root = Path(work) / "root"
@@ -156,8 +169,9 @@ def debootstrap_rootfs(cache_dir: str = DEFAULT_CACHE_DIR, *, mirror: str = DEFA
             (root / rel).mkdir(parents=True, exist_ok=True)
         partial = Path(work) / "rootfs.tar"
         log(f"packing root filesystem into {tarball} ...")
-        proc = subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."],
-                              capture_output=True, text=True)
+        proc = subprocess.run(
+            ["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."], capture_output=True, text=True
+        )
         if proc.returncode != 0:
             raise ImageBuildError(f"tar failed packing the root filesystem: {_last_line(proc.stderr)}")
         os.replace(partial, tarball)  # atomic: a tarball in the cache is always complete
@@ -198,26 +212,36 @@ def _import_rootfs(client, tarball: Path, name: str, recipe: str, log: Log) -> N
 def _build_from_dockerfile(client, name: str, recipe: str, log: Log) -> None:
     log(f"docker build {DOCKERFILE_DIR}/Dockerfile -> {name} ...")
     try:
-        for chunk in client.api.build(path=str(DOCKERFILE_DIR), tag=name, rm=True, decode=True, pull=True,
-                                      labels={RECIPE_LABEL: recipe}):
+        for chunk in client.api.build(
+            path=str(DOCKERFILE_DIR), tag=name, rm=True, decode=True, pull=True, labels={RECIPE_LABEL: recipe}
+        ):
             if "error" in chunk:
-                raise ImageBuildError(f"docker build failed: {_last_line(chunk['error'])} "
-                                      f"(no registry? use --method debootstrap)")
+                raise ImageBuildError(
+                    f"docker build failed: {_last_line(chunk['error'])} (no registry? use --method debootstrap)"
+                )
             text = chunk.get("stream", "").strip()
             if text.startswith("Step "):
                 log("  " + text)
     except ImageBuildError:
         raise
     except Exception as exc:
-        raise ImageBuildError(f"docker build failed: {_last_line(str(exc))} "
-                              f"(no registry? use --method debootstrap)") from None
+        raise ImageBuildError(
+            f"docker build failed: {_last_line(str(exc))} (no registry? use --method debootstrap)"
+        ) from None
 
 
 def smoke_test(client, name: str) -> str:
     """Run the interpreter in the image as the sandbox user with no network; return its version."""
     try:
-        out = client.containers.run(name, ["python3", "-c", SMOKE_PROGRAM], remove=True, network_mode="none",
-                                    user="65534:65534", read_only=True, cap_drop=["ALL"])
+        out = client.containers.run(
+            name,
+            ["python3", "-c", SMOKE_PROGRAM],
+            remove=True,
+            network_mode="none",
+            user="65534:65534",
+            read_only=True,
+            cap_drop=["ALL"],
+        )
     except Exception as exc:
         raise ImageBuildError(f"image {name} fails its check ({SMOKE_PROGRAM!r}): {_last_line(str(exc))}") from None
     return out.decode().strip()

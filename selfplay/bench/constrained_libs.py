@@ -110,8 +110,8 @@ def bench_lmfe(tok, regex: str, vocab: int, eos: int, steps: int) -> dict:
 
 
 def bench_tcfg(tok, grammar: str, vocab: int, eos: int, steps: int) -> dict:
-    from transformers_cfg.grammar_utils import IncrementalGrammarConstraint
     from transformers_cfg.generation.logits_process import GrammarConstrainedLogitsProcessor
+    from transformers_cfg.grammar_utils import IncrementalGrammarConstraint
 
     t0 = time.perf_counter()
     constraint = IncrementalGrammarConstraint(grammar, "root", tok)
@@ -144,15 +144,19 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     vocab, eos = len(tok), tok.eos_token_id
     print(f"tokenizer {type(tok).__name__}, vocabulary {vocab}")
-    cases = {"xgrammar": [("mutation", bench_xgrammar, mutation_grammar()), ("free", bench_xgrammar, free_grammar())],
-             "lmfe": [("mutation", bench_lmfe, mutation_regex())],
-             "tcfg": [("mutation", bench_tcfg, mutation_grammar()), ("free", bench_tcfg, free_grammar())]}
+    cases = {
+        "xgrammar": [("mutation", bench_xgrammar, mutation_grammar()), ("free", bench_xgrammar, free_grammar())],
+        "lmfe": [("mutation", bench_lmfe, mutation_regex())],
+        "tcfg": [("mutation", bench_tcfg, mutation_grammar()), ("free", bench_tcfg, free_grammar())],
+    }
     for lib in args.libs.split(","):
         for fmt, fn, grammar in cases[lib]:
             try:
                 r = fn(tok, grammar, vocab, eos, args.steps)
-                print(f"{lib:>9} {fmt:>8}: compile {r['compile_s']:.3f} s, {r['mask_ms']:.3f} ms per token mask "
-                      f"({r['steps']} steps walked)")
+                print(
+                    f"{lib:>9} {fmt:>8}: compile {r['compile_s']:.3f} s, {r['mask_ms']:.3f} ms per token mask "
+                    f"({r['steps']} steps walked)"
+                )
             except Exception as exc:  # noqa: BLE001 - report what each library does with this tokenizer
                 print(f"{lib:>9} {fmt:>8}: FAILED {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
 

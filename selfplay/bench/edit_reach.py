@@ -50,8 +50,14 @@ def draw_edits(cfg, tasks, sb, corpus, n_refs: int, max_level: int, rng: random.
     pool = [t for t in tasks if t.level <= max_level and program_of(t) is not None]
     refs = rng.sample(pool, min(n_refs, len(pool)))
     build = BuildConfig.from_config(cfg.tasks)
-    drawn = [(ref, name, found[1]) for ref in refs for name in INSTRUCTIONS if name != "compose"
-             for found in [random_mutation(rng, [ref], name, cfg=build)] if found is not None]
+    drawn = [
+        (ref, name, found[1])
+        for ref in refs
+        for name in INSTRUCTIONS
+        if name != "compose"
+        for found in [random_mutation(rng, [ref], name, cfg=build)]
+        if found is not None
+    ]
     reports = validate_many([task for _, _, task in drawn], sb, corpus)
     return refs, len(drawn), [(ref, name, report.task) for (ref, name, _), report in zip(drawn, reports) if report.ok]
 
@@ -81,16 +87,23 @@ def paired(rows: list[dict], earlier: list[dict]) -> dict:
         xs = list(xs)
         return round(sum(xs) / len(xs), 3)
 
-    return {"edits": len(rows), "in_band": mean(now_in), "earlier_in_band": mean(then_in),
-            "difference": mean(diff), "ci95": [round(x, 3) for x in bootstrap_ci95(diff)],
-            "solve_rate": mean(r["solve_rate"] for r in rows),
-            "earlier_solve_rate": mean(then[r["task"]] for r in rows),
-            "references": len(refs_now), "reference_solve_rate": mean(refs_now.values()),
-            "earlier_reference_solve_rate": mean(refs_then[k] for k in refs_now)}
+    return {
+        "edits": len(rows),
+        "in_band": mean(now_in),
+        "earlier_in_band": mean(then_in),
+        "difference": mean(diff),
+        "ci95": [round(x, 3) for x in bootstrap_ci95(diff)],
+        "solve_rate": mean(r["solve_rate"] for r in rows),
+        "earlier_solve_rate": mean(then[r["task"]] for r in rows),
+        "references": len(refs_now),
+        "reference_solve_rate": mean(refs_now.values()),
+        "earlier_reference_solve_rate": mean(refs_then[k] for k in refs_now),
+    }
 
 
-def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str,
-          earlier: list[dict] | None = None) -> tuple[dict, list[dict]]:
+def reach(
+    cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str, earlier: list[dict] | None = None
+) -> tuple[dict, list[dict]]:
     """Draw (or, given an earlier run's rows, take) the references and their valid edits and measure them."""
     attempts = cfg.train.samples_per_task
 
@@ -104,23 +117,43 @@ def reach(cfg, solver, tasks, sb, corpus, n_refs: int, max_level: int, seed: str
         n_drawn, max_level = len(valid), max(ref.level for ref in refs)
     ref_rates = rates_of(refs)
     rates = rates_of([task for _, _, task in valid])
-    rows = [{"reference": ref.id, "level": ref.level, "instruction": name, "task": task.id,
-             "reference_solve_rate": ref_rates[ref.id], "solve_rate": rates[task.id],
-             "reference_task": ref.to_dict(), "edit": task.to_dict()} for ref, name, task in valid]
+    rows = [
+        {
+            "reference": ref.id,
+            "level": ref.level,
+            "instruction": name,
+            "task": task.id,
+            "reference_solve_rate": ref_rates[ref.id],
+            "solve_rate": rates[task.id],
+            "reference_task": ref.to_dict(),
+            "edit": task.to_dict(),
+        }
+        for ref, name, task in valid
+    ]
     groups = defaultdict(list)
     for r in rows:
         for key in ("all", r["instruction"], bucket(r["reference_solve_rate"])):
             groups[key].append(r)
     ref_values = list(ref_rates.values())
-    summary = {"references": len(refs), "max_level": max_level, "attempts": attempts,
-               "reference_solve_rate": sum(ref_values) / max(1, len(ref_values)),
-               "references_in_band": sum(map(in_band, ref_values)) / max(1, len(ref_values)),
-               "edits": n_drawn, "valid": len(valid),
-               "in_band": {k: {"n": len(v), "in_band": round(sum(in_band(r["solve_rate"]) for r in v) / len(v), 3),
-                               "never_solved": round(sum(r["solve_rate"] <= 0 for r in v) / len(v), 3),
-                               "always_solved": round(sum(r["solve_rate"] >= 1 for r in v) / len(v), 3),
-                               "solve_rate": round(sum(r["solve_rate"] for r in v) / len(v), 3)}
-                           for k, v in sorted(groups.items())}}
+    summary = {
+        "references": len(refs),
+        "max_level": max_level,
+        "attempts": attempts,
+        "reference_solve_rate": sum(ref_values) / max(1, len(ref_values)),
+        "references_in_band": sum(map(in_band, ref_values)) / max(1, len(ref_values)),
+        "edits": n_drawn,
+        "valid": len(valid),
+        "in_band": {
+            k: {
+                "n": len(v),
+                "in_band": round(sum(in_band(r["solve_rate"]) for r in v) / len(v), 3),
+                "never_solved": round(sum(r["solve_rate"] <= 0 for r in v) / len(v), 3),
+                "always_solved": round(sum(r["solve_rate"] >= 1 for r in v) / len(v), 3),
+                "solve_rate": round(sum(r["solve_rate"] for r in v) / len(v), 3),
+            }
+            for k, v in sorted(groups.items())
+        },
+    }
     if earlier is not None and rows:
         summary["paired"] = paired(rows, earlier)
     return summary, rows
@@ -132,8 +165,12 @@ def main() -> None:
     ap.add_argument("run_dir", help="a finished warm start (or any run folder): its latest checkpoint's solver")
     ap.add_argument("--refs", type=int, default=48, help="reference tasks drawn from the procedural corpus")
     ap.add_argument("--max-level", type=int, default=2, help="the references' highest level")
-    ap.add_argument("--tasks-from", type=Path, default=None,
-                    help="an earlier run's edit_reach.jsonl: attempt its references and edits instead of drawing them")
+    ap.add_argument(
+        "--tasks-from",
+        type=Path,
+        default=None,
+        help="an earlier run's edit_reach.jsonl: attempt its references and edits instead of drawing them",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value config overrides (e.g. ppo.temperature=0.7)")
     args = ap.parse_intermixed_args()
     run = Path(args.run_dir)
@@ -151,8 +188,17 @@ def main() -> None:
     loop = SelfPlay(cfg)
     try:
         loop._load(loop.ckpt.latest_checkpoint())
-        summary, rows = reach(cfg, loop.solver, loop.corpus.query(source="procedural"), loop.sb, loop.corpus,
-                              args.refs, args.max_level, f"reach:{cfg.run.seed}", earlier)
+        summary, rows = reach(
+            cfg,
+            loop.solver,
+            loop.corpus.query(source="procedural"),
+            loop.sb,
+            loop.corpus,
+            args.refs,
+            args.max_level,
+            f"reach:{cfg.run.seed}",
+            earlier,
+        )
     finally:
         loop.close()
     print(json.dumps(summary), flush=True)

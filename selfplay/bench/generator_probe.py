@@ -45,8 +45,7 @@ from selfplay.runtime.distributed import param_checksum
 from selfplay.train.loop import SelfPlay
 from selfplay.train.mixer import Mixer
 from selfplay.train.proposals import sample_proposals
-from selfplay.train.warmstart import (build_agents, generator_examples, solver_examples, tokenize_pairs,
-                                      warmstart_corpus)
+from selfplay.train.warmstart import build_agents, generator_examples, solver_examples, tokenize_pairs, warmstart_corpus
 
 
 def shape(reason: str) -> str:
@@ -58,8 +57,14 @@ def shape(reason: str) -> str:
 
 def reference_rates(cfg, solver, pool, sb) -> dict[str, float]:
     """The solver's solve rate on each task of the reference pool (train.samples_per_task attempts each)."""
-    attempts = solver_rollouts(solver, pool, cfg.train.samples_per_task, sb, max_prompt_tokens=cfg.warmstart.max_len,
-                               prompt_kw=prompt_options(cfg))
+    attempts = solver_rollouts(
+        solver,
+        pool,
+        cfg.train.samples_per_task,
+        sb,
+        max_prompt_tokens=cfg.warmstart.max_len,
+        prompt_kw=prompt_options(cfg),
+    )
     return solve_rates(attempts)
 
 
@@ -78,8 +83,9 @@ def mixer_groups(cfg, pool, rates: dict[str, float], n: int, seed: str) -> list[
     return [[by_id[i] for i in mixer.choose_references(ids, difficulties, cfg.train.references)] for _ in range(n)]
 
 
-def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, references: str = "random",
-          pool_size: int = 0) -> tuple[dict, list[dict]]:
+def probe(
+    cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, references: str = "random", pool_size: int = 0
+) -> tuple[dict, list[dict]]:
     t = cfg.train
     rng = random.Random(rng_seed)
     pool = proposal_format(cfg.generator.format).reference_pool(tasks)
@@ -95,28 +101,47 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
     valid = [r for r in rollouts if r.valid]
     rates = {}
     if solver is not None and valid:
-        attempts = solver_rollouts(solver, [r.task for r in valid], t.samples_per_task, sb,
-                                   max_prompt_tokens=cfg.warmstart.max_len, prompt_kw=prompt_options(cfg))
+        attempts = solver_rollouts(
+            solver,
+            [r.task for r in valid],
+            t.samples_per_task,
+            sb,
+            max_prompt_tokens=cfg.warmstart.max_len,
+            prompt_kw=prompt_options(cfg),
+        )
         rates = solve_rates(attempts)
     rows = []
     for r in rollouts:
         op = r.answer.text.split("EDIT ", 1)[1].split()[0] if "EDIT " in r.answer.text else ""
         rate = rates.get(r.task.id) if r.valid else None
         parents = (r.task.parent_ids if r.valid else None) or [x.id for x in r.references[:1]]
-        rows.append({"instruction": r.instruction, "op": op, "answer": r.answer.text, "valid": r.valid,
-                     "rejection": r.rejection, "reason": r.parse_error or r.reasons.get("reason", ""),
-                     "solve_rate": rate, "reference_solve_rate": ref_rates.get(parents[0]) if parents else None})
+        rows.append(
+            {
+                "instruction": r.instruction,
+                "op": op,
+                "answer": r.answer.text,
+                "valid": r.valid,
+                "rejection": r.rejection,
+                "reason": r.parse_error or r.reasons.get("reason", ""),
+                "solve_rate": rate,
+                "reference_solve_rate": ref_rates.get(parents[0]) if parents else None,
+            }
+        )
     count = max(1, len(rows))
-    summary = {"n": len(rows), "parse_rate": sum(r.parsed for r in rollouts) / count,
-               "validity_rate": len(valid) / count,
-               "redrawn": sum(r.redrawn for r in rollouts) / count,
-               "cut_off_rate": sum(not r.answer.finished for r in rollouts) / count,  # reached the token limit
-               "closed_rate": sum(r.answer.closed > 0 for r in rollouts) / count,  # generator.close_reserve
-               "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
-               "by_op": {op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
-                         for op, c in Counter(r["op"] for r in rows).most_common()},
-               "reasons": Counter(f"{r['rejection']}: {shape(r['reason'])}" for r in rows
-                                  if not r["valid"]).most_common(12)}
+    summary = {
+        "n": len(rows),
+        "parse_rate": sum(r.parsed for r in rollouts) / count,
+        "validity_rate": len(valid) / count,
+        "redrawn": sum(r.redrawn for r in rollouts) / count,
+        "cut_off_rate": sum(not r.answer.finished for r in rollouts) / count,  # reached the token limit
+        "closed_rate": sum(r.answer.closed > 0 for r in rollouts) / count,  # generator.close_reserve
+        "rejected": {k: v / count for k, v in Counter(r["rejection"] for r in rows if not r["valid"]).items()},
+        "by_op": {
+            op: f"{sum(r['valid'] for r in rows if r['op'] == op)}/{c}"
+            for op, c in Counter(r["op"] for r in rows).most_common()
+        },
+        "reasons": Counter(f"{r['rejection']}: {shape(r['reason'])}" for r in rows if not r["valid"]).most_common(12),
+    }
     if rates:
         summary["in_band_rate"] = sum(0 < p < 1 for p in rates.values()) / len(rates)
         summary["solved_rate_of_valid"] = sum(rates.values()) / len(rates)
@@ -129,10 +154,22 @@ def probe(cfg, generator, solver, tasks, sb, corpus, n: int, rng_seed: str, *, r
         summary["in_band_by_reference"] = {
             name: f"{sum(0 < r['solve_rate'] < 1 for r in mine)}/{len(mine)}"
             for name, test in buckets.items()
-            for mine in [[r for r in rows if r["valid"] and r["solve_rate"] is not None
-                          and r["reference_solve_rate"] is not None and test(r["reference_solve_rate"])]]}
-        drops = [r["reference_solve_rate"] - r["solve_rate"] for r in rows
-                 if r["valid"] and r["solve_rate"] is not None and r["reference_solve_rate"] is not None]
+            for mine in [
+                [
+                    r
+                    for r in rows
+                    if r["valid"]
+                    and r["solve_rate"] is not None
+                    and r["reference_solve_rate"] is not None
+                    and test(r["reference_solve_rate"])
+                ]
+            ]
+        }
+        drops = [
+            r["reference_solve_rate"] - r["solve_rate"]
+            for r in rows
+            if r["valid"] and r["solve_rate"] is not None and r["reference_solve_rate"] is not None
+        ]
         if drops:
             summary["edit_drop"] = sum(drops) / len(drops)
     return summary, rows
@@ -145,18 +182,33 @@ def main() -> None:
     ap.add_argument("--at", default="200,1000", help="SFT steps after which to probe (the last is the SFT length)")
     ap.add_argument("--n", type=int, default=128, help="proposals per probe")
     ap.add_argument("--solver-steps", type=int, default=0, help="solver SFT steps (0: no in-band rate)")
-    ap.add_argument("--load", action="store_true",
-                    help="probe the agents of RUN_DIR's latest checkpoint (step_0 after a warm start; its solver "
-                         "gives the in-band rate) instead of training")
-    ap.add_argument("--references", choices=("random", "mixer"), default="random",
-                    help="how each prompt's references are chosen: at random, or as the loop's mixer chooses them "
-                         "(Mixer.choose_references) from solve rates measured on --pool tasks (with --load)")
-    ap.add_argument("--pool", type=int, default=0,
-                    help="with --load: draw references from this many procedural tasks, each attempted by the "
-                         "solver first (their solve rates split the in-band rate by the reference's)")
-    ap.add_argument("--generator-from", default=None, metavar="CKPT",
-                    help="with --load: the generator from this checkpoint folder (RUN/checkpoints/step_N), the solver "
-                         "from RUN_DIR's latest; the files written are tagged with the folder's name")
+    ap.add_argument(
+        "--load",
+        action="store_true",
+        help="probe the agents of RUN_DIR's latest checkpoint (step_0 after a warm start; its solver "
+        "gives the in-band rate) instead of training",
+    )
+    ap.add_argument(
+        "--references",
+        choices=("random", "mixer"),
+        default="random",
+        help="how each prompt's references are chosen: at random, or as the loop's mixer chooses them "
+        "(Mixer.choose_references) from solve rates measured on --pool tasks (with --load)",
+    )
+    ap.add_argument(
+        "--pool",
+        type=int,
+        default=0,
+        help="with --load: draw references from this many procedural tasks, each attempted by the "
+        "solver first (their solve rates split the in-band rate by the reference's)",
+    )
+    ap.add_argument(
+        "--generator-from",
+        default=None,
+        metavar="CKPT",
+        help="with --load: the generator from this checkpoint folder (RUN/checkpoints/step_N), the solver "
+        "from RUN_DIR's latest; the files written are tagged with the folder's name",
+    )
     ap.add_argument("overrides", nargs="*", help="key=value config overrides")
     args = ap.parse_intermixed_args()
     at = sorted({int(x) for x in args.at.split(",")})
@@ -180,12 +232,26 @@ def main() -> None:
             if generator.tokenizer.get_vocab() != loop.generator.tokenizer.get_vocab():
                 ap.error(f"--generator-from {args.generator_from}: its tokenizer is not RUN_DIR's")
             tasks = loop.corpus.query(source="procedural")
-            summary, rows = probe(cfg, generator, loop.solver, tasks, loop.sb, loop.corpus, args.n,
-                                  f"probe:{cfg.run.seed}", references=args.references, pool_size=args.pool)
-            summary = {"references": args.references, "pool": args.pool,
-                       "generator_from": args.generator_from or str(loop.ckpt.latest_checkpoint()),
-                       "generator_weights": param_checksum(generator.module.policy)["sha256"][:16],
-                       "solver_weights": param_checksum(loop.solver.module.policy)["sha256"][:16], **summary}
+            summary, rows = probe(
+                cfg,
+                generator,
+                loop.solver,
+                tasks,
+                loop.sb,
+                loop.corpus,
+                args.n,
+                f"probe:{cfg.run.seed}",
+                references=args.references,
+                pool_size=args.pool,
+            )
+            summary = {
+                "references": args.references,
+                "pool": args.pool,
+                "generator_from": args.generator_from or str(loop.ckpt.latest_checkpoint()),
+                "generator_weights": param_checksum(generator.module.policy)["sha256"][:16],
+                "solver_weights": param_checksum(loop.solver.module.policy)["sha256"][:16],
+                **summary,
+            }
             print(json.dumps(summary), flush=True)
             out.write(json.dumps(summary) + "\n")
             with (run / f"probe_loaded_rows{tag}.jsonl").open("w") as f:
@@ -195,17 +261,26 @@ def main() -> None:
         tasks = warmstart_corpus(cfg, loop.sb, loop.corpus)
         build = BuildConfig.from_config(cfg.tasks)
         s_pairs = solver_examples(tasks, prompt_options(cfg))
-        g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, loop.sb,
-                                     loop.corpus, build)
+        g_pairs = generator_examples(
+            tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, loop.sb, loop.corpus, build
+        )
         solver, generator = build_agents(cfg, run, [x for pair in s_pairs + g_pairs for x in pair])
         if cfg.generator.constrained:
             generator.constrain(cfg.generator.format, cfg.generator.close_reserve)
         ws = cfg.warmstart
         trained_solver = None
         if args.solver_steps > 0:
-            sft(solver.module.policy, tokenize_pairs(solver, s_pairs, ws.max_len), steps=args.solver_steps,
-                batch_size=ws.batch_size, lr=ws.lr, pad_id=solver.tokenizer.pad_token_id, max_len=ws.max_len,
-                seed=cfg.run.seed, micro_batch_size=ws.micro_batch_size)
+            sft(
+                solver.module.policy,
+                tokenize_pairs(solver, s_pairs, ws.max_len),
+                steps=args.solver_steps,
+                batch_size=ws.batch_size,
+                lr=ws.lr,
+                pad_id=solver.tokenizer.pad_token_id,
+                max_len=ws.max_len,
+                seed=cfg.run.seed,
+                micro_batch_size=ws.micro_batch_size,
+            )
             trained_solver = solver
         examples = tokenize_pairs(generator, g_pairs, ws.max_len)
         print(f"{len(tasks)} tasks, {len(g_pairs)} generator pairs ({len(examples)} fit)", flush=True)
@@ -218,13 +293,20 @@ def main() -> None:
                 return
             policy.eval()
             constraint = generator.constraint
-            for grammar in ([True, False] if constraint is not None else [False]):  # the same weights without it
+            for grammar in [True, False] if constraint is not None else [False]:  # the same weights without it
                 generator.constraint = constraint if grammar else None
                 with torch.random.fork_rng():  # the probe's sampling leaves the SFT's random state alone
-                    summary, rows = probe(cfg, generator, trained_solver, tasks, loop.sb, loop.corpus, args.n,
-                                          f"probe:{cfg.run.seed}")
-                summary = {"seed": cfg.run.seed, "sft_steps": i + 1, "grammar": grammar, "loss": loss,
-                           "sft_s": time.perf_counter() - t0, **summary}
+                    summary, rows = probe(
+                        cfg, generator, trained_solver, tasks, loop.sb, loop.corpus, args.n, f"probe:{cfg.run.seed}"
+                    )
+                summary = {
+                    "seed": cfg.run.seed,
+                    "sft_steps": i + 1,
+                    "grammar": grammar,
+                    "loss": loss,
+                    "sft_s": time.perf_counter() - t0,
+                    **summary,
+                }
                 print(json.dumps(summary), flush=True)
                 out.write(json.dumps(summary) + "\n")
                 out.flush()
@@ -233,8 +315,18 @@ def main() -> None:
             generator.constraint = constraint
             policy.train()
 
-        sft(policy, examples, steps=at[-1], batch_size=ws.batch_size, lr=ws.lr, pad_id=generator.tokenizer.pad_token_id,
-            max_len=ws.max_len, seed=cfg.run.seed, micro_batch_size=ws.micro_batch_size, on_step=on_step)
+        sft(
+            policy,
+            examples,
+            steps=at[-1],
+            batch_size=ws.batch_size,
+            lr=ws.lr,
+            pad_id=generator.tokenizer.pad_token_id,
+            max_len=ws.max_len,
+            seed=cfg.run.seed,
+            micro_batch_size=ws.micro_batch_size,
+            on_step=on_step,
+        )
     finally:
         out.close()
         loop.close()

@@ -76,8 +76,9 @@ class Sizes:
     eval_tokens: int  # answer tokens of each projected evaluation episode
 
 
-FULL = Sizes(batch=8, prompt=256, answer=256, gen_batch=64, gen_new=128, eval_episodes=800,
-             eval_tokens=512)  # configs/gpu_1.5b.yaml's ppo.max_new_tokens
+FULL = Sizes(
+    batch=8, prompt=256, answer=256, gen_batch=64, gen_new=128, eval_episodes=800, eval_tokens=512
+)  # configs/gpu_1.5b.yaml's ppo.max_new_tokens
 TINY = Sizes(batch=4, prompt=12, answer=12, gen_batch=8, gen_new=8, eval_episodes=800, eval_tokens=12)
 
 
@@ -129,9 +130,15 @@ def load_check_config(args: argparse.Namespace, sizes: Sizes, cuda: bool, deepsp
     from selfplay.runtime.config import load_config
 
     cpu = "" if cuda else "_cpu"
-    own = [f"model.dtype={'bfloat16' if cuda else 'float32'}", f"distributed.deepspeed={str(deepspeed).lower()}",
-           f"distributed.zero_config=zero2{cpu}.json", f"ppo.mini_batch_size={sizes.batch}",
-           f"ppo.micro_batch_size={min(sizes.batch, 4)}", "ppo.epochs=1", f"ppo.max_new_tokens={sizes.answer}"]
+    own = [
+        f"model.dtype={'bfloat16' if cuda else 'float32'}",
+        f"distributed.deepspeed={str(deepspeed).lower()}",
+        f"distributed.zero_config=zero2{cpu}.json",
+        f"ppo.mini_batch_size={sizes.batch}",
+        f"ppo.micro_batch_size={min(sizes.batch, 4)}",
+        "ppo.epochs=1",
+        f"ppo.max_new_tokens={sizes.answer}",
+    ]
     return load_config(BASE_CONFIG, [*own, *args.overrides])
 
 
@@ -218,9 +225,14 @@ def build_policy(shape, tokenizer, dtype, device, seed: int):
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
-    config = Qwen2Config(**shape.hf_config(), max_position_embeddings=shape.positions, use_sliding_window=False,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         pad_token_id=tokenizer.pad_token_id)
+    config = Qwen2Config(
+        **shape.hf_config(),
+        max_position_embeddings=shape.positions,
+        use_sliding_window=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     with torch.device(device):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -232,8 +244,13 @@ def single_rank_env() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    for key, value in (("RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1"),
-                       ("MASTER_ADDR", "127.0.0.1")):
+    for key, value in (
+        ("RANK", "0"),
+        ("WORLD_SIZE", "1"),
+        ("LOCAL_RANK", "0"),
+        ("LOCAL_WORLD_SIZE", "1"),
+        ("MASTER_ADDR", "127.0.0.1"),
+    ):
         os.environ.setdefault(key, value)
 
 
@@ -299,8 +316,10 @@ def snapshot(module) -> dict:
 def differences(module, snap: dict) -> dict:
     """Max |difference| of each parameter from `snap`."""
     with whole(module):
-        return {n: (p.detach().float() - snap[n].to(p.device).float()).abs().max().item()
-                for n, p in module.named_parameters()}
+        return {
+            n: (p.detach().float() - snap[n].to(p.device).float()).abs().max().item()
+            for n, p in module.named_parameters()
+        }
 
 
 def optimizer_steps(agent) -> int:
@@ -317,9 +336,13 @@ def optimizer_steps(agent) -> int:
 
 def line_shape(shape, policy, build_s: float) -> Line:
     built = sum(p.numel() for p in policy.parameters())
-    return Line("shape", built == shape.params,
-                f"{shape.name}: {built / 1e6:.1f} M parameters built, plan's shape {shape.params / 1e6:.1f} M "
-                f"({build_s:.1f} s to build)", {"params": built, "plan_params": shape.params, "build_s": build_s})
+    return Line(
+        "shape",
+        built == shape.params,
+        f"{shape.name}: {built / 1e6:.1f} M parameters built, plan's shape {shape.params / 1e6:.1f} M "
+        f"({build_s:.1f} s to build)",
+        {"params": built, "plan_params": shape.params, "build_s": build_s},
+    )
 
 
 def line_ppo(agent, batch, cuda: bool, base: int, backend: str) -> tuple[Line, int]:
@@ -338,15 +361,24 @@ def line_ppo(agent, batch, cuda: bool, base: int, backend: str) -> tuple[Line, i
     bad = [k for k, v in stats.items() if isinstance(v, float) and not math.isfinite(v)]
     expected = math.ceil(len(queries) / agent.cfg.mini_batch_size) * agent.cfg.epochs
     ok = not bad and steps == expected and not unchanged
-    text = (f"{backend}: {seconds:.2f} s, peak {_gb(peak.bytes)}, {len(stats) - len(bad)}/{len(stats)} "
-            f"stats finite{' (' + ', '.join(bad) + ')' if bad else ''}, {steps} optimiser step(s) of {expected}, "
-            f"{len(matrices) - len(unchanged)}/{len(matrices)} weight matrices changed "
-            f"({sum(v > 0 for v in diffs.values())}/{len(diffs)} tensors)")
-    figures = {"backend": backend, "seconds": seconds, "peak_gb": peak.bytes / 1e9, "optimizer_steps": steps,
-               "expected_steps": expected, "nonfinite_stats": len(bad),
-               "changed_matrices": len(matrices) - len(unchanged), "matrices": len(matrices),
-               "tokens": len(queries) * (len(queries[0]) + len(answers[0])),
-               "loss": float(stats.get("loss", float("nan")))}
+    text = (
+        f"{backend}: {seconds:.2f} s, peak {_gb(peak.bytes)}, {len(stats) - len(bad)}/{len(stats)} "
+        f"stats finite{' (' + ', '.join(bad) + ')' if bad else ''}, {steps} optimiser step(s) of {expected}, "
+        f"{len(matrices) - len(unchanged)}/{len(matrices)} weight matrices changed "
+        f"({sum(v > 0 for v in diffs.values())}/{len(diffs)} tensors)"
+    )
+    figures = {
+        "backend": backend,
+        "seconds": seconds,
+        "peak_gb": peak.bytes / 1e9,
+        "optimizer_steps": steps,
+        "expected_steps": expected,
+        "nonfinite_stats": len(bad),
+        "changed_matrices": len(matrices) - len(unchanged),
+        "matrices": len(matrices),
+        "tokens": len(queries) * (len(queries[0]) + len(answers[0])),
+        "loss": float(stats.get("loss", float("nan"))),
+    }
     return Line("ppo_step", ok, text, figures), peak.bytes
 
 
@@ -357,8 +389,14 @@ def planned_update_bytes(cfg, shape, prompt: int) -> dict:
 
     s = run_settings(cfg, PlanOptions(prompt_tokens=prompt))
     st = agent_state(shape, s, "solver", 1)
-    parts = {"weights": st.weights, "reference": st.reference, "value_head": st.critic, "gradients": st.gradients,
-             "optimizer": st.optimizer, "activations": update_activations(shape, s, "solver")}
+    parts = {
+        "weights": st.weights,
+        "reference": st.reference,
+        "value_head": st.critic,
+        "gradients": st.gradients,
+        "optimizer": st.optimizer,
+        "activations": update_activations(shape, s, "solver"),
+    }
     return {**parts, "total": sum(parts.values())}
 
 
@@ -367,13 +405,24 @@ def line_plan(cfg, shape, prompt: int, measured: int, cuda: bool) -> Line:
     ratio = measured / planned["total"] if planned["total"] else float("nan")
     judged = cuda
     ok = _finite(ratio) and ratio > 0 and (not judged or PLAN_BAND[0] <= ratio <= PLAN_BAND[1])
-    where = (f"within {PLAN_BAND[0]:.2f}-{PLAN_BAND[1]:.2f}" if judged else "CPU: RSS growth, shown, not judged")
-    text = (f"memory plan {_gb(planned['total'])} for the update (weights {_gb(planned['weights'])}, "
-            f"optimiser {_gb(planned['optimizer'])}, activations {_gb(planned['activations'])}), measured "
-            f"{_gb(measured)}: ratio {ratio:.2f} ({where})")
-    return Line("plan", ok, text, {"planned_gb": planned["total"] / 1e9, "measured_gb": measured / 1e9,
-                                   "ratio": ratio, "judged": judged,
-                                   **{f"planned_{k}_gb": v / 1e9 for k, v in planned.items() if k != "total"}})
+    where = f"within {PLAN_BAND[0]:.2f}-{PLAN_BAND[1]:.2f}" if judged else "CPU: RSS growth, shown, not judged"
+    text = (
+        f"memory plan {_gb(planned['total'])} for the update (weights {_gb(planned['weights'])}, "
+        f"optimiser {_gb(planned['optimizer'])}, activations {_gb(planned['activations'])}), measured "
+        f"{_gb(measured)}: ratio {ratio:.2f} ({where})"
+    )
+    return Line(
+        "plan",
+        ok,
+        text,
+        {
+            "planned_gb": planned["total"] / 1e9,
+            "measured_gb": measured / 1e9,
+            "ratio": ratio,
+            "judged": judged,
+            **{f"planned_{k}_gb": v / 1e9 for k, v in planned.items() if k != "total"},
+        },
+    )
 
 
 def push_into(agent, receiver) -> tuple[float, int, int, float]:
@@ -401,9 +450,13 @@ def push_into(agent, receiver) -> tuple[float, int, int, float]:
 def line_sync(agent, receiver) -> Line:
     seconds, loaded, total, diff = push_into(agent, receiver)
     ok = loaded == total and diff == 0
-    return Line("weight_sync", ok, f"gathered + policy_weights into a stand-in receiver by name: {loaded}/{total} "
-                f"tensors loaded, max difference {diff:g}, {seconds:.2f} s",
-                {"seconds": seconds, "loaded": loaded, "tensors": total, "max_diff": diff})
+    return Line(
+        "weight_sync",
+        ok,
+        f"gathered + policy_weights into a stand-in receiver by name: {loaded}/{total} "
+        f"tensors loaded, max difference {diff:g}, {seconds:.2f} s",
+        {"seconds": seconds, "loaded": loaded, "tensors": total, "max_diff": diff},
+    )
 
 
 def line_generate(agent, sizes: Sizes, cuda: bool, base: int) -> Line:
@@ -426,11 +479,22 @@ def line_generate(agent, sizes: Sizes, cuda: bool, base: int) -> Line:
     eval_tokens = sizes.eval_tokens
     projected = sizes.eval_episodes * eval_tokens / rate
     ok = full == len(samples) and _finite(rate) and rate > 0
-    return Line("generate", ok, f"batch {sizes.gen_batch} x {sizes.gen_new} tokens: {rate:.0f} tokens/s, peak "
-                f"{_gb(peak.bytes)}, {full}/{len(samples)} answers full; an evaluation of "
-                f"{sizes.eval_episodes} episodes x {eval_tokens} tokens: {projected / 60:.1f} min at that rate",
-                {"tokens_per_s": rate, "seconds": seconds, "peak_gb": peak.bytes / 1e9, "full_answers": full,
-                 "eval_episodes": sizes.eval_episodes, "eval_tokens": eval_tokens, "eval_projected_s": projected})
+    return Line(
+        "generate",
+        ok,
+        f"batch {sizes.gen_batch} x {sizes.gen_new} tokens: {rate:.0f} tokens/s, peak "
+        f"{_gb(peak.bytes)}, {full}/{len(samples)} answers full; an evaluation of "
+        f"{sizes.eval_episodes} episodes x {eval_tokens} tokens: {projected / 60:.1f} min at that rate",
+        {
+            "tokens_per_s": rate,
+            "seconds": seconds,
+            "peak_gb": peak.bytes / 1e9,
+            "full_answers": full,
+            "eval_episodes": sizes.eval_episodes,
+            "eval_tokens": eval_tokens,
+            "eval_projected_s": projected,
+        },
+    )
 
 
 def _folder_gb(folder: Path) -> float:
@@ -464,13 +528,27 @@ def line_checkpoint(agent, folder: Path, dtype) -> Line:
     hf_diff = max(differences(copy, snap).values())
     missing = set(snap) - {n for n, _ in copy.named_parameters()}
     ok = engine_diff == 0 and hf_diff == 0 and not missing and optimizer_steps(agent) == steps
-    how = (f"DeepSpeed checkpoint: weights zeroed then restored (max difference {engine_diff:g}, load {load_s:.1f} s)"
-           if deepspeed else f"torch optimiser and trainer state reloaded ({load_s:.1f} s)")
-    return Line("checkpoint", ok, f"{how}; Hugging Face copy read back: max difference {hf_diff:g} "
-                f"({hf_s:.1f} s); {_folder_gb(folder):.3g} GB written in {save_s:.1f} s",
-                {"deepspeed": deepspeed, "engine_max_diff": engine_diff, "hf_max_diff": hf_diff,
-                 "missing_tensors": len(missing), "save_s": save_s, "load_s": load_s, "hf_load_s": hf_s,
-                 "written_gb": _folder_gb(folder)})
+    how = (
+        f"DeepSpeed checkpoint: weights zeroed then restored (max difference {engine_diff:g}, load {load_s:.1f} s)"
+        if deepspeed
+        else f"torch optimiser and trainer state reloaded ({load_s:.1f} s)"
+    )
+    return Line(
+        "checkpoint",
+        ok,
+        f"{how}; Hugging Face copy read back: max difference {hf_diff:g} "
+        f"({hf_s:.1f} s); {_folder_gb(folder):.3g} GB written in {save_s:.1f} s",
+        {
+            "deepspeed": deepspeed,
+            "engine_max_diff": engine_diff,
+            "hf_max_diff": hf_diff,
+            "missing_tensors": len(missing),
+            "save_s": save_s,
+            "load_s": load_s,
+            "hf_load_s": hf_s,
+            "written_gb": _folder_gb(folder),
+        },
+    )
 
 
 def line_zero3(cfg3, shape, tokenizer, batch, cuda: bool, base: int) -> Line:
@@ -492,13 +570,23 @@ def line_zero3(cfg3, shape, tokenizer, batch, cuda: bool, base: int) -> Line:
     finally:
         release(agent, receiver)
     ok = ppo.ok and stage == 3 and loaded == total and diff == 0
-    text = (f"one rank ({_gb(left)} held before it), {ppo.text}; whole-model gather (the project has no "
-            f"per-parameter gather yet): peak {_gb(peak.bytes)} ({_gb(peak.bytes - before)} over the {_gb(before)} "
-            f"held), {loaded}/{total} tensors pushed, max difference {diff:g}, {seconds:.2f} s")
-    figures = {**{f"step_{k}": v for k, v in ppo.figures.items()}, "stage": stage, "gather": "whole model",
-               "gather_peak_gb": peak.bytes / 1e9, "gather_growth_gb": (peak.bytes - before) / 1e9,
-               "held_before_gb": left / 1e9, "gather_s": seconds, "loaded": loaded, "tensors": total,
-               "max_diff": diff}
+    text = (
+        f"one rank ({_gb(left)} held before it), {ppo.text}; whole-model gather (the project has no "
+        f"per-parameter gather yet): peak {_gb(peak.bytes)} ({_gb(peak.bytes - before)} over the {_gb(before)} "
+        f"held), {loaded}/{total} tensors pushed, max difference {diff:g}, {seconds:.2f} s"
+    )
+    figures = {
+        **{f"step_{k}": v for k, v in ppo.figures.items()},
+        "stage": stage,
+        "gather": "whole model",
+        "gather_peak_gb": peak.bytes / 1e9,
+        "gather_growth_gb": (peak.bytes - before) / 1e9,
+        "held_before_gb": left / 1e9,
+        "gather_s": seconds,
+        "loaded": loaded,
+        "tensors": total,
+        "max_diff": diff,
+    }
     return Line("zero3", ok, text, figures)
 
 
@@ -561,9 +649,15 @@ def agent_lines(st: Setting, emit) -> None:
         agent = build_agent(st.cfg, policy, st.tokenizer)
     except Exception as exc:  # noqa: BLE001 - no agent: its lines FAIL, naming why
         hint = " (CHECK_ARGS=--no-deepspeed runs them in plain torch)" if st.cfg.distributed.deepspeed else ""
-        for name in LINES[int(shaped):-1]:
-            emit(Line(name, False, f"not run: the agent was not built: {first_line(exc)}{hint}",
-                      {"error": first_line(exc)}))
+        for name in LINES[int(shaped) : -1]:
+            emit(
+                Line(
+                    name,
+                    False,
+                    f"not run: the agent was not built: {first_line(exc)}{hint}",
+                    {"error": first_line(exc)},
+                )
+            )
         return
     try:
         batch = rollouts(st.sizes, st.shape.vocab, st.cfg.run.seed)
@@ -639,12 +733,23 @@ def run_checks(args: argparse.Namespace) -> dict:
     zero3_line(st, emit)
     wall = time.perf_counter() - started
     passed = all(line.ok for line in lines)
-    print(f"{'PASS' if passed else 'FAIL'}  {'all':<11} {sum(x.ok for x in lines)}/{len(lines)} lines pass in "
-          f"{wall:.0f} s", flush=True)
-    return {"device": device_name, "shape": shape.name, "params": shape.params, "dtype": str(cfg.model.dtype),
-            "deepspeed": deepspeed, "backend": backend, "sizes": sizes.__dict__,
-            "lines": {x.name: {"ok": x.ok, "text": x.text, **x.figures} for x in lines}, "passed": passed,
-            "wall_s": wall}
+    print(
+        f"{'PASS' if passed else 'FAIL'}  {'all':<11} {sum(x.ok for x in lines)}/{len(lines)} lines pass in "
+        f"{wall:.0f} s",
+        flush=True,
+    )
+    return {
+        "device": device_name,
+        "shape": shape.name,
+        "params": shape.params,
+        "dtype": str(cfg.model.dtype),
+        "deepspeed": deepspeed,
+        "backend": backend,
+        "sizes": sizes.__dict__,
+        "lines": {x.name: {"ok": x.ok, "text": x.text, **x.figures} for x in lines},
+        "passed": passed,
+        "wall_s": wall,
+    }
 
 
 def run(args: argparse.Namespace) -> int:

@@ -24,10 +24,26 @@ import copy
 from dataclasses import dataclass
 
 # operator -> its mutation; chosen to change behaviour without making programs slow or memory hungry
-_BINOP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Add, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
-          ast.Mod: ast.FloorDiv}
-_CMPOP = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq,
-          ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_BINOP = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Add,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+}
+_CMPOP = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _BOOLOP = {ast.And: ast.Or, ast.Or: ast.And}
 
 
@@ -78,8 +94,9 @@ def load_programs(limit: int | None = None) -> list[Program]:
             programs.append(Program(p["task_id"], "mutant", {**p, "prompt": mutated}, ""))
         for kind, exit_code in EARLY_EXITS.items():
             programs.append(Program(p["task_id"], kind, p, exit_code + p["canonical_solution"]))
-        programs.append(Program(p["task_id"], "exit_import", p,
-                                p["canonical_solution"] + "\n\nimport sys\nsys.exit(0)\n"))
+        programs.append(
+            Program(p["task_id"], "exit_import", p, p["canonical_solution"] + "\n\nimport sys\nsys.exit(0)\n")
+        )
     return programs
 
 

@@ -15,14 +15,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens per sequence")
     parser.add_argument("--response-len", type=int, default=64, help="sampled tokens per sequence")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats (medians are reported)")
-    parser.add_argument("--threads", type=int, nargs="+", default=[0],
-                        help="torch intra-op threads to compare (0 = torch's default)")
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[0], help="torch intra-op threads to compare (0 = torch's default)"
+    )
     parser.add_argument("--json", metavar="OUT", help="write the results as JSON")
 
 
 def run(args: argparse.Namespace) -> int:
-    from selfplay.runtime.errors import UserError
     from selfplay.rl.ppo import bench
+    from selfplay.runtime.errors import UserError
 
     if min(args.batch, args.prompt_len, args.response_len, args.repeats) < 1 or args.batch < 2:
         raise UserError("--batch must be >= 2 and --prompt-len, --response-len, --repeats >= 1")

@@ -31,9 +31,9 @@ import time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
-from selfplay.runtime.config import PPOConfig
 from selfplay.models.factory import ActorCritic
 from selfplay.rl.ppo import PPOTrainer
+from selfplay.runtime.config import PPOConfig
 from selfplay.runtime.memory_plan import KNOWN_SHAPES, MIXED_STATE_BYTES
 
 # the presets' shapes come from the memory plan's table (selfplay/runtime/memory_plan.py), whose activation
@@ -41,14 +41,29 @@ from selfplay.runtime.memory_plan import KNOWN_SHAPES, MIXED_STATE_BYTES
 SHAPES = {
     "1.5b": KNOWN_SHAPES["qwen2.5-coder-1.5b"].hf_config(),
     "7b": KNOWN_SHAPES["qwen2.5-coder-7b"].hf_config(),
-    "test": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=1000, tie_word_embeddings=True),
+    "test": dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1000,
+        tie_word_embeddings=True,
+    ),
 }
 GB = 2**30
 
 
-def measure(shape: str, micro_batch: int, seq_len: int, answer_len: int, checkpointing: bool, device: str,
-            layers: int = 0, steps: int = 2) -> dict:
+def measure(
+    shape: str,
+    micro_batch: int,
+    seq_len: int,
+    answer_len: int,
+    checkpointing: bool,
+    device: str,
+    layers: int = 0,
+    steps: int = 2,
+) -> dict:
     cuda = device.startswith("cuda")
     if cuda:
         torch.cuda.empty_cache()
@@ -93,11 +108,21 @@ def measure(shape: str, micro_batch: int, seq_len: int, answer_len: int, checkpo
     peak = (torch.cuda.max_memory_allocated() - base) / GB if cuda else float("nan")
     step_s = min(times[1:] or times)
     del model, policy, trainer
-    return {"shape": shape, "layers": dims["num_hidden_layers"], "params_b": params / 1e9, "micro_batch": micro_batch,
-            "seq_len": seq_len, "answer_len": answer_len, "gradient_checkpointing": checkpointing,
-            "weights_gb": weights, "saved_for_backward_gb": saved[0] / GB, "peak_update_gb": peak,
-            "adamw_fp32_states_gb": params * MIXED_STATE_BYTES / GB, "update_s": step_s,
-            "update_tokens_per_s": micro_batch * seq_len / step_s}
+    return {
+        "shape": shape,
+        "layers": dims["num_hidden_layers"],
+        "params_b": params / 1e9,
+        "micro_batch": micro_batch,
+        "seq_len": seq_len,
+        "answer_len": answer_len,
+        "gradient_checkpointing": checkpointing,
+        "weights_gb": weights,
+        "saved_for_backward_gb": saved[0] / GB,
+        "peak_update_gb": peak,
+        "adamw_fp32_states_gb": params * MIXED_STATE_BYTES / GB,
+        "update_s": step_s,
+        "update_tokens_per_s": micro_batch * seq_len / step_s,
+    }
 
 
 def main() -> None:

@@ -12,9 +12,14 @@ import statistics
 
 from selfplay.runtime.tb import read_scalars
 
-PANELS = [("solver/pass_rate", "solver pass rate (training batch)"), ("solver/reward_mean", "solver reward"),
-          ("ppo/solver/kl", "KL to the reference, per token"), ("ppo/solver/entropy", "entropy, per token"),
-          ("ppo/solver/policy_loss", "policy loss"), ("ppo/solver/grad_norm", "gradient norm (before clipping)")]
+PANELS = [
+    ("solver/pass_rate", "solver pass rate (training batch)"),
+    ("solver/reward_mean", "solver reward"),
+    ("ppo/solver/kl", "KL to the reference, per token"),
+    ("ppo/solver/entropy", "entropy, per token"),
+    ("ppo/solver/policy_loss", "policy loss"),
+    ("ppo/solver/grad_norm", "gradient norm (before clipping)"),
+]
 
 
 def main() -> None:

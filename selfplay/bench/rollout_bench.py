@@ -27,8 +27,12 @@ SHAPES = ("config", "llama-135m")
 
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", nargs="?", default=None, help="config file (default configs/tiny.yaml)")
-    parser.add_argument("overrides", nargs="*", default=[], help="key=value config overrides (after CONFIG, before "
-                        "the options), e.g. model.n_layer=2")
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        default=[],
+        help="key=value config overrides (after CONFIG, before the options), e.g. model.n_layer=2",
+    )
     parser.add_argument("--engines", nargs="+", default=["hf", "vllm"], help="engines to run: hf, vllm")
     parser.add_argument("--shape", default="config", help=f"model shape: {' | '.join(SHAPES)}")
     parser.add_argument("--batch", type=int, default=32, help="answers per batch")
@@ -45,20 +49,48 @@ def build_policy(cfg, shape: str):
 
     torch.manual_seed(cfg.run.seed)
     if shape == "llama-135m":
-        return LlamaForCausalLM(LlamaConfig(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                            num_attention_heads=9, num_key_value_heads=3, vocab_size=49152,
-                                            max_position_embeddings=2048, tie_word_embeddings=True,
-                                            bos_token_id=1, eos_token_id=2, pad_token_id=0))
+        return LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=576,
+                intermediate_size=1536,
+                num_hidden_layers=30,
+                num_attention_heads=9,
+                num_key_value_heads=3,
+                vocab_size=49152,
+                max_position_embeddings=2048,
+                tie_word_embeddings=True,
+                bos_token_id=1,
+                eos_token_id=2,
+                pad_token_id=0,
+            )
+        )
     m = cfg.model
     ids = dict(vocab_size=m.vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=0)
     if m.arch == "gpt2":
-        return GPT2LMHeadModel(GPT2Config(n_layer=m.n_layer, n_embd=m.n_embd, n_head=m.n_head,
-                                          n_positions=m.max_positions, resid_pdrop=0.0, embd_pdrop=0.0,
-                                          attn_pdrop=0.0, **ids))
-    return LlamaForCausalLM(LlamaConfig(hidden_size=m.n_embd, intermediate_size=4 * m.n_embd,
-                                        num_hidden_layers=m.n_layer, num_attention_heads=m.n_head,
-                                        num_key_value_heads=m.n_head, max_position_embeddings=m.max_positions,
-                                        tie_word_embeddings=True, **ids))
+        return GPT2LMHeadModel(
+            GPT2Config(
+                n_layer=m.n_layer,
+                n_embd=m.n_embd,
+                n_head=m.n_head,
+                n_positions=m.max_positions,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                **ids,
+            )
+        )
+    return LlamaForCausalLM(
+        LlamaConfig(
+            hidden_size=m.n_embd,
+            intermediate_size=4 * m.n_embd,
+            num_hidden_layers=m.n_layer,
+            num_attention_heads=m.n_head,
+            num_key_value_heads=m.n_head,
+            max_position_embeddings=m.max_positions,
+            tie_word_embeddings=True,
+            **ids,
+        )
+    )
 
 
 def _rss_gb() -> float:
@@ -90,8 +122,13 @@ def bench_hf(policy, prompts, new: int, repeats: int) -> dict:
         samples = generate(policy, prompts, max_new_tokens=new, **kw)
         times.append(time.perf_counter() - t0)
         assert all(len(s.tokens) == new for s in samples)
-    return {"start_s": 0.0, "first_token_s": first, "tokens_per_s": len(prompts) * new / statistics.median(times),
-            "peak_mem_growth_gb": _memory_gb() - m0, "weight_sync_s": 0.0}
+    return {
+        "start_s": 0.0,
+        "first_token_s": first,
+        "tokens_per_s": len(prompts) * new / statistics.median(times),
+        "peak_mem_growth_gb": _memory_gb() - m0,
+        "weight_sync_s": 0.0,
+    }
 
 
 def bench_vllm(policy, prompts, new: int, repeats: int, cfg) -> dict:
@@ -103,8 +140,9 @@ def bench_vllm(policy, prompts, new: int, repeats: int, cfg) -> dict:
         policy.save_pretrained(d)
         m0 = _memory_gb()
         t0 = time.perf_counter()
-        llm = vllm.LLM(**llm_kwargs(d, cfg.rollout, seed=cfg.run.seed, max_len=len(prompts[0]) + new + 1,
-                                    skip_tokenizer_init=True))
+        llm = vllm.LLM(
+            **llm_kwargs(d, cfg.rollout, seed=cfg.run.seed, max_len=len(prompts[0]) + new + 1, skip_tokenizer_init=True)
+        )
         start = time.perf_counter() - t0
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -112,8 +150,20 @@ def bench_vllm(policy, prompts, new: int, repeats: int, cfg) -> dict:
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
 
     def run(n):
-        return llm.generate(batch, SamplingParams(temperature=1.0, top_p=1.0, top_k=0, max_tokens=n, min_tokens=n,
-                                                  ignore_eos=True, detokenize=False, logprobs=0), use_tqdm=False)
+        return llm.generate(
+            batch,
+            SamplingParams(
+                temperature=1.0,
+                top_p=1.0,
+                top_k=0,
+                max_tokens=n,
+                min_tokens=n,
+                ignore_eos=True,
+                detokenize=False,
+                logprobs=0,
+            ),
+            use_tqdm=False,
+        )
 
     run(1)  # warm-up (the first call builds the engine's schedules)
     t0 = time.perf_counter()
@@ -132,9 +182,14 @@ def bench_vllm(policy, prompts, new: int, repeats: int, cfg) -> dict:
         t0 = time.perf_counter()
         push_weights(llm, method, weights, Path(cfg.rollout.sync_dir) / f"selfplay-bench-{os.getpid()}")
         syncs.append(time.perf_counter() - t0)
-    return {"start_s": start, "first_token_s": first, "tokens_per_s": len(prompts) * new / statistics.median(times),
-            "peak_mem_growth_gb": _memory_gb() - m0, "weight_sync_s": statistics.median(syncs),
-            "sync_method": method}
+    return {
+        "start_s": start,
+        "first_token_s": first,
+        "tokens_per_s": len(prompts) * new / statistics.median(times),
+        "peak_mem_growth_gb": _memory_gb() - m0,
+        "weight_sync_s": statistics.median(syncs),
+        "sync_method": method,
+    }
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,20 +214,37 @@ def run(args: argparse.Namespace) -> int:
     params = sum(p.numel() for p in policy.parameters())
     gen = torch.Generator().manual_seed(cfg.run.seed)
     prompts = torch.randint(3, policy.config.vocab_size, (args.batch, args.prompt_len), generator=gen).tolist()
-    out = {"shape": args.shape, "params_m": params / 1e6, "batch": args.batch, "prompt_len": args.prompt_len,
-           "new_tokens": args.new, "repeats": args.repeats, "torch_threads": torch.get_num_threads(),
-           "device": "cuda" if torch.cuda.is_available() else "cpu", "engines": {}}
+    out = {
+        "shape": args.shape,
+        "params_m": params / 1e6,
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new,
+        "repeats": args.repeats,
+        "torch_threads": torch.get_num_threads(),
+        "device": "cuda" if torch.cuda.is_available() else "cpu",
+        "engines": {},
+    }
     if torch.cuda.is_available():
         policy.to("cuda")
-    print(f"== {args.shape}: {params / 1e6:.1f} M parameters, batch {args.batch}, {args.prompt_len} prompt + "
-          f"{args.new} new tokens")
+    print(
+        f"== {args.shape}: {params / 1e6:.1f} M parameters, batch {args.batch}, {args.prompt_len} prompt + "
+        f"{args.new} new tokens"
+    )
     for name in args.engines:
-        r = bench_hf(policy, prompts, args.new, args.repeats) if name == "hf" else bench_vllm(
-            policy.cpu() if not torch.cuda.is_available() else policy, prompts, args.new, args.repeats, cfg)
+        r = (
+            bench_hf(policy, prompts, args.new, args.repeats)
+            if name == "hf"
+            else bench_vllm(
+                policy.cpu() if not torch.cuda.is_available() else policy, prompts, args.new, args.repeats, cfg
+            )
+        )
         out["engines"][name] = r
-        print(f"{name:>5}: {r['tokens_per_s']:9.1f} tokens/s, first token {r['first_token_s']:.3f} s, start "
-              f"{r['start_s']:.1f} s, peak memory +{r['peak_mem_growth_gb']:.2f} GB, weight sync "
-              f"{r['weight_sync_s']:.3f} s")
+        print(
+            f"{name:>5}: {r['tokens_per_s']:9.1f} tokens/s, first token {r['first_token_s']:.3f} s, start "
+            f"{r['start_s']:.1f} s, peak memory +{r['peak_mem_growth_gb']:.2f} GB, weight sync "
+            f"{r['weight_sync_s']:.3f} s"
+        )
     if {"hf", "vllm"} <= set(out["engines"]):
         out["ratio_vllm_hf"] = out["engines"]["vllm"]["tokens_per_s"] / out["engines"]["hf"]["tokens_per_s"]
         print(f"vllm / hf tokens/s: {out['ratio_vllm_hf']:.2f}x")

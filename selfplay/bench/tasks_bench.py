@@ -36,8 +36,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from generator.build import BuildConfig, BuildStats, generate_tasks, levels_for, materialise, sample_params
     import sandbox
+    from generator.build import BuildConfig, BuildStats, generate_tasks, levels_for, materialise, sample_params
 
     if args.n <= 0 or args.repeats <= 0:
         raise UserError("--n and --repeats must be > 0")
@@ -61,24 +61,40 @@ def run(args: argparse.Namespace) -> int:
             for _ in range(stats.attempted):
                 materialise(sample_params(rng, rng.choice(levels), args.split, cfg), args.split)
             pure_rates.append(stats.attempted / (time.perf_counter() - start))
-            print(f"repeat {r}: {stats.valid} valid of {stats.attempted} drawn in {stats.seconds:.2f} s "
-                  f"-> {stats.tasks_per_s:.1f} valid tasks/s", flush=True)
+            print(
+                f"repeat {r}: {stats.valid} valid of {stats.attempted} drawn in {stats.seconds:.2f} s "
+                f"-> {stats.tasks_per_s:.1f} valid tasks/s",
+                flush=True,
+            )
         workers = sb.stats().get("workers", args.workers or "auto")
     median, pure = statistics.median(rates), statistics.median(pure_rates)
     total_rejected = sum(rejections.values())
-    print(f"\nvalid tasks/s (median of {args.repeats}, split={args.split}, level={args.level or 'mix'}): "
-          f"{median:.1f}")
-    print(f"candidates drawn and written without the sandbox: {pure:.0f}/s "
-          f"(sandbox validation makes generation {pure / median:.0f}x slower than drawing alone)")
+    print(f"\nvalid tasks/s (median of {args.repeats}, split={args.split}, level={args.level or 'mix'}): {median:.1f}")
+    print(
+        f"candidates drawn and written without the sandbox: {pure:.0f}/s "
+        f"(sandbox validation makes generation {pure / median:.0f}x slower than drawing alone)"
+    )
     print(f"acceptance rate: {statistics.median(accept):.1%}")
     print("rejection reasons (first failed check):")
     for reason, count in rejections.most_common():
         print(f"  {reason:14s} {count:6d}  {count / max(1, total_rejected):6.1%}  e.g. {examples[reason][:90]}")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"valid_tasks_per_s": rates, "median_valid_tasks_per_s": median,
-                       "pure_candidates_per_s": pure_rates, "acceptance": accept, "rejections": dict(rejections),
-                       "n": args.n, "split": args.split, "level": args.level, "workers": workers}, fh, indent=2)
+            json.dump(
+                {
+                    "valid_tasks_per_s": rates,
+                    "median_valid_tasks_per_s": median,
+                    "pure_candidates_per_s": pure_rates,
+                    "acceptance": accept,
+                    "rejections": dict(rejections),
+                    "n": args.n,
+                    "split": args.split,
+                    "level": args.level,
+                    "workers": workers,
+                },
+                fh,
+                indent=2,
+            )
         print(f"wrote {args.json}")
     return 0
 

@@ -37,16 +37,16 @@ def _rss_mb() -> float:
 def run_arm(arm: str, prompt_len: int, repeats: int, seed: int) -> dict:
     import torch
 
-    from selfplay.models.factory import (ActorCritic, attach_lora, frozen_copy, load_model_and_tokenizer,
-                                         lora_settings)
+    from selfplay.models.factory import ActorCritic, attach_lora, frozen_copy, load_model_and_tokenizer, lora_settings
     from selfplay.rl.ppo import PPOTrainer
     from selfplay.runtime.config import load_config
 
     path, *overrides = arm.split(":")
     cfg = load_config(path, overrides=overrides)
     torch.set_num_threads(cfg.run.torch_threads or torch.get_num_threads())
-    policy, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, local_files_only=cfg.model.local_files_only,
-                                                 dtype=cfg.model.dtype)
+    policy, tokenizer = load_model_and_tokenizer(
+        cfg.model.name_or_path, local_files_only=cfg.model.local_files_only, dtype=cfg.model.dtype
+    )
     reference = frozen_copy(policy)  # the warm-started weights: the KL reference (and, with LoRA, the base)
     lora = lora_settings(cfg.model, "solver", n_layers=getattr(policy.config, "num_hidden_layers", None))
     if lora is not None:
@@ -90,16 +90,27 @@ def run_arm(arm: str, prompt_len: int, repeats: int, seed: int) -> dict:
     median = statistics.median(later)
     tokens = len(queries) * (prompt_len + answer_len)
     return {
-        "arm": arm, "answers": len(queries), "prompt_len": prompt_len, "answer_len": answer_len,
-        "threads": torch.get_num_threads(), "lora_r": cfg.model.lora.r if lora is not None else 0,
+        "arm": arm,
+        "answers": len(queries),
+        "prompt_len": prompt_len,
+        "answer_len": answer_len,
+        "threads": torch.get_num_threads(),
+        "lora_r": cfg.model.lora.r if lora is not None else 0,
         "lora_layers": cfg.model.lora.layers if lora is not None else 0,
-        "advantage": cfg.ppo.advantage, "epochs": cfg.ppo.epochs, "mini_batch_size": cfg.ppo.mini_batch_size,
-        "kl_coef": cfg.ppo.kl_coef, "kl_metric": cfg.ppo.kl_metric,
+        "advantage": cfg.ppo.advantage,
+        "epochs": cfg.ppo.epochs,
+        "mini_batch_size": cfg.ppo.mini_batch_size,
+        "kl_coef": cfg.ppo.kl_coef,
+        "kl_metric": cfg.ppo.kl_metric,
         "old_pass_reused": trainer.reuses_forward(len(queries)),
         "trainable_params": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "first_update_s": times[0], "update_s": median, "scoring_s": statistics.median(later_scoring),
+        "first_update_s": times[0],
+        "update_s": median,
+        "scoring_s": statistics.median(later_scoring),
         "optimise_s": statistics.median(t - s for t, s in zip(later, later_scoring)),
-        "updates_s": times, "tokens_per_s": tokens / median, "process_peak_rss_mb": _rss_mb(),
+        "updates_s": times,
+        "tokens_per_s": tokens / median,
+        "process_peak_rss_mb": _rss_mb(),
     }
 
 
@@ -113,18 +124,25 @@ def run(args: argparse.Namespace) -> int:
         print(f"== {arm}", flush=True)
         r = run_arm(arm, args.prompt_len, args.repeats, args.seed)
         results.append(r)
-        print(f"   {r['answers']} answers x ({r['prompt_len']} + {r['answer_len']}) tokens, {r['threads']} threads, "
-              f"lora r={r['lora_r']} layers={r['lora_layers'] or 'all'}, {r['advantage']}, old pass reused: "
-              f"{r['old_pass_reused']}, kl_coef {r['kl_coef']}, kl_metric {r['kl_metric']}")
-        print(f"   update {r['update_s']:.1f} s (scoring {r['scoring_s']:.1f}, optimisation {r['optimise_s']:.1f}; "
-              f"first {r['first_update_s']:.1f}), {r['trainable_params'] / 1e6:.2f} M trainable, "
-              f"process peak RSS so far {r['process_peak_rss_mb']:.0f} MB", flush=True)
+        print(
+            f"   {r['answers']} answers x ({r['prompt_len']} + {r['answer_len']}) tokens, {r['threads']} threads, "
+            f"lora r={r['lora_r']} layers={r['lora_layers'] or 'all'}, {r['advantage']}, old pass reused: "
+            f"{r['old_pass_reused']}, kl_coef {r['kl_coef']}, kl_metric {r['kl_metric']}"
+        )
+        print(
+            f"   update {r['update_s']:.1f} s (scoring {r['scoring_s']:.1f}, optimisation {r['optimise_s']:.1f}; "
+            f"first {r['first_update_s']:.1f}), {r['trainable_params'] / 1e6:.2f} M trainable, "
+            f"process peak RSS so far {r['process_peak_rss_mb']:.0f} MB",
+            flush=True,
+        )
     base = results[0]["update_s"]
     print("\n| arm | update s (median) | scoring s | optimisation s | speed vs first |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for r in results:
-        print(f"| `{r['arm']}` | {r['update_s']:.1f} | {r['scoring_s']:.1f} | {r['optimise_s']:.1f} | "
-              f"{base / r['update_s']:.2f}x |")
+        print(
+            f"| `{r['arm']}` | {r['update_s']:.1f} | {r['scoring_s']:.1f} | {r['optimise_s']:.1f} | "
+            f"{base / r['update_s']:.2f}x |"
+        )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

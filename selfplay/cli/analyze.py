@@ -39,16 +39,25 @@ def configure(parser: argparse.ArgumentParser) -> None:
     p.add_argument("warmstart", metavar="WARMSTART", help="the warm start's run folder (its heldout.jsonl)")
     p.add_argument("runs", metavar="RUN", nargs="+", help="RL run folders (or `selfplay eval --json` files)")
     p.add_argument("--step", type=int, required=True, help="the iteration to read (a held-out evaluation there)")
-    p.add_argument("--against", metavar="RUN", nargs="+", default=[],
-                   help="control runs: each run is paired with the control of its seed at --step instead")
+    p.add_argument(
+        "--against",
+        metavar="RUN",
+        nargs="+",
+        default=[],
+        help="control runs: each run is paired with the control of its seed at --step instead",
+    )
     p.add_argument("--before", metavar="EVAL.json", help="pair every run with this evaluation instead")
-    p.add_argument("--unseen", metavar="TASKS.jsonl",
-                   help="one more subset: held-out tasks whose program is not in this file")
+    p.add_argument(
+        "--unseen", metavar="TASKS.jsonl", help="one more subset: held-out tasks whose program is not in this file"
+    )
     p.add_argument("--forest", metavar="PNG", help="a figure of every change with its 95 %% interval")
     p.add_argument("--plot", metavar="PNG", help="training pass rate beside held-out greedy pass@1, per run")
     p.add_argument("--json", metavar="FILE", help="write the changes as JSON rows")
-    p.add_argument("--evaluate", action="store_true",
-                   help="run the warm start's missing seeded evaluations (WARMSTART/../ws_seedK.json) first")
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="run the warm start's missing seeded evaluations (WARMSTART/../ws_seedK.json) first",
+    )
 
 
 def run(args) -> int:
@@ -58,11 +67,20 @@ def run(args) -> int:
     if args.evaluate and not args.before and not args.against:
         for seed in sorted({run_seed(r, args.step) for r in runs} - {0}):
             evaluate_warmstart(warmstart, seed)
-    rows = paired(warmstart, args.step, runs, [Path(c) for c in args.against],
-                  Path(args.unseen) if args.unseen else None, Path(args.before) if args.before else None)
+    rows = paired(
+        warmstart,
+        args.step,
+        runs,
+        [Path(c) for c in args.against],
+        Path(args.unseen) if args.unseen else None,
+        Path(args.before) if args.before else None,
+    )
     if args.json:
-        Path(args.json).write_text(json.dumps([dict(zip(("run", "subset", "metric", "change", "ci_low", "ci_high"),
-                                                        r)) for r in rows], indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                [dict(zip(("run", "subset", "metric", "change", "ci_low", "ci_high"), r)) for r in rows], indent=1
+            )
+        )
         print(f"wrote {args.json}")
     if args.forest:
         versus = args.before or ("its control (same seed)" if args.against else "the warm start")
@@ -100,8 +118,10 @@ def per_task(run: Path, step: int) -> dict:
         return json.loads(run.read_text())["heldout"]["per_task"]["test"]
     st = state(run, step)
     if step != 0 and str(step) not in st["evals"]:
-        raise UserError(f"--step {step}: {run} has no held-out evaluation at iteration {step} "
-                        f"(it has: {', '.join(st['evals']) or 'none'})")
+        raise UserError(
+            f"--step {step}: {run} has no held-out evaluation at iteration {step} "
+            f"(it has: {', '.join(st['evals']) or 'none'})"
+        )
     evaluation = st["eval_before"] if step == 0 else st["evals"][str(step)]
     return evaluation["per_task"]["test"]
 
@@ -125,8 +145,21 @@ def evaluate_warmstart(warmstart: Path, seed: int) -> None:
         return
     tmp = path.with_name(f".{path.name}.partial")
     print(f"evaluating {warmstart} with sampling seed {seed} -> {path}", flush=True)
-    cmd = [sys.executable, "-m", "selfplay", "eval", str(warmstart), "--suite", "heldout", "--seed", str(seed),
-           "--json", str(tmp), "--plot", str(path.with_suffix(".png"))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "selfplay",
+        "eval",
+        str(warmstart),
+        "--suite",
+        "heldout",
+        "--seed",
+        str(seed),
+        "--json",
+        str(tmp),
+        "--plot",
+        str(path.with_suffix(".png")),
+    ]
     if subprocess.run(cmd).returncode != 0:
         raise UserError(f"--evaluate: `{' '.join(cmd[2:])}` failed")
     tmp.replace(path)
@@ -151,8 +184,14 @@ def subsets(warmstart: Path, unseen: Path | None = None) -> list[tuple[str, set]
     return out
 
 
-def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (), unseen: Path | None = None,
-           before_eval: Path | None = None) -> list[tuple]:
+def paired(
+    warmstart: Path,
+    step: int,
+    runs: list[Path],
+    against: list[Path] = (),
+    unseen: Path | None = None,
+    before_eval: Path | None = None,
+) -> list[tuple]:
     """Prints the changes and returns them: (label, subset, metric name, change, ci low, ci high) per line."""
     import numpy as np
 
@@ -167,8 +206,13 @@ def paired(warmstart: Path, step: int, runs: list[Path], against: list[Path] = (
         seed = run_seed(run, step)
         if against and seed not in controls:
             raise UserError(f"--against: no control run of seed {seed}")
-        before = (per_task(before_eval, 0) if before_eval else per_task(controls[seed], step) if against
-                  else warmstart_per_task(warmstart, seed))
+        before = (
+            per_task(before_eval, 0)
+            if before_eval
+            else per_task(controls[seed], step)
+            if against
+            else warmstart_per_task(warmstart, seed)
+        )
         after = per_task(run, step)
         for subset, keep in groups:
             ids = [i for i in before if i in keep]
@@ -216,14 +260,25 @@ def forest(rows: list[tuple], title: str, out: Path) -> None:
     names = list(dict.fromkeys(r[1] for r in rows))
     metrics = list(dict.fromkeys(r[2] for r in rows))
     labels = list(dict.fromkeys(r[0] for r in rows))
-    fig, axes = plt.subplots(len(metrics), len(names), squeeze=False, sharey=True,
-                             figsize=(2.7 * len(names), (0.3 * len(labels) + 0.9) * len(metrics) + 0.6))
+    fig, axes = plt.subplots(
+        len(metrics),
+        len(names),
+        squeeze=False,
+        sharey=True,
+        figsize=(2.7 * len(names), (0.3 * len(labels) + 0.9) * len(metrics) + 0.6),
+    )
     for (i, metric), (j, subset) in itertools.product(enumerate(metrics), enumerate(names)):
         ax = axes[i, j]
         for label, _, _, mean, lo, hi in (r for r in rows if r[1:3] == (subset, metric)):
             pooled = label.startswith("pooled")
-            ax.errorbar(mean, labels.index(label), xerr=[[mean - lo], [hi - mean]], fmt="D" if pooled else "o",
-                        color="C3" if pooled else "C0", capsize=2)
+            ax.errorbar(
+                mean,
+                labels.index(label),
+                xerr=[[mean - lo], [hi - mean]],
+                fmt="D" if pooled else "o",
+                color="C3" if pooled else "C0",
+                capsize=2,
+            )
         ax.axvline(0, color="grey", lw=0.8)
         ax.set_title(f"{subset}: {metric}", fontsize=9)
         ax.tick_params(labelsize=7)
@@ -252,9 +307,9 @@ def plot(warmstart: Path, step: int, runs: list[Path], out: Path) -> None:
     for run in runs:
         seed = run_seed(run, step)
         rates = [v for _, v in read_scalars(run)["solver/pass_rate"]][:step]
-        smooth = [statistics.mean(rates[max(0, i - 9): i + 1]) for i in range(len(rates))]
+        smooth = [statistics.mean(rates[max(0, i - 9) : i + 1]) for i in range(len(rates))]
         name = f"{run.parts[-3]} (seed {seed})" if len(run.parts) >= 3 else f"seed {seed}"  # OUT/NAME/seed_K/fixed
-        line, = left.plot(range(1, len(smooth) + 1), smooth, label=name)
+        (line,) = left.plot(range(1, len(smooth) + 1), smooth, label=name)
         evals = state(run, step)["evals"]
         later = sorted((int(k), v["per_task"]["test"]) for k, v in evals.items() if int(k) <= step)
         points = [(0, warmstart_per_task(warmstart, seed))] + later

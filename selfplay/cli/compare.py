@@ -14,53 +14,103 @@ def configure(parser) -> None:
     parser.add_argument("config", nargs="?", default=None, help="YAML config (default configs/tiny.yaml)")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run, e.g. train.steps=30")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run.seed of each repetition")
-    parser.add_argument("--arms", nargs="+", default=["warmstart", "curriculum", "selfplay"],
-                        help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
-                             "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
-                             "from a warm start of its own), selfplay_follow (instructions drawn by their measured "
-                             "yield), selfplay_frozen (the generator never learns), selfplay_random (random edits of "
-                             "the same references in place of the generator's answers), fixed (PPO on a fixed task "
-                             "set); default: warmstart curriculum selfplay")
+    parser.add_argument(
+        "--arms",
+        nargs="+",
+        default=["warmstart", "curriculum", "selfplay"],
+        help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
+        "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
+        "from a warm start of its own), selfplay_follow (instructions drawn by their measured "
+        "yield), selfplay_frozen (the generator never learns), selfplay_random (random edits of "
+        "the same references in place of the generator's answers), fixed (PPO on a fixed task "
+        "set); default: warmstart curriculum selfplay",
+    )
     parser.add_argument("--out", default="runs/compare", help="folder of all runs and the results")
-    parser.add_argument("--shared-warmstart", action="store_true",
-                        help="one warm start (with the first seed) for every seed: seeds vary only the RL phase")
-    parser.add_argument("--from-iteration", type=int, default=10,
-                        help="the report's per-run means (validity, in-band shares, generator share, level, the "
-                             "longest collapse alarm) are over the iterations from this one on (default 10)")
-    parser.add_argument("--report-only", action="store_true",
-                        help="only collect the finished runs in --out into results.json/.md and compare.png")
-    parser.add_argument("--variant", nargs="+", action="append", default=[], metavar="WORD",
-                        help="NAME BASE KEY=VALUE...: an arm of your own, arm BASE with these overrides of its RL "
-                             "phase, from BASE's warm start; repeatable; it runs with the --arms (e.g. --variant "
-                             "curriculum_rloo curriculum ppo.advantage=rloo; it takes every word up to the next "
-                             "option, so put the config and overrides before it); give it again with --report-only")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at a time (default 1), each its own process: the warm starts first, then the RL "
-                             "runs; on a CPU machine about one per core (with run.torch_threads=1)")
-    parser.add_argument("--split", default="test",
-                        help="the held-out split the runs are paired and compared on: test (default), or val to "
-                             "choose a setting without looking at the held-out splits (the runs must evaluate it: "
-                             "give the override eval.splits=[val], which draws the validation split)")
-    parser.add_argument("--primary", metavar="METRIC", default=None,
-                        help="the comparison's primary metric (pass@1_greedy or pass@1), declared before the runs: "
-                             "written to OUT/plan.json with --split and --baseline by the first run, and held to "
-                             "afterwards; the report then opens with each arm against the baseline on it, the "
-                             "intervals corrected for the number of arms (Bonferroni). Without it every figure is "
-                             "reported as exploratory")
-    parser.add_argument("--baseline", metavar="ARM", default=None,
-                        help="the arm the primary figures compare every other arm with (default: warmstart when it "
-                             "runs, else the first arm)")
-    parser.add_argument("--merge", nargs="+", metavar="RESULTS_JSON", default=None,
-                        help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
-                             "machines) into one report in --out; runs nothing")
+    parser.add_argument(
+        "--shared-warmstart",
+        action="store_true",
+        help="one warm start (with the first seed) for every seed: seeds vary only the RL phase",
+    )
+    parser.add_argument(
+        "--from-iteration",
+        type=int,
+        default=10,
+        help="the report's per-run means (validity, in-band shares, generator share, level, the "
+        "longest collapse alarm) are over the iterations from this one on (default 10)",
+    )
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="only collect the finished runs in --out into results.json/.md and compare.png",
+    )
+    parser.add_argument(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="WORD",
+        help="NAME BASE KEY=VALUE...: an arm of your own, arm BASE with these overrides of its RL "
+        "phase, from BASE's warm start; repeatable; it runs with the --arms (e.g. --variant "
+        "curriculum_rloo curriculum ppo.advantage=rloo; it takes every word up to the next "
+        "option, so put the config and overrides before it); give it again with --report-only",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="runs at a time (default 1), each its own process: the warm starts first, then the RL "
+        "runs; on a CPU machine about one per core (with run.torch_threads=1)",
+    )
+    parser.add_argument(
+        "--split",
+        default="test",
+        help="the held-out split the runs are paired and compared on: test (default), or val to "
+        "choose a setting without looking at the held-out splits (the runs must evaluate it: "
+        "give the override eval.splits=[val], which draws the validation split)",
+    )
+    parser.add_argument(
+        "--primary",
+        metavar="METRIC",
+        default=None,
+        help="the comparison's primary metric (pass@1_greedy or pass@1), declared before the runs: "
+        "written to OUT/plan.json with --split and --baseline by the first run, and held to "
+        "afterwards; the report then opens with each arm against the baseline on it, the "
+        "intervals corrected for the number of arms (Bonferroni). Without it every figure is "
+        "reported as exploratory",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="ARM",
+        default=None,
+        help="the arm the primary figures compare every other arm with (default: warmstart when it "
+        "runs, else the first arm)",
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="RESULTS_JSON",
+        default=None,
+        help="pool the runs of several comparisons' results.json (e.g. seeds run on different "
+        "machines) into one report in --out; runs nothing",
+    )
 
 
 def run(args) -> int:
     import gzip
     import json
 
-    from selfplay.eval.compare import (PER_RUN_KEYS, PLAN_FILE, arm_specs, check_parity, collect, declare_plan,
-                                       merge, run_all, variant, write_report)
+    from selfplay.eval.compare import (
+        PER_RUN_KEYS,
+        PLAN_FILE,
+        arm_specs,
+        check_parity,
+        collect,
+        declare_plan,
+        merge,
+        run_all,
+        variant,
+        write_report,
+    )
     from selfplay.eval.evaluate import suite_splits
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
@@ -75,15 +125,18 @@ def run(args) -> int:
         if missing:
             raise UserError(f"--merge: no such file {', '.join(missing)}")
         try:
-            records = [json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text())
-                       for p in paths]
+            records = [
+                json.loads(gzip.decompress(p.read_bytes()) if p.suffix == ".gz" else p.read_text()) for p in paths
+            ]
             results = merge(records, args.from_iteration, [str(p) for p in paths])
         except (ValueError, OSError) as e:  # json's decode errors too, and gzip's (a .gz that is not gzip)
             raise UserError(f"--merge: {e}") from None
         plans = {json.dumps(r.get("plan"), sort_keys=True) for r in records}
         if args.primary:
-            raise UserError("--merge: --primary is declared before a comparison's runs; the records carry their own "
-                            "plan (or none), which the merged report keeps when they all agree")
+            raise UserError(
+                "--merge: --primary is declared before a comparison's runs; the records carry their own "
+                "plan (or none), which the merged report keeps when they all agree"
+            )
         if len(plans) == 1 and records[0].get("plan"):
             results["plan"] = records[0]["plan"]
         write_report(results, out)
@@ -108,8 +161,10 @@ def run(args) -> int:
         raise UserError(f"--jobs {args.jobs}: at least 1")
     cfg = load_config(config, overrides)  # a bad config fails here, before any run starts
     if args.split not in suite_splits(cfg):
-        raise UserError(f"--split {args.split}: the runs evaluate {', '.join(suite_splits(cfg))} (set eval.splits to "
-                        f"include {args.split})")
+        raise UserError(
+            f"--split {args.split}: the runs evaluate {', '.join(suite_splits(cfg))} (set eval.splits to "
+            f"include {args.split})"
+        )
     for name, spec in variants.items():
         try:
             load_config(config, overrides + list(spec.overrides))
@@ -121,8 +176,10 @@ def run(args) -> int:
         except ValueError as e:
             raise UserError(str(e)) from None
     if args.report_only and args.primary and not (out / PLAN_FILE).exists():
-        raise UserError(f"--primary {args.primary}: the comparison in {out} declared no primary metric before its "
-                        "runs; report it without --primary (every figure exploratory)")
+        raise UserError(
+            f"--primary {args.primary}: the comparison in {out} declared no primary metric before its "
+            "runs; report it without --primary (every figure exploratory)"
+        )
     try:
         declare_plan(out, args.primary, args.split, args.baseline, arms)
     except ValueError as e:
@@ -134,9 +191,19 @@ def run(args) -> int:
             raise UserError(f"--report-only: {e}") from None
         write_report(results, out)
     else:
-        results = run_all(config, overrides, args.seeds, arms, out,
-                          log=lambda m: print(f"[compare] {m}", flush=True), shared_warmstart=args.shared_warmstart,
-                          from_iteration=args.from_iteration, variants=variants, split=args.split, jobs=args.jobs)
+        results = run_all(
+            config,
+            overrides,
+            args.seeds,
+            arms,
+            out,
+            log=lambda m: print(f"[compare] {m}", flush=True),
+            shared_warmstart=args.shared_warmstart,
+            from_iteration=args.from_iteration,
+            variants=variants,
+            split=args.split,
+            jobs=args.jobs,
+        )
     return finish(results, out)
 
 

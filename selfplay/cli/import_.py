@@ -28,8 +28,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from selfplay.runtime.config import load_config
     from selfplay.data.export import ExportError, file_format, import_rows
+    from selfplay.runtime.config import load_config
 
     path = Path(args.file)
     try:
@@ -44,8 +44,13 @@ def run(args: argparse.Namespace) -> int:
     bar = tqdm(unit="row", dynamic_ncols=True)
     with corpus, open_sandbox_from(cfg) as sb:
         try:
-            summary = import_rows(path, corpus, sb, mark_import=args.mark_import,
-                                  on_batch=lambda n, s: (bar.update(n), bar.set_postfix(rejected=len(s.rejected))))
+            summary = import_rows(
+                path,
+                corpus,
+                sb,
+                mark_import=args.mark_import,
+                on_batch=lambda n, s: (bar.update(n), bar.set_postfix(rejected=len(s.rejected))),
+            )
         except ExportError as exc:
             raise UserError(str(exc)) from exc
         finally:
@@ -53,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"imported {summary.accepted} tasks; rejected {len(summary.rejected)}")
     for reason, count in summary.reasons.most_common():
         print(f"  rejected {count:5d}  {reason}")
-    for row_no, task_id, reason in summary.rejected[:args.show]:
+    for row_no, task_id, reason in summary.rejected[: args.show]:
         print(f"  row {row_no} {task_id or '(no id)'}: {reason}")
     if len(summary.rejected) > args.show:
         print(f"  ... {len(summary.rejected) - args.show} more")

@@ -19,8 +19,9 @@ from selfplay.runtime.errors import UserError
 def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     imp = sub.add_parser("import", help="a GGUF file as a plain Hugging Face model folder")
-    imp.add_argument("source", metavar="FILE.gguf",
-                     help="a .gguf file, an alias (smollm2-135m-instruct) or gguf:PACKAGE/FILE.gguf")
+    imp.add_argument(
+        "source", metavar="FILE.gguf", help="a .gguf file, an alias (smollm2-135m-instruct) or gguf:PACKAGE/FILE.gguf"
+    )
     imp.add_argument("--out", required=True, metavar="DIR", help="the folder to write (must not hold files)")
     imp.add_argument("--overwrite", action="store_true", help="replace DIR if it already holds files")
     imp.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -34,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
     path = locate_gguf(args.source, key="FILE.gguf")
     report = import_gguf(path, args.out, progress=not args.no_progress, overwrite=args.overwrite)
     print(json.dumps({k: v for k, v in report.items() if k != "check_prompt"}, indent=1))
-    print(f"wrote {args.out}: {report['architecture']}, {report['parameters'] / 1e6:.1f} M parameters, logits "
-          f"within {report['logits_max_abs_diff']:.1e} of the GGUF model's")
+    print(
+        f"wrote {args.out}: {report['architecture']}, {report['parameters'] / 1e6:.1f} M parameters, logits "
+        f"within {report['logits_max_abs_diff']:.1e} of the GGUF model's"
+    )
     return 0

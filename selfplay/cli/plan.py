@@ -13,18 +13,30 @@ def configure(parser) -> None:
     parser.description = (__doc__ or "").split("\n\n")[0].replace("\n", " ") + (
         " Prints GB per GPU for each phase and part (policy, references, critic, gradients, optimiser states, "
         "activations, Hugging Face generation, vLLM engines, a fixed reserve) and one verdict line per phase "
-        "naming the keys that would make it fit. A bad config or option exits 2.")
-    parser.add_argument("config", nargs="?", default=None,
-                        help="YAML config (default configs/tiny.yaml); key=value overrides may follow")
+        "naming the keys that would make it fit. A bad config or option exits 2."
+    )
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config (default configs/tiny.yaml); key=value overrides may follow",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. ppo.micro_batch_size=1")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, one rank each (default 8)")
     parser.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
     parser.add_argument("--gpu-mem", type=float, default=80.0, help="memory of one GPU in GB, 1e9 bytes (default 80)")
-    parser.add_argument("--prompt-len", type=int, default=0,
-                        help="prompt tokens to plan for (default: the config's bound, warmstart.max_len); the "
-                        "SFT sequences are then this plus the longer answer budget")
-    parser.add_argument("--partition-references", action="store_true",
-                        help="plan as if the references were ZeRO-3 partitioned (they are not today)")
+    parser.add_argument(
+        "--prompt-len",
+        type=int,
+        default=0,
+        help="prompt tokens to plan for (default: the config's bound, warmstart.max_len); the "
+        "SFT sequences are then this plus the longer answer budget",
+    )
+    parser.add_argument(
+        "--partition-references",
+        action="store_true",
+        help="plan as if the references were ZeRO-3 partitioned (they are not today)",
+    )
     parser.add_argument("--json", default="", help="also write the plan here as JSON")
 
 

@@ -20,8 +20,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="action", metavar="ACTION")
     build = sub.add_parser("build-image", help="build the Docker sandbox image (offline capable)")
     build.add_argument("--name", default=DEFAULT_IMAGE, help=f"image name (default {DEFAULT_IMAGE})")
-    build.add_argument("--method", choices=METHODS, default="auto",
-                       help="debootstrap + docker import (no registry needed), the Dockerfile, or auto (default)")
+    build.add_argument(
+        "--method",
+        choices=METHODS,
+        default="auto",
+        help="debootstrap + docker import (no registry needed), the Dockerfile, or auto (default)",
+    )
     build.add_argument("--mirror", default=DEFAULT_MIRROR, help="Debian mirror for debootstrap")
     build.add_argument("--cache-dir", default=DEFAULT_CACHE_DIR, help="where the rootfs tarball is cached")
     build.add_argument("--force", action="store_true", help="rebuild even when the image is up to date")
@@ -34,8 +38,14 @@ def run(args: argparse.Namespace) -> int:
     from sandbox.image import build_image
 
     try:
-        build_image(args.name, args.method, mirror=args.mirror, cache_dir=args.cache_dir, force=args.force,
-                    log=lambda line: print(line, flush=True))
+        build_image(
+            args.name,
+            args.method,
+            mirror=args.mirror,
+            cache_dir=args.cache_dir,
+            force=args.force,
+            log=lambda line: print(line, flush=True),
+        )
     except SandboxError as exc:
         raise UserError(str(exc)) from None
     return 0

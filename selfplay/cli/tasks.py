@@ -73,14 +73,19 @@ def run(args: argparse.Namespace) -> int:
 def open_sandbox_from(cfg):
     """A sandbox from the config's sandbox section (shared by tasks generate and import)."""
     import sandbox
-    options = {k: v for k, v in (("cache_path", cfg.sandbox.cache_path), ("trace_path", cfg.sandbox.trace_path))
-               if v}
+
+    options = {k: v for k, v in (("cache_path", cfg.sandbox.cache_path), ("trace_path", cfg.sandbox.trace_path)) if v}
     if cfg.sandbox.backend == "docker":
         options["image"] = cfg.sandbox.image
     try:
-        return sandbox.open_sandbox(backend=cfg.sandbox.backend, workers=cfg.sandbox.workers or None,
-                                    timeout_s=cfg.sandbox.timeout_s, memory_mb=cfg.sandbox.memory_mb,
-                                    cache=cfg.sandbox.cache, **options)
+        return sandbox.open_sandbox(
+            backend=cfg.sandbox.backend,
+            workers=cfg.sandbox.workers or None,
+            timeout_s=cfg.sandbox.timeout_s,
+            memory_mb=cfg.sandbox.memory_mb,
+            cache=cfg.sandbox.cache,
+            **options,
+        )
     except sandbox.SandboxError as exc:
         raise UserError(str(exc).splitlines()[0]) from exc
 
@@ -98,8 +103,10 @@ def generate(args: argparse.Namespace) -> int:
     except SplitError as exc:
         raise UserError(f"config tasks: {exc}") from exc
     corpus = open_for_writing(args.out)
-    print(f"generating {args.n} {args.split} tasks (level {args.level or 'mix'}, seed {args.seed}) into "
-          f"{corpus.path}", flush=True)
+    print(
+        f"generating {args.n} {args.split} tasks (level {args.level or 'mix'}, seed {args.seed}) into {corpus.path}",
+        flush=True,
+    )
     stats = BuildStats()
     bar = tqdm(total=args.n, unit="task", dynamic_ncols=True)
 
@@ -113,15 +120,27 @@ def generate(args: argparse.Namespace) -> int:
 
     with corpus, open_sandbox_from(cfg) as sb:
         try:
-            generate_tasks(args.n, level=args.level, split=args.split, seed=args.seed, sb=sb, corpus_index=corpus,
-                           cfg=build_cfg, batch_size=args.batch_size, stats=stats, on_batch=on_batch)
+            generate_tasks(
+                args.n,
+                level=args.level,
+                split=args.split,
+                seed=args.seed,
+                sb=sb,
+                corpus_index=corpus,
+                cfg=build_cfg,
+                batch_size=args.batch_size,
+                stats=stats,
+                on_batch=on_batch,
+            )
         except SplitError as exc:
             raise UserError(str(exc)) from exc
         finally:
             bar.close()
         total = len(corpus)
-    print(f"added {stats.valid} tasks ({stats.attempted} drawn) in {stats.seconds:.1f} s: "
-          f"{stats.tasks_per_s:.1f} valid tasks/s; corpus now holds {total}")
+    print(
+        f"added {stats.valid} tasks ({stats.attempted} drawn) in {stats.seconds:.1f} s: "
+        f"{stats.tasks_per_s:.1f} valid tasks/s; corpus now holds {total}"
+    )
     for reason, count in stats.rejections.most_common():
         print(f"  rejected {count:5d}  {reason}: e.g. {stats.examples.get(reason, '')[:100]}")
     if stats.valid < args.n:
@@ -133,9 +152,18 @@ def generate(args: argparse.Namespace) -> int:
 def format_task(task, hidden: bool = False) -> str:
     """A task as readable text: header, description, signature, reference, examples."""
     diff = "unmeasured" if task.difficulty is None else f"{task.difficulty:.2f}"
-    lines = [f"=== {task.id}  family={task.family}  level={task.level}  split={task.split}  source={task.source}"
-             f"  difficulty={diff}", "", task.description, "", task.signature, "", task.reference_solution.rstrip(),
-             "", "visible tests:"]
+    lines = [
+        f"=== {task.id}  family={task.family}  level={task.level}  split={task.split}  source={task.source}"
+        f"  difficulty={diff}",
+        "",
+        task.description,
+        "",
+        task.signature,
+        "",
+        task.reference_solution.rstrip(),
+        "",
+        "visible tests:",
+    ]
     tests = [("  ", t) for t in task.visible_tests]
     if hidden:
         tests += [("  (hidden) ", t) for t in task.hidden_tests]
@@ -149,12 +177,14 @@ def format_task(task, hidden: bool = False) -> str:
 
 def _short(value, limit: int = 100) -> str:
     import json
+
     text = json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def open_existing(run_dir: str):
     from selfplay.data.corpus import Corpus, CorpusError, corpus_path
+
     path = Path(run_dir)
     if not path.exists():
         raise UserError(f"{run_dir}: no such run folder")
@@ -169,6 +199,7 @@ def open_existing(run_dir: str):
 def open_for_writing(run_dir: str):
     """The corpus of a run folder, created if needed (generate, import)."""
     from selfplay.data.corpus import Corpus, CorpusError
+
     out = Path(run_dir)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is a file; give a run folder")

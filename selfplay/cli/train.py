@@ -6,8 +6,12 @@ from selfplay.runtime.errors import UserError
 
 
 def configure(parser) -> None:
-    parser.add_argument("config", nargs="?", default=None,
-                        help="YAML config (default configs/tiny.yaml); key=value overrides may follow")
+    parser.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="YAML config (default configs/tiny.yaml); key=value overrides may follow",
+    )
     parser.add_argument("overrides", nargs="*", help="config overrides, e.g. run.dir=runs/x train.steps=50")
 
 

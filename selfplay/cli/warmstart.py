@@ -8,8 +8,8 @@ __all__ = ["configure", "run"]
 
 
 def run(args) -> int:
-    from selfplay.runtime.config import load_config
     from selfplay.eval.evaluate import BREAKDOWNS
+    from selfplay.runtime.config import load_config
     from selfplay.train.loop import SelfPlay
 
     config, overrides = split_args(args)

@@ -23,9 +23,9 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from generator.schema import SchemaError, Task
 from sandbox.files import owner_dir, owner_file
@@ -112,8 +112,9 @@ DEDUP_TABLES = (("tasks", ""), ("reserved", "reserved: "))  # (table, prefix of 
 class Corpus:
     """One connection to a corpus file. Use from one thread; open one per process/thread."""
 
-    def __init__(self, path: str | Path, *, create: bool = True, timeout_s: float = 30.0,
-                 synchronous: str = "NORMAL") -> None:
+    def __init__(
+        self, path: str | Path, *, create: bool = True, timeout_s: float = 30.0, synchronous: str = "NORMAL"
+    ) -> None:
         self.path = Path(path)
         if self.path.is_dir() or (not self.path.exists() and self.path.suffix not in (".sqlite", ".db")):
             self.path = self.path / CORPUS_FILE  # a run folder
@@ -148,8 +149,9 @@ class Corpus:
                     self.db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(version + 1),))
             version = self._version()
         if version > CORPUS_SCHEMA_VERSION:
-            raise CorpusError(f"{self.path} has corpus schema {version}, newer than this code "
-                              f"({CORPUS_SCHEMA_VERSION})")
+            raise CorpusError(
+                f"{self.path} has corpus schema {version}, newer than this code ({CORPUS_SCHEMA_VERSION})"
+            )
 
     def _version(self) -> int | None:
         try:
@@ -171,7 +173,7 @@ class Corpus:
             self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
             return False
 
-    def _write(self) -> "_Tx":
+    def _write(self) -> _Tx:
         return Corpus._Tx(self.db)
 
     # ---- writes ---------------------------------------------------------------------------------------
@@ -197,9 +199,21 @@ class Corpus:
                     "INSERT INTO tasks (id, family, source, split, level, created_step, generator_checkpoint,"
                     " parent_ids, ast_hash, behaviour_hash, inserted_at, record)"
                     " VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-                    (task.id, task.family, task.source, task.split, task.level, task.created_step,
-                     task.generator_checkpoint, json.dumps(task.parent_ids), fp.get("ast"), fp.get("behaviour"),
-                     time.time(), json.dumps(record, sort_keys=True, ensure_ascii=False, allow_nan=False)))
+                    (
+                        task.id,
+                        task.family,
+                        task.source,
+                        task.split,
+                        task.level,
+                        task.created_step,
+                        task.generator_checkpoint,
+                        json.dumps(task.parent_ids),
+                        fp.get("ast"),
+                        fp.get("behaviour"),
+                        time.time(),
+                        json.dumps(record, sort_keys=True, ensure_ascii=False, allow_nan=False),
+                    ),
+                )
                 if task.difficulty is not None:
                     self._record_difficulty(task.id, None, float(task.difficulty), None, task.created_step)
                 results.append(InsertResult(True))
@@ -211,9 +225,13 @@ class Corpus:
         newly reserved. Reserved tasks are not corpus rows: queries, counts and exports never see them."""
         with self._write():
             before = self.reserved_count()
-            self.db.executemany("INSERT OR IGNORE INTO reserved VALUES (?,?,?,?)",
-                                [(t.id, (t.fingerprints or {}).get("ast"), (t.fingerprints or {}).get("behaviour"),
-                                  reason) for t in tasks])
+            self.db.executemany(
+                "INSERT OR IGNORE INTO reserved VALUES (?,?,?,?)",
+                [
+                    (t.id, (t.fingerprints or {}).get("ast"), (t.fingerprints or {}).get("behaviour"), reason)
+                    for t in tasks
+                ],
+            )
             return self.reserved_count() - before
 
     def reserved_count(self) -> int:
@@ -224,29 +242,43 @@ class Corpus:
         for table, prefix in tables:
             if self.db.execute(f"SELECT 1 FROM {table} WHERE id=?", (task.id,)).fetchone():
                 return task.id, prefix + "same id"
-            for column, value, why in (("ast_hash", fp.get("ast"), "same program"),
-                                       ("behaviour_hash", fp.get("behaviour"), "same behaviour")):
+            for column, value, why in (
+                ("ast_hash", fp.get("ast"), "same program"),
+                ("behaviour_hash", fp.get("behaviour"), "same behaviour"),
+            ):
                 if value:
                     row = self.db.execute(f"SELECT id FROM {table} WHERE {column}=? LIMIT 1", (value,)).fetchone()
                     if row:
                         return row[0], prefix + why
         return None
 
-    def find_duplicate(self, task_id: str, ast_hash: str | None, behaviour_hash: str | None,
-                       reserved_only: bool = False) -> str | None:
+    def find_duplicate(
+        self, task_id: str, ast_hash: str | None, behaviour_hash: str | None, reserved_only: bool = False
+    ) -> str | None:
         """CorpusIndex protocol (generator.validity): the id of a stored duplicate, or None."""
-        probe = Task(id=task_id, family="", source="import", split="", level=1, description="", entry_point="",
-                     signature="", reference_solution="", fingerprints={"ast": ast_hash, "behaviour": behaviour_hash})
+        probe = Task(
+            id=task_id,
+            family="",
+            source="import",
+            split="",
+            level=1,
+            description="",
+            entry_point="",
+            signature="",
+            reference_solution="",
+            fingerprints={"ast": ast_hash, "behaviour": behaviour_hash},
+        )
         dup = self._duplicate(probe, DEDUP_TABLES[1:] if reserved_only else DEDUP_TABLES)
         return dup[0] if dup else None
 
-    def reserved_index(self) -> "ReservedIndex":
+    def reserved_index(self) -> ReservedIndex:
         """A CorpusIndex over the reserved programs alone: for task streams that may repeat a training program but
         never a held-out one (the loop's procedural tasks)."""
         return ReservedIndex(self)
 
-    def update_difficulty(self, task_id: str, solve_rate: float, *, n_samples: int | None = None,
-                          step: int | None = None) -> None:
+    def update_difficulty(
+        self, task_id: str, solve_rate: float, *, n_samples: int | None = None, step: int | None = None
+    ) -> None:
         """Record a measured solve rate (difficulty = 1 - solve_rate); the history keeps every measurement."""
         if not isinstance(solve_rate, (int, float)) or not 0.0 <= solve_rate <= 1.0:
             raise CorpusError(f"solve_rate must be in [0, 1], got {solve_rate!r}")
@@ -258,9 +290,14 @@ class Corpus:
     def _record_difficulty(self, task_id, solve_rate, difficulty, n_samples, step) -> None:
         cur = self.db.execute(
             "INSERT INTO difficulty (task_id, solve_rate, difficulty, n_samples, step, recorded_at)"
-            " VALUES (?,?,?,?,?,?)", (task_id, solve_rate, difficulty, n_samples, step, time.time()))
-        self.db.execute("INSERT INTO difficulty_latest VALUES (?,?,?) ON CONFLICT(task_id) DO UPDATE SET"
-                        " difficulty=excluded.difficulty, seq=excluded.seq", (task_id, difficulty, cur.lastrowid))
+            " VALUES (?,?,?,?,?,?)",
+            (task_id, solve_rate, difficulty, n_samples, step, time.time()),
+        )
+        self.db.execute(
+            "INSERT INTO difficulty_latest VALUES (?,?,?) ON CONFLICT(task_id) DO UPDATE SET"
+            " difficulty=excluded.difficulty, seq=excluded.seq",
+            (task_id, difficulty, cur.lastrowid),
+        )
 
     # ---- reads ----------------------------------------------------------------------------------------
     def _where(self, split=None, family=None, level=None, source=None, min_difficulty=None, max_difficulty=None):
@@ -277,16 +314,19 @@ class Corpus:
             args.append(float(max_difficulty))
         return (" WHERE " + " AND ".join(clauses)) if clauses else "", args
 
-    def iter_tasks(self, *, limit: int | None = None, order: str = "insertion", seed: int = 0,
-                   **filters) -> Iterator[Task]:
+    def iter_tasks(
+        self, *, limit: int | None = None, order: str = "insertion", seed: int = 0, **filters
+    ) -> Iterator[Task]:
         """Tasks matching the filters (split, family, level, source, min_difficulty, max_difficulty), in
         insertion order or in a seeded pseudo-random order (order="random")."""
         where, args = self._where(**filters)
         order_by = {"insertion": "t.seq", "random": f"(t.seq * 2654435761 + {int(seed)}) % 4294967296, t.seq"}
         if order not in order_by:
             raise CorpusError(f"order must be 'insertion' or 'random', got {order!r}")
-        sql = ("SELECT t.record, d.difficulty FROM tasks t LEFT JOIN difficulty_latest d ON d.task_id = t.id"
-               f"{where} ORDER BY {order_by[order]}")
+        sql = (
+            "SELECT t.record, d.difficulty FROM tasks t LEFT JOIN difficulty_latest d ON d.task_id = t.id"
+            f"{where} ORDER BY {order_by[order]}"
+        )
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         for record, difficulty in self.db.execute(sql, args):
@@ -296,26 +336,33 @@ class Corpus:
         return list(self.iter_tasks(**kwargs))
 
     def get(self, task_id: str) -> Task | None:
-        row = self.db.execute("SELECT t.record, d.difficulty FROM tasks t LEFT JOIN difficulty_latest d"
-                              " ON d.task_id = t.id WHERE t.id=?", (task_id,)).fetchone()
+        row = self.db.execute(
+            "SELECT t.record, d.difficulty FROM tasks t LEFT JOIN difficulty_latest d ON d.task_id = t.id WHERE t.id=?",
+            (task_id,),
+        ).fetchone()
         return _task(*row) if row else None
 
     def difficulty_history(self, task_id: str) -> list[dict]:
-        rows = self.db.execute("SELECT solve_rate, difficulty, n_samples, step FROM difficulty WHERE task_id=?"
-                               " ORDER BY seq", (task_id,))
+        rows = self.db.execute(
+            "SELECT solve_rate, difficulty, n_samples, step FROM difficulty WHERE task_id=? ORDER BY seq", (task_id,)
+        )
         return [dict(zip(("solve_rate", "difficulty", "n_samples", "step"), r)) for r in rows]
 
     def count(self, **filters) -> int:
         where, args = self._where(**filters)
-        return self.db.execute("SELECT COUNT(*) FROM tasks t LEFT JOIN difficulty_latest d ON d.task_id = t.id"
-                               f"{where}", args).fetchone()[0]
+        return self.db.execute(
+            f"SELECT COUNT(*) FROM tasks t LEFT JOIN difficulty_latest d ON d.task_id = t.id{where}", args
+        ).fetchone()[0]
 
     def counts(self, by: str, **filters) -> dict:
         if by not in FILTERS:
             raise CorpusError(f"counts by {by!r}: choose one of {', '.join(FILTERS)}")
         where, args = self._where(**filters)
-        rows = self.db.execute(f"SELECT t.{by}, COUNT(*) FROM tasks t LEFT JOIN difficulty_latest d"
-                               f" ON d.task_id = t.id{where} GROUP BY t.{by} ORDER BY t.{by}", args)
+        rows = self.db.execute(
+            f"SELECT t.{by}, COUNT(*) FROM tasks t LEFT JOIN difficulty_latest d"
+            f" ON d.task_id = t.id{where} GROUP BY t.{by} ORDER BY t.{by}",
+            args,
+        )
         return dict(rows.fetchall())
 
     def __len__(self) -> int:
@@ -325,7 +372,7 @@ class Corpus:
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> "Corpus":
+    def __enter__(self) -> Corpus:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -364,8 +411,9 @@ def check_heldout(run_dir: str | Path, tasks: Iterable[Task], tasks_cfg, when: s
         ids = [t.id for t in leaked]
         shown = ", ".join(ids[:20]) + (f", ... ({len(ids) - 20} more)" if len(ids) > 20 else "")
         first = check_disjoint(leaked[:1], heldout, cfg)
-        raise HeldoutLeak(f"{when}: {len(ids)} training task(s) held out ({path.name}): {shown}"
-                          f"{'; ' + first[0] if first else ''}")
+        raise HeldoutLeak(
+            f"{when}: {len(ids)} training task(s) held out ({path.name}): {shown}{'; ' + first[0] if first else ''}"
+        )
     return len(tasks)
 
 

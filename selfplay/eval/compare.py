@@ -86,14 +86,13 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
-
 
 from selfplay.eval import stats
-from selfplay.eval.stats import mean_sd, outcome_value, paired_delta  # noqa: F401 - compare's names for them
 from selfplay.eval.evaluate import BREAKDOWNS, TEST_SPLIT
+from selfplay.eval.stats import mean_sd, outcome_value, paired_delta  # noqa: F401 - compare's names for them
 from selfplay.runtime import paths
 from selfplay.runtime.checkpoint import LATEST
 from selfplay.runtime.paths import RunPaths
@@ -117,8 +116,11 @@ ARM_SPECS = {
     # the free format's answers are ~300 tokens: its critic's gradient in the backbone made its PPO drift, so its
     # value head is detached (docs/generator.md: "The free format under PPO"); the tiny default's critic-free
     # generator advantage was chosen on the mutation format, so this arm keeps the critic it was measured with
-    "selfplay_free": Arm("selfplay", ("generator.format=free", "agents.generator.advantage=gae",
-                                      "model.value_model=detached"), warm="warmstart_free"),
+    "selfplay_free": Arm(
+        "selfplay",
+        ("generator.format=free", "agents.generator.advantage=gae", "model.value_model=detached"),
+        warm="warmstart_free",
+    ),
     "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
     # what the generator's learning adds: the same mixer, references and validity checks with the generator held
     # at its warm start (no PPO step), and with random edits of the same references in place of its answers
@@ -153,12 +155,15 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
         raise ValueError(f"variant {name}: give its overrides as KEY=VALUE (got {' '.join(overrides) or 'none'})")
     per_run = [o for o in overrides if o.split("=")[0] in PER_RUN_KEYS]
     if per_run:
-        raise ValueError(f"variant {name}: {', '.join(per_run)} is set per run by `selfplay compare` (its mode is "
-                         f"{base}'s)")
+        raise ValueError(
+            f"variant {name}: {', '.join(per_run)} is set per run by `selfplay compare` (its mode is {base}'s)"
+        )
     shared = [o for o in overrides if o.startswith(WARM_START_KEYS) and o not in RL_PHASE_MODEL_OVERRIDES]
     if shared:
-        raise ValueError(f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
-                         f"{base}; a variant changes the RL phase only")
+        raise ValueError(
+            f"variant {name}: {', '.join(shared)} would change its warm start, which it shares with "
+            f"{base}; a variant changes the RL phase only"
+        )
     spec = ARM_SPECS[base]
     return Arm(spec.mode, spec.overrides + tuple(o for o in overrides if o not in spec.overrides), spec.warm)
 
@@ -168,13 +173,13 @@ def variant(name: str, base: str, overrides: Sequence[str]) -> Arm:
 # tasks (the solver's episodes per iteration, tasks x samples, are checked as their product: `check_parity`). How
 # the solver learns from its episodes (ppo.*: the advantage, the SFT replay loss) is not among them: an ablation
 # compares exactly that, with the same episodes for every arm.
-PARITY_KEYS = ("train.steps", "mixer.lr_control", "mixer.corpus_replay", "mixer.share_replay",
-               "mixer.max_share_replay")
+PARITY_KEYS = ("train.steps", "mixer.lr_control", "mixer.corpus_replay", "mixer.share_replay", "mixer.max_share_replay")
 EPISODES = "the solver's episodes per iteration (train.solver_tasks x train.samples_per_task)"
 
 
-def check_parity(config: str | None, overrides: Sequence[str], arms: Sequence[str],
-                 variants: dict[str, Arm] | None = None) -> None:
+def check_parity(
+    config: str | None, overrides: Sequence[str], arms: Sequence[str], variants: dict[str, Arm] | None = None
+) -> None:
     """Raises ValueError (one line) naming the first setting the design says must match that two RL arms of the
     comparison resolve differently (PARITY_KEYS, then the solver's episodes per iteration), with each arm's value.
     A key the config does not have is the same (absent) for every arm."""
@@ -183,10 +188,14 @@ def check_parity(config: str | None, overrides: Sequence[str], arms: Sequence[st
     from selfplay.runtime.config import load_config
 
     specs = arm_specs(variants)
-    resolved = {arm: load_config(config, [*overrides, *specs[arm].overrides, f"train.mode={specs[arm].mode}"])
-                for arm in dict.fromkeys(arms) if arm != "warmstart"}
-    values = {key: {arm: OmegaConf.select(cfg, key, default=None) for arm, cfg in resolved.items()}
-              for key in PARITY_KEYS}
+    resolved = {
+        arm: load_config(config, [*overrides, *specs[arm].overrides, f"train.mode={specs[arm].mode}"])
+        for arm in dict.fromkeys(arms)
+        if arm != "warmstart"
+    }
+    values = {
+        key: {arm: OmegaConf.select(cfg, key, default=None) for arm, cfg in resolved.items()} for key in PARITY_KEYS
+    }
     values[EPISODES] = {arm: cfg.train.solver_tasks * cfg.train.samples_per_task for arm, cfg in resolved.items()}
     for key, by_arm in values.items():
         if len({repr(value) for value in by_arm.values()}) > 1:
@@ -212,8 +221,9 @@ def run_folder(out: Path, seed: int, arm: str) -> Path:
     return out / f"seed_{seed}" / arm
 
 
-def warm_folder(out: Path, seed: int, arm: str, shared: bool | None = None,
-                variants: dict[str, Arm] | None = None) -> Path:
+def warm_folder(
+    out: Path, seed: int, arm: str, shared: bool | None = None, variants: dict[str, Arm] | None = None
+) -> Path:
     """The warm start `arm` starts from: OUT/seed_S/<its warm start>, or OUT/<its warm start> when shared (None:
     shared if the comparison's main warm start is)."""
     name = arm_specs(variants)[arm].warm
@@ -249,9 +259,19 @@ def copy_warm_start(warm: Path, dst: Path) -> None:
     tmp.rename(dst)
 
 
-def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], arms: Sequence[str], out: Path,
-            log=print, shared_warmstart: bool = False, from_iteration: int = 10,
-            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT, jobs: int = 1) -> dict:
+def run_all(
+    config: str | None,
+    overrides: Sequence[str],
+    seeds: Sequence[int],
+    arms: Sequence[str],
+    out: Path,
+    log=print,
+    shared_warmstart: bool = False,
+    from_iteration: int = 10,
+    variants: dict[str, Arm] | None = None,
+    split: str = TEST_SPLIT,
+    jobs: int = 1,
+) -> dict:
     """Warm start per seed (or one for all), then every arm from it, `jobs` runs at a time; skips finished runs.
     Returns the results, paired on `split` (the test split, or "val" when choosing settings: the overrides then set
     eval.splits=[val])."""
@@ -272,14 +292,27 @@ def run_all(config: str | None, overrides: Sequence[str], seeds: Sequence[int], 
                 warm_jobs[warm] = Job(
                     f"seed {seed}: warm start -> {warm}",
                     ["warmstart", *base, *warm_start_overrides(spec.warm), f"run.dir={warm}", f"run.seed={seed}"],
-                    out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log")
+                    out / "logs" / f"{warm.relative_to(out).as_posix().replace('/', '_')}.log",
+                )
             folder = run_folder(out, seed, arm)
             if arm == "warmstart" or RunPaths(folder).summary.exists():
                 continue
-            rl_runs.append(Job(f"seed {seed}: {arm} -> {folder}",
-                               ["train", *base, *spec.overrides, f"run.dir={folder}", f"run.seed={seed}",
-                                f"train.mode={spec.mode}"],
-                               out / "logs" / f"seed_{seed}_{arm}.log", warm=warm, folder=folder))
+            rl_runs.append(
+                Job(
+                    f"seed {seed}: {arm} -> {folder}",
+                    [
+                        "train",
+                        *base,
+                        *spec.overrides,
+                        f"run.dir={folder}",
+                        f"run.seed={seed}",
+                        f"train.mode={spec.mode}",
+                    ],
+                    out / "logs" / f"seed_{seed}_{arm}.log",
+                    warm=warm,
+                    folder=folder,
+                )
+            )
     run_jobs(list(warm_jobs.values()), jobs, log, t0)
     run_jobs(rl_runs, jobs, log, t0)
     results = collect(out, seeds, arms, from_iteration, variants, split)
@@ -346,25 +379,34 @@ def run_result(folder: Path, arm: str, split: str = TEST_SPLIT) -> dict:
             raise ValueError(f"{folder} has no held-out evaluation")
         step = max(map(int, evals))
         final = evals[str(step)]
-    heldout = {name: {m: res[m] for m in METRICS if m in res}
-               for name, res in final.items() if name not in BREAKDOWNS}
+    heldout = {name: {m: res[m] for m in METRICS if m in res} for name, res in final.items() if name not in BREAKDOWNS}
     later = _eval_json(folder, step)  # a `selfplay eval` of the same checkpoint, if any
     by_level = (final.get("by_level") or later.get("by_level") or {}).get(split, {})
     # for the per-task outcomes the later evaluation is preferred (e.g. run with more samples)
     per_task = (later.get("per_task") or final.get("per_task") or {}).get(split, {})
-    curve = {str(k): {m: res[split][m] for m in METRICS if m in res.get(split, {})}
-             for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))} if arm != "warmstart" else {}
-    return {"heldout": heldout, "history": state.get("history", []), "seconds": state.get("elapsed_s"),
-            "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res}
-                              for lv, res in by_level.items()},
-            "test_per_task": per_task, "test_curve": curve,
-            "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state),
-            # the code versions the run (and the warm start it began as) ran under; runs made before they were
-            # recorded keep the record they always had (so that it pools with itself)
-            **({"code": state["code"]} if state.get("code") else {}),
-            # what the RL phase spent in all (the loop's COMPUTE counters; runs made before they were counted: none)
-            **({"compute": state["compute"]} if state.get("compute") and arm != "warmstart" else {}),
-            **({} if split == TEST_SPLIT else {"split": split})}  # records of the test split are as they always were
+    curve = (
+        {
+            str(k): {m: res[split][m] for m in METRICS if m in res.get(split, {})}
+            for k, res in sorted(evals.items(), key=lambda kv: int(kv[0]))
+        }
+        if arm != "warmstart"
+        else {}
+    )
+    return {
+        "heldout": heldout,
+        "history": state.get("history", []),
+        "seconds": state.get("elapsed_s"),
+        "test_by_level": {lv: {m: res[m] for m in METRICS + ("tasks",) if m in res} for lv, res in by_level.items()},
+        "test_per_task": per_task,
+        "test_curve": curve,
+        "per_iteration": {} if arm == "warmstart" else per_iteration(folder, state),
+        # the code versions the run (and the warm start it began as) ran under; runs made before they were
+        # recorded keep the record they always had (so that it pools with itself)
+        **({"code": state["code"]} if state.get("code") else {}),
+        # what the RL phase spent in all (the loop's COMPUTE counters; runs made before they were counted: none)
+        **({"compute": state["compute"]} if state.get("compute") and arm != "warmstart" else {}),
+        **({} if split == TEST_SPLIT else {"split": split}),
+    }  # records of the test split are as they always were
 
 
 def _eval_json(folder: Path, step: int) -> dict:
@@ -385,8 +427,11 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     from selfplay.runtime.tb import read_scalars
 
     scalars = read_scalars(folder)
-    out = {tag: statistics.median(v for _, v in series) for tag, series in scalars.items()
-           if tag.startswith(COST_TAGS) and series}
+    out = {
+        tag: statistics.median(v for _, v in series)
+        for tag, series in scalars.items()
+        if tag.startswith(COST_TAGS) and series
+    }
     train = (state.get("config") or {}).get("train", {})
     if "time/rollout_s" in out and train:
         episodes = train["solver_tasks"] * train["samples_per_task"]
@@ -394,8 +439,13 @@ def per_iteration(folder: Path, state: dict) -> dict[str, float]:
     return out
 
 
-def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[str, Arm] | None = None,
-           split: str = TEST_SPLIT) -> dict:
+def gather(
+    out: Path,
+    seeds: Sequence[int],
+    arms: Sequence[str],
+    variants: dict[str, Arm] | None = None,
+    split: str = TEST_SPLIT,
+) -> dict:
     """{arm: {seed: record}} of the finished runs in `out` (`run_result`, paired on `split`). Each record also says
     which warm start it is (the warm-start arm) or started from (an RL arm: `paired_with`, with that warm start's
     outcomes on `split` and task levels), so that a record needs nothing but itself: results from several --out
@@ -406,8 +456,11 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[
     def warm_record(folder: Path) -> dict:
         if folder not in warm_cache:
             outcomes, levels = run_result(folder, "warmstart", split)["test_per_task"], _task_levels(folder)
-            warm_cache[folder] = {"test_per_task": outcomes, "warm_start": warm_start_id(folder),
-                                  "levels": {task_id: levels[task_id] for task_id in outcomes if task_id in levels}}
+            warm_cache[folder] = {
+                "test_per_task": outcomes,
+                "warm_start": warm_start_id(folder),
+                "levels": {task_id: levels[task_id] for task_id in outcomes if task_id in levels},
+            }
         return warm_cache[folder]
 
     runs = {arm: {str(s): run_result(run_folder(out, s, arm), arm, split) for s in seeds} for arm in arms}
@@ -423,8 +476,14 @@ def gather(out: Path, seeds: Sequence[int], arms: Sequence[str], variants: dict[
     return runs
 
 
-def collect(out: Path, seeds: Sequence[int], arms: Sequence[str], from_iteration: int = 10,
-            variants: dict[str, Arm] | None = None, split: str = TEST_SPLIT) -> dict:
+def collect(
+    out: Path,
+    seeds: Sequence[int],
+    arms: Sequence[str],
+    from_iteration: int = 10,
+    variants: dict[str, Arm] | None = None,
+    split: str = TEST_SPLIT,
+) -> dict:
     """The results of the finished runs in `out` (`gather`, then `analyse`)."""
     return analyse(gather(out, seeds, arms, variants, split), from_iteration)
 
@@ -434,8 +493,9 @@ def paired_split(runs: dict) -> str:
     records mix splits: a validation result never pools with a test result."""
     found = {run.get("split", TEST_SPLIT) for by_seed in runs.values() for run in by_seed.values()}
     if len(found) > 1:
-        raise ValueError(f"the run records are paired on different splits ({', '.join(sorted(found))}): compare "
-                         "them apart")
+        raise ValueError(
+            f"the run records are paired on different splits ({', '.join(sorted(found))}): compare them apart"
+        )
     return found.pop() if found else TEST_SPLIT
 
 
@@ -454,20 +514,34 @@ def analyse(runs: dict, from_iteration: int = 10, n_boot: int = 4000) -> dict:
     for arm, by_seed in runs.items():
         for run in by_seed.values():
             run["from_iteration"] = later_figures(run["history"], from_iteration) if arm != "warmstart" else {}
-    paired = {arm: {seed: paired_groups(run["paired_with"]["test_per_task"], run["test_per_task"],
-                                        run["paired_with"]["levels"], n_boot)
-                    for seed, run in by_seed.items() if run["paired_with"]["test_per_task"] and run["test_per_task"]}
-              for arm, by_seed in runs.items() if arm != "warmstart"}
-    return {"seeds": seeds, "arms": arms, "from_iteration": from_iteration, "runs": runs, "split": split,
-            "warm_starts": warm_starts(runs),
-            "summary": summarize(runs),
-            "summary_test_by_level": summarize(runs, "test_by_level"),
-            "paired_test": {arm: v for arm, v in paired.items() if v},
-            "paired_arms": paired_arms({arm: runs[arm] for arm in arms}, n_boot)}
+    paired = {
+        arm: {
+            seed: paired_groups(
+                run["paired_with"]["test_per_task"], run["test_per_task"], run["paired_with"]["levels"], n_boot
+            )
+            for seed, run in by_seed.items()
+            if run["paired_with"]["test_per_task"] and run["test_per_task"]
+        }
+        for arm, by_seed in runs.items()
+        if arm != "warmstart"
+    }
+    return {
+        "seeds": seeds,
+        "arms": arms,
+        "from_iteration": from_iteration,
+        "runs": runs,
+        "split": split,
+        "warm_starts": warm_starts(runs),
+        "summary": summarize(runs),
+        "summary_test_by_level": summarize(runs, "test_by_level"),
+        "paired_test": {arm: v for arm, v in paired.items() if v},
+        "paired_arms": paired_arms({arm: runs[arm] for arm in arms}, n_boot),
+    }
 
 
-def merge(results: Sequence[dict], from_iteration: int = 10, names: Sequence[str] | None = None,
-          n_boot: int = 4000) -> dict:
+def merge(
+    results: Sequence[dict], from_iteration: int = 10, names: Sequence[str] | None = None, n_boot: int = 4000
+) -> dict:
     """One report from several comparisons' results.json (e.g. seeds run on different machines or days): their run
     records pooled by arm and seed, then `analyse`d. A run found in two of them must be the same run; arms keep
     the order they are first met in. `names`: what to call each input in an error (its path)."""
@@ -481,14 +555,18 @@ def merge(results: Sequence[dict], from_iteration: int = 10, names: Sequence[str
             by_seed = res["runs"].get(arm, {})
             for seed, run in by_seed.items():
                 if arm != "warmstart" and "paired_with" not in run:
-                    raise ValueError(f"{name}: arm {arm}, seed {seed} does not say which warm start it started from "
-                                     "(results written before records carried it): re-collect it with "
-                                     "`selfplay compare --report-only`")
+                    raise ValueError(
+                        f"{name}: arm {arm}, seed {seed} does not say which warm start it started from "
+                        "(results written before records carried it): re-collect it with "
+                        "`selfplay compare --report-only`"
+                    )
                 run = {k: v for k, v in run.items() if k != "from_iteration"}  # recomputed by analyse
                 have = pooled.setdefault(arm, {}).get(seed)
                 if have is not None and have != run:
-                    raise ValueError(f"arm {arm}, seed {seed} is in {where[arm, seed]} and {name} with different "
-                                     "results: pool each run once")
+                    raise ValueError(
+                        f"arm {arm}, seed {seed} is in {where[arm, seed]} and {name} with different "
+                        "results: pool each run once"
+                    )
                 pooled[arm][seed] = run
                 where[arm, seed] = name
     runs = {arm: dict(sorted(by_seed.items(), key=lambda kv: int(kv[0]))) for arm, by_seed in pooled.items()}
@@ -528,10 +606,24 @@ def warm_starts(runs: dict) -> dict[str, dict[str, list[int]]]:
 
 def variants_line(results: dict) -> str:
     """One line of the report naming each variant arm's mode and overrides ("" when there is none)."""
-    seen = {arm: run["variant"] for arm, by_seed in results["runs"].items() for run in by_seed.values()
-            if run.get("variant")}
-    return ("Variants: " + "; ".join(f"{arm} = train.mode={v['mode']} {' '.join(v['overrides'])}, from {v['warm']}"
-                                     for arm, v in seen.items()) + ".") if seen else ""
+    seen = {
+        arm: run["variant"]
+        for arm, by_seed in results["runs"].items()
+        for run in by_seed.values()
+        if run.get("variant")
+    }
+    return (
+        (
+            "Variants: "
+            + "; ".join(
+                f"{arm} = train.mode={v['mode']} {' '.join(v['overrides'])}, from {v['warm']}"
+                for arm, v in seen.items()
+            )
+            + "."
+        )
+        if seen
+        else ""
+    )
 
 
 def warm_starts_line(results: dict) -> str:
@@ -548,8 +640,12 @@ def code_line(results: dict) -> str:
     """One line of the report: the code the runs ran under (their checkpoints' `code`: an RL run's includes its
     warm start's) and which runs ran under each version; "" when no record has it (records made before)."""
     where: dict[str, list[str]] = {}
-    missing = [f"{arm} {seed}" for arm, by_seed in results["runs"].items() for seed, run in by_seed.items()
-               if not run.get("code")]
+    missing = [
+        f"{arm} {seed}"
+        for arm, by_seed in results["runs"].items()
+        for seed, run in by_seed.items()
+        if not run.get("code")
+    ]
     for arm, by_seed in results["runs"].items():
         for seed, run in by_seed.items():
             for version in run.get("code") or []:
@@ -566,8 +662,17 @@ def code_line(results: dict) -> str:
     return "Code: " + "; ".join(parts + ([f"not recorded ({', '.join(missing)})"] if missing else [])) + "."
 
 
-LATER_FIGURES = ("parse_rate", "validity", "generator_in_band", "generator_never_solved", "generator_always_solved",
-                 "generator_share", "generator_batch_share", "solver_in_band", "level")
+LATER_FIGURES = (
+    "parse_rate",
+    "validity",
+    "generator_in_band",
+    "generator_never_solved",
+    "generator_always_solved",
+    "generator_share",
+    "generator_batch_share",
+    "solver_in_band",
+    "level",
+)
 
 
 def later_figures(history: list[dict], start: int = 10, window: int = 10) -> dict:
@@ -607,9 +712,10 @@ def paired_groups(before: dict, after: dict, levels: dict[str, int], n_boot: int
     for task_id in groups["all"]:
         if task_id in levels:
             groups.setdefault(f"level_{levels[task_id]}", []).append(task_id)
-    return {name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m, n_boot)
-                   for m in METRICS}
-            for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))}
+    return {
+        name: {m: paired_delta({i: before[i] for i in ids}, {i: after[i] for i in ids}, m, n_boot) for m in METRICS}
+        for name, ids in sorted(groups.items(), key=lambda kv: (kv[0] != "all", kv[0]))
+    }
 
 
 def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
@@ -618,9 +724,12 @@ def paired_arms(runs: dict, n_boot: int = 4000, seed: int = 0) -> dict:
     arms = list(runs)
     out = {}
     for i, first in enumerate(arms):
-        for second in arms[i + 1:]:
-            pairs = {s: (runs[first][s]["test_per_task"], run["test_per_task"]) for s, run in runs[second].items()
-                     if s in runs[first] and run.get("test_per_task") and runs[first][s].get("test_per_task")}
+        for second in arms[i + 1 :]:
+            pairs = {
+                s: (runs[first][s]["test_per_task"], run["test_per_task"])
+                for s, run in runs[second].items()
+                if s in runs[first] and run.get("test_per_task") and runs[first][s].get("test_per_task")
+            }
             pairs = {s: (a, b) for s, (a, b) in pairs.items() if set(a) & set(b)}
             if pairs:
                 out[f"{second} - {first}"] = {m: seed_task_delta(pairs, m, n_boot, seed) for m in METRICS}
@@ -650,8 +759,7 @@ def summarize(runs: dict, key: str = "heldout") -> dict:
         splits = sorted({s for r in by_seed.values() for s in r.get(key, {})})
         for split in splits:
             for metric in METRICS:
-                values = [r[key][split][metric] for r in by_seed.values()
-                          if metric in r.get(key, {}).get(split, {})]
+                values = [r[key][split][metric] for r in by_seed.values() if metric in r.get(key, {}).get(split, {})]
                 if values:
                     mean, sd = mean_sd(values)
                     out.setdefault(arm, {}).setdefault(split, {})[metric] = {"mean": mean, "sd": sd, "values": values}
@@ -663,8 +771,10 @@ def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: st
     summary = results.get(summary_key) or {}
     splits = sorted({s for arm in summary.values() for s in arm}, key=lambda s: (s != TEST_SPLIT, s))
     what = "" if summary_key == "summary" else f", {split_of(results)} split by level"
-    lines = [f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
-             "|---|" + "---|" * len(splits)]
+    lines = [
+        f"| arm ({metric}{what}, n={len(results['seeds'])} seeds) | " + " | ".join(splits) + " |",
+        "|---|" + "---|" * len(splits),
+    ]
     for arm in results["arms"]:
         cells = []
         for split in splits:
@@ -674,15 +784,24 @@ def markdown_table(results: dict, metric: str = "pass@1_greedy", summary_key: st
     return "\n".join(lines)
 
 
-COST_COLUMNS = ("time/generator_s", "time/rollout_s", "time/sandbox_s", "time/solver_update_s", "time/update_s",
-                "perf/solver_gen_tokens_per_s", "perf/solver_update_tokens_per_s",
-                "perf/solver_episodes_per_rollout_s")
+COST_COLUMNS = (
+    "time/generator_s",
+    "time/rollout_s",
+    "time/sandbox_s",
+    "time/solver_update_s",
+    "time/update_s",
+    "perf/solver_gen_tokens_per_s",
+    "perf/solver_update_tokens_per_s",
+    "perf/solver_episodes_per_rollout_s",
+)
 
 
 def cost_table(results: dict) -> str:
     """Per RL arm: the median over seeds of each run's median per-iteration cost (seconds, tokens/s, episodes/s)."""
-    lines = ["| arm | " + " | ".join(c.split("/", 1)[1] for c in COST_COLUMNS) + " |",
-             "|---|" + "---|" * len(COST_COLUMNS)]
+    lines = [
+        "| arm | " + " | ".join(c.split("/", 1)[1] for c in COST_COLUMNS) + " |",
+        "|---|" + "---|" * len(COST_COLUMNS),
+    ]
     for arm in results["arms"]:
         runs = [r.get("per_iteration") or {} for r in results["runs"][arm].values()]
         if not any(runs):
@@ -701,8 +820,10 @@ def compute_table(results: dict) -> str:
     the generator's tokens, the sandbox's executions); "" when no run has the record."""
     from selfplay.train.history import COMPUTE
 
-    lines = ["| arm | runs | " + " | ".join(c.replace("_", " ") for c in COMPUTE) + " |",
-             "|---|---|" + "---|" * len(COMPUTE)]
+    lines = [
+        "| arm | runs | " + " | ".join(c.replace("_", " ") for c in COMPUTE) + " |",
+        "|---|---|" + "---|" * len(COMPUTE),
+    ]
     for arm in results["arms"]:
         runs = [r["compute"] for r in results["runs"][arm].values() if r.get("compute")]
         if runs:
@@ -715,16 +836,21 @@ def paired_table(results: dict) -> str:
     """Per RL run: the paired split's change against the warm start, paired over tasks (`paired_delta`), for the
     whole split and each of its levels."""
     split = split_of(results)
-    lines = [f"{split.capitalize()} split against the warm start, paired over tasks (bootstrap 95 % interval over "
-             "tasks):", "",
-             "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"{split.capitalize()} split against the warm start, paired over tasks (bootstrap 95 % interval over tasks):",
+        "",
+        "| arm | seed | tasks | metric | warm start | after | change [95 % CI] |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arm, by_seed in results["paired_test"].items():
         for seed, by_group in by_seed.items():
             for group, by_metric in by_group.items():
                 for metric, d in by_metric.items():
                     what = metric if group == "all" else f"{metric}, {group}"
-                    lines.append(f"| {arm} | {seed} | {d['tasks']} | {what} | {d['before']:.3f} | {d['after']:.3f} | "
-                                 f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |")
+                    lines.append(
+                        f"| {arm} | {seed} | {d['tasks']} | {what} | {d['before']:.3f} | {d['after']:.3f} | "
+                        f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] |"
+                    )
     return "\n".join(lines)
 
 
@@ -733,8 +859,14 @@ def _cell(x, fmt="{:.3f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-WINDOW_FIGURES = ("validity", "generator_in_band", "generator_batch_share", "solver_in_band", "level",
-                  "generator_reward")
+WINDOW_FIGURES = (
+    "validity",
+    "generator_in_band",
+    "generator_batch_share",
+    "solver_in_band",
+    "level",
+    "generator_reward",
+)
 
 
 def window_figures(history: list[dict], window: int = 10) -> list[dict]:
@@ -744,7 +876,7 @@ def window_figures(history: list[dict], window: int = 10) -> list[dict]:
     `window` long."""
     out = []
     for i in range(0, len(history), window):
-        chunk = history[i:i + window]
+        chunk = history[i : i + window]
         row: dict = {"first": chunk[0]["step"], "last": chunk[-1]["step"]}
         for key in WINDOW_FIGURES:
             values = [h[key] for h in chunk if h.get(key) is not None]
@@ -756,56 +888,73 @@ def window_figures(history: list[dict], window: int = 10) -> list[dict]:
 def window_table(results: dict, window: int = 10) -> str:
     """Per RL run longer than two windows: the means over each window of `window` iterations (`window_figures`),
     how the figures moved over a long run rather than their mean from `from_iteration` on."""
-    lines = [f"Per RL run longer than {2 * window} iterations, means over each {window} iterations:", "",
-             "| arm | seed | iterations | validity | generator in band | generator share (batch) | solver in band | "
-             "level | generator reward |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Per RL run longer than {2 * window} iterations, means over each {window} iterations:",
+        "",
+        "| arm | seed | iterations | validity | generator in band | generator share (batch) | solver in band | "
+        "level | generator reward |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm in results["arms"]:
         for seed, run in results["runs"][arm].items():
             history = run.get("history") or []
             if arm == "warmstart" or len(history) <= 2 * window:
                 continue
             for w in window_figures(history, window):
-                lines.append(f"| {arm} | {seed} | {w['first']}-{w['last']} | {_cell(w['validity'])} | "
-                             f"{_cell(w['generator_in_band'])} | {_cell(w['generator_batch_share'])} | "
-                             f"{_cell(w['solver_in_band'])} | {_cell(w['level'], '{:.2f}')} | "
-                             f"{_cell(w['generator_reward'], '{:+.3f}')} |")
+                lines.append(
+                    f"| {arm} | {seed} | {w['first']}-{w['last']} | {_cell(w['validity'])} | "
+                    f"{_cell(w['generator_in_band'])} | {_cell(w['generator_batch_share'])} | "
+                    f"{_cell(w['solver_in_band'])} | {_cell(w['level'], '{:.2f}')} | "
+                    f"{_cell(w['generator_reward'], '{:+.3f}')} |"
+                )
     return "\n".join(lines) if len(lines) > 4 else ""  # a title, a blank line and the header: no run
 
 
 def later_table(results: dict) -> str:
     """Per RL run: the means from iteration `from_iteration` on (`later_figures`)."""
     start = results.get("from_iteration", 10)
-    lines = [f"Per RL run, means from iteration {start} on:", "",
-             "| arm | seed | iterations | parse | validity | generator in band | generator never / always solved | "
-             "generator share (mixer / batch) | solver in band | level | longest collapse alarm | "
-             "generator reward, first -> last ten |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Per RL run, means from iteration {start} on:",
+        "",
+        "| arm | seed | iterations | parse | validity | generator in band | generator never / always solved | "
+        "generator share (mixer / batch) | solver in band | level | longest collapse alarm | "
+        "generator reward, first -> last ten |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for arm in results["arms"]:
         for seed, run in results["runs"][arm].items():
             f = run.get("from_iteration") or {}
             if not f:
                 continue
-            reward = ("-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}")
-            lines.append(f"| {arm} | {seed} | {f['iterations']} | {_cell(f.get('parse_rate'))} | "
-                         f"{_cell(f['validity'])} | {_cell(f['generator_in_band'])} | "
-                         f"{_cell(f.get('generator_never_solved'))} / {_cell(f.get('generator_always_solved'))} | "
-                         f"{_cell(f['generator_share'])} / "
-                         f"{_cell(f['generator_batch_share'])} | {_cell(f['solver_in_band'])} | "
-                         f"{_cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |")
+            reward = "-" if f["reward_first"] is None else f"{f['reward_first']:+.3f} -> {f['reward_last']:+.3f}"
+            lines.append(
+                f"| {arm} | {seed} | {f['iterations']} | {_cell(f.get('parse_rate'))} | "
+                f"{_cell(f['validity'])} | {_cell(f['generator_in_band'])} | "
+                f"{_cell(f.get('generator_never_solved'))} / {_cell(f.get('generator_always_solved'))} | "
+                f"{_cell(f['generator_share'])} / "
+                f"{_cell(f['generator_batch_share'])} | {_cell(f['solver_in_band'])} | "
+                f"{_cell(f['level'], '{:.2f}')} | {f['longest_collapse_alarm']} | {reward} |"
+            )
     return "\n".join(lines)
 
 
 def paired_arms_table(results: dict) -> str:
     """Every two arms on the paired split, paired over the seeds and tasks both ran (`seed_task_delta`)."""
     split = split_of(results)
-    lines = [f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval, "
-             "uncorrected for the number of pairs; what it resamples follows the design):", "",
-             "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] | resamples |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Arm against arm on the {split} split, paired over seeds and tasks (bootstrap 95 % interval, "
+        "uncorrected for the number of pairs; what it resamples follows the design):",
+        "",
+        "| B - A | seeds | tasks | metric | A | B | B - A [95 % CI] | resamples |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, by_metric in results["paired_arms"].items():
         for metric, d in by_metric.items():
-            lines.append(f"| {name} | {d['seeds']} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
-                         f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | "
-                         f"{d.get('design', 'nested')} |")
+            lines.append(
+                f"| {name} | {d['seeds']} | {d['tasks']} | {metric} | {d['before']:.3f} | {d['after']:.3f} | "
+                f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | "
+                f"{d.get('design', 'nested')} |"
+            )
     return "\n".join(lines)
 
 
@@ -827,14 +976,15 @@ def declare_plan(out: Path, metric: str | None, split: str, baseline: str | None
     base = baseline or ("warmstart" if "warmstart" in arms else arms[0])
     if base not in arms:
         raise ValueError(f"--baseline {base}: not one of the arms ({', '.join(arms)})")
-    plan = {"metric": metric, "split": split, "baseline": base,
-            "family": [arm for arm in arms if arm != base]}
+    plan = {"metric": metric, "split": split, "baseline": base, "family": [arm for arm in arms if arm != base]}
     if before is not None:
         changed = [key for key in ("metric", "split", "baseline") if before.get(key) != plan[key]]
         if changed:
             key = changed[0]
-            raise ValueError(f"the comparison in {out} declared {key} {before.get(key)!r} before its runs "
-                             f"({path}); it cannot report {plan[key]!r} as primary")
+            raise ValueError(
+                f"the comparison in {out} declared {key} {before.get(key)!r} before its runs "
+                f"({path}); it cannot report {plan[key]!r} as primary"
+            )
         return before
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
@@ -846,14 +996,16 @@ def primary_figures(results: dict, plan: dict, n_boot: int = 4000) -> dict:
     tasks, the interval corrected for the family's size k (Bonferroni: each at 1 - 0.05 / k, so that together
     they hold 95 %)."""
     if plan["split"] != split_of(results):
-        raise ValueError(f"the plan declared the {plan['split']} split; these runs are paired on "
-                         f"{split_of(results)}")
+        raise ValueError(f"the plan declared the {plan['split']} split; these runs are paired on {split_of(results)}")
     runs, base = results["runs"], plan["baseline"]
     family = [arm for arm in plan["family"] if arm in runs]
     rows = {}
     for arm in family:
-        pairs = {s: (runs[base][s]["test_per_task"], run["test_per_task"]) for s, run in runs[arm].items()
-                 if s in runs.get(base, {}) and run.get("test_per_task") and runs[base][s].get("test_per_task")}
+        pairs = {
+            s: (runs[base][s]["test_per_task"], run["test_per_task"])
+            for s, run in runs[arm].items()
+            if s in runs.get(base, {}) and run.get("test_per_task") and runs[base][s].get("test_per_task")
+        }
         if pairs:
             rows[f"{arm} - {base}"] = seed_task_delta(pairs, plan["metric"], n_boot, k=max(len(family), 1))
     return {**plan, "k": max(len(family), 1), "rows": rows}
@@ -862,13 +1014,19 @@ def primary_figures(results: dict, plan: dict, n_boot: int = 4000) -> dict:
 def primary_table(results: dict) -> str:
     """The declared comparison, first in the report."""
     p = results["primary"]
-    lines = [f"Primary (declared before the runs): {p['metric']} on the {p['split']} split, each arm against "
-             f"{p['baseline']}, paired over seeds and tasks; intervals at {100 * (1 - 0.05 / p['k']):.2f} % each "
-             f"(95 % for the family of {p['k']}, Bonferroni):", "",
-             "| B - A | seeds | tasks | A | B | B - A [CI] | resamples |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Primary (declared before the runs): {p['metric']} on the {p['split']} split, each arm against "
+        f"{p['baseline']}, paired over seeds and tasks; intervals at {100 * (1 - 0.05 / p['k']):.2f} % each "
+        f"(95 % for the family of {p['k']}, Bonferroni):",
+        "",
+        "| B - A | seeds | tasks | A | B | B - A [CI] | resamples |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, d in p["rows"].items():
-        lines.append(f"| {name} | {d['seeds']} | {d['tasks']} | {d['before']:.3f} | {d['after']:.3f} | "
-                     f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['resamples']} |")
+        lines.append(
+            f"| {name} | {d['seeds']} | {d['tasks']} | {d['before']:.3f} | {d['after']:.3f} | "
+            f"{d['delta']:+.3f} [{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}] | {d['resamples']} |"
+        )
     return "\n".join(lines)
 
 
@@ -878,9 +1036,14 @@ def write_report(results: dict, out: Path) -> None:
     if plan:
         results["plan"], results["primary"] = plan, primary_figures(results, plan)
     (out / "results.json").write_text(json.dumps(results, indent=2, sort_keys=True))
-    tables = [primary_table(results)] if results.get("primary") else [
-        "No primary metric was declared before the runs (`selfplay compare --primary METRIC`): every interval "
-        "below is exploratory."]
+    tables = (
+        [primary_table(results)]
+        if results.get("primary")
+        else [
+            "No primary metric was declared before the runs (`selfplay compare --primary METRIC`): every interval "
+            "below is exploratory."
+        ]
+    )
     tables += [line for line in (warm_starts_line(results), code_line(results), variants_line(results)) if line]
     tables += [markdown_table(results, m) for m in METRICS]
     if results.get("summary_test_by_level"):
@@ -931,8 +1094,15 @@ def plot(results: dict, path: Path) -> Path:
     for i, arm in enumerate(arms):
         xs = [j + (i - (len(arms) - 1) / 2) * width for j in range(len(splits))]
         cells = [summary.get(arm, {}).get(s, {}).get("pass@1_greedy") for s in splits]
-        ax.bar(xs, [c["mean"] if c else 0 for c in cells], width, label=arm,
-               yerr=[c["sd"] if c else 0 for c in cells], capsize=3, alpha=0.8)
+        ax.bar(
+            xs,
+            [c["mean"] if c else 0 for c in cells],
+            width,
+            label=arm,
+            yerr=[c["sd"] if c else 0 for c in cells],
+            capsize=3,
+            alpha=0.8,
+        )
         for x, c in zip(xs, cells):
             if c:
                 ax.plot([x] * len(c["values"]), c["values"], "k.", markersize=4)
@@ -948,25 +1118,38 @@ def plot(results: dict, path: Path) -> Path:
             for metric, marker in (("pass@1_greedy", "o"), ("pass@1", "x")):
                 pts = [(int(k), v[metric]) for k, v in curve.items() if metric in v]
                 if pts:
-                    ax.plot(*zip(*pts), marker=marker, color=f"C{arms.index(arm)}", alpha=0.7,
-                            linestyle=SEED_STYLES[int(seed) % 4], label=first_label(ax, arm))
+                    ax.plot(
+                        *zip(*pts),
+                        marker=marker,
+                        color=f"C{arms.index(arm)}",
+                        alpha=0.7,
+                        linestyle=SEED_STYLES[int(seed) % 4],
+                        label=first_label(ax, arm),
+                    )
     ax.set_title(f"held-out {split_of(results)} pass@1 at each evaluation (o greedy, x sampled)")
     ax.set_xlabel("iteration")
     if ax.lines:
         ax.legend(fontsize=7)
-    for ax, key, title in ((axes[2], "solve_rate", "solver pass rate on its training batch"),
-                           (axes[3], "level", "procedural level"),
-                           (axes[4], "validity", "generator validity rate"),
-                           (axes[5], "solver_in_band", "solver's tasks in band (0 < p < 1)"),
-                           (axes[6], "generator_in_band", "generator's valid proposals in band"),
-                           (axes[7], "generator_batch_share", "generator's share of the solver batch")):
+    for ax, key, title in (
+        (axes[2], "solve_rate", "solver pass rate on its training batch"),
+        (axes[3], "level", "procedural level"),
+        (axes[4], "validity", "generator validity rate"),
+        (axes[5], "solver_in_band", "solver's tasks in band (0 < p < 1)"),
+        (axes[6], "generator_in_band", "generator's valid proposals in band"),
+        (axes[7], "generator_batch_share", "generator's share of the solver batch"),
+    ):
         drawn = False
         for arm in arms:
             for seed, run in results["runs"][arm].items():
                 pts = [(h["step"], h[key]) for h in run["history"] if h.get(key) is not None]
                 if pts:
-                    ax.plot(*zip(*pts), label=first_label(ax, arm), alpha=0.7,
-                            color=f"C{arms.index(arm)}", linestyle=SEED_STYLES[int(seed) % 4])
+                    ax.plot(
+                        *zip(*pts),
+                        label=first_label(ax, arm),
+                        alpha=0.7,
+                        color=f"C{arms.index(arm)}",
+                        linestyle=SEED_STYLES[int(seed) % 4],
+                    )
                     drawn = True
         ax.set_title(title)
         ax.set_xlabel("iteration")
@@ -975,8 +1158,9 @@ def plot(results: dict, path: Path) -> Path:
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
     seeds = sorted({int(seed) for by_seed in results["runs"].values() for seed in by_seed})
-    fig.suptitle("colour: arm; line style: seed (" + ", ".join(f"{SEED_STYLES[s % 4]} {s}" for s in seeds) + ")",
-                 fontsize=9)
+    fig.suptitle(
+        "colour: arm; line style: seed (" + ", ".join(f"{SEED_STYLES[s % 4]} {s}" for s in seeds) + ")", fontsize=9
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)

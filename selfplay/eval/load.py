@@ -25,8 +25,10 @@ def resolve(target: str) -> tuple[Path, Path]:
     except RuntimeError as exc:
         raise UserError(str(exc)) from exc
     if latest is None:
-        raise UserError(f"{target} holds no checkpoint (no checkpoints/latest; run `selfplay warmstart` or "
-                        f"`selfplay train` with run.dir={target} first)")
+        raise UserError(
+            f"{target} holds no checkpoint (no checkpoints/latest; run `selfplay warmstart` or "
+            f"`selfplay train` with run.dir={target} first)"
+        )
     return path, latest
 
 

@@ -10,7 +10,7 @@ computed in the product form, which is exact enough and never overflows.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

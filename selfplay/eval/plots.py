@@ -63,8 +63,9 @@ def bars_by_group(ax, groups: dict[str, dict], title: str, why: str = "no result
     ax.legend(fontsize=7, loc="upper right")
 
 
-def lines_over_steps(ax, series: dict[str, list], title: str, ylabel: str, mean: float | None = None,
-                     why: str = "no points yet") -> None:
+def lines_over_steps(
+    ax, series: dict[str, list], title: str, ylabel: str, mean: float | None = None, why: str = "no points yet"
+) -> None:
     """One line per name from [[step, value], ...] points."""
     series = {name: pts for name, pts in series.items() if pts}
     if not series:
@@ -97,8 +98,10 @@ def solve_rate_hist(ax, solve_rates: dict | None, why: str = "no measured genera
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("solver solve rate p (share of samples that passed)")
     ax.set_ylabel("tasks")
-    shares = [(name, solve_rates.get(key)) for name, key in (("p=0", "never_solved"), ("0<p<1", "learnable"),
-                                                                ("p=1", "always_solved"))]
+    shares = [
+        (name, solve_rates.get(key))
+        for name, key in (("p=0", "never_solved"), ("0<p<1", "learnable"), ("p=1", "always_solved"))
+    ]
     ax.set_title(title + "\n" + ", ".join(f"{n}: {v:.0%}" for n, v in shares if v is not None), fontsize=10)
 
 
@@ -121,8 +124,9 @@ def diversity_over_steps(ax, diversity: dict | None, why: str = "no generator ta
     handles, labels = ax.get_legend_handles_labels()
     if measured:  # the solve rate of each step's tasks on a second axis: is the generator tracking the solver?
         twin = ax.twinx()
-        line, = twin.plot([m[0] for m in measured], [m[1] for m in measured], color="darkorange", marker="o",
-                          markersize=3)
+        (line,) = twin.plot(
+            [m[0] for m in measured], [m[1] for m in measured], color="darkorange", marker="o", markersize=3
+        )
         twin.set_ylim(-0.02, 1.05)
         twin.set_ylabel("mean solve rate")
         handles, labels = handles + [line], labels + ["mean solve rate"]
@@ -134,27 +138,75 @@ def plot_eval(results: dict, path: str | Path) -> Path:
     evaluated (all six for `--suite all`, 16 x 9 inches; `--suite heldout` its two), each with "no data" where its
     part is empty."""
     generator = results.get("generator") or {}
-    skipped = {suite: f"not evaluated (--suite {suite})" for suite in ("heldout", "humaneval", "generator")
-               if suite not in results}
+    skipped = {
+        suite: f"not evaluated (--suite {suite})"
+        for suite in ("heldout", "humaneval", "generator")
+        if suite not in results
+    }
     heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k not in BREAKDOWNS}
     validity = results.get("validity_over_time") or generator.get("validity") or {}
     others = {"generated\nsnapshot": generator.get("snapshot"), "HumanEval": results.get("humaneval")}
     panels = []  # (shown, draw(ax)) in reading order
-    panels.append(("heldout" in results, lambda ax: bars_by_group(
-        ax, heldout, f"held-out pass@1, step {results.get('step', '?')}", skipped.get("heldout", "no results"))))
-    panels.append(("heldout" in results or bool(results.get("heldout_over_time")), lambda ax: lines_over_steps(
-        ax, results.get("heldout_over_time") or {}, "held-out greedy pass@1 over the run", "greedy pass@1",
-        why="no evaluations in the run's history")))
-    panels.append(("generator" in results or bool(results.get("validity_over_time")), lambda ax: lines_over_steps(
-        ax, {"validity": validity.get("by_step") or []}, "generator validity rate", "valid proposals / proposals",
-        validity.get("mean"), why="no iterations with proposals")))
-    panels.append(("generator" in results, lambda ax: solve_rate_hist(
-        ax, generator.get("solve_rates"), skipped.get("generator", "no measured generator tasks"))))
-    panels.append(("generator" in results, lambda ax: diversity_over_steps(
-        ax, generator.get("diversity"), skipped.get("generator", "no generator tasks"))))
-    panels.append(("generator" in results or "humaneval" in results, lambda ax: bars_by_group(
-        ax, {k: _as_group(v) for k, v in others.items() if v}, "generated snapshot, HumanEval",
-        _last_panel_note(skipped))))
+    panels.append(
+        (
+            "heldout" in results,
+            lambda ax: bars_by_group(
+                ax, heldout, f"held-out pass@1, step {results.get('step', '?')}", skipped.get("heldout", "no results")
+            ),
+        )
+    )
+    panels.append(
+        (
+            "heldout" in results or bool(results.get("heldout_over_time")),
+            lambda ax: lines_over_steps(
+                ax,
+                results.get("heldout_over_time") or {},
+                "held-out greedy pass@1 over the run",
+                "greedy pass@1",
+                why="no evaluations in the run's history",
+            ),
+        )
+    )
+    panels.append(
+        (
+            "generator" in results or bool(results.get("validity_over_time")),
+            lambda ax: lines_over_steps(
+                ax,
+                {"validity": validity.get("by_step") or []},
+                "generator validity rate",
+                "valid proposals / proposals",
+                validity.get("mean"),
+                why="no iterations with proposals",
+            ),
+        )
+    )
+    panels.append(
+        (
+            "generator" in results,
+            lambda ax: solve_rate_hist(
+                ax, generator.get("solve_rates"), skipped.get("generator", "no measured generator tasks")
+            ),
+        )
+    )
+    panels.append(
+        (
+            "generator" in results,
+            lambda ax: diversity_over_steps(
+                ax, generator.get("diversity"), skipped.get("generator", "no generator tasks")
+            ),
+        )
+    )
+    panels.append(
+        (
+            "generator" in results or "humaneval" in results,
+            lambda ax: bars_by_group(
+                ax,
+                {k: _as_group(v) for k, v in others.items() if v},
+                "generated snapshot, HumanEval",
+                _last_panel_note(skipped),
+            ),
+        )
+    )
     draws = [draw for shown, draw in panels if shown]
     cols = min(3, max(1, len(draws)))
     rows = max(1, -(-len(draws) // 3))
@@ -163,7 +215,7 @@ def plot_eval(results: dict, path: str | Path) -> Path:
         draw(ax)
     if not draws:
         _no_data(axes[0, 0], "evaluation", "nothing evaluated")
-    for ax in list(axes.flat)[max(1, len(draws)):]:
+    for ax in list(axes.flat)[max(1, len(draws)) :]:
         ax.set_visible(False)
     fig.suptitle(f"{results.get('checkpoint', '')}", fontsize=10)
     fig.tight_layout()

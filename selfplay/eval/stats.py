@@ -25,14 +25,16 @@ Everything here is pure numpy and seeded: the same inputs give the same interval
 from __future__ import annotations
 
 import statistics
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 CROSSED, NESTED = "crossed", "nested"
 DESIGNS = (CROSSED, NESTED)
-RESAMPLES = {CROSSED: "seeds and tasks together (crossed: the seeds share their tasks)",
-             NESTED: "seeds, then tasks within each seed (nested: each seed drew its own tasks)"}
+RESAMPLES = {
+    CROSSED: "seeds and tasks together (crossed: the seeds share their tasks)",
+    NESTED: "seeds, then tasks within each seed (nested: each seed drew its own tasks)",
+}
 
 
 def percentiles(level: float = 0.95, k: int = 1) -> tuple[float, float]:
@@ -97,8 +99,9 @@ def design_of(task_sets: Sequence[set]) -> str:
     return NESTED
 
 
-def paired_interval(pairs: Mapping, value, n_boot: int = 4000, seed: int = 0, level: float = 0.95, k: int = 1,
-                    design: str | None = None) -> dict:
+def paired_interval(
+    pairs: Mapping, value, n_boot: int = 4000, seed: int = 0, level: float = 0.95, k: int = 1, design: str | None = None
+) -> dict:
     """The change from arm A to arm B over seeds and tasks, with the interval its design calls for.
 
     `pairs`: {seed: (A's per-task rows, B's)}, each {task_id: row}; `value(row) -> float`. Per seed only the tasks
@@ -128,9 +131,18 @@ def paired_interval(pairs: Mapping, value, n_boot: int = 4000, seed: int = 0, le
         boot = nested_boot(diffs, n_boot, rng)
     lo, hi = np.percentile(boot, percentiles(level, k))
     a, b = np.concatenate(rows_a), np.concatenate(rows_b)
-    return {"seeds": len(diffs), "tasks": int(len(a)), "before": float(a.mean()), "after": float(b.mean()),
-            "delta": float((b - a).mean()), "ci": [float(lo), float(hi)], "level": level, "k": k,
-            "design": design, "resamples": RESAMPLES[design] if len(diffs) > 1 else "tasks (one seed)"}
+    return {
+        "seeds": len(diffs),
+        "tasks": int(len(a)),
+        "before": float(a.mean()),
+        "after": float(b.mean()),
+        "delta": float((b - a).mean()),
+        "ci": [float(lo), float(hi)],
+        "level": level,
+        "k": k,
+        "design": design,
+        "resamples": RESAMPLES[design] if len(diffs) > 1 else "tasks (one seed)",
+    }
 
 
 OUTCOME_METRICS = ("pass@1_greedy", "pass@1")  # what a per-task outcome row [greedy solved, n, c] gives
@@ -157,8 +169,13 @@ def paired_delta(before: dict, after: dict, metric: str = "pass@1", n_boot: int 
     b = np.array([outcome_value(before[i], metric) for i in ids])
     a = np.array([outcome_value(after[i], metric) for i in ids])
     diff = a - b
-    return {"tasks": len(ids), "before": float(b.mean()), "after": float(a.mean()), "delta": float(diff.mean()),
-            "ci95": bootstrap_ci95(diff, n_boot, seed)}
+    return {
+        "tasks": len(ids),
+        "before": float(b.mean()),
+        "after": float(a.mean()),
+        "delta": float(diff.mean()),
+        "ci95": bootstrap_ci95(diff, n_boot, seed),
+    }
 
 
 def significant(ci: Sequence[float]) -> bool:

@@ -11,13 +11,20 @@ Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import torch
 
-from selfplay.models.factory import (ActorCritic, AdapterOff, ensure_chat_template, fresh_lora, frozen_copy, is_lora,
-                                     torch_dtype)
+from selfplay.models.factory import (
+    ActorCritic,
+    AdapterOff,
+    ensure_chat_template,
+    fresh_lora,
+    frozen_copy,
+    is_lora,
+    torch_dtype,
+)
 from selfplay.rl.ppo import PPOTrainer, is_deepspeed_engine, policy_of
 from selfplay.rollout.engine import HFEngine
 from selfplay.rollout.engines import Answer, RolloutEngine, Sampling
@@ -31,10 +38,15 @@ class LMAgent:
         self.reference = reference
         self.module = model  # the ActorCritic itself (engines and DDP wrap it)
         self.model, optimizer = wrap(model) if wrap is not None else (model, None)
-        self.trainer = PPOTrainer(self.model, reference, ppo_cfg, optimizer, pad_token_id=tokenizer.pad_token_id,
-                                  seed=seed)
-        self.eos_ids = sorted({tokenizer.eos_token_id, *([tokenizer.convert_tokens_to_ids("<|end|>")]
-                                                        if "<|end|>" in tokenizer.get_vocab() else [])})
+        self.trainer = PPOTrainer(
+            self.model, reference, ppo_cfg, optimizer, pad_token_id=tokenizer.pad_token_id, seed=seed
+        )
+        self.eos_ids = sorted(
+            {
+                tokenizer.eos_token_id,
+                *([tokenizer.convert_tokens_to_ids("<|end|>")] if "<|end|>" in tokenizer.get_vocab() else []),
+            }
+        )
         self.constraint = None  # a compiled grammar (selfplay.rollout.constrained): sample() then decodes under it
         # what samples its answers (selfplay/rollout/engines.py); the loop's agents get rollout.engine's (make_engine)
         self.engine: RolloutEngine = HFEngine()
@@ -69,8 +81,9 @@ class LMAgent:
     def chat_ids(self, user: str, max_prompt_tokens: int | None = None) -> list[int]:
         """The user message through the chat template, with the generation prompt. Prompts longer than
         `max_prompt_tokens` (default: what leaves room for `max_new_tokens` in the model) lose their start."""
-        ids = self.tokenizer.apply_chat_template([{"role": "user", "content": user}], add_generation_prompt=True,
-                                                 tokenize=True, return_dict=False)
+        ids = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": user}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         if self.max_positions is not None:
             room = self.max_positions - self.cfg.max_new_tokens
@@ -85,9 +98,10 @@ class LMAgent:
         template (some add a default system prompt to a conversation's first message only)."""
         base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]
         before = self.tokenizer.apply_chat_template(base, tokenize=False)
-        after = self.tokenizer.apply_chat_template(base + [{"role": "user", "content": text}], tokenize=False,
-                                                   add_generation_prompt=True)
-        delta = after[len(before):] if after.startswith(before) else after
+        after = self.tokenizer.apply_chat_template(
+            base + [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+        delta = after[len(before) :] if after.startswith(before) else after
         return list(self.tokenizer(delta, add_special_tokens=False)["input_ids"])
 
     def decode(self, tokens: Sequence[int]) -> str:
@@ -97,11 +111,23 @@ class LMAgent:
     def sampling(self, *, greedy: bool = False, max_new_tokens: int | None = None, batch_size: int = 64) -> Sampling:
         """The sampling parameters of a batch: this agent's temperature and stop ids, `max_new_tokens` (default
         ppo.max_new_tokens)."""
-        return Sampling(temperature=float(self.cfg.temperature), greedy=greedy, stop_ids=tuple(self.eos_ids),
-                        max_new_tokens=max_new_tokens or self.cfg.max_new_tokens, batch_size=batch_size)
+        return Sampling(
+            temperature=float(self.cfg.temperature),
+            greedy=greedy,
+            stop_ids=tuple(self.eos_ids),
+            max_new_tokens=max_new_tokens or self.cfg.max_new_tokens,
+            batch_size=batch_size,
+        )
 
-    def sample(self, prompts: Sequence[Sequence[int]], *, greedy: bool = False, max_new_tokens: int | None = None,
-               batch_size: int = 64, budgets: Sequence[int] | None = None) -> list[Answer]:
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        *,
+        greedy: bool = False,
+        max_new_tokens: int | None = None,
+        batch_size: int = 64,
+        budgets: Sequence[int] | None = None,
+    ) -> list[Answer]:
         """One answer per prompt (repeat a prompt for k samples), batched, from the agent's rollout engine. Under a
         grammar with a closing reserve (`constrain`), sampling stops `close_reserve` tokens short of the budget and
         an answer unfinished there is closed under its grammar within the rest (its closing tokens forced: masks
@@ -114,8 +140,9 @@ class LMAgent:
         closing = self.closer is not None and self.constraint is not None and len(prompts) > 0
         grammars = grammars_ahead(self.constraint, len(prompts)) if closing else None
         budget = max(1, max_new - self.close_reserve) if closing else max_new
-        answers = self.engine.sample(self, prompts, self.sampling(greedy=greedy, max_new_tokens=budget,
-                                                                  batch_size=batch_size))
+        answers = self.engine.sample(
+            self, prompts, self.sampling(greedy=greedy, max_new_tokens=budget, batch_size=batch_size)
+        )
         if closing:
             limit = self.max_positions
             budgets = [max_new] * len(answers) if budgets is None else budgets
@@ -124,8 +151,10 @@ class LMAgent:
                 if len(a.tokens) > keep:  # this row's own budget is shorter than the batch's
                     a.tokens, a.finished, a.allowed, a.logprobs = a.cut(keep)
                     a.text = self.decode(a.tokens)
-            room = [(b if limit is None else min(b, limit - len(a.prompt))) - len(a.tokens)
-                    for a, b in zip(answers, budgets)]
+            room = [
+                (b if limit is None else min(b, limit - len(a.prompt))) - len(a.tokens)
+                for a, b in zip(answers, budgets)
+            ]
             close_answers(answers, grammars, self.closer, room, self.decode)
         self.sampled_tokens += sum(len(a.tokens) for a in answers)
         return answers
@@ -138,9 +167,15 @@ class LMAgent:
         for group in self.trainer.optimizer.param_groups if self.trainer.optimizer is not None else []:
             group["lr"] = group["base_lr"] = float(lr)
 
-    def update(self, answers: Sequence, scores: Sequence[float], lr_scale: float = 1.0,
-               masks: Sequence[Sequence[int]] | None = None, replay: Sequence | None = None,
-               groups: Sequence | None = None) -> dict:
+    def update(
+        self,
+        answers: Sequence,
+        scores: Sequence[float],
+        lr_scale: float = 1.0,
+        masks: Sequence[Sequence[int]] | None = None,
+        replay: Sequence | None = None,
+        groups: Sequence | None = None,
+    ) -> dict:
         """One PPO update on these answers (anything with .prompt and .tokens) and their scalar rewards;
         `masks` marks the response tokens the policy chose (0 for observations in multi-turn episodes).
         `replay`: past successes (selfplay.rl.replay.ReplayItem) for the auxiliary NLL loss (ppo.replay_coef);
@@ -152,16 +187,27 @@ class LMAgent:
             group["lr"] = group["base_lr"] * lr_scale
         replayed = None
         if replay:
-            replayed = ([x.prompt for x in replay], [x.tokens for x in replay],
-                        [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay])
+            replayed = (
+                [x.prompt for x in replay],
+                [x.tokens for x in replay],
+                [x.mask if x.mask is not None else [1] * len(x.tokens) for x in replay],
+            )
         allowed = [getattr(a, "allowed", None) for a in answers]  # the grammar's masks, when answers were constrained
         # the sampler's log-probs (ppo.tis_cap), where an answer carries one per token; else unknown (weight 1)
-        behaviour = [lp if (lp := getattr(a, "logprobs", None)) is not None and len(lp) == len(a.tokens) else None
-                     for a in answers]
-        stats = self.trainer.step([a.prompt for a in answers], [a.tokens for a in answers], list(scores),
-                                  response_masks=masks, replay=replayed, groups=groups,
-                                  allowed=allowed if any(x is not None for x in allowed) else None,
-                                  behaviour_logprobs=behaviour if any(x is not None for x in behaviour) else None)
+        behaviour = [
+            lp if (lp := getattr(a, "logprobs", None)) is not None and len(lp) == len(a.tokens) else None
+            for a in answers
+        ]
+        stats = self.trainer.step(
+            [a.prompt for a in answers],
+            [a.tokens for a in answers],
+            list(scores),
+            response_masks=masks,
+            replay=replayed,
+            groups=groups,
+            allowed=allowed if any(x is not None for x in allowed) else None,
+            behaviour_logprobs=behaviour if any(x is not None for x in behaviour) else None,
+        )
         seconds = self.engine.sync(self)
         if seconds is not None:
             stats["weight_sync_s"] = seconds

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 import torch
 from torch import nn
@@ -60,7 +60,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, kind: str = "b
     if kind == "bpe":
         tok = Tokenizer(models.BPE())
         trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+            vocab_size=vocab_size,
+            special_tokens=SPECIAL_TOKENS,
+            show_progress=False,
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
     elif kind == "word":
@@ -68,10 +70,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2000, kind: str = "b
         trainer = trainers.WordLevelTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False)
     else:
         raise UserError(f"model.tokenizer must be 'bpe' or 'word', got {kind!r}")
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(CODE_SPLIT), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(CODE_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
     tok.train_from_iterator(list(texts), trainer)
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=END, unk_token=UNK)
@@ -134,30 +138,64 @@ def load_model_and_tokenizer(
     return model, ensure_chat_template(tokenizer)
 
 
-def build_tiny_model(tokenizer, *, arch: str = "gpt2", n_layer: int = 4, n_embd: int = 128, n_head: int = 4,
-                     max_positions: int = 1024, seed: int = 0):
+def build_tiny_model(
+    tokenizer,
+    *,
+    arch: str = "gpt2",
+    n_layer: int = 4,
+    n_embd: int = 128,
+    n_head: int = 4,
+    max_positions: int = 1024,
+    seed: int = 0,
+):
     """A freshly initialised small causal LM sized to `tokenizer` (dropout off: PPO ratios must start at 1)."""
     from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
 
     if n_embd % n_head:
         raise UserError(f"model.n_embd ({n_embd}) must be divisible by model.n_head ({n_head})")
-    ids = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-               pad_token_id=tokenizer.pad_token_id)
+    ids = dict(
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(seed)
     if arch == "gpt2":
-        config = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=max_positions,
-                            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, **ids)
+        config = GPT2Config(
+            n_layer=n_layer,
+            n_embd=n_embd,
+            n_head=n_head,
+            n_positions=max_positions,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
         return GPT2LMHeadModel(config)
     if arch == "llama":
-        config = LlamaConfig(hidden_size=n_embd, intermediate_size=4 * n_embd, num_hidden_layers=n_layer,
-                             num_attention_heads=n_head, num_key_value_heads=n_head,
-                             max_position_embeddings=max_positions, tie_word_embeddings=True, **ids)
+        config = LlamaConfig(
+            hidden_size=n_embd,
+            intermediate_size=4 * n_embd,
+            num_hidden_layers=n_layer,
+            num_attention_heads=n_head,
+            num_key_value_heads=n_head,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **ids,
+        )
         return LlamaForCausalLM(config)
     raise UserError(f"model.arch must be 'gpt2' or 'llama', got {arch!r}")
 
 
-def build_tiny(texts: Iterable[str], out_dir: str | Path, *, vocab_size: int = 2000, tokenizer_kind: str = "bpe",
-               seed: int = 0, **model_kwargs):
+def build_tiny(
+    texts: Iterable[str],
+    out_dir: str | Path,
+    *,
+    vocab_size: int = 2000,
+    tokenizer_kind: str = "bpe",
+    seed: int = 0,
+    **model_kwargs,
+):
     """Train the tokenizer on `texts`, build the tiny model, save both to `out_dir`; return (model, tokenizer)."""
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size, kind=tokenizer_kind)
     model = build_tiny_model(tokenizer, seed=seed, **model_kwargs)
@@ -201,8 +239,10 @@ class ActorCritic(nn.Module):
         if value_model not in VALUE_MODELS:
             raise UserError(f"model.value_model must be one of {', '.join(VALUE_MODELS)}, got {value_model!r}")
         if value_model == "separate" and is_lora(policy):
-            raise UserError("model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
-                            "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA")
+            raise UserError(
+                "model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
+                "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA"
+            )
         self.value_model = value_model
         self.policy = policy
         self.critic = copy.deepcopy(policy) if value_model == "separate" else None
@@ -216,27 +256,42 @@ class ActorCritic(nn.Module):
     def config(self):
         return self.policy.config
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                logits_to_keep: int = 0, prompt_lens: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        logits_to_keep: int = 0,
+        prompt_lens: Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits [B, T, V] and values [B, T] (value at t = value of the state before token t+1).
 
         logits_to_keep=k > 0: only the last k positions (the answer; the prompt's logits are never needed and
         dominate memory with a large vocabulary).
         prompt_lens: each row's prompt length (rows right-padded, prompt then answer): rows with the same prompt
         share one pass over it (`shared_prompt_forward`); the same numbers, fewer tokens."""
-        if prompt_lens is not None and self.critic is None and shares_prompts(self.policy) and not getattr(
-                base_of(self.policy).model, "gradient_checkpointing", False):  # (checkpointing keeps no cache)
+        if (
+            prompt_lens is not None
+            and self.critic is None
+            and shares_prompts(self.policy)
+            and not getattr(base_of(self.policy).model, "gradient_checkpointing", False)
+        ):  # (checkpointing keeps no cache)
             return shared_prompt_forward(self, input_ids, attention_mask, list(prompt_lens), logits_to_keep)
         extra = {"logits_to_keep": logits_to_keep} if logits_to_keep and self._keeps_logits else {}
-        out = self.policy(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=self.critic is None,
-                          use_cache=False, **extra)
+        out = self.policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=self.critic is None,
+            use_cache=False,
+            **extra,
+        )
         if self.critic is None:
             hidden = out.hidden_states[-1]
             if self.value_model == "detached":
                 hidden = hidden.detach()
         else:
-            hidden = self.critic.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                            use_cache=False).last_hidden_state
+            hidden = self.critic.base_model(
+                input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+            ).last_hidden_state
         logits = out.logits
         if logits_to_keep:
             logits, hidden = logits[:, -logits_to_keep:], hidden[:, -logits_to_keep:]
@@ -257,8 +312,9 @@ class ActorCritic(nn.Module):
             self.critic.save_pretrained(out_dir / "critic")
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, value_model: str | None = None, trainable_lora: bool = False,
-                        **load_kwargs) -> "ActorCritic":
+    def from_pretrained(
+        cls, path: str | Path, value_model: str | None = None, trainable_lora: bool = False, **load_kwargs
+    ) -> ActorCritic:
         """Inverse of `save_pretrained`; a folder with only a policy gets a fresh value head.
 
         trainable_lora: a folder with a LoRA adapter (lora/) gives its frozen base and the trainable adapter (to
@@ -277,9 +333,11 @@ class ActorCritic(nn.Module):
             policy = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
         separate = (path / "critic").is_dir()
         if value_model is not None and (value_model == "separate") != separate:
-            raise UserError(f"model.value_model={value_model} but {path} holds "
-                            f"{'a separate critic' if separate else 'a value head on the policy (no critic/)'}: "
-                            "a separate critic is chosen at warm start; use 'head' or 'detached' with this run")
+            raise UserError(
+                f"model.value_model={value_model} but {path} holds "
+                f"{'a separate critic' if separate else 'a value head on the policy (no critic/)'}: "
+                "a separate critic is chosen at warm start; use 'head' or 'detached' with this run"
+            )
         model = cls(policy, value_model or ("separate" if separate else "head"))
         model.lora_base = lora_base or model.lora_base
         if separate:
@@ -297,12 +355,20 @@ SHARED_PROMPT_MODELS = ("llama", "mistral", "qwen2", "qwen3")
 def shares_prompts(policy) -> bool:
     """Whether `shared_prompt_forward` gives this model's own numbers (SHARED_PROMPT_MODELS)."""
     base = base_of(policy)
-    return (getattr(base.config, "model_type", None) in SHARED_PROMPT_MODELS and hasattr(base, "lm_head")
-            and hasattr(getattr(base, "model", None), "layers"))
+    return (
+        getattr(base.config, "model_type", None) in SHARED_PROMPT_MODELS
+        and hasattr(base, "lm_head")
+        and hasattr(getattr(base, "model", None), "layers")
+    )
 
 
-def shared_prompt_forward(model: "ActorCritic", input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          prompt_lens: list[int], logits_to_keep: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def shared_prompt_forward(
+    model: ActorCritic,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_lens: list[int],
+    logits_to_keep: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`ActorCritic.forward` with each distinct prompt run once: the prompts (right-padded) in one pass that keeps
     their keys and values (with their gradients), those selected for every row that has the prompt, then the
     answers in one pass over that cache at their own positions. A task's k answers share a prompt, so its tokens
@@ -323,8 +389,9 @@ def shared_prompt_forward(model: "ActorCritic", input_ids: torch.Tensor, attenti
         p_ids[u, : len(k)] = torch.tensor(k, dtype=input_ids.dtype)
         p_mask[u, : len(k)] = 1
     cache = DynamicCache(config=base.config)
-    prompt_hidden = base.model(input_ids=p_ids, attention_mask=p_mask, past_key_values=cache,
-                               use_cache=True).last_hidden_state
+    prompt_hidden = base.model(
+        input_ids=p_ids, attention_mask=p_mask, past_key_values=cache, use_cache=True
+    ).last_hidden_state
     cache.batch_select_indices(which)
     a_width = max(1, width - min(prompt_lens))
     a_ids = torch.zeros((rows, a_width), dtype=input_ids.dtype, device=device)
@@ -333,12 +400,21 @@ def shared_prompt_forward(model: "ActorCritic", input_ids: torch.Tensor, attenti
         m = int(attention_mask[b].sum()) - n  # this row's answer tokens
         a_ids[b, :m], a_mask[b, :m] = input_ids[b, n : n + m], 1
     positions = torch.tensor(prompt_lens, device=device)[:, None] + torch.arange(a_width, device=device)[None]
-    answer_hidden = base.model(input_ids=a_ids, attention_mask=torch.cat([p_mask[which], a_mask], 1),
-                               past_key_values=cache, position_ids=positions, use_cache=True).last_hidden_state
+    answer_hidden = base.model(
+        input_ids=a_ids,
+        attention_mask=torch.cat([p_mask[which], a_mask], 1),
+        past_key_values=cache,
+        position_ids=positions,
+        use_cache=True,
+    ).last_hidden_state
     # each row's hidden states on the plain forward's axis: its prompt's positions, then its answer's
     keep = logits_to_keep or width
-    hidden = torch.stack([torch.cat([prompt_hidden[which[b], :n], answer_hidden[b, : width - n]])[width - keep:]
-                          for b, n in enumerate(prompt_lens)])
+    hidden = torch.stack(
+        [
+            torch.cat([prompt_hidden[which[b], :n], answer_hidden[b, : width - n]])[width - keep :]
+            for b, n in enumerate(prompt_lens)
+        ]
+    )
     logits = base.lm_head(hidden)
     value_in = hidden.detach() if model.value_model == "detached" else hidden
     return logits, model.value_head(value_in)
@@ -375,8 +451,9 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 # ---------------------------------------------------------------------------- from the config
 
 
-def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0,
-                 agent: str | None = None):
+def build_models(
+    model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0, agent: str | None = None
+):
     """(ActorCritic, frozen reference policy, tokenizer) from a `model:` config section.
 
     agent (solver | generator; None = any): with `model.lora.r` > 0 for this agent (`model.lora.agents`), the
@@ -391,14 +468,24 @@ def build_models(model_cfg, run_dir: str | Path, texts: Iterable[str] | None = N
         if not (tiny_dir / "config.json").exists():
             if texts is None:
                 raise UserError(f"no tiny model in {tiny_dir} and no corpus given to build one")
-            build_tiny(texts, tiny_dir, vocab_size=model_cfg.vocab_size, tokenizer_kind=model_cfg.tokenizer,
-                       seed=seed, arch=model_cfg.arch, n_layer=model_cfg.n_layer, n_embd=model_cfg.n_embd,
-                       n_head=model_cfg.n_head, max_positions=model_cfg.max_positions)
+            build_tiny(
+                texts,
+                tiny_dir,
+                vocab_size=model_cfg.vocab_size,
+                tokenizer_kind=model_cfg.tokenizer,
+                seed=seed,
+                arch=model_cfg.arch,
+                n_layer=model_cfg.n_layer,
+                n_embd=model_cfg.n_embd,
+                n_head=model_cfg.n_head,
+                max_positions=model_cfg.max_positions,
+            )
         name, local_only = str(tiny_dir), True
     else:
         name, local_only = model_cfg.name_or_path, model_cfg.local_files_only
-    policy, tokenizer = load_model_and_tokenizer(name, local_files_only=local_only, dtype=model_cfg.dtype,
-                                                 trust_remote_code=model_cfg.trust_remote_code)
+    policy, tokenizer = load_model_and_tokenizer(
+        name, local_files_only=local_only, dtype=model_cfg.dtype, trust_remote_code=model_cfg.trust_remote_code
+    )
     if model_cfg.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
     reference = frozen_copy(policy)
@@ -439,28 +526,40 @@ def lora_settings(model_cfg, agent: str | None = None, n_layers: int | None = No
         return None
     unknown = sorted(set(lora.agents) - set(LORA_AGENTS))
     if unknown:
-        raise UserError(f"model.lora.agents: unknown agent(s) {', '.join(unknown)} "
-                        f"(choose from {', '.join(LORA_AGENTS)})")
+        raise UserError(
+            f"model.lora.agents: unknown agent(s) {', '.join(unknown)} (choose from {', '.join(LORA_AGENTS)})"
+        )
     if agent is not None and agent not in lora.agents:
         return None
     if model_cfg.value_model == "separate":
-        raise UserError("model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
-                        "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA")
+        raise UserError(
+            "model.value_model=separate with model.lora.r > 0: a separate critic copies the whole "
+            "backbone, LoRA trains an adapter; use value_model=head or detached with LoRA"
+        )
     try:
         from peft import LoraConfig
     except ImportError as exc:
-        raise UserError("model.lora.r > 0 needs the peft package (pip install peft, or pip install -e "
-                        "'.[pretrained]')") from exc
+        raise UserError(
+            "model.lora.r > 0 needs the peft package (pip install peft, or pip install -e '.[pretrained]')"
+        ) from exc
     top = int(getattr(lora, "layers", 0) or 0)
     if top and n_layers is None:
         raise UserError(f"model.lora.layers={top}: this model's config gives no num_hidden_layers; use 0 (every block)")
     if top < 0 or (top and top > n_layers):
-        raise UserError(f"model.lora.layers={top}: the top blocks to adapt, from 0 (every block) to {n_layers} "
-                        "(this model's blocks)")
+        raise UserError(
+            f"model.lora.layers={top}: the top blocks to adapt, from 0 (every block) to {n_layers} "
+            "(this model's blocks)"
+        )
     layers = list(range(n_layers - top, n_layers)) if top and n_layers is not None else None
-    return LoraConfig(r=int(lora.r), lora_alpha=float(lora.alpha), lora_dropout=float(lora.dropout),
-                      target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM",
-                      layers_to_transform=layers)
+    return LoraConfig(
+        r=int(lora.r),
+        lora_alpha=float(lora.alpha),
+        lora_dropout=float(lora.dropout),
+        target_modules=list(lora.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+        layers_to_transform=layers,
+    )
 
 
 def attach_lora(policy, config, seed: int = 0):
@@ -474,8 +573,10 @@ def attach_lora(policy, config, seed: int = 0):
             return get_peft_model(policy, copy.deepcopy(config))
         except ValueError as exc:
             names = sorted({n.rsplit(".", 1)[-1] for n, m in policy.named_modules() if isinstance(m, nn.Linear)})
-            raise UserError(f"model.lora.target_modules={list(config.target_modules)}: {str(exc).splitlines()[0]} "
-                            f"(this model's linear layers: {', '.join(names)})") from exc
+            raise UserError(
+                f"model.lora.target_modules={list(config.target_modules)}: {str(exc).splitlines()[0]} "
+                f"(this model's linear layers: {', '.join(names)})"
+            ) from exc
 
 
 class AdapterOff:
@@ -490,18 +591,19 @@ class AdapterOff:
         self.policy = policy
         self.config = policy.config
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0,
-                 **kwargs):
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, logits_to_keep: int = 0, **kwargs
+    ):
         with torch.no_grad(), self.policy.disable_adapter():
             extra = {"logits_to_keep": logits_to_keep} if logits_to_keep else {}
             return self.policy(input_ids=input_ids, attention_mask=attention_mask, **extra, **kwargs)
 
     forward = __call__  # (accepts_logits_to_keep reads its signature)
 
-    def to(self, *args, **kwargs) -> "AdapterOff":
+    def to(self, *args, **kwargs) -> AdapterOff:
         return self  # it lives where the policy does
 
-    def eval(self) -> "AdapterOff":
+    def eval(self) -> AdapterOff:
         return self
 
     def parameters(self):

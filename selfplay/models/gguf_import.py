@@ -45,7 +45,7 @@ def locate_gguf(name: str, key: str = "model.name_or_path") -> Path:
     """The GGUF file a name stands for; a one-line `UserError` naming the package to install or the file expected."""
     spec = ALIASES.get(name, name)
     if spec.startswith("gguf:"):
-        package, _, rel = spec[len("gguf:"):].partition("/")
+        package, _, rel = spec[len("gguf:") :].partition("/")
         if not package or not rel:
             raise UserError(f"{key}={name}: expected gguf:PACKAGE/FILE.gguf (a file inside an installed package)")
         found = importlib.util.find_spec(package)  # a top-level package: found, not imported
@@ -62,8 +62,9 @@ def locate_gguf(name: str, key: str = "model.name_or_path") -> Path:
 
 def _require_gguf() -> None:
     if importlib.util.find_spec("gguf") is None:
-        raise UserError("reading GGUF files needs the gguf package "
-                        "(pip install gguf, or pip install -e '.[pretrained]')")
+        raise UserError(
+            "reading GGUF files needs the gguf package (pip install gguf, or pip install -e '.[pretrained]')"
+        )
 
 
 def file_digest(path: Path) -> str:
@@ -88,8 +89,10 @@ def load_gguf(path: Path):
 
         known = ", ".join(sorted(k for k in GGUF_CONFIG_MAPPING if k not in ("general", "tokenizer")))
         reason = str(exc).strip().split("\n")[0]
-        raise UserError(f"cannot dequantise {path} with transformers {transformers.__version__} ({reason}); "
-                        f"it reads GGUF files of: {known}") from exc
+        raise UserError(
+            f"cannot dequantise {path} with transformers {transformers.__version__} ({reason}); "
+            f"it reads GGUF files of: {known}"
+        ) from exc
     return model, tokenizer
 
 
@@ -113,8 +116,9 @@ def check_logits(a, b, tokenizer) -> float:
     """Largest absolute difference between two models' logits on a fixed chat prompt."""
     import torch
 
-    ids = tokenizer.apply_chat_template(CHECK_MESSAGES, add_generation_prompt=True, return_tensors="pt",
-                                        return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        CHECK_MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     with torch.no_grad():
         la, lb = a.eval()(input_ids=ids).logits, b.eval()(input_ids=ids).logits
     return float((la.float() - lb.float()).abs().max())
@@ -159,10 +163,16 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, *, progress: bool = 
         if diff > LOGIT_TOLERANCE:
             raise RuntimeError(f"the imported model's logits differ from the GGUF model's by {diff:.3g}")
         bar.update(1)
-        report = {"source": str(gguf_path), "source_sha256": file_digest(gguf_path),
-                  "source_bytes": gguf_path.stat().st_size, "architecture": type(plain).__name__,
-                  "parameters": sum(p.numel() for p in plain.parameters()), "logits_max_abs_diff": diff,
-                  "chat_template": bool(reloaded_tok.chat_template), "check_prompt": CHECK_MESSAGES}
+        report = {
+            "source": str(gguf_path),
+            "source_sha256": file_digest(gguf_path),
+            "source_bytes": gguf_path.stat().st_size,
+            "architecture": type(plain).__name__,
+            "parameters": sum(p.numel() for p in plain.parameters()),
+            "logits_max_abs_diff": diff,
+            "chat_template": bool(reloaded_tok.chat_template),
+            "check_prompt": CHECK_MESSAGES,
+        }
         (tmp / IMPORT_FILE).write_text(json.dumps(report, indent=1))
         if out_dir.exists():
             if any(out_dir.iterdir()) and (out_dir / IMPORT_FILE).exists() and not overwrite:

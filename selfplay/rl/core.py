@@ -110,7 +110,8 @@ def rloo_advantages(returns: torch.Tensor, groups) -> torch.Tensor:
         raise ValueError(f"{len(returns)} returns but {len(ids)} group ids")
     sums = torch.zeros(len(index), dtype=returns.dtype, device=returns.device).index_add_(0, ids, returns)
     counts = torch.zeros(len(index), dtype=returns.dtype, device=returns.device).index_add_(
-        0, ids, torch.ones_like(returns))
+        0, ids, torch.ones_like(returns)
+    )
     n = counts[ids]
     baseline = torch.where(n > 1, (sums[ids] - returns) / (n - 1).clamp(min=1), torch.zeros_like(returns))
     return returns - baseline
@@ -153,10 +154,13 @@ def mixed_groups(scores, groups) -> list[bool]:
 # ---------------------------------------------------------------------------- losses
 
 
-
-
-def loss_weights(mask: torch.Tensor, mode: str, n_tokens: float | None = None, n_seqs: int | None = None,
-                 max_len: float | None = None) -> torch.Tensor:
+def loss_weights(
+    mask: torch.Tensor,
+    mode: str,
+    n_tokens: float | None = None,
+    n_seqs: int | None = None,
+    max_len: float | None = None,
+) -> torch.Tensor:
     """Each action token's weight in a minibatch's loss sum(weight * l_t) (pass them as the mask, with n_tokens=1):
     "token_mean": 1 / n_tokens (every token of the minibatch alike; DAPO's); "seq_mean_token_mean": 1 / (its
     answer's tokens * n_seqs) (a token mean per answer, then the mean over answers; GRPO's); "seq_mean_token_sum_norm":
@@ -176,8 +180,13 @@ def loss_weights(mask: torch.Tensor, mode: str, n_tokens: float | None = None, n
 
 
 def clipped_policy_loss(
-    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip: float,
-    n_tokens: float | torch.Tensor | None = None, clip_high: float | None = None,
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    n_tokens: float | torch.Tensor | None = None,
+    clip_high: float | None = None,
 ) -> torch.Tensor:
     """PPO surrogate: token mean (`token_mean`) of max(-A * ratio, -A * clip(ratio, 1 - clip, 1 + clip_high)),
     ratio = exp(logp - old_logp); `clip_high` (DAPO's clip-higher) defaults to `clip`, the symmetric range."""
@@ -188,7 +197,11 @@ def clipped_policy_loss(
 
 
 def clipped_value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float,
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
     n_tokens: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """0.5 * token mean of max((V - R)^2, (V_old + clip(V - V_old, -clip, clip) - R)^2)."""
@@ -203,16 +216,23 @@ def nll_loss(logp: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Ten
     return token_mean(-logp, mask, n_tokens)
 
 
-def clip_fraction(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, clip: float,
-                  n_tokens: float | torch.Tensor | None = None, clip_high: float | None = None) -> torch.Tensor:
+def clip_fraction(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+    n_tokens: float | torch.Tensor | None = None,
+    clip_high: float | None = None,
+) -> torch.Tensor:
     """Share of masked tokens whose ratio lies outside [1 - clip, 1 + clip_high] (`clip_high` default: `clip`)."""
     ratio = torch.exp(logp - old_logp)
     outside = (ratio - 1.0 > (clip if clip_high is None else clip_high)) | (1.0 - ratio > clip)
     return token_mean(outside.to(logp.dtype), mask, n_tokens)
 
 
-def approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor,
-              n_tokens: float | torch.Tensor | None = None) -> torch.Tensor:
+def approx_kl(
+    logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor, n_tokens: float | torch.Tensor | None = None
+) -> torch.Tensor:
     """KL(old || new) estimated with k3 on the samples: mean of (ratio - 1) - log ratio (always >= 0)."""
     log_ratio = logp - old_logp
     return token_mean(torch.exp(log_ratio) - 1.0 - log_ratio, mask, n_tokens)
@@ -293,8 +313,9 @@ class AdaptiveKLController(FixedKLController):
 # ---------------------------------------------------------------------------- the sampling distribution
 
 
-def sampling_logprobs(logits: torch.Tensor, temperature: float = 1.0,
-                      allowed: torch.Tensor | None = None) -> torch.Tensor:
+def sampling_logprobs(
+    logits: torch.Tensor, temperature: float = 1.0, allowed: torch.Tensor | None = None
+) -> torch.Tensor:
     """The log-distribution answers are sampled from, at every position: log softmax(logits / temperature), [..., V]
     in float32. The sampler draws from it (selfplay.rl.ppo.SamplingDistribution turns it into Hugging Face's only
     logits processor) and the trainer scores the sampled tokens under it (old, new and reference log-probs), so the
@@ -349,4 +370,3 @@ def linear_schedule(start: float, end: float, step: int, total_steps: int) -> fl
         return float(start)
     frac = min(max(step / total_steps, 0.0), 1.0)
     return float(start + (end - start) * frac)
-

@@ -41,28 +41,34 @@ samples batched answers with their log-probs. `python -m selfplay.rl.ppo --bench
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
+from selfplay.models.factory import accepts_logits_to_keep, update_mode
 from selfplay.rl import core as rl
 from selfplay.runtime.config import ADVANTAGES, GROUP_ADVANTAGES
 from selfplay.runtime.distributed import weighted_mean_over_ranks
 from selfplay.runtime.errors import UserError
-from selfplay.models.factory import accepts_logits_to_keep, update_mode
 
 # ppo.loss_aggregation="" takes the advantage's own: GRPO's per-answer token mean, Dr. GRPO's constant normaliser
-AGGREGATIONS = {"gae": "token_mean", "rloo": "token_mean", "grpo": "seq_mean_token_mean",
-                "dr_grpo": "seq_mean_token_sum_norm"}
+AGGREGATIONS = {
+    "gae": "token_mean",
+    "rloo": "token_mean",
+    "grpo": "seq_mean_token_mean",
+    "dr_grpo": "seq_mean_token_sum_norm",
+}
 WHITEN_MIN = 3  # ppo.whiten_advantages needs this many sequences in a rank's batch (below it: not whitened)
 
 # ---------------------------------------------------------------------------- batching
 
 
 def pad_rollouts(
-    queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]], pad_token_id: int,
+    queries: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    pad_token_id: int,
     response_masks: Sequence[Sequence[int]] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Concatenate query + response per row, right-pad. Returns input_ids, attention_mask [B, L] and action_mask
@@ -81,14 +87,19 @@ def pad_rollouts(
             raise ValueError(f"rollout {b}: empty query or response (every response needs at least one token)")
         input_ids[b, : lengths[b]] = torch.tensor(list(q) + list(r), dtype=torch.long)
         attention_mask[b, : lengths[b]] = 1
-        rmask = (torch.ones(len(r)) if response_masks is None
-                 else torch.as_tensor(response_masks[b], dtype=torch.float32))
+        rmask = (
+            torch.ones(len(r)) if response_masks is None else torch.as_tensor(response_masks[b], dtype=torch.float32)
+        )
         action_mask[b, len(q) - 1 : lengths[b] - 1] = rmask
     return input_ids, attention_mask, action_mask
 
 
-def pad_behaviour(queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-                  behaviour: Sequence[Sequence[float] | None], width: int) -> torch.Tensor:
+def pad_behaviour(
+    queries: Sequence[Sequence[int]],
+    responses: Sequence[Sequence[int]],
+    behaviour: Sequence[Sequence[float] | None],
+    width: int,
+) -> torch.Tensor:
     """The sampler's log-prob of each response token on pad_rollouts' shifted axis ([B, width - 1]; the log-prob
     of token i+1 at position i), NaN where there is none (prompts, padding, rows given None)."""
     out = torch.full((len(queries), width - 1), float("nan"))
@@ -97,7 +108,7 @@ def pad_behaviour(queries: Sequence[Sequence[int]], responses: Sequence[Sequence
             continue
         if len(lp) != len(r):
             raise ValueError(f"rollout {b}: {len(lp)} sampler log-probs for {len(r)} response tokens")
-        out[b, len(q) - 1: len(q) - 1 + len(r)] = torch.as_tensor(lp, dtype=torch.float32)
+        out[b, len(q) - 1 : len(q) - 1 + len(r)] = torch.as_tensor(lp, dtype=torch.float32)
     return out
 
 
@@ -194,8 +205,16 @@ def is_deepspeed_engine(model) -> bool:
 class PPOTrainer:
     """One PPO update per `step` call. `cfg` is a `ppo:` config section (selfplay.runtime.config.PPOConfig)."""
 
-    def __init__(self, model, ref_model, cfg, optimizer: torch.optim.Optimizer | None = None, *,
-                 pad_token_id: int = 0, seed: int = 0):
+    def __init__(
+        self,
+        model,
+        ref_model,
+        cfg,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        pad_token_id: int = 0,
+        seed: int = 0,
+    ):
         self.model, self.ref_model, self.cfg = model, ref_model, cfg
         self.engine = model if is_deepspeed_engine(model) else None
         if self.engine is None and optimizer is None:
@@ -210,17 +229,24 @@ class PPOTrainer:
             raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {cfg.advantage!r}")
         self.aggregation = cfg.loss_aggregation or AGGREGATIONS[cfg.advantage]
         if self.aggregation not in rl.LOSS_AGGREGATIONS:
-            raise UserError(f"ppo.loss_aggregation must be one of {', '.join(rl.LOSS_AGGREGATIONS)} (or \"\": the "
-                            f"advantage's own), got {cfg.loss_aggregation!r}")
+            raise UserError(
+                f'ppo.loss_aggregation must be one of {", ".join(rl.LOSS_AGGREGATIONS)} (or "": the '
+                f"advantage's own), got {cfg.loss_aggregation!r}"
+            )
         # DAPO's clip-higher: the ratio is clipped to [1 - clip_low, 1 + clip_high], each ppo.clip by default
         self.clip_low = cfg.clip if cfg.clip_low is None else cfg.clip_low
         self.clip_high = cfg.clip if cfg.clip_high is None else cfg.clip_high
         if cfg.mini_batch_size % cfg.micro_batch_size:
-            raise ValueError(f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
-                             f"ppo.micro_batch_size ({cfg.micro_batch_size})")
+            raise ValueError(
+                f"ppo.mini_batch_size ({cfg.mini_batch_size}) must be a multiple of "
+                f"ppo.micro_batch_size ({cfg.micro_batch_size})"
+            )
         check_sampling(cfg.top_k, cfg.top_p, "ppo.")
-        self.kl_ctl = (rl.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.adaptive_kl
-                       else rl.FixedKLController(cfg.kl_coef))
+        self.kl_ctl = (
+            rl.AdaptiveKLController(cfg.kl_coef, cfg.kl_target, cfg.kl_horizon)
+            if cfg.adaptive_kl
+            else rl.FixedKLController(cfg.kl_coef)
+        )
         self.updates = 0  # step() calls so far (drives the entropy schedule)
         self.generator = torch.Generator().manual_seed(seed)  # minibatch shuffling
 
@@ -243,13 +269,20 @@ class PPOTrainer:
         separate no-gradient pass would give the same numbers; it is needed only by a critic (GAE's values) and by a
         KL penalty in the reward (before the advantages)."""
         c = self.cfg
-        return (c.advantage in GROUP_ADVANTAGES and c.epochs == 1 and batch <= c.mini_batch_size
-                and not self.kl_in_reward)
+        return (
+            c.advantage in GROUP_ADVANTAGES and c.epochs == 1 and batch <= c.mini_batch_size and not self.kl_in_reward
+        )
 
     # -- forward passes
 
-    def _policy_forward(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None,
-                        prompt_lens: list[int] | None = None):
+    def _policy_forward(
+        self,
+        input_ids,
+        attention_mask,
+        start: int = 0,
+        allowed: torch.Tensor | None = None,
+        prompt_lens: list[int] | None = None,
+    ):
         """Log-probs of the taken tokens, values and the sampling log-distribution (rl.sampling_logprobs) for
         shifted positions start..L-2: [B, L-1-start] (the last [.., V]): the logits at position i score token i+1;
         positions before `start` are prompt-only and skipped. `allowed`: packed allowed-token bits of those
@@ -258,7 +291,7 @@ class PPOTrainer:
         extra = {"prompt_lens": prompt_lens} if prompt_lens is not None and self.cfg.share_prompts else {}
         logits, values = self.model(input_ids, attention_mask, logits_to_keep=input_ids.shape[1] - start, **extra)
         logdist = rl.sampling_logprobs(logits[:, :-1], self.cfg.temperature, _unpacked(allowed, logits))
-        return rl.gather_tokens(logdist, input_ids[:, start + 1:]), values[:, :-1].float(), logdist
+        return rl.gather_tokens(logdist, input_ids[:, start + 1 :]), values[:, :-1].float(), logdist
 
     @torch.no_grad()
     def _ref_logprobs(self, input_ids, attention_mask, start: int = 0, allowed: torch.Tensor | None = None):
@@ -266,14 +299,16 @@ class PPOTrainer:
         extra = {"logits_to_keep": keep} if self._ref_keeps_logits else {}
         logits = self.ref_model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **extra).logits
         logits = logits[:, -keep:-1]
-        return rl.gather_tokens(rl.sampling_logprobs(logits, self.cfg.temperature, _unpacked(allowed, logits)),
-                                input_ids[:, start + 1:])
+        return rl.gather_tokens(
+            rl.sampling_logprobs(logits, self.cfg.temperature, _unpacked(allowed, logits)), input_ids[:, start + 1 :]
+        )
 
     # -- stage 1-3: rollout quantities, rewards, advantages
 
     @torch.no_grad()
-    def _prepare(self, queries, responses, scores, response_masks, groups=None, allowed=None, behaviour=None
-                 ) -> tuple[_Rollout, dict]:
+    def _prepare(
+        self, queries, responses, scores, response_masks, groups=None, allowed=None, behaviour=None
+    ) -> tuple[_Rollout, dict]:
         cfg, device = self.cfg, self.device
         input_ids, attention_mask, action_mask = (
             t.to(device) for t in pad_rollouts(queries, responses, self.pad_token_id, response_masks)
@@ -291,8 +326,9 @@ class PPOTrainer:
         for idx in _chunks(torch.arange(len(queries), device=device), cfg.micro_batch_size):
             bits = None if packed is None else packed[idx.cpu()]
             if not reuse:
-                logp, values, _ = self._policy_forward(input_ids[idx], attention_mask[idx], start, bits,
-                                                       [prompt_lens[i] for i in idx.tolist()])
+                logp, values, _ = self._policy_forward(
+                    input_ids[idx], attention_mask[idx], start, bits, [prompt_lens[i] for i in idx.tolist()]
+                )
                 old_logp.append(logp)
                 old_values.append(values)
             if measure_kl:
@@ -303,8 +339,11 @@ class PPOTrainer:
             kl = torch.zeros_like(action_mask, dtype=torch.float32)
         else:
             old_logp, old_values = torch.cat(old_logp), torch.cat(old_values)
-            kl = (rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask if measure_kl
-                  else torch.zeros_like(old_logp))
+            kl = (
+                rl.kl_estimate(old_logp, ref_logp, cfg.kl_estimator) * action_mask
+                if measure_kl
+                else torch.zeros_like(old_logp)
+            )
 
         # per-token reward: KL penalty everywhere, the scalar reward on the last response token
         rewards = -self.kl_ctl.value * kl
@@ -321,8 +360,9 @@ class PPOTrainer:
                 seq_adv = rl.rloo_advantages(seq_returns, groups)
             else:  # the score's return normalised in its group (grpo: / the group's std), the KL penalties' centred
                 kl_returns = rl.discounted_returns(-self.kl_ctl.value * kl, action_mask, cfg.gamma)[rows, first]
-                seq_adv = (rl.group_advantages(seq_returns - kl_returns, groups, scale=cfg.advantage == "grpo")
-                           + rl.group_advantages(kl_returns, groups, scale=False))
+                seq_adv = rl.group_advantages(
+                    seq_returns - kl_returns, groups, scale=cfg.advantage == "grpo"
+                ) + rl.group_advantages(kl_returns, groups, scale=False)
             advantages = seq_adv[:, None] * action_mask
         else:
             advantages, returns = rl.gae(rewards, old_values * action_mask, action_mask, cfg.gamma, cfg.lam)
@@ -335,24 +375,38 @@ class PPOTrainer:
         stats = {}
         if groups is not None:  # answers whose task's answers scored differently: where a group baseline learns
             stats["mixed_groups"] = sum(rl.mixed_groups(scores.tolist(), groups)) / len(groups)
-        stats.update({
-            "score_mean": scores.mean().item(),
-            "score_std": scores.std().item() if len(scores) > 1 else 0.0,
-            "reward_total_mean": rewards.sum(1).mean().item(),
-            "kl_coef": self.kl_ctl.value,
-            "returns_mean": rl.masked_mean(returns, action_mask).item(),
-            "advantages_mean": raw_adv_mean,
-            "response_len": action_mask.sum(1).mean().item(),
-            "tokens": int(action_mask.sum().item()),
-        })
+        stats.update(
+            {
+                "score_mean": scores.mean().item(),
+                "score_std": scores.std().item() if len(scores) > 1 else 0.0,
+                "reward_total_mean": rewards.sum(1).mean().item(),
+                "kl_coef": self.kl_ctl.value,
+                "returns_mean": rl.masked_mean(returns, action_mask).item(),
+                "advantages_mean": raw_adv_mean,
+                "response_len": action_mask.sum(1).mean().item(),
+                "tokens": int(action_mask.sum().item()),
+            }
+        )
         if measure_kl and not reuse:  # (reused: the update measures them, _loss)
             stats["kl"] = rl.masked_mean(kl, action_mask).item()  # per token, with the configured estimator
             stats["kl_seq"] = kl_seq  # summed over the response, averaged over the batch
         if not reuse:
             stats["values_mean"] = rl.masked_mean(old_values, action_mask).item()
             stats["explained_var"] = rl.explained_variance(old_values, returns, action_mask).item()
-        return _Rollout(input_ids, attention_mask, start, action_mask, old_logp, old_values, advantages,
-                        returns, packed, ref_logp if reuse else None, prompt_lens, behaviour_logp), stats
+        return _Rollout(
+            input_ids,
+            attention_mask,
+            start,
+            action_mask,
+            old_logp,
+            old_values,
+            advantages,
+            returns,
+            packed,
+            ref_logp if reuse else None,
+            prompt_lens,
+            behaviour_logp,
+        ), stats
 
     def _prepare_replay(self, replay) -> _Replay | None:
         """Pad (queries, responses, masks) of replayed answers; None when replay is off or empty."""
@@ -360,7 +414,8 @@ class PPOTrainer:
             return None
         queries, responses, masks = replay
         input_ids, attention_mask, action_mask = (
-            t.to(self.device) for t in pad_rollouts(queries, responses, self.pad_token_id, masks))
+            t.to(self.device) for t in pad_rollouts(queries, responses, self.pad_token_id, masks)
+        )
         start, action_mask = first_action(action_mask)
         return _Replay(input_ids, attention_mask, start, action_mask, int(action_mask.sum().item()))
 
@@ -381,7 +436,7 @@ class PPOTrainer:
             bits = torch.full((n, width - 1 - start, r.allowed.shape[-1]), -1, dtype=torch.int32)
             bits[:, a] = r.allowed[idx.cpu()]
         logits, values = self.model(ids, att, logits_to_keep=width - start)
-        logits, targets = logits[:, :-1], ids[:, start + 1:]
+        logits, targets = logits[:, :-1], ids[:, start + 1 :]
         # PPO rows: the distribution they were sampled from (ppo.temperature, their grammar's mask)
         logdist = rl.sampling_logprobs(logits[:n], self.cfg.temperature, _unpacked(bits, logits))
         logp = rl.gather_tokens(logdist, targets[:n])
@@ -392,9 +447,16 @@ class PPOTrainer:
 
     # -- stage 4: minibatch updates
 
-    def _loss(self, r: _Rollout, idx: torch.Tensor, entropy_coef: float, n_tokens: float,
-              rep: _Replay | None = None, ridx: torch.Tensor | None = None, n_seqs: int | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+    def _loss(
+        self,
+        r: _Rollout,
+        idx: torch.Tensor,
+        entropy_coef: float,
+        n_tokens: float,
+        rep: _Replay | None = None,
+        ridx: torch.Tensor | None = None,
+        n_seqs: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
         """PPO loss of micro-batch rows `idx` as their share of the minibatch's token mean (`n_tokens`: action
         tokens in the whole minibatch; `n_seqs`: its answers, for ppo.loss_aggregation's per-answer means), and the
         replay NLL of replay rows `ridx` (their share of the replay batch's token mean; None without replay rows).
@@ -406,8 +468,9 @@ class PPOTrainer:
             replay_nll = rl.nll_loss(replay_logp, rep.action_mask[ridx], rep.tokens)
         else:
             bits = None if r.allowed is None else r.allowed[idx.cpu()]
-            logp, values, logits = self._policy_forward(r.input_ids[idx], r.attention_mask[idx], r.start, bits,
-                                                        [r.prompt_lens[i] for i in idx.tolist()])
+            logp, values, logits = self._policy_forward(
+                r.input_ids[idx], r.attention_mask[idx], r.start, bits, [r.prompt_lens[i] for i in idx.tolist()]
+            )
         kl_stats = {}
         if r.old_logp is None:  # one optimiser step (reuses_forward): this forward is under the old weights
             old_logp, old_values = logp.detach(), values.detach()
@@ -423,8 +486,9 @@ class PPOTrainer:
         if r.behaviour_logp is not None:
             tis = rl.truncated_is_weights(old_logp, r.behaviour_logp[idx], cfg.tis_cap)
         policy_weights = weights if tis is None else weights * tis
-        policy_loss = rl.clipped_policy_loss(logp, old_logp, r.advantages[idx], policy_weights, self.clip_low, total,
-                                             clip_high=self.clip_high)
+        policy_loss = rl.clipped_policy_loss(
+            logp, old_logp, r.advantages[idx], policy_weights, self.clip_low, total, clip_high=self.clip_high
+        )
         value_loss = rl.clipped_value_loss(values, old_values, r.returns[idx], weights, cfg.value_clip, total)
         entropy = rl.token_mean(rl.entropy_from_logits(logits), weights, total)
         vf_coef = cfg.vf_coef if cfg.advantage == "gae" else 0.0  # group advantages use no critic (value_loss logged)
@@ -438,8 +502,9 @@ class PPOTrainer:
                 "entropy": entropy.item(),
                 "clipfrac": rl.clip_fraction(logp, old_logp, mask, self.clip_low, n_tokens, self.clip_high).item(),
                 # tokens whose ratio rose above 1 + the upper clip (where clip-higher's wider range binds)
-                "clipfrac_high": rl.token_mean((torch.exp(logp - old_logp) > 1.0 + self.clip_high).float(), mask,
-                                               n_tokens).item(),
+                "clipfrac_high": rl.token_mean(
+                    (torch.exp(logp - old_logp) > 1.0 + self.clip_high).float(), mask, n_tokens
+                ).item(),
                 "value_clipfrac": rl.token_mean(value_clipped.float(), mask, n_tokens).item(),
                 "approx_kl": rl.approx_kl(logp, old_logp, mask, n_tokens).item(),
                 **kl_stats,
@@ -463,8 +528,11 @@ class PPOTrainer:
                 for mini in _chunks(perm, cfg.mini_batch_size):
                     micros = _chunks(mini, cfg.micro_batch_size)
                     n_tokens = r.action_mask[mini].sum().item()  # every token of the minibatch weighs 1 / n_tokens
-                    replay_parts = (torch.tensor_split(torch.arange(rep.input_ids.shape[0], device=self.device),
-                                                       len(micros)) if rep is not None else [None] * len(micros))
+                    replay_parts = (
+                        torch.tensor_split(torch.arange(rep.input_ids.shape[0], device=self.device), len(micros))
+                        if rep is not None
+                        else [None] * len(micros)
+                    )
                     replay_loss = 0.0
                     for i, (micro, ridx) in enumerate(zip(micros, replay_parts)):
                         loss, replay_nll, stats = self._loss(r, micro, entropy_coef, n_tokens, rep, ridx, len(mini))
@@ -504,11 +572,17 @@ class PPOTrainer:
 
     # -- the public step
 
-    def step(self, queries: Sequence[Sequence[int]], responses: Sequence[Sequence[int]],
-             scores: Sequence[float] | torch.Tensor, response_masks: Sequence[Sequence[int]] | None = None,
-             replay: tuple[Sequence, Sequence, Sequence | None] | None = None, groups: Sequence | None = None,
-             allowed: Sequence[torch.Tensor | None] | None = None,
-             behaviour_logprobs: Sequence[Sequence[float] | None] | None = None) -> dict:
+    def step(
+        self,
+        queries: Sequence[Sequence[int]],
+        responses: Sequence[Sequence[int]],
+        scores: Sequence[float] | torch.Tensor,
+        response_masks: Sequence[Sequence[int]] | None = None,
+        replay: tuple[Sequence, Sequence, Sequence | None] | None = None,
+        groups: Sequence | None = None,
+        allowed: Sequence[torch.Tensor | None] | None = None,
+        behaviour_logprobs: Sequence[Sequence[float] | None] | None = None,
+    ) -> dict:
         """One PPO update on a batch of rollouts; returns the metrics dict (plain names, floats). `replay` =
         (queries, responses, response masks or None) of successful answers for the auxiliary NLL loss (used when
         ppo.replay_coef > 0; metric `replay_loss`). `groups`: the task of every rollout (needed by ppo.advantage=rloo,
@@ -572,11 +646,15 @@ def check_sampling(top_k: int, top_p: float, prefix: str = "") -> None:
     (the reference too, whose KL needs the same support), so truncated sampling would make PPO's ratio compare
     another distribution than the one the tokens came from (docs/rl.md)."""
     if top_k:
-        raise UserError(f"{prefix}top_k={top_k}: top-k sampling is not supported (the PPO trainer scores the full "
-                        f"tempered distribution); set {prefix}top_k=0 and tune {prefix}temperature instead")
+        raise UserError(
+            f"{prefix}top_k={top_k}: top-k sampling is not supported (the PPO trainer scores the full "
+            f"tempered distribution); set {prefix}top_k=0 and tune {prefix}temperature instead"
+        )
     if top_p < 1.0:
-        raise UserError(f"{prefix}top_p={top_p}: nucleus sampling is not supported (the PPO trainer scores the full "
-                        f"tempered distribution); set {prefix}top_p=1.0 and tune {prefix}temperature instead")
+        raise UserError(
+            f"{prefix}top_p={top_p}: nucleus sampling is not supported (the PPO trainer scores the full "
+            f"tempered distribution); set {prefix}top_p=1.0 and tune {prefix}temperature instead"
+        )
 
 
 def _sampling_processor(temperature: float, decoding=None, prompt_width: int = 0):
@@ -596,9 +674,21 @@ def _sampling_processor(temperature: float, decoding=None, prompt_width: int = 0
 
 
 @torch.no_grad()
-def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_token_id: int | Sequence[int],
-             max_new_tokens: int = 256, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-             do_sample: bool = True, synced_gpus: bool = False, return_scores: bool = False, constraint=None):
+def generate(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    pad_token_id: int,
+    eos_token_id: int | Sequence[int],
+    max_new_tokens: int = 256,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    do_sample: bool = True,
+    synced_gpus: bool = False,
+    return_scores: bool = False,
+    constraint=None,
+):
     """Batched sampling (left-padded prompts, HF `generate` with a KV cache) from rl.sampling_logprobs.
 
     The generation configuration is explicit: the model's own `generation_config` (a checkpoint's repetition
@@ -621,22 +711,34 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
     input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros_like(input_ids)
     for b, p in enumerate(prompts):
-        input_ids[b, width - len(p):] = torch.tensor(list(p), dtype=torch.long)
-        attention_mask[b, width - len(p):] = 1
+        input_ids[b, width - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+        attention_mask[b, width - len(p) :] = 1
     eos_ids = {eos_token_id} if isinstance(eos_token_id, int) else set(eos_token_id)
     # every decoding option neutral (temperature 1, no top-k/top-p: the processor below does the tempering)
-    config = GenerationConfig(do_sample=do_sample, temperature=1.0, top_k=0, top_p=1.0, num_beams=1,
-                              max_new_tokens=max_new_tokens, pad_token_id=pad_token_id, eos_token_id=sorted(eos_ids),
-                              return_dict_in_generate=True, output_scores=True)
+    config = GenerationConfig(
+        do_sample=do_sample,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        num_beams=1,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_token_id,
+        eos_token_id=sorted(eos_ids),
+        return_dict_in_generate=True,
+        output_scores=True,
+    )
     decoding = constraint.start(len(prompts)) if constraint is not None else None
     was_training, own_config = policy.training, policy.generation_config
     policy.eval()
     policy.generation_config = GenerationConfig()  # HF fills what `config` leaves unset from the model's own
     try:
-        out = policy.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                              generation_config=config, synced_gpus=synced_gpus,
-                              logits_processor=LogitsProcessorList([_sampling_processor(temperature, decoding,
-                                                                                        width)]))
+        out = policy.generate(
+            input_ids=input_ids.to(device),
+            attention_mask=attention_mask.to(device),
+            generation_config=config,
+            synced_gpus=synced_gpus,
+            logits_processor=LogitsProcessorList([_sampling_processor(temperature, decoding, width)]),
+        )
     finally:
         policy.generation_config = own_config
         policy.train(was_training)
@@ -652,16 +754,18 @@ def generate(model, prompts: Sequence[Sequence[int]], *, pad_token_id: int, eos_
             if tok in eos_ids:
                 finished = True
                 break
-        samples.append(Sample(tokens, lps, finished,
-                              decoding.recorded(b, len(tokens)) if decoding is not None else None))
+        samples.append(
+            Sample(tokens, lps, finished, decoding.recorded(b, len(tokens)) if decoding is not None else None)
+        )
     return (samples, scores) if return_scores else samples
 
 
 # ---------------------------------------------------------------------------- benchmark
 
 
-def bench(batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats: int = 3, seed: int = 0,
-          threads: int = 0) -> dict:
+def bench(
+    batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats: int = 3, seed: int = 0, threads: int = 0
+) -> dict:
     """Throughput of generation and of one PPO update on the tiny default shape (4 layers, 128 wide, vocab 2000).
 
     Prints medians; returns them. Response length is fixed (eos suppressed) so every repeat does the same work.
@@ -672,15 +776,28 @@ def bench(batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats
     if threads:
         torch.set_num_threads(threads)
 
-    from selfplay.runtime.config import PPOConfig
-    from selfplay.models.factory import ActorCritic, frozen_copy
     from transformers import GPT2Config, GPT2LMHeadModel
+
+    from selfplay.models.factory import ActorCritic, frozen_copy
+    from selfplay.runtime.config import PPOConfig
 
     torch.manual_seed(seed)
     vocab = 2000
-    policy = GPT2LMHeadModel(GPT2Config(vocab_size=vocab, n_layer=4, n_embd=128, n_head=4, n_positions=512,
-                                        bos_token_id=1, eos_token_id=1, pad_token_id=0,
-                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    policy = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=vocab,
+            n_layer=4,
+            n_embd=128,
+            n_head=4,
+            n_positions=512,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
     model, ref = ActorCritic(policy), frozen_copy(policy)
     cfg = PPOConfig(mini_batch_size=batch // 2, micro_batch_size=batch // 2)
     trainer = PPOTrainer(model, ref, cfg, pad_token_id=0, seed=seed)
@@ -697,9 +814,13 @@ def bench(batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats
         upd_s.append(time.perf_counter() - t0)
     tokens = batch * response_len
     result = {
-        "batch": batch, "prompt_len": prompt_len, "response_len": response_len, "epochs": cfg.epochs,
+        "batch": batch,
+        "prompt_len": prompt_len,
+        "response_len": response_len,
+        "epochs": cfg.epochs,
         "threads": torch.get_num_threads(),
-        "generate_s_median": statistics.median(gen_s), "update_s_median": statistics.median(upd_s),
+        "generate_s_median": statistics.median(gen_s),
+        "update_s_median": statistics.median(upd_s),
         "generate_tokens_per_s": tokens / statistics.median(gen_s),
         "update_tokens_per_s": tokens / statistics.median(upd_s),
         "ppo_step_tokens_per_s": tokens / (statistics.median(gen_s) + statistics.median(upd_s)),

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 from selfplay.runtime.seeds import stream
 
@@ -80,8 +80,9 @@ class ReplayBuffer:
         self._items[item.key] = item
         now = max(x.step for x in self._items.values())
         while len(self._items) > self.capacity:
-            self._items.pop(min(self._items, key=lambda k: (priority(self._items[k], now, self.half_life),
-                                                             self._items[k].step)))
+            self._items.pop(
+                min(self._items, key=lambda k: (priority(self._items[k], now, self.half_life), self._items[k].step))
+            )
         return item.key in self._items
 
     def ranked(self, now: int) -> list[ReplayItem]:
@@ -98,8 +99,12 @@ class ReplayBuffer:
 
     def state_dict(self) -> dict:
         """JSON-ready state: entries in order and the RNG."""
-        return {"capacity": self.capacity, "half_life": self.half_life, "rng": self.rng.getstate(),
-                "items": [asdict(x) for x in self._items.values()]}
+        return {
+            "capacity": self.capacity,
+            "half_life": self.half_life,
+            "rng": self.rng.getstate(),
+            "items": [asdict(x) for x in self._items.values()],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         rng = state["rng"]
@@ -141,6 +146,15 @@ def successes(rollouts: Sequence, rates: dict[str, float], step: int) -> list[Re
     for r in rollouts:
         if r.result.solved and r.tokens:
             mask = None if all(r.mask) else list(r.mask)
-            out.append(ReplayItem(r.task.id, list(r.prompt), list(r.tokens), float(r.reward),
-                                  float(rates.get(r.task.id, 1.0)), step, mask))
+            out.append(
+                ReplayItem(
+                    r.task.id,
+                    list(r.prompt),
+                    list(r.tokens),
+                    float(r.reward),
+                    float(rates.get(r.task.id, 1.0)),
+                    step,
+                    mask,
+                )
+            )
     return out

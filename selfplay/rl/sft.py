@@ -19,19 +19,24 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 
 
-def answer_loss(policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-                reduction: str = "mean") -> torch.Tensor:
+def answer_loss(
+    policy, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
     """Next-token cross-entropy over positions whose label is not -100 (the answer tokens): their mean, or their
     sum with reduction="sum"."""
     logits = policy(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]).float(), labels[:, 1:].reshape(-1),
-                           ignore_index=-100, reduction=reduction)
+    return F.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]).float(),
+        labels[:, 1:].reshape(-1),
+        ignore_index=-100,
+        reduction=reduction,
+    )
 
 
 def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, max_len: int):
@@ -52,14 +57,14 @@ def collate(examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int
     for b, (ids, n_prompt) in enumerate(rows):
         input_ids[b, : len(ids)] = torch.tensor(ids)
         mask[b, : len(ids)] = 1
-        labels[b, n_prompt: len(ids)] = torch.tensor(ids[n_prompt:])
+        labels[b, n_prompt : len(ids)] = torch.tensor(ids[n_prompt:])
     return input_ids, mask, labels
 
 
 def length_batches(lengths: Sequence[int], batch_size: int, rng: random.Random) -> list[list[int]]:
     """Batches of indices of similar length, in random order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches = [order[i: i + batch_size] for i in range(0, len(order), batch_size)]
+    batches = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rng.shuffle(batches)
     return batches
 
@@ -97,6 +102,7 @@ class MasterWeights:
             else:
                 master.grad.add_(param.grad)
             param.grad = None
+
         return hook
 
     def write_back(self) -> None:
@@ -112,8 +118,9 @@ class MasterWeights:
         self._hooks = []
 
 
-def batch_backward(policy, input_ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor,
-                   micro_batch_size: int = 0) -> float:
+def batch_backward(
+    policy, input_ids: torch.Tensor, mask: torch.Tensor, labels: torch.Tensor, micro_batch_size: int = 0
+) -> float:
     """Forward and backward of one batch, in micro-batches of `micro_batch_size` rows (0, or at least the batch:
     one pass, the mean answer loss); returns the batch's mean answer loss. Split, each micro-batch's summed loss over
     its answer tokens is divided by the whole batch's answer tokens, so the gradients add up to the unsplit batch's."""
@@ -127,17 +134,31 @@ def batch_backward(policy, input_ids: torch.Tensor, mask: torch.Tensor, labels: 
     for start in range(0, rows, micro_batch_size):
         part = slice(start, start + micro_batch_size)
         width = int(mask[part].sum(1).max())  # right-padded: the micro-batch's longest row, no wider
-        loss = answer_loss(policy, input_ids[part, :width], mask[part, :width], labels[part, :width],
-                           reduction="sum") / tokens
+        loss = (
+            answer_loss(policy, input_ids[part, :width], mask[part, :width], labels[part, :width], reduction="sum")
+            / tokens
+        )
         loss.backward()
         total += float(loss.detach())
     return total
 
 
-def sft(policy, examples: Sequence[tuple[Sequence[int], Sequence[int]]], *, steps: int, batch_size: int, lr: float,
-        pad_id: int, max_len: int, seed: int = 0, warmup: int = 20, weight_decay: float = 0.01,
-        max_grad_norm: float = 1.0, micro_batch_size: int = 0,
-        on_step: Callable[[int, float], None] | None = None) -> list[float]:
+def sft(
+    policy,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    pad_id: int,
+    max_len: int,
+    seed: int = 0,
+    warmup: int = 20,
+    weight_decay: float = 0.01,
+    max_grad_norm: float = 1.0,
+    micro_batch_size: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
     """`steps` optimiser steps of answer-only cross-entropy over `examples`; returns the loss of every step.
     micro_batch_size: rows per forward/backward, gradients accumulated over a batch (0 = the whole batch at once).
     A bf16/fp16 model is stepped through fp32 master weights (`MasterWeights`)."""

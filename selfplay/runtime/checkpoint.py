@@ -20,9 +20,10 @@ import os
 import random
 import shutil
 import subprocess
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -69,8 +70,10 @@ class CheckpointManager:
         name = marker.read_text().strip()
         path = self.root / name
         if not (path / STATE_FILE).exists():
-            raise RuntimeError(f"{marker} names {name}, which is missing or incomplete; "
-                               f"remove the marker to start over or restore the folder")
+            raise RuntimeError(
+                f"{marker} names {name}, which is missing or incomplete; "
+                f"remove the marker to start over or restore the folder"
+            )
         return path
 
     def load_state(self, path: Path) -> dict:

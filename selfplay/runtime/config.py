@@ -62,11 +62,22 @@ class TasksConfig:
     max_level: int = 4  # highest curriculum level procedural families generate (1..4)
     n_visible: int = 3  # visible examples shown to the solver
     n_hidden: int = 8  # hidden tests used for grading
-    heldout_splits: list[str] = field(default_factory=lambda: [  # held-out split names (see generator.splits)
-        "heldout_types", "heldout_compositions", "deeper", "noisy"])
+    heldout_splits: list[str] = field(
+        default_factory=lambda: [  # held-out split names (see generator.splits)
+            "heldout_types",
+            "heldout_compositions",
+            "deeper",
+            "noisy",
+        ]
+    )
     heldout_types: list[str] = field(default_factory=lambda: ["float", "tuple"])  # input element types never trained on
-    heldout_pairs: list[str] = field(default_factory=lambda: [  # step kinds never together in one training task
-        "dedup+sort", "filter+group", "map+top_k"])
+    heldout_pairs: list[str] = field(
+        default_factory=lambda: [  # step kinds never together in one training task
+            "dedup+sort",
+            "filter+group",
+            "map+top_k",
+        ]
+    )
     train_max_depth: int = 4  # most pipeline steps in a training task; the "deeper" split uses 1-2 more
     n_visible_vague: int = 5  # visible examples for level-4 tasks (defined mostly by their examples)
     prompt_examples: int = 5  # at most this many visible examples in a solver prompt
@@ -81,8 +92,17 @@ class LoraSettings:
     r: int = 0  # LoRA rank (peft); 0 = off (every weight trained). Chosen at warm start: PPO then trains the adapter
     alpha: float = 16.0  # LoRA scaling numerator (the update is alpha / r * B A)
     dropout: float = 0.0  # dropout on the adapter's input while training (PPO updates run in eval mode: none there)
-    target_modules: list[str] = field(default_factory=lambda: [  # linear layers given an adapter (by name)
-        "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: [  # linear layers given an adapter (by name)
+            "q_proj",
+            "k_proj",
+            "v_proj",
+            "o_proj",
+            "gate_proj",
+            "up_proj",
+            "down_proj",
+        ]
+    )
     agents: list[str] = field(default_factory=lambda: ["solver", "generator"])  # which agents train an adapter
     # adapters on the top N transformer blocks only (0: every block); nothing below them trains, so the backward
     # pass stops at the lowest adapted block
@@ -405,33 +425,48 @@ def check_ppo(cfg) -> None:
     the one sampled (docs/rl.md), stopped before any work with the keys named."""
     p, t = cfg.ppo, cfg.train
     if p.micro_batch_size < 1 or p.mini_batch_size % p.micro_batch_size:
-        raise UserError(f"ppo.mini_batch_size ({p.mini_batch_size}) must be a positive multiple of "
-                        f"ppo.micro_batch_size ({p.micro_batch_size})")
+        raise UserError(
+            f"ppo.mini_batch_size ({p.mini_batch_size}) must be a positive multiple of "
+            f"ppo.micro_batch_size ({p.micro_batch_size})"
+        )
     if p.tis_cap < 0 or 0 < p.tis_cap < 1:
         raise UserError(f"ppo.tis_cap must be 0 (off) or >= 1 (the cap of pi_old / pi_sampler), got {p.tis_cap}")
     if p.temperature <= 0:
         raise UserError(f"ppo.temperature must be > 0, got {p.temperature} (greedy answers are eval's business)")
     if p.top_k != 0 or p.top_p != 1.0:
         key, value = ("ppo.top_k", p.top_k) if p.top_k != 0 else ("ppo.top_p", p.top_p)
-        raise UserError(f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
-                        "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0")
+        raise UserError(
+            f"{key}={value}: truncated sampling is not supported, since the PPO trainer (and the KL to "
+            "the reference) scores the full tempered distribution; keep ppo.top_k=0 and ppo.top_p=1.0"
+        )
     _check_objective(cfg)
     _check_agents(cfg)
     generator_learns = t.mode == "selfplay" and t.train_generator and cfg.generator.source == "model"
     if not t.train_solver and t.mode != "warmstart" and not generator_learns:
-        why = ("" if t.mode != "selfplay" else " and train.train_generator=false" if not t.train_generator
-               else " and generator.source=random_edits")
-        raise UserError(f"train.train_solver=false with train.mode={t.mode}{why} trains nothing: "
-                        "hold the solver only in train.mode=selfplay, where the generator learns against it")
+        why = (
+            ""
+            if t.mode != "selfplay"
+            else " and train.train_generator=false"
+            if not t.train_generator
+            else " and generator.source=random_edits"
+        )
+        raise UserError(
+            f"train.train_solver=false with train.mode={t.mode}{why} trains nothing: "
+            "hold the solver only in train.mode=selfplay, where the generator learns against it"
+        )
     if t.samples_per_task < 2 and t.mode != "warmstart":
         if p.skip_uniform_groups:
-            raise UserError("train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
-                            "(a task with one answer never has answers that scored differently): set "
-                            "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false")
+            raise UserError(
+                "train.samples_per_task=1 with ppo.skip_uniform_groups=true would never update the solver "
+                "(a task with one answer never has answers that scored differently): set "
+                "train.samples_per_task >= 2 or ppo.skip_uniform_groups=false"
+            )
         if p.advantage in GROUP_ADVANTAGES:
-            raise UserError(f"train.samples_per_task=1 with ppo.advantage={p.advantage} leaves every answer without a "
-                            "baseline (no other answer to its task): set train.samples_per_task >= 2 or "
-                            "ppo.advantage=gae")
+            raise UserError(
+                f"train.samples_per_task=1 with ppo.advantage={p.advantage} leaves every answer without a "
+                "baseline (no other answer to its task): set train.samples_per_task >= 2 or "
+                "ppo.advantage=gae"
+            )
 
 
 def _check_agents(cfg) -> None:
@@ -449,14 +484,17 @@ def _check_agents(cfg) -> None:
             raise UserError(f"agents.{name}.lr_scale must be >= 0, got {a.lr_scale}")
     g, t = cfg.agents.generator, cfg.train
     if g.advantage not in GENERATOR_ADVANTAGES:
-        raise UserError(f"agents.generator.advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, "
-                        f"got {g.advantage!r}")
+        raise UserError(
+            f"agents.generator.advantage must be one of {', '.join(GENERATOR_ADVANTAGES)}, got {g.advantage!r}"
+        )
     world = int(os.environ.get("WORLD_SIZE", "1"))  # the ranks this process is one of (torchrun sets it)
     if g.advantage == "rloo_batch" and t.proposals // world < 2:
-        raise UserError(f"agents.generator.advantage=rloo_batch takes each rank's proposals as one group, and "
-                        f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
-                        f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
-                        "agents.generator.advantage=gae")
+        raise UserError(
+            f"agents.generator.advantage=rloo_batch takes each rank's proposals as one group, and "
+            f"train.proposals={t.proposals} over {world} ranks gives each {t.proposals // world}: a "
+            f"proposal alone on its rank has no baseline; set train.proposals >= {2 * world} or "
+            "agents.generator.advantage=gae"
+        )
 
 
 def _check_objective(cfg) -> None:
@@ -465,25 +503,32 @@ def _check_objective(cfg) -> None:
     if p.advantage not in ADVANTAGES:
         raise UserError(f"ppo.advantage must be one of {', '.join(ADVANTAGES)}, got {p.advantage!r}")
     if p.loss_aggregation and p.loss_aggregation not in LOSS_AGGREGATIONS:
-        raise UserError(f"ppo.loss_aggregation must be one of {', '.join(LOSS_AGGREGATIONS)} (or \"\": the "
-                        f"advantage's own), got {p.loss_aggregation!r}")
+        raise UserError(
+            f'ppo.loss_aggregation must be one of {", ".join(LOSS_AGGREGATIONS)} (or "": the '
+            f"advantage's own), got {p.loss_aggregation!r}"
+        )
     if p.clip_low is not None and not 0 < p.clip_low < 1:
         raise UserError(f"ppo.clip_low must be in (0, 1) (the ratio's floor is 1 - clip_low), got {p.clip_low}")
     if p.clip_high is not None and not p.clip_high > 0:
         raise UserError(f"ppo.clip_high must be > 0 (the ratio's ceiling is 1 + clip_high), got {p.clip_high}")
     if not 0 <= cache <= p.max_new_tokens:
-        raise UserError(f"reward.overlong_cache must be in [0, ppo.max_new_tokens={p.max_new_tokens}] (tokens before "
-                        f"the budget where the overlong penalty starts; 0 = off), got {cache}")
+        raise UserError(
+            f"reward.overlong_cache must be in [0, ppo.max_new_tokens={p.max_new_tokens}] (tokens before "
+            f"the budget where the overlong penalty starts; 0 = off), got {cache}"
+        )
 
 
 def _check_warmstart(ws) -> None:
     if not 0 <= ws.micro_batch_size <= ws.batch_size:
-        raise UserError(f"warmstart.micro_batch_size must be in [0, warmstart.batch_size={ws.batch_size}] (sequences "
-                        f"per SFT forward/backward; 0 = the whole batch), got {ws.micro_batch_size}")
+        raise UserError(
+            f"warmstart.micro_batch_size must be in [0, warmstart.batch_size={ws.batch_size}] (sequences "
+            f"per SFT forward/backward; 0 = the whole batch), got {ws.micro_batch_size}"
+        )
 
 
 def _check_generator(gen_cfg) -> None:
     from generator.formats import FORMATS  # the registry: a format added with generator.formats.register counts
+
     if gen_cfg.format not in FORMATS:
         raise UserError(f"generator.format must be one of {', '.join(FORMATS)}, got {gen_cfg.format!r}")
     if int(gen_cfg.close_reserve) < 0:
@@ -491,14 +536,17 @@ def _check_generator(gen_cfg) -> None:
     if gen_cfg.source not in GENERATOR_SOURCES:
         raise UserError(f"generator.source must be one of {', '.join(GENERATOR_SOURCES)}, got {gen_cfg.source!r}")
     if gen_cfg.source == "random_edits" and gen_cfg.format != "mutation":
-        raise UserError(f"generator.source=random_edits draws edits of the references' programs: it needs "
-                        f"generator.format=mutation, got {gen_cfg.format!r}")
+        raise UserError(
+            f"generator.source=random_edits draws edits of the references' programs: it needs "
+            f"generator.format=mutation, got {gen_cfg.format!r}"
+        )
 
 
 def _check_tasks(tasks_cfg) -> None:
     """The `tasks:` values the generator checks (held-out splits, types and pairs, literal range), before any work."""
     from generator.build import BuildConfig
     from generator.splits import SplitError
+
     try:
         BuildConfig.from_config(tasks_cfg)
     except SplitError as exc:
@@ -507,11 +555,14 @@ def _check_tasks(tasks_cfg) -> None:
 
 def _check_eval(cfg) -> None:
     from generator.splits import TEST_SPLIT, VAL_SPLIT
+
     known = (TEST_SPLIT, VAL_SPLIT, *cfg.tasks.heldout_splits)
     unknown = [s for s in cfg.eval.splits if s not in known]
     if unknown:
-        raise UserError(f"eval.splits: {', '.join(map(repr, unknown))} is not a split of this run's suite "
-                        f"({', '.join(known)}; held-out splits come from tasks.heldout_splits)")
+        raise UserError(
+            f"eval.splits: {', '.join(map(repr, unknown))} is not a split of this run's suite "
+            f"({', '.join(known)}; held-out splits come from tasks.heldout_splits)"
+        )
 
 
 def _describe(exc: OmegaConfBaseException) -> str:

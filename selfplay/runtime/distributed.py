@@ -92,9 +92,11 @@ def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
             dist.init_process_group(backend=backend, timeout=datetime.timedelta(minutes=timeout_min))
         except (dist.DistStoreError, dist.DistNetworkError) as exc:
             where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
-            raise UserError(f"rank {os.environ.get('RANK')}: not all {world_size} ranks met at {where} within "
-                            f"distributed.timeout_min ({timeout_min} min): start every rank (WORLD_SIZE = nodes x "
-                            f"processes per node) and let each node reach MASTER_ADDR ({exc})") from exc
+            raise UserError(
+                f"rank {os.environ.get('RANK')}: not all {world_size} ranks met at {where} within "
+                f"distributed.timeout_min ({timeout_min} min): start every rank (WORLD_SIZE = nodes x "
+                f"processes per node) and let each node reach MASTER_ADDR ({exc})"
+            ) from exc
         Heartbeat.start_for(dist.get_rank(), dist.get_world_size(), timeout_min * 60.0)
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, backend)
 
@@ -132,8 +134,12 @@ class Heartbeat(threading.Thread):
     @classmethod
     def start_for(cls, rank: int, world: int, timeout_s: float) -> Heartbeat:
         """A second client of the rendezvous store (not the process group's), the thread, the hooks."""
-        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=datetime.timedelta(seconds=min(timeout_s, 60.0)))
+        store = dist.TCPStore(
+            os.environ["MASTER_ADDR"],
+            int(os.environ["MASTER_PORT"]),
+            is_master=False,
+            timeout=datetime.timedelta(seconds=min(timeout_s, 60.0)),
+        )
         beat = cls(rank, world, timeout_s, store)
         store.set(f"{beat.prefix}who/{rank}", f"{os.uname().nodename}, pid {os.getpid()}")
         if threading.current_thread() is threading.main_thread():
@@ -175,13 +181,17 @@ class Heartbeat(threading.Thread):
                 if self.stopping.wait(self.LOST_S):  # this process is exiting: nothing to report
                     return
                 if not self.reporting:
-                    self._end(f"lost the rendezvous store at {os.environ['MASTER_ADDR']}:"
-                              f"{os.environ['MASTER_PORT']}: rank 0 (or its launcher) has ended")
+                    self._end(
+                        f"lost the rendezvous store at {os.environ['MASTER_ADDR']}:"
+                        f"{os.environ['MASTER_PORT']}: rank 0 (or its launcher) has ended"
+                    )
                 return
             stale = [r for r in self.watched if time.monotonic() - self.seen[r][1] > self.timeout_s]
             if stale and not self.reporting:
-                self._end(f"{', '.join(map(self.who, stale))} gave no sign of life for {self.timeout_s:.0f} s "
-                          f"(dead or frozen; distributed.timeout_min)")
+                self._end(
+                    f"{', '.join(map(self.who, stale))} gave no sign of life for {self.timeout_s:.0f} s "
+                    f"(dead or frozen; distributed.timeout_min)"
+                )
                 return
 
     def silent_ranks(self) -> list[int]:
@@ -209,9 +219,12 @@ class Heartbeat(threading.Thread):
         lost = self.silent_ranks() if issubclass(exc_type, RuntimeError) else []
         previous(exc_type, exc, tb)
         if lost:
-            print(f"[selfplay] rank {self.rank} on {os.uname().nodename} failed because "
-                  f"{', '.join(map(self.who, lost))} stopped responding (dead or frozen)", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[selfplay] rank {self.rank} on {os.uname().nodename} failed because "
+                f"{', '.join(map(self.who, lost))} stopped responding (dead or frozen)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def is_distributed() -> bool:

@@ -49,9 +49,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from selfplay.rollout.settings import engine_name
 from selfplay.runtime.config import CONFIG_DIR
@@ -61,11 +62,27 @@ GB = 1e9  # decimal gigabytes, as GPU memory is sold ("80 GB")
 AGENTS = ("solver", "generator")
 PHASES = ("warm start", "load", "rollout", "update", "evaluation")
 # the columns of a phase, in the table's order
-PARTS = ("policy weights", "reference weights", "value head/critic", "gradients", "optimizer states", "activations",
-         "generation (hf)", "vllm engines", "reserve")
-PART_OF = {"policy": "policy weights", "reference": "reference weights", "critic": "value head/critic",
-           "gradients": "gradients", "optimizer": "optimizer states", "activations": "activations",
-           "generation": "generation (hf)", "vllm": "vllm engines"}  # plan_phases' keywords
+PARTS = (
+    "policy weights",
+    "reference weights",
+    "value head/critic",
+    "gradients",
+    "optimizer states",
+    "activations",
+    "generation (hf)",
+    "vllm engines",
+    "reserve",
+)
+PART_OF = {
+    "policy": "policy weights",
+    "reference": "reference weights",
+    "critic": "value head/critic",
+    "gradients": "gradients",
+    "optimizer": "optimizer states",
+    "activations": "activations",
+    "generation": "generation (hf)",
+    "vllm": "vllm engines",
+}  # plan_phases' keywords
 RESERVE_GB = 2.0  # per GPU: CUDA context (~0.5-1 GB with torch's kernels), NCCL buffers, allocator fragmentation
 HF_SAMPLE_BATCH = 64  # LMAgent.sample's batch_size: prompts per Hugging Face generate call
 EVAL_BATCH = HF_SAMPLE_BATCH  # the evaluation samples its many prompts in full batches
@@ -96,9 +113,11 @@ LORA_REFERENCE_IS_BASE = True
 SCORE_COPIES = 2  # generate keeps fp32 scores per step (out.scores) and torch.stack copies them before .cpu()
 DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (parameters)
 # what a warm start needs when its weights and SFT states alone exceed rank 0's GPU: no setting of today's code helps
-WARM_START_NEEDS = ("it needs a warm start under DeepSpeed, which does not exist yet: rank 0 alone builds both agents "
-                    "and fine-tunes each in plain torch (selfplay/train/warmstart.py), nothing partitioned over the "
-                    "ranks")
+WARM_START_NEEDS = (
+    "it needs a warm start under DeepSpeed, which does not exist yet: rank 0 alone builds both agents "
+    "and fine-tunes each in plain torch (selfplay/train/warmstart.py), nothing partitioned over the "
+    "ranks"
+)
 
 
 # ---------------------------------------------------------------------------- the model's shape
@@ -130,8 +149,15 @@ class ModelShape:
         h, i, q, kv = self.hidden, self.intermediate, self.heads * self.dh, self.kv_heads * self.dh
         if self.arch == "gpt2":
             return {"c_attn": (h, 3 * h), "attn.c_proj": (h, h), "c_fc": (h, i), "mlp.c_proj": (i, h)}
-        return {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h),
-                "gate_proj": (h, i), "up_proj": (h, i), "down_proj": (i, h)}
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
 
     @property
     def block_params(self) -> int:
@@ -156,15 +182,22 @@ class ModelShape:
         """Trainable parameters of LoRA adapters of rank r on the named linears of the top `top_layers` blocks
         (0: all): r x (in + out) per adapted linear (peft's A and B, no bias)."""
         names = set(targets)
-        per_block = sum(r * (a + b) for name, (a, b) in self.linears().items()
-                        if name in names or name.rsplit(".", 1)[-1] in names)
+        per_block = sum(
+            r * (a + b) for name, (a, b) in self.linears().items() if name in names or name.rsplit(".", 1)[-1] in names
+        )
         return per_block * (min(top_layers, self.layers) if top_layers > 0 else self.layers)
 
     def hf_config(self) -> dict[str, Any]:
         """Keyword arguments of a transformers Qwen2Config / LlamaConfig of this shape (random-weight measurements)."""
-        return dict(hidden_size=self.hidden, intermediate_size=self.intermediate, num_hidden_layers=self.layers,
-                    num_attention_heads=self.heads, num_key_value_heads=self.kv_heads, vocab_size=self.vocab,
-                    tie_word_embeddings=self.tied)
+        return dict(
+            hidden_size=self.hidden,
+            intermediate_size=self.intermediate,
+            num_hidden_layers=self.layers,
+            num_attention_heads=self.heads,
+            num_key_value_heads=self.kv_heads,
+            vocab_size=self.vocab,
+            tie_word_embeddings=self.tied,
+        )
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Generation's KV cache per token: keys and values of every block."""
@@ -178,18 +211,21 @@ class ModelShape:
 # The presets' models (configs/*.yaml) and Qwen2.5-Coder-0.5B, from their Hugging Face config.json files; the key is
 # the model's name, lower case, without its organisation and "-instruct" (`shape_key`)
 KNOWN_SHAPES: dict[str, ModelShape] = {
-    "qwen2.5-coder-0.5b": ModelShape("Qwen2.5-Coder-0.5B", 896, 4864, 24, 14, 2, 151936, tied=True, qkv_bias=True,
-                                     positions=32768),
-    "qwen2.5-coder-1.5b": ModelShape("Qwen2.5-Coder-1.5B", 1536, 8960, 28, 12, 2, 151936, tied=True, qkv_bias=True,
-                                     positions=32768),
-    "qwen2.5-coder-7b": ModelShape("Qwen2.5-Coder-7B", 3584, 18944, 28, 28, 4, 152064, tied=False, qkv_bias=True,
-                                   positions=32768),
+    "qwen2.5-coder-0.5b": ModelShape(
+        "Qwen2.5-Coder-0.5B", 896, 4864, 24, 14, 2, 151936, tied=True, qkv_bias=True, positions=32768
+    ),
+    "qwen2.5-coder-1.5b": ModelShape(
+        "Qwen2.5-Coder-1.5B", 1536, 8960, 28, 12, 2, 151936, tied=True, qkv_bias=True, positions=32768
+    ),
+    "qwen2.5-coder-7b": ModelShape(
+        "Qwen2.5-Coder-7B", 3584, 18944, 28, 28, 4, 152064, tied=False, qkv_bias=True, positions=32768
+    ),
     "smollm2-135m": ModelShape("SmolLM2-135M", 576, 1536, 30, 9, 3, 49152, tied=True, positions=8192),
 }
 
 
 def shape_key(name_or_path: str) -> str:
-    """"Qwen/Qwen2.5-Coder-7B-Instruct" -> "qwen2.5-coder-7b"."""
+    """ "Qwen/Qwen2.5-Coder-7B-Instruct" -> "qwen2.5-coder-7b"."""
     key = str(name_or_path).rstrip("/").rsplit("/", 1)[-1].lower()
     return key[: -len("-instruct")] if key.endswith("-instruct") else key
 
@@ -198,16 +234,32 @@ def shape_from_hf_config(conf: dict, name: str = "") -> ModelShape:
     """A `ModelShape` from a Hugging Face config.json's fields (Llama, Qwen2, Mistral-like, GPT-2)."""
     if conf.get("model_type") == "gpt2" or "n_embd" in conf:
         h = int(conf["n_embd"])
-        return ModelShape(name or "gpt2", h, int(conf.get("n_inner") or 4 * h), int(conf["n_layer"]),
-                          int(conf["n_head"]), int(conf["n_head"]), int(conf["vocab_size"]), tied=True, arch="gpt2",
-                          positions=int(conf.get("n_positions", 1024)))
+        return ModelShape(
+            name or "gpt2",
+            h,
+            int(conf.get("n_inner") or 4 * h),
+            int(conf["n_layer"]),
+            int(conf["n_head"]),
+            int(conf["n_head"]),
+            int(conf["vocab_size"]),
+            tied=True,
+            arch="gpt2",
+            positions=int(conf.get("n_positions", 1024)),
+        )
     heads = int(conf["num_attention_heads"])
-    return ModelShape(name or str(conf.get("model_type", "model")), int(conf["hidden_size"]),
-                      int(conf["intermediate_size"]), int(conf["num_hidden_layers"]), heads,
-                      int(conf.get("num_key_value_heads") or heads), int(conf["vocab_size"]),
-                      tied=bool(conf.get("tie_word_embeddings", False)), head_dim=int(conf.get("head_dim") or 0),
-                      qkv_bias=bool(conf.get("attention_bias", conf.get("model_type") == "qwen2")),
-                      positions=int(conf.get("max_position_embeddings") or 0))
+    return ModelShape(
+        name or str(conf.get("model_type", "model")),
+        int(conf["hidden_size"]),
+        int(conf["intermediate_size"]),
+        int(conf["num_hidden_layers"]),
+        heads,
+        int(conf.get("num_key_value_heads") or heads),
+        int(conf["vocab_size"]),
+        tied=bool(conf.get("tie_word_embeddings", False)),
+        head_dim=int(conf.get("head_dim") or 0),
+        qkv_bias=bool(conf.get("attention_bias", conf.get("model_type") == "qwen2")),
+        positions=int(conf.get("max_position_embeddings") or 0),
+    )
 
 
 def _config_json(name_or_path: str) -> Path | None:
@@ -217,8 +269,10 @@ def _config_json(name_or_path: str) -> Path | None:
         return folder / "config.json"
     if "/" not in name_or_path or folder.is_absolute():
         return None
-    hub = Path(os.environ.get("HF_HUB_CACHE") or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" /
-                                                      "huggingface") / "hub")
+    hub = Path(
+        os.environ.get("HF_HUB_CACHE")
+        or Path(os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface") / "hub"
+    )
     snapshots = hub / f"models--{name_or_path.replace('/', '--')}" / "snapshots"
     found = sorted(snapshots.glob("*/config.json")) if snapshots.is_dir() else []
     return found[-1] if found else None
@@ -230,17 +284,28 @@ def model_shape(model_cfg) -> ModelShape:
     name = str(model_cfg.name_or_path)
     if name == "tiny":  # selfplay.models.factory.build_tiny_model; its vocabulary is at most model.vocab_size
         h, arch = int(model_cfg.n_embd), str(model_cfg.arch)
-        return ModelShape(f"tiny {arch}", h, 4 * h, int(model_cfg.n_layer), int(model_cfg.n_head),
-                          int(model_cfg.n_head), int(model_cfg.vocab_size), tied=True,
-                          arch="gpt2" if arch == "gpt2" else "llama", positions=int(model_cfg.max_positions))
+        return ModelShape(
+            f"tiny {arch}",
+            h,
+            4 * h,
+            int(model_cfg.n_layer),
+            int(model_cfg.n_head),
+            int(model_cfg.n_head),
+            int(model_cfg.vocab_size),
+            tied=True,
+            arch="gpt2" if arch == "gpt2" else "llama",
+            positions=int(model_cfg.max_positions),
+        )
     path = _config_json(name)
     if path is not None:
         return shape_from_hf_config(json.loads(path.read_text()), name=shape_key(name))
     key = shape_key(name)
     if key in KNOWN_SHAPES:
         return KNOWN_SHAPES[key]
-    raise UserError(f"model.name_or_path={name}: no config.json found for it and not a known shape "
-                    f"({', '.join(sorted(KNOWN_SHAPES))}); point it at the model's folder")
+    raise UserError(
+        f"model.name_or_path={name}: no config.json found for it and not a known shape "
+        f"({', '.join(sorted(KNOWN_SHAPES))}); point it at the model's folder"
+    )
 
 
 # ---------------------------------------------------------------------------- what the plan reads from a config
@@ -324,8 +389,9 @@ def read_zero_config(name_or_path: str) -> dict:
 def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
     """`RunSettings` of a loaded config."""
     dist, m, p, t, ws = cfg.distributed, cfg.model, cfg.ppo, cfg.train, cfg.warmstart
-    solver_new, generator_new = (int(cfg.agents[name].max_new_tokens or p.max_new_tokens)
-                                 for name in ("solver", "generator"))
+    solver_new, generator_new = (
+        int(cfg.agents[name].max_new_tokens or p.max_new_tokens) for name in ("solver", "generator")
+    )
     stage, mixed, prefetch = 0, False, DEFAULT_PREFETCH
     if dist.deepspeed:
         ds = read_zero_config(dist.zero_config)
@@ -334,19 +400,37 @@ def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
         mixed = any(bool(ds.get(k, {}).get("enabled", False)) for k in ("bf16", "fp16"))
         prefetch = int(zero.get("stage3_prefetch_bucket_size", DEFAULT_PREFETCH))
     return RunSettings(
-        dtype_bytes={"float32": 4, "bfloat16": 2, "float16": 2}.get(str(m.dtype), 4), deepspeed=bool(dist.deepspeed),
-        zero_stage=stage, mixed_precision=mixed, prefetch=prefetch, value_model=str(m.value_model),
-        gradient_checkpointing=bool(m.gradient_checkpointing), lora_r=int(m.lora.r), lora_layers=int(m.lora.layers),
-        lora_targets=tuple(m.lora.target_modules), lora_agents=tuple(m.lora.agents),
-        micro_batch=int(p.micro_batch_size), mini_batch=int(p.mini_batch_size), solver_new=solver_new,
-        generator_new=generator_new, prompt=int(options.prompt_tokens or ws.max_len),
-        sft_batch=int(ws.batch_size), sft_len=int(min(ws.max_len, options.prompt_tokens + max(
-            solver_new, generator_new)) if options.prompt_tokens else ws.max_len),
+        dtype_bytes={"float32": 4, "bfloat16": 2, "float16": 2}.get(str(m.dtype), 4),
+        deepspeed=bool(dist.deepspeed),
+        zero_stage=stage,
+        mixed_precision=mixed,
+        prefetch=prefetch,
+        value_model=str(m.value_model),
+        gradient_checkpointing=bool(m.gradient_checkpointing),
+        lora_r=int(m.lora.r),
+        lora_layers=int(m.lora.layers),
+        lora_targets=tuple(m.lora.target_modules),
+        lora_agents=tuple(m.lora.agents),
+        micro_batch=int(p.micro_batch_size),
+        mini_batch=int(p.mini_batch_size),
+        solver_new=solver_new,
+        generator_new=generator_new,
+        prompt=int(options.prompt_tokens or ws.max_len),
+        sft_batch=int(ws.batch_size),
+        sft_len=int(
+            min(ws.max_len, options.prompt_tokens + max(solver_new, generator_new))
+            if options.prompt_tokens
+            else ws.max_len
+        ),
         sft_steps=(int(ws.solver_steps), int(ws.generator_steps)),
         engines=(engine_name(cfg.rollout, "solver"), engine_name(cfg.rollout, "generator")),
-        gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization), sleep=bool(cfg.rollout.sleep),
-        solver_answers=int(t.solver_tasks) * int(t.samples_per_task), proposals=int(t.proposals),
-        gap_answers=int(cfg.rollout.gap_answers), sft_micro=int(ws.micro_batch_size))
+        gpu_memory_utilization=float(cfg.rollout.gpu_memory_utilization),
+        sleep=bool(cfg.rollout.sleep),
+        solver_answers=int(t.solver_tasks) * int(t.samples_per_task),
+        proposals=int(t.proposals),
+        gap_answers=int(cfg.rollout.gap_answers),
+        sft_micro=int(ws.micro_batch_size),
+    )
 
 
 # ---------------------------------------------------------------------------- the plan
@@ -406,13 +490,28 @@ class MemoryPlan:
         return next(p for p in self.phases if p.phase == name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"config": self.config, "model": dataclasses.asdict(self.model), "params": self.model.params,
-                "cluster": dataclasses.asdict(self.cluster), "settings": dataclasses.asdict(self.settings),
-                "options": dataclasses.asdict(self.options), "fits": self.fits,
-                "phases": [{"phase": p.phase, "where": p.where, "moment": p.moment,
-                            "parts_gb": {k: v / GB for k, v in p.parts.items()}, "total_gb": p.total / GB,
-                            "budget_gb": p.budget / GB, "fits": p.fits} for p in self.phases],
-                "verdicts": [dataclasses.asdict(v) for v in self.verdicts]}
+        return {
+            "config": self.config,
+            "model": dataclasses.asdict(self.model),
+            "params": self.model.params,
+            "cluster": dataclasses.asdict(self.cluster),
+            "settings": dataclasses.asdict(self.settings),
+            "options": dataclasses.asdict(self.options),
+            "fits": self.fits,
+            "phases": [
+                {
+                    "phase": p.phase,
+                    "where": p.where,
+                    "moment": p.moment,
+                    "parts_gb": {k: v / GB for k, v in p.parts.items()},
+                    "total_gb": p.total / GB,
+                    "budget_gb": p.budget / GB,
+                    "fits": p.fits,
+                }
+                for p in self.phases
+            ],
+            "verdicts": [dataclasses.asdict(v) for v in self.verdicts],
+        }
 
 
 @dataclass(frozen=True)
@@ -428,8 +527,9 @@ class AgentState:
     trainable: int  # parameters
 
 
-def agent_state(shape: ModelShape, s: RunSettings, agent: str, world: int,
-                options: PlanOptions = PlanOptions()) -> AgentState:
+def agent_state(
+    shape: ModelShape, s: RunSettings, agent: str, world: int, options: PlanOptions = PlanOptions()
+) -> AgentState:
     """One agent under DeepSpeed (or DDP) after `deepspeed.initialize`, per GPU."""
     b, p = s.dtype_bytes, shape.params
     lora = s.lora_r > 0 and agent in s.lora_agents
@@ -491,8 +591,11 @@ def sft_state_bytes(shape: ModelShape, s: RunSettings) -> tuple[float, float]:
     p = shape.params
     if s.dtype_bytes >= 4:
         return float(p * s.dtype_bytes), float(p * 2 * s.dtype_bytes)
-    largest = max(shape.vocab * shape.hidden, shape.positions * shape.hidden if shape.arch == "gpt2" else 0,
-                  *(a * b for a, b in shape.linears().values()))
+    largest = max(
+        shape.vocab * shape.hidden,
+        shape.positions * shape.hidden if shape.arch == "gpt2" else 0,
+        *(a * b for a, b in shape.linears().values()),
+    )
     return float(p * 4 + largest * s.dtype_bytes), float(p * MIXED_STATE_BYTES)
 
 
@@ -516,8 +619,7 @@ def generation_bytes(shape: ModelShape, s: RunSettings, batch: int, new: int) ->
 def _rollout_batches(s: RunSettings, world: int) -> dict[str, tuple[int, int]]:
     """(answers per generate call, answer budget) of each agent sampling on a rank."""
     per_rank = {"solver": max(1, s.solver_answers // world), "generator": max(1, s.proposals // world)}
-    return {a: (min(HF_SAMPLE_BATCH, per_rank[a]), s.solver_new if a == "solver" else s.generator_new)
-            for a in AGENTS}
+    return {a: (min(HF_SAMPLE_BATCH, per_rank[a]), s.solver_new if a == "solver" else s.generator_new) for a in AGENTS}
 
 
 def push_bytes(shape: ModelShape, s: RunSettings, agent: str, world: int) -> float:
@@ -534,8 +636,9 @@ def _engine_count(s: RunSettings) -> int:
     return sum(e == "vllm" for e in s.engines)
 
 
-def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
-                options: PlanOptions = PlanOptions()) -> list[PhasePlan]:
+def plan_phases(
+    shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanOptions = PlanOptions()
+) -> list[PhasePlan]:
     """Per GPU bytes of each phase (`PHASES`), at its peak."""
     world, b, budget = cluster.world, s.dtype_bytes, cluster.gpu_gb * GB
     p = shape.params
@@ -554,33 +657,52 @@ def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
 
     def resident(**kw: float) -> dict[str, float]:
         """Both agents as DeepSpeed / DDP hold them between steps."""
-        return parts(policy=sum(x.weights for x in states.values()) + gathered,
-                     reference=sum(x.reference for x in states.values()),
-                     critic=sum(x.critic for x in states.values()),
-                     optimizer=sum(x.optimizer for x in states.values()), **kw)
+        return parts(
+            policy=sum(x.weights for x in states.values()) + gathered,
+            reference=sum(x.reference for x in states.values()),
+            critic=sum(x.critic for x in states.values()),
+            optimizer=sum(x.optimizer for x in states.values()),
+            **kw,
+        )
 
     phases = []
     # warm start: rank 0, plain torch, nothing partitioned; one agent's SFT at a time
     critic_full = (shape.hidden + 1 + (p if s.value_model == "separate" else 0)) * b
     trains = any(n > 0 for n in s.sft_steps)
     grads, states_b = sft_state_bytes(shape, s) if trains else (0.0, 0.0)
-    sft = parts(policy=2 * p * b, reference=2 * p * b, critic=2 * critic_full, gradients=grads, optimizer=states_b,
-                activations=sft_activations(shape, s) if trains else 0.0)
-    eval0 = parts(policy=2 * p * b, reference=2 * p * b, critic=2 * critic_full,
-                  generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new))
+    sft = parts(
+        policy=2 * p * b,
+        reference=2 * p * b,
+        critic=2 * critic_full,
+        gradients=grads,
+        optimizer=states_b,
+        activations=sft_activations(shape, s) if trains else 0.0,
+    )
+    eval0 = parts(
+        policy=2 * p * b,
+        reference=2 * p * b,
+        critic=2 * critic_full,
+        generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new),
+    )
     masters = ", fp32 masters" if s.dtype_bytes < 4 else ""
-    what = (f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains
-            else "no SFT (steps 0)")
+    what = (
+        f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains else "no SFT (steps 0)"
+    )
     ws = max((sft, what), (eval0, "held-out evaluation at step 0"), key=lambda x: sum(x[0].values()))
     phases.append(PhasePlan("warm start", "rank 0", ws[1], ws[0], budget))
 
     # load: the solver wrapped (and its engine started), the generator whole until deepspeed.initialize
     sv = states["solver"]
-    load = parts(policy=sv.weights + p * b, reference=2 * states["generator"].reference,
-                 critic=sv.critic + critic_full, optimizer=sv.optimizer,
-                 vllm=vllm_bytes if engine_of["solver"] == "vllm" else 0.0)
-    phases.append(PhasePlan("load", "every rank", "the generator loaded whole, the solver already partitioned", load,
-                            budget))
+    load = parts(
+        policy=sv.weights + p * b,
+        reference=2 * states["generator"].reference,
+        critic=sv.critic + critic_full,
+        optimizer=sv.optimizer,
+        vllm=vllm_bytes if engine_of["solver"] == "vllm" else 0.0,
+    )
+    phases.append(
+        PhasePlan("load", "every rank", "the generator loaded whole, the solver already partitioned", load, budget)
+    )
 
     # rollout: each agent samples in turn; every vLLM engine awake
     batches = _rollout_batches(s, world)
@@ -588,29 +710,57 @@ def plan_phases(shape: ModelShape, s: RunSettings, cluster: Cluster,
     sampler = "the larger agent's Hugging Face batch" if gen else "the vLLM engines awake"
     gap = 0.0  # the trainer re-scores a few vLLM answers beside the awake engines (not under ZeRO-3)
     if _engine_count(s) and s.gap_answers > 0 and not (s.deepspeed and s.zero_stage >= 3 and world > 1):
-        gap = max(s.gap_answers * (batches[a][1] + 1) * shape.vocab * GAP_LOGIT_BYTES
-                  for a in AGENTS if engine_of[a] == "vllm")
-    rollout = PhasePlan("rollout", "every rank", f"sampling ({sampler})",
-                        resident(generation=gen, activations=gap, vllm=_engine_count(s) * vllm_bytes), budget)
+        gap = max(
+            s.gap_answers * (batches[a][1] + 1) * shape.vocab * GAP_LOGIT_BYTES
+            for a in AGENTS
+            if engine_of[a] == "vllm"
+        )
+    rollout = PhasePlan(
+        "rollout",
+        "every rank",
+        f"sampling ({sampler})",
+        resident(generation=gen, activations=gap, vllm=_engine_count(s) * vllm_bytes),
+        budget,
+    )
     push = max((push_bytes(shape, s, a, world) for a in AGENTS if engine_of[a] == "vllm"), default=0.0)
     if push:  # an agent's weights pushed into its woken engine, the engines awake
         pushing = resident(vllm=_engine_count(s) * vllm_bytes)
         pushing["policy weights"] += push
-        rollout = max(rollout, PhasePlan("rollout", "every rank", "an engine taking the updated weights", pushing,
-                                         budget), key=lambda x: x.total)
+        rollout = max(
+            rollout,
+            PhasePlan("rollout", "every rank", "an engine taking the updated weights", pushing, budget),
+            key=lambda x: x.total,
+        )
     phases.append(rollout)
 
     # update: one agent's micro-batch forward + backward; engines asleep (or not, rollout.sleep=false)
     upd = max(AGENTS, key=lambda a: states[a].gradients + update_activations(shape, s, a))
-    phases.append(PhasePlan("update", "every rank", f"the {upd}'s PPO micro-batch backward",
-                            resident(gradients=states[upd].gradients, activations=update_activations(shape, s, upd),
-                                     vllm=0.0 if s.sleep else _engine_count(s) * vllm_bytes), budget))
+    phases.append(
+        PhasePlan(
+            "update",
+            "every rank",
+            f"the {upd}'s PPO micro-batch backward",
+            resident(
+                gradients=states[upd].gradients,
+                activations=update_activations(shape, s, upd),
+                vllm=0.0 if s.sleep else _engine_count(s) * vllm_bytes,
+            ),
+            budget,
+        )
+    )
 
     # evaluation: the solver samples batches of 64 (rank 0 alone, or every rank under ZeRO-3)
     where = "every rank" if s.deepspeed and s.zero_stage >= 3 and world > 1 else "rank 0"
     ev_gen = generation_bytes(shape, s, EVAL_BATCH, s.solver_new) if engine_of["solver"] == "hf" else 0.0
-    phases.append(PhasePlan("evaluation", where, "the solver sampling held-out tasks",
-                            resident(generation=ev_gen, vllm=_engine_count(s) * vllm_bytes), budget))
+    phases.append(
+        PhasePlan(
+            "evaluation",
+            where,
+            "the solver sampling held-out tasks",
+            resident(generation=ev_gen, vllm=_engine_count(s) * vllm_bytes),
+            budget,
+        )
+    )
     return phases
 
 
@@ -630,8 +780,7 @@ class Change:
         return [w.split("=", 1)[0] for w in self.words]
 
 
-def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanOptions,
-             phase: str) -> list[Change]:
+def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanOptions, phase: str) -> list[Change]:
     """Changes that lower a phase's bytes, each at the value that makes the phase fit where one does (the largest
     micro-batch, utilisation, ... that fits), else at its most frugal value."""
     out: list[Change] = []
@@ -660,8 +809,10 @@ def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanO
     if s.deepspeed and s.zero_stage < 3 and cluster.world > 1:
         add((f"distributed.zero_config=zero{s.zero_stage + 1}.json",), rep(s, zero_stage=s.zero_stage + 1))
     if not s.deepspeed and cluster.world > 1:
-        add(("distributed.deepspeed=true", "distributed.zero_config=zero3.json"),
-            rep(s, deepspeed=True, zero_stage=3, mixed_precision=s.dtype_bytes == 2))
+        add(
+            ("distributed.deepspeed=true", "distributed.zero_config=zero3.json"),
+            rep(s, deepspeed=True, zero_stage=3, mixed_precision=s.dtype_bytes == 2),
+        )
     if s.lora_r == 0 and s.value_model != "separate":
         add(("model.lora.r=16",), rep(s, lora_r=16))
     if phase == "update":
@@ -683,8 +834,10 @@ def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanO
             add((f"rollout.gpu_memory_utilization={u:.2f}",), rep(s, gpu_memory_utilization=u))
         if phase != "load" and "hf" in s.engines and percents:
             u = largest(percents, lambda v: rep(s, engines=("vllm", "vllm"), gpu_memory_utilization=v / 100)) / 100
-            add(("rollout.engine=vllm", f"rollout.gpu_memory_utilization={u:.2f}"),
-                rep(s, engines=("vllm", "vllm"), gpu_memory_utilization=u))
+            add(
+                ("rollout.engine=vllm", f"rollout.gpu_memory_utilization={u:.2f}"),
+                rep(s, engines=("vllm", "vllm"), gpu_memory_utilization=u),
+            )
     if s.deepspeed and s.zero_stage >= 1 and phase != "warm start":
         nodes = next((n for n in range(cluster.nodes + 1, 65) if fits(s, rep(cluster, nodes=n))), 0)
         if nodes:
@@ -692,13 +845,16 @@ def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanO
     return out
 
 
-def verdicts(shape: ModelShape, s: RunSettings, cluster: Cluster, phases: list[PhasePlan],
-             options: PlanOptions = PlanOptions()) -> list[Verdict]:
+def verdicts(
+    shape: ModelShape, s: RunSettings, cluster: Cluster, phases: list[PhasePlan], options: PlanOptions = PlanOptions()
+) -> list[Verdict]:
     """One line per phase: its total against the GPU's memory and, where it does not fit, what would make it."""
     out = []
     for p in phases:
-        head = (f"{p.phase}: {p.total / GB:.1f} GB of {p.budget / GB:.1f} GB per GPU ({p.where}; {p.moment}): "
-                f"{'fits' if p.fits else 'does not fit'}")
+        head = (
+            f"{p.phase}: {p.total / GB:.1f} GB of {p.budget / GB:.1f} GB per GPU ({p.where}; {p.moment}): "
+            f"{'fits' if p.fits else 'does not fit'}"
+        )
         if p.fits:
             out.append(Verdict(p.phase, True, [], head))
             continue
@@ -713,15 +869,33 @@ def verdicts(shape: ModelShape, s: RunSettings, cluster: Cluster, phases: list[P
         good = [(c, a) for c, a in tried if a.fits]
         if good:
             said = "; ".join(f"{' '.join(c.words)} ({a.total / GB:.1f} GB)" for c, a in good)
-            out.append(Verdict(p.phase, False, _unique(k for c, _ in good for k in c.keys),
-                               f"{head}; fits with {said}", missing))
+            out.append(
+                Verdict(
+                    p.phase, False, _unique(k for c, _ in good for k in c.keys), f"{head}; fits with {said}", missing
+                )
+            )
         elif tried:
             c, a = min(tried, key=lambda x: x[1].total)
-            out.append(Verdict(p.phase, False, c.keys, f"{head}; no single change makes it fit, the largest cut: "
-                               f"{' '.join(c.words)} ({a.total / GB:.1f} GB)", missing))
+            out.append(
+                Verdict(
+                    p.phase,
+                    False,
+                    c.keys,
+                    f"{head}; no single change makes it fit, the largest cut: "
+                    f"{' '.join(c.words)} ({a.total / GB:.1f} GB)",
+                    missing,
+                )
+            )
         else:
-            out.append(Verdict(p.phase, False, ["model.name_or_path"],
-                               f"{head}; no setting lowers it: a smaller model.name_or_path or a larger GPU", missing))
+            out.append(
+                Verdict(
+                    p.phase,
+                    False,
+                    ["model.name_or_path"],
+                    f"{head}; no setting lowers it: a smaller model.name_or_path or a larger GPU",
+                    missing,
+                )
+            )
     return out
 
 
@@ -736,17 +910,24 @@ def _missing(shape: ModelShape, s: RunSettings, p: PhasePlan) -> str:
     fixed = held + sum(sft_state_bytes(shape, s))
     if fixed <= p.budget:
         return ""
-    return (f"its weights and SFT states alone are {fixed / GB:.1f} GB on rank 0 (both agents' weights and "
-            f"references, one agent's gradients and AdamW states{' and fp32 masters' if b < 4 else ''}): "
-            f"{WARM_START_NEEDS}")
+    return (
+        f"its weights and SFT states alone are {fixed / GB:.1f} GB on rank 0 (both agents' weights and "
+        f"references, one agent's gradients and AdamW states{' and fp32 masters' if b < 4 else ''}): "
+        f"{WARM_START_NEEDS}"
+    )
 
 
 def _unique(keys) -> list[str]:
     return list(dict.fromkeys(keys))
 
 
-def plan_memory(cfg, cluster: Cluster = Cluster(), options: PlanOptions = PlanOptions(),
-                shape: ModelShape | None = None, config_name: str = "") -> MemoryPlan:
+def plan_memory(
+    cfg,
+    cluster: Cluster = Cluster(),
+    options: PlanOptions = PlanOptions(),
+    shape: ModelShape | None = None,
+    config_name: str = "",
+) -> MemoryPlan:
     """The memory plan of config `cfg` on `cluster` (the model's shape read from the config unless given)."""
     shape = shape or model_shape(cfg.model)
     s = run_settings(cfg, options)
@@ -759,22 +940,35 @@ def plan_memory(cfg, cluster: Cluster = Cluster(), options: PlanOptions = PlanOp
 
 def format_table(plan: MemoryPlan) -> str:
     """The plan as a Markdown table (GB per GPU, one row per phase) and its verdict lines."""
-    short = {"policy weights": "policy", "reference weights": "refs", "value head/critic": "critic",
-             "gradients": "grads", "optimizer states": "optim", "activations": "activ", "generation (hf)": "hf gen",
-             "vllm engines": "vllm", "reserve": "reserve"}
+    short = {
+        "policy weights": "policy",
+        "reference weights": "refs",
+        "value head/critic": "critic",
+        "gradients": "grads",
+        "optimizer states": "optim",
+        "activations": "activ",
+        "generation (hf)": "hf gen",
+        "vllm engines": "vllm",
+        "reserve": "reserve",
+    }
     c, m, s = plan.cluster, plan.model, plan.settings
     zero = f"ZeRO-{s.zero_stage}" if s.deepspeed else ("DDP" if c.world > 1 else "one process")
     size = f"{m.params / 1e9:.2f} B" if m.params >= 1e9 else f"{m.params / 1e6:.1f} M"
-    lines = [f"{plan.config or 'config'}: {m.name} ({size} parameters), {zero}, "
-             f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s) of {c.gpu_gb:g} GB, engines "
-             f"{'/'.join(s.engines)}, prompts of {s.prompt} tokens, SFT batches of {s.sft_batch} x {s.sft_len} tokens"
-             f"{f' in passes of {s.sft_rows}' if s.sft_rows < s.sft_batch else ''}; GB per GPU", "",
-             "| phase | where | " + " | ".join(short[k] for k in PARTS) + " | total | budget | fits |",
-             "|---" * (len(PARTS) + 5) + "|"]
+    lines = [
+        f"{plan.config or 'config'}: {m.name} ({size} parameters), {zero}, "
+        f"{c.nodes} node(s) x {c.gpus_per_node} GPU(s) of {c.gpu_gb:g} GB, engines "
+        f"{'/'.join(s.engines)}, prompts of {s.prompt} tokens, SFT batches of {s.sft_batch} x {s.sft_len} tokens"
+        f"{f' in passes of {s.sft_rows}' if s.sft_rows < s.sft_batch else ''}; GB per GPU",
+        "",
+        "| phase | where | " + " | ".join(short[k] for k in PARTS) + " | total | budget | fits |",
+        "|---" * (len(PARTS) + 5) + "|",
+    ]
     for p in plan.phases:
         cells = " | ".join(f"{p.parts[k] / GB:.1f}" for k in PARTS)
-        lines.append(f"| {p.phase} | {p.where} | {cells} | {p.total / GB:.1f} | {p.budget / GB:.1f} | "
-                     f"{'yes' if p.fits else 'NO'} |")
+        lines.append(
+            f"| {p.phase} | {p.where} | {cells} | {p.total / GB:.1f} | {p.budget / GB:.1f} | "
+            f"{'yes' if p.fits else 'NO'} |"
+        )
     lines.append("")
     lines += [v.line for v in plan.verdicts]
     return "\n".join(lines)
@@ -815,10 +1009,14 @@ def refuse_if_it_cannot_fit(cfg) -> None:
             continue
         if p.fixed > p.budget:
             todo = v.missing or f"change {' or '.join(v.keys)}"
-            raise UserError(f"memory plan: the {v.phase} needs {p.fixed / GB:.1f} GB per GPU before activations, "
-                            f"{where}: {todo} (`selfplay plan CONFIG` shows the table; SELFPLAY_NO_MEMORY_PLAN=1 "
-                            "starts anyway)")
+            raise UserError(
+                f"memory plan: the {v.phase} needs {p.fixed / GB:.1f} GB per GPU before activations, "
+                f"{where}: {todo} (`selfplay plan CONFIG` shows the table; SELFPLAY_NO_MEMORY_PLAN=1 "
+                "starts anyway)"
+            )
         if int(os.environ.get("RANK", "0")) == 0:
-            print(f"[selfplay] memory plan: the {v.phase} may need {p.total / GB:.1f} GB per GPU at the config's "
-                  f"longest sequences, {where}; if it runs out, change {' or '.join(v.keys)} (`selfplay plan`)",
-                  flush=True)
+            print(
+                f"[selfplay] memory plan: the {v.phase} may need {p.total / GB:.1f} GB per GPU at the config's "
+                f"longest sequences, {where}; if it runs out, change {' or '.join(v.keys)} (`selfplay plan`)",
+                flush=True,
+            )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Callable
+from collections.abc import Callable
 
 # name -> (base, *args) -> seed: today's derivations, kept exactly
 LEGACY: dict[str, Callable[..., int]] = {

@@ -7,8 +7,9 @@ set of event files in `RUN_DIR/tb/`. Non-finite scalars are skipped rather than 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from selfplay.runtime.paths import RunPaths
 

@@ -47,8 +47,14 @@ def first_checkpoint(run) -> None:
     run.log(f"no checkpoint in {run.run_dir}: warm start ({sum(counts.values())} tasks)")
     reserve_heldout(cfg, run.sb, run.corpus, run.run_dir, run.log)  # first: training never sees them
     solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
-        cfg, run.run_dir, run.sb, run.corpus, log=run.log, progress=progress,
-        on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i))
+        cfg,
+        run.run_dir,
+        run.sb,
+        run.corpus,
+        log=run.log,
+        progress=progress,
+        on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i),
+    )
     run.solver, run.generator = solver, generator
     run.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
     run.warm_report = report
@@ -122,19 +128,28 @@ def restore(run, folder: Path) -> None:
         run.evals.setdefault("0", state.get("eval_before", {}))
     ahead = len(run.corpus) - int(state.get("corpus_size", len(run.corpus)))
     if ahead > 0:
-        run.log(f"the corpus holds {ahead} more tasks than when step {run.step} was saved (written by "
-                f"iterations lost when the run was killed); they stay, so this resume is not exact")
+        run.log(
+            f"the corpus holds {ahead} more tasks than when step {run.step} was saved (written by "
+            f"iterations lost when the run was killed); they stay, so this resume is not exact"
+        )
     run.log(f"loaded {folder} (step {run.step}; {len(run.corpus)} tasks in the corpus)")
 
 
-def flush_corpus(corpus: Corpus, run_dir: Path, tasks_cfg, step: int, tasks: list[Task],
-                 difficulty: list[tuple[str, float, int, int]]) -> None:
+def flush_corpus(
+    corpus: Corpus,
+    run_dir: Path,
+    tasks_cfg,
+    step: int,
+    tasks: list[Task],
+    difficulty: list[tuple[str, float, int, int]],
+) -> None:
     """Queued tasks and measured difficulties into the corpus (each new row checked against the held-out
     programs)."""
     if tasks:
         inserted = corpus.insert_many(tasks)
-        check_heldout(run_dir, [t for t, r in zip(tasks, inserted) if r.inserted], tasks_cfg,
-                      f"the corpus rows of step {step}")
+        check_heldout(
+            run_dir, [t for t, r in zip(tasks, inserted) if r.inserted], tasks_cfg, f"the corpus rows of step {step}"
+        )
     for task_id, rate, n, measured_at in difficulty:
         try:
             corpus.update_difficulty(task_id, rate, n_samples=n, step=measured_at)
@@ -149,8 +164,7 @@ def weights_in_sync(agents, step: int) -> dict:
     everyone = D.gather_objects(mine)
     for name in mine:
         if len({c[name] for c in everyone}) != 1:
-            raise RuntimeError(f"{name} weights differ across ranks at step {step}: "
-                               f"{[c[name][:12] for c in everyone]}")
+            raise RuntimeError(f"{name} weights differ across ranks at step {step}: {[c[name][:12] for c in everyone]}")
     return mine
 
 

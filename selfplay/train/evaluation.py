@@ -25,10 +25,18 @@ def evaluate(run, step: int) -> dict:
     if everyone:
         tasks = D.broadcast_object(tasks)
     with preserved_rng():  # a run's last evaluation must not shift the draws of a run that continues it
-        results = evaluate_heldout(run.solver, tasks, run.sb, samples=cfg.eval.samples,
-                                   max_turns=cfg.train.max_turns, reward_cfg=cfg.reward,
-                                   temperature=cfg.eval.temperature, max_prompt_tokens=cfg.warmstart.max_len,
-                                   prompt_kw=prompt_options(cfg), seed=cfg.run.seed)
+        results = evaluate_heldout(
+            run.solver,
+            tasks,
+            run.sb,
+            samples=cfg.eval.samples,
+            max_turns=cfg.train.max_turns,
+            reward_cfg=cfg.reward,
+            temperature=cfg.eval.temperature,
+            max_prompt_tokens=cfg.warmstart.max_len,
+            prompt_kw=prompt_options(cfg),
+            seed=cfg.run.seed,
+        )
     if not run.main:
         return {}
     run.tb.scalars(heldout_scalars(results), step)
@@ -42,8 +50,13 @@ def evaluate_missed(run) -> None:
     """The periodic evaluation of the step the run resumes at, when a stop came before it: measured now, before
     the run goes on, and saved with the next checkpoint. Rank 0 decides (it holds the evaluations)."""
     t = run.cfg.train
-    due = (run.learns and 0 < run.step < t.steps and t.eval_every and run.step % t.eval_every == 0
-           and str(run.step) not in run.evals)
+    due = (
+        run.learns
+        and 0 < run.step < t.steps
+        and t.eval_every
+        and run.step % t.eval_every == 0
+        and str(run.step) not in run.evals
+    )
     if D.broadcast_object(bool(due) if run.main else None):
         run.log(f"step {run.step}: its evaluation was left for the resume by a stop; running it now")
         evaluate(run, run.step)

@@ -17,14 +17,22 @@ from selfplay.eval.evaluate import BREAKDOWNS
 from selfplay.eval.stats import paired_delta
 
 # per-iteration figures kept in the run's history (checkpointed) and summed up at the end: history key -> scalar
-HISTORY = {"solve_rate": "solver/pass_rate", "validity": "generator/validity_rate", "level": "mixer/level",
-           "parse_rate": "generator/parse_rate", "generator_in_band": "generator/in_band_rate",
-           "generator_never_solved": "generator/never_solved_rate",
-           "generator_always_solved": "generator/always_solved_rate",
-           "solver_in_band": "solver/in_band_rate", "generator_share": "mixer/share/generator",
-           "generator_batch_share": "solver/share/generator", "generator_reward": "generator/reward_mean",
-           "alarm_solver_collapse": "mixer/alarm/solver_collapse",
-           "alarm_generator_diversity": "mixer/alarm/generator_diversity", "alarm_kl_blowup": "mixer/alarm/kl_blowup"}
+HISTORY = {
+    "solve_rate": "solver/pass_rate",
+    "validity": "generator/validity_rate",
+    "level": "mixer/level",
+    "parse_rate": "generator/parse_rate",
+    "generator_in_band": "generator/in_band_rate",
+    "generator_never_solved": "generator/never_solved_rate",
+    "generator_always_solved": "generator/always_solved_rate",
+    "solver_in_band": "solver/in_band_rate",
+    "generator_share": "mixer/share/generator",
+    "generator_batch_share": "solver/share/generator",
+    "generator_reward": "generator/reward_mean",
+    "alarm_solver_collapse": "mixer/alarm/solver_collapse",
+    "alarm_generator_diversity": "mixer/alarm/generator_diversity",
+    "alarm_kl_blowup": "mixer/alarm/kl_blowup",
+}
 COLLAPSE_ALARMS = ("alarm_solver_collapse", "alarm_generator_diversity", "alarm_kl_blowup")  # not the trust alarms
 SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this many iterations
 # what a run has spent, summed over its iterations and ranks (`compute/` scalars, the checkpoint's and the summary's
@@ -32,8 +40,14 @@ SUMMARY_WINDOW = 10  # the closing summary compares the first and the last this 
 # beyond the generator's share too) and their policy-sampled tokens, the proposals made and the tokens of the
 # generator's kept answers (none with generator.source=random_edits; answers struck by the novelty screen and drawn
 # again are not counted), and the programs the sandbox executed (cache hits left out; held-out evaluation too)
-COMPUTE = ("ppo_episodes", "solver_episodes", "solver_tokens", "generator_proposals", "generator_tokens",
-           "sandbox_execs")
+COMPUTE = (
+    "ppo_episodes",
+    "solver_episodes",
+    "solver_tokens",
+    "generator_proposals",
+    "generator_tokens",
+    "sandbox_execs",
+)
 
 
 def history_entry(step: int, metrics: dict) -> dict:
@@ -49,8 +63,11 @@ def heldout_changes(before: dict, after: dict) -> dict:
     """Per held-out split, the paired change of greedy pass@1 between two evaluations with its task count and a
     bootstrap 95 % interval over the tasks (stats.paired_delta); splits without per-task outcomes are left out."""
     b, a = before.get("per_task", {}), after.get("per_task", {})
-    return {split: paired_delta(b[split], a[split], "pass@1_greedy")
-            for split in sorted(set(b) & set(a)) if set(b[split]) & set(a[split])}
+    return {
+        split: paired_delta(b[split], a[split], "pass@1_greedy")
+        for split in sorted(set(b) & set(a))
+        if set(b[split]) & set(a[split])
+    }
 
 
 def window_means(history: list[dict], n: int = SUMMARY_WINDOW) -> dict:
@@ -66,8 +83,17 @@ def window_means(history: list[dict], n: int = SUMMARY_WINDOW) -> dict:
     return out
 
 
-def run_summary(run_dir, mode: str, steps: int, seconds: float, warmstart_s: float | None, evals: dict[str, dict],
-                history: list[dict], corpus_by_source: dict, compute: dict) -> dict:
+def run_summary(
+    run_dir,
+    mode: str,
+    steps: int,
+    seconds: float,
+    warmstart_s: float | None,
+    evals: dict[str, dict],
+    history: list[dict],
+    corpus_by_source: dict,
+    compute: dict,
+) -> dict:
     """The run so far (`SelfPlay.summary`): held-out results before and after (with their paired change), the
     corpus by source, what it spent, and the first and last iterations' means."""
     evaluated = sorted(evals, key=int)
@@ -75,8 +101,11 @@ def run_summary(run_dir, mode: str, steps: int, seconds: float, warmstart_s: flo
     after = evals.get(evaluated[-1], {}) if evaluated else {}
     validity = [h["validity"] for h in history if h.get("validity") is not None]
     return {
-        "run_dir": str(run_dir), "mode": mode, "steps": steps,
-        "seconds": seconds, "warmstart_seconds": warmstart_s,
+        "run_dir": str(run_dir),
+        "mode": mode,
+        "steps": steps,
+        "seconds": seconds,
+        "warmstart_seconds": warmstart_s,
         "selfplay_seconds": seconds - (warmstart_s or 0.0),
         "heldout_before": {s: r.get("pass@1_greedy") for s, r in before.items() if s not in BREAKDOWNS},
         "heldout_after": {s: r.get("pass@1_greedy") for s, r in after.items() if s not in BREAKDOWNS},
@@ -106,10 +135,16 @@ def print_summary(s: dict) -> None:
     for split in s["heldout_after"]:
         b, a = s["heldout_before"].get(split), s["heldout_after"][split]
         change = s["heldout_change"].get(split)
-        paired = (f" ({change['tasks']} tasks; change {change['delta']:+.3f}, 95 % CI "
-                  f"[{change['ci95'][0]:+.3f}, {change['ci95'][1]:+.3f}])" if change else "")
-        lines.append(f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}"
-                     + (f": {verdict(change)}" if change else ""))
+        paired = (
+            f" ({change['tasks']} tasks; change {change['delta']:+.3f}, 95 % CI "
+            f"[{change['ci95'][0]:+.3f}, {change['ci95'][1]:+.3f}])"
+            if change
+            else ""
+        )
+        lines.append(
+            f"  held-out {split:<22} greedy pass@1 {_fmt(b)} -> {_fmt(a)}{paired}"
+            + (f": {verdict(change)}" if change else "")
+        )
     lines.append(f"  corpus by source: {s['corpus_by_source']}")
     if s["validity_rate"] is not None:
         lines.append(f"  generator validity rate (mean): {s['validity_rate']:.2f}")
@@ -131,8 +166,10 @@ def say(msg: str) -> None:
 def run_estimate(iteration_s: float, left: int, eval_every: int) -> str:
     """One line after the first iteration: how long the iterations left will take at its pace."""
     evals = f", plus {left // eval_every} periodic evaluations" if eval_every and left >= eval_every else ""
-    return (f"the first iteration took {iteration_s:.0f} s: the {left} left take about {iteration_s * left / 60:.0f} "
-            f"min at that pace{evals}, plus the closing evaluation")
+    return (
+        f"the first iteration took {iteration_s:.0f} s: the {left} left take about {iteration_s * left / 60:.0f} "
+        f"min at that pace{evals}, plus the closing evaluation"
+    )
 
 
 def _fmt(x) -> str:

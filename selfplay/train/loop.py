@@ -71,8 +71,17 @@ from selfplay.train.history import COMPUTE, history_entry, print_summary, run_es
 from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats
 from selfplay.train.mixer import IterationStats, Mixer
 from selfplay.train.proposals import ProposalRound, SharedProposal, choose_references, propose, reward_proposals
-from selfplay.train.setup import (StopRequest, check_shared_storage, load_agent, open_run_sandbox, progress,
-                                  quiet_transformers, sandbox_workers, seed_global_generators, validate_config)
+from selfplay.train.setup import (
+    StopRequest,
+    check_shared_storage,
+    load_agent,
+    open_run_sandbox,
+    progress,
+    quiet_transformers,
+    sandbox_workers,
+    seed_global_generators,
+    validate_config,
+)
 from selfplay.train.solver_replay import SolverReplay
 from selfplay.train.sources import Draw, make_source
 from solver.rewards import overlong_penalties
@@ -119,8 +128,9 @@ class SelfPlay:
         self.sb = open_run_sandbox(cfg, workers)
         self.corpus = Corpus(self.run_dir)
         # how the solver's tasks are chosen (selfplay/train/sources.py); rank 0 draws them
-        self.source = make_source(cfg, mixer=self.mixer, sb=self.sb, corpus=self.corpus, run_dir=self.run_dir,
-                                  log=self.log)
+        self.source = make_source(
+            cfg, mixer=self.mixer, sb=self.sb, corpus=self.corpus, run_dir=self.run_dir, log=self.log
+        )
         self.generates = cfg.train.mode == "selfplay"  # proposals are made (by the generator or random edits)
         # the generator samples the proposals (generator.source=model) and learns from their rewards
         # (train.train_generator=false: held at its warm start, the frozen-generator baseline)
@@ -130,8 +140,11 @@ class SelfPlay:
         # the solver learns (warmstart mode: evaluated only; train.train_solver=false: held at its warm start)
         self.learns = cfg.train.mode != "warmstart" and cfg.train.train_solver
         if self.world > 1:  # every rank says it is here (the only line ranks other than 0 print)
-            print(f"[selfplay] rank {self.rank} of {self.world} on {os.uname().nodename} ready "
-                  f"({workers} sandbox workers)", flush=True)
+            print(
+                f"[selfplay] rank {self.rank} of {self.world} on {os.uname().nodename} ready "
+                f"({workers} sandbox workers)",
+                flush=True,
+            )
 
     # ---- the run --------------------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -140,8 +153,10 @@ class SelfPlay:
         self.setup()
         evaluate_missed(self)
         if self.step >= self.cfg.train.steps:
-            self.log(f"run already at step {self.step} of {self.cfg.train.steps}: nothing to do (raise train.steps "
-                     "to continue)")
+            self.log(
+                f"run already at step {self.step} of {self.cfg.train.steps}: nothing to do (raise train.steps "
+                "to continue)"
+            )
             return self.summary()
         if self.main and RunPaths(self.run_dir).heldout.exists():  # a split eval.splits names that the run's
             drawn = heldout_tasks(self.run_dir, self.cfg, self.sb, self.corpus)  # held-out file lacks stops here
@@ -172,8 +187,10 @@ class SelfPlay:
             self.history.append(history_entry(self.step, metrics))
             if bar:
                 bar.update(1)
-                bar.set_postfix(pass_rate=f"{metrics['solver/pass_rate']:.2f}",
-                                validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}")
+                bar.set_postfix(
+                    pass_rate=f"{metrics['solver/pass_rate']:.2f}",
+                    validity=f"{metrics.get('generator/validity_rate', float('nan')):.2f}",
+                )
             # a stop is answered before the step's periodic evaluation, so that its checkpoint is written within the
             # signal's grace period; the evaluation it skipped runs when the run resumes (evaluation.evaluate_missed)
             stopped = self.stop.now()
@@ -213,11 +230,12 @@ class SelfPlay:
         plan = self._solver_batch(valid, timing)
         rollouts, train, rates = self._attempt(plan, timing)
         # 4. rewards of every proposal; this rank's for its generator update
-        proposals = reward_proposals([x for part in shared for x in part], valid, rates,
-                                     self.mixer.repetition_weight, self.cfg.generator.reward)
+        proposals = reward_proposals(
+            [x for part in shared for x in part], valid, rates, self.mixer.repetition_weight, self.cfg.generator.reward
+        )
         start = sum(len(part) for part in shared[: self.rank])
         # 5. PPO updates; 6. corpus and mixer
-        updates = self._update(train, rates, mine, proposals.rewards[start: start + len(mine)], timing)
+        updates = self._update(train, rates, mine, proposals.rewards[start : start + len(mine)], timing)
         stats = self._observe(groups, proposals, plan, train, rates, kl=updates.get("ppo/solver/kl"))
         # 7. logs: the figures that need every rank first, in this order on each, then the scalars
         solver = self._solver_round(plan, train, rates)
@@ -227,18 +245,28 @@ class SelfPlay:
         self._log(step, metrics, mine, train)
         return metrics
 
-    def _propose(self, step: int, timing: Counter) -> tuple[list[ProposalRollout], list[list[Task]],
-                                                            list[list[SharedProposal]]]:
+    def _propose(
+        self, step: int, timing: Counter
+    ) -> tuple[list[ProposalRollout], list[list[Task]], list[list[SharedProposal]]]:
         """1. Rank 0 picks the references of every proposal; this rank makes its share of the proposals, parsed and
         validated. Returns them, every proposal's references, and what every rank learns of every rank's."""
         mine, groups = [], []
         if self.generates:
             t0 = time.perf_counter()
             n = self.cfg.train.proposals
-            groups = D.broadcast_object(choose_references(self.cfg, self.corpus, self.mixer, step, n)
-                                        if self.main else None)
-            mine = propose(self.cfg, self.generator, groups[self.rank:: self.world], self.sb, self.corpus, self.mixer,
-                           step=step, rank=self.rank)
+            groups = D.broadcast_object(
+                choose_references(self.cfg, self.corpus, self.mixer, step, n) if self.main else None
+            )
+            mine = propose(
+                self.cfg,
+                self.generator,
+                groups[self.rank :: self.world],
+                self.sb,
+                self.corpus,
+                self.mixer,
+                step=step,
+                rank=self.rank,
+            )
             timing["generator_s"] += time.perf_counter() - t0
         return mine, groups, D.gather_objects([SharedProposal.of(p) for p in mine])
 
@@ -247,8 +275,12 @@ class SelfPlay:
         up from a replay pool when it drew short, and every rank receives it; new corpus tasks it made are queued."""
         t0, n, plan = time.perf_counter(), self.cfg.train.solver_tasks, None
         if self.main:
-            replay_pool = self.corpus.query(split="train", order="random", limit=1024,
-                                            seed=seeds.derive(self.cfg.run.seed, "replay-pool", self.step))
+            replay_pool = self.corpus.query(
+                split="train",
+                order="random",
+                limit=1024,
+                seed=seeds.derive(self.cfg.run.seed, "replay-pool", self.step),
+            )
             drawn = self.source.draw(n, self.rng, step=self.step, offered=valid_generator, pool=replay_pool)
             self.pending_tasks += drawn.queued
             batch = list(drawn.tasks)
@@ -259,26 +291,40 @@ class SelfPlay:
         timing["plan_s"] += time.perf_counter() - t0
         return plan
 
-    def _attempt(self, plan: Draw, timing: Counter) -> tuple[list[SolverRollout], list[SolverRollout],
-                                                              dict[str, float]]:
+    def _attempt(
+        self, plan: Draw, timing: Counter
+    ) -> tuple[list[SolverRollout], list[SolverRollout], dict[str, float]]:
         """3. k episodes on each of this rank's share of the batch and of the extra tasks, graded in the sandbox.
         Returns them all, the PPO share of them, and every rank's solve rate per task."""
         t = self.cfg.train
         per_rank = len(plan.tasks) // self.world
-        my_batch = plan.tasks[self.rank * per_rank: (self.rank + 1) * per_rank]
-        my_extra = plan.extra[self.rank:: self.world]
+        my_batch = plan.tasks[self.rank * per_rank : (self.rank + 1) * per_rank]
+        my_extra = plan.extra[self.rank :: self.world]
         t0 = time.perf_counter()
-        rollouts = solver_rollouts(self.solver, my_batch + my_extra, t.samples_per_task, self.sb,
-                                   max_turns=t.max_turns, reward_cfg=self.cfg.reward,
-                                   max_prompt_tokens=self.cfg.warmstart.max_len, prompt_kw=prompt_options(self.cfg))
+        rollouts = solver_rollouts(
+            self.solver,
+            my_batch + my_extra,
+            t.samples_per_task,
+            self.sb,
+            max_turns=t.max_turns,
+            reward_cfg=self.cfg.reward,
+            max_prompt_tokens=self.cfg.warmstart.max_len,
+            prompt_kw=prompt_options(self.cfg),
+        )
         timing["rollout_s"] += time.perf_counter() - t0
         rates = {}
         for part in D.gather_objects(solve_rates(rollouts)):
             rates.update(part)
         return rollouts, rollouts[: len(my_batch) * t.samples_per_task], rates
 
-    def _update(self, train: list[SolverRollout], rates: dict[str, float], proposals: list[ProposalRollout],
-                proposal_rewards: list[float], timing: Counter) -> dict[str, float]:
+    def _update(
+        self,
+        train: list[SolverRollout],
+        rates: dict[str, float],
+        proposals: list[ProposalRollout],
+        proposal_rewards: list[float],
+        timing: Counter,
+    ) -> dict[str, float]:
         """5. The PPO updates, solver then generator; their figures (`ppo/...`, `replay/size`)."""
         metrics: dict[str, float] = {}
         t0 = time.perf_counter()
@@ -290,28 +336,36 @@ class SelfPlay:
             # agents.generator.advantage=rloo_batch: this rank's proposals are one group, each one's baseline the
             # mean return of the others (different prompts, one policy: the baseline leaves the gradient unbiased)
             one_group = [0] * len(proposals) if self.cfg.agents.generator.advantage == "rloo_batch" else None
-            stats = self.generator.update([p.answer for p in proposals], proposal_rewards, lr_scale=lr_scale,
-                                          groups=one_group)
+            stats = self.generator.update(
+                [p.answer for p in proposals], proposal_rewards, lr_scale=lr_scale, groups=one_group
+            )
             metrics.update({f"ppo/generator/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
         timing["update_s"] += time.perf_counter() - t0
         return metrics
 
-    def _update_solver(self, train: list[SolverRollout], rates: dict[str, float], lr_scale: float,
-                       metrics: dict) -> None:
+    def _update_solver(
+        self, train: list[SolverRollout], rates: dict[str, float], lr_scale: float, metrics: dict
+    ) -> None:
         """The solver's PPO update on its episodes (and a replay draw), then its successes into the replay buffer."""
         cfg = self.cfg
         update_rollouts = self._update_rollouts(train, metrics)
         replay = self.replay.draw(self.solver, self.corpus, self.step)
         if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
             # reward.overlong_cache: DAPO's soft length penalty
-            overlong = overlong_penalties([r.mask for r in update_rollouts], self.solver.cfg.max_new_tokens,
-                                          cfg.reward.overlong_cache)
+            overlong = overlong_penalties(
+                [r.mask for r in update_rollouts], self.solver.cfg.max_new_tokens, cfg.reward.overlong_cache
+            )
             rewards = [r.reward + o for r, o in zip(update_rollouts, overlong)]
             if cfg.ppo.null_reward:  # the control: the same episodes and steps, no reward
                 rewards = [0.0] * len(rewards)
-            stats = self.solver.update(update_rollouts, rewards,
-                                       lr_scale=lr_scale, masks=[r.mask for r in update_rollouts], replay=replay,
-                                       groups=[r.task.id for r in update_rollouts])
+            stats = self.solver.update(
+                update_rollouts,
+                rewards,
+                lr_scale=lr_scale,
+                masks=[r.mask for r in update_rollouts],
+                replay=replay,
+                groups=[r.task.id for r in update_rollouts],
+            )
             if cfg.reward.overlong_cache:
                 stats["overlong_penalty"] = sum(overlong) / len(overlong)
             metrics.update({f"ppo/solver/{k}": D.all_reduce_mean(v) for k, v in stats.items()})
@@ -330,16 +384,32 @@ class SelfPlay:
         metrics["ppo/solver/kept_share"] = D.all_reduce_mean(len(kept) / max(1, len(rollouts)))
         return kept
 
-    def _observe(self, groups: list[list[Task]], proposals: ProposalRound, plan: Draw, train: list[SolverRollout],
-                 rates: dict[str, float], kl: float | None) -> IterationStats:
+    def _observe(
+        self,
+        groups: list[list[Task]],
+        proposals: ProposalRound,
+        plan: Draw,
+        train: list[SolverRollout],
+        rates: dict[str, float],
+        kl: float | None,
+    ) -> IterationStats:
         """6. What the iteration measured: rank 0 writes its new tasks and measured difficulties to the corpus and
         its task source (the mixer) observes and adapts; every rank then holds rank 0's mixer."""
         solved = [r.result.solved for r in train]
-        stats = iteration_stats(D.all_reduce_mean(sum(solved) / max(1, len(solved))), groups, proposals, plan.tasks,
-                                plan.new_ids, rates, kl=kl, mutation=FORMATS[self.cfg.generator.format].weighted)
+        stats = iteration_stats(
+            D.all_reduce_mean(sum(solved) / max(1, len(solved))),
+            groups,
+            proposals,
+            plan.tasks,
+            plan.new_ids,
+            rates,
+            kl=kl,
+            mutation=FORMATS[self.cfg.generator.format].weighted,
+        )
         if self.main:
-            new_tasks, difficulty_rows = corpus_updates(proposals.valid, plan.tasks, plan.new_ids, rates,
-                                                        self.cfg.train.samples_per_task, self.step)
+            new_tasks, difficulty_rows = corpus_updates(
+                proposals.valid, plan.tasks, plan.new_ids, rates, self.cfg.train.samples_per_task, self.step
+            )
             self.pending_tasks += new_tasks
             self.pending_difficulty += difficulty_rows
             # written now, not at the next checkpoint: which tasks the next iteration sees must not depend on
@@ -354,29 +424,50 @@ class SelfPlay:
         """7. The solver batch for the iteration's scalars, with its mean reward and reward terms over every rank."""
         rewards = [r.reward for r in train]
         reward_mean = D.all_reduce_mean(statistics.mean(rewards) if rewards else 0.0)
-        terms = {name: D.all_reduce_mean(statistics.mean(r.result.terms[name] for r in train))
-                 for name in (train[0].result.terms if train else [])}
+        terms = {
+            name: D.all_reduce_mean(statistics.mean(r.result.terms[name] for r in train))
+            for name in (train[0].result.terms if train else [])
+        }
         return SolverRound(plan.tasks, plan.counts, rates, reward_mean, terms)
 
-    def _costs(self, timing: Counter, rollouts: list[SolverRollout], train: list[SolverRollout], proposals: int,
-               sandbox0: dict, generator_tokens0: int) -> Costs:
+    def _costs(
+        self,
+        timing: Counter,
+        rollouts: list[SolverRollout],
+        train: list[SolverRollout],
+        proposals: int,
+        sandbox0: dict,
+        generator_tokens0: int,
+    ) -> Costs:
         """7. What the iteration spent on this rank, and the run's totals over every rank (`COMPUTE`)."""
         sampled = sum(sum(r.mask) for r in rollouts)
         peak = torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else None
         sandbox1 = self.sb.stats()
         runs, hits = sandbox1["runs"] - sandbox0["runs"], sandbox1["cache_hits"] - sandbox0["cache_hits"]
         engine = engine_metrics(self.solver, self.generator)  # a collective
-        spent = {"ppo_episodes": len(train) if self.learns else 0, "solver_episodes": len(rollouts),
-                 "solver_tokens": sampled, "generator_proposals": proposals,
-                 # every token it sampled: answers the novelty screen struck and drew again too
-                 "generator_tokens": self._generator_tokens() - generator_tokens0, "sandbox_execs": runs - hits}
+        spent = {
+            "ppo_episodes": len(train) if self.learns else 0,
+            "solver_episodes": len(rollouts),
+            "solver_tokens": sampled,
+            "generator_proposals": proposals,
+            # every token it sampled: answers the novelty screen struck and drew again too
+            "generator_tokens": self._generator_tokens() - generator_tokens0,
+            "sandbox_execs": runs - hits,
+        }
         for part in D.gather_objects(spent):
             for key, value in part.items():
                 self.compute[key] += int(value)
-        return Costs(timing=dict(timing), sampled_tokens=sampled,
-                     update_tokens=sum(len(r.prompt) + len(r.tokens) for r in train), sandbox_runs=runs,
-                     cache_hits=hits, sandbox_s=sandbox1["exec_s"] - sandbox0["exec_s"], gpu_peak_gb=peak,
-                     engine=engine, compute=dict(self.compute))
+        return Costs(
+            timing=dict(timing),
+            sampled_tokens=sampled,
+            update_tokens=sum(len(r.prompt) + len(r.tokens) for r in train),
+            sandbox_runs=runs,
+            cache_hits=hits,
+            sandbox_s=sandbox1["exec_s"] - sandbox0["exec_s"],
+            gpu_peak_gb=peak,
+            engine=engine,
+            compute=dict(self.compute),
+        )
 
     def _generator_tokens(self) -> int:
         return self.generator.sampled_tokens if self.generator is not None else 0
@@ -410,8 +501,17 @@ class SelfPlay:
     # ---- summary --------------------------------------------------------------------------------------------
     def summary(self) -> dict:
         """The run so far (history.run_summary)."""
-        return run_summary(self.run_dir, self.cfg.train.mode, self.step, time.perf_counter() - self.t_start,
-                           self.warmstart_s, self.evals, self.history, self.corpus.counts("source"), self.compute)
+        return run_summary(
+            self.run_dir,
+            self.cfg.train.mode,
+            self.step,
+            time.perf_counter() - self.t_start,
+            self.warmstart_s,
+            self.evals,
+            self.history,
+            self.corpus.counts("source"),
+            self.compute,
+        )
 
     def close(self) -> None:
         self.tb.close()
@@ -429,8 +529,9 @@ def log_samples(tb: TBLogger, step: int, proposals: list[ProposalRollout], rollo
         tb.text("samples/solver", f"{head}\n\n{r.task.description}\n\n```python\n{r.result.code}\n```", step)
 
 
-def corpus_updates(proposals: list[Task], batch: list[Task], new_ids: set, rates: dict, n_samples: int,
-                   step: int) -> tuple[list[Task], list[tuple[str, float, int, int]]]:
+def corpus_updates(
+    proposals: list[Task], batch: list[Task], new_ids: set, rates: dict, n_samples: int, step: int
+) -> tuple[list[Task], list[tuple[str, float, int, int]]]:
     """What an iteration adds to the corpus: this iteration's valid proposals and the batch's new procedural tasks
     that were attempted, and a solve rate for every task measured, each once. A task served again (replayed, or a
     proposal from the in-band pool) is measured again by the solver it now meets: its difficulty follows that."""

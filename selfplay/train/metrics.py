@@ -43,8 +43,17 @@ class Costs:
     compute: dict[str, int] = field(default_factory=dict)  # the run's totals (`compute/` scalars)
 
 
-def iteration_stats(solve_rate: float, groups: list[list[Task]], proposals: ProposalRound, batch: list[Task],
-                    new_ids: set[str], rates: dict[str, float], *, kl: float | None, mutation: bool) -> IterationStats:
+def iteration_stats(
+    solve_rate: float,
+    groups: list[list[Task]],
+    proposals: ProposalRound,
+    batch: list[Task],
+    new_ids: set[str],
+    rates: dict[str, float],
+    *,
+    kl: float | None,
+    mutation: bool,
+) -> IterationStats:
     """What the task source observes of an iteration: `solve_rate` (the solver batch's, over every rank), the
     proposals' validity, diversity and solve rates, each served task's solve rate, and for mutation proposals
     (`mutation`) each instruction and whether it gave a valid task in band (the mixer's instruction draw)."""
@@ -54,17 +63,28 @@ def iteration_stats(solve_rate: float, groups: list[list[Task]], proposals: Prop
         solve_rate=solve_rate,
         validity_rate=sum(o.valid for o in outcomes) / len(outcomes) if outcomes else None,
         diversity=diversity(outcomes),  # among the valid proposals: few valid ones is no repetition
-        kl=kl, task_rates=[rates[x.id] for x in served if x.id in rates],
+        kl=kl,
+        task_rates=[rates[x.id] for x in served if x.id in rates],
         procedural_rates=[rates[x.id] for x in served if x.id in new_ids and x.id in rates],
         generator_in_band=in_band_share([o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]),
         edit_drops=edit_drops(groups, proposals.valid, rates),
-        instructions=([(x.instruction, o.valid and in_band(o.solve_rate)) for x, o in zip(proposals.shared, outcomes)]
-                      if mutation else None),
-        proposal_rates={x.id: rates[x.id] for x in proposals.valid if x.id in rates})
+        instructions=(
+            [(x.instruction, o.valid and in_band(o.solve_rate)) for x, o in zip(proposals.shared, outcomes)]
+            if mutation
+            else None
+        ),
+        proposal_rates={x.id: rates[x.id] for x in proposals.valid if x.id in rates},
+    )
 
 
-def iteration_metrics(updates: dict[str, float], stats: IterationStats, solver: SolverRound,
-                      proposals: ProposalRound | None, source: dict[str, float], costs: Costs) -> dict[str, float]:
+def iteration_metrics(
+    updates: dict[str, float],
+    stats: IterationStats,
+    solver: SolverRound,
+    proposals: ProposalRound | None,
+    source: dict[str, float],
+    costs: Costs,
+) -> dict[str, float]:
     """One iteration's scalars, by tag, in the order they are logged: the PPO updates' figures (`updates`), the
     solver's batch, the generator's proposals (None where the mode makes none), the task source's figures
     (`source`), then time, throughput and spend. `stats` is what the task source observed."""
@@ -83,11 +103,13 @@ def solver_metrics(stats: IterationStats, solver: SolverRound) -> dict[str, floa
     """Pass rate, the share of tasks in band (solved by some but not all of their samples: what PPO can learn
     from), overall and by where the tasks came from, and the mean reward and its terms."""
     in_band = in_band_share(stats.task_rates)
-    out = {"solver/pass_rate": stats.solve_rate,
-           "solver/in_band_rate": in_band if in_band is not None else float("nan")}
+    out = {
+        "solver/pass_rate": stats.solve_rate,
+        "solver/in_band_rate": in_band if in_band is not None else float("nan"),
+    }
     start = 0  # a draw lists its origins' tasks in the order of its counts
     for origin, count in solver.counts.items():
-        part = in_band_share([solver.rates[x.id] for x in solver.batch[start: start + count] if x.id in solver.rates])
+        part = in_band_share([solver.rates[x.id] for x in solver.batch[start : start + count] if x.id in solver.rates])
         start += count
         if part is not None:
             out[f"solver/in_band_rate/{origin}"] = part
@@ -100,18 +122,19 @@ def generator_metrics(stats: IterationStats, proposals: ProposalRound, solver: S
     """The proposals' reward, validity, parse, redraw, cut-off and closed rates, where the valid ones fell against
     the solver (in band, never or always solved), their diversity and why the others were rejected."""
     shared, outcomes, n = proposals.shared, proposals.outcomes, max(1, len(proposals.shared))
-    out = {"generator/reward_mean": statistics.mean(proposals.rewards) if proposals.rewards else 0.0,
-           "generator/validity_rate": stats.validity_rate if stats.validity_rate is not None else 0.0,
-           "generator/parse_rate": sum(o.parsed for o in outcomes) / n,
-           # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
-           "generator/redrawn": sum(x.redrawn for x in shared) / n,
-           # answers that reached their token limit before their end (agents.generator.max_new_tokens)
-           "generator/cut_off_rate": sum(x.cut_off for x in shared) / n,
-           "generator/closed_rate": sum(x.closed for x in shared) / n,
-           # valid proposals solved by some but not all of the solver's samples
-           "generator/in_band_rate": (stats.generator_in_band if stats.generator_in_band is not None
-                                      else float("nan")),
-           "solver/share/generator": solver.counts["generator"] / max(1, len(solver.batch))}
+    out = {
+        "generator/reward_mean": statistics.mean(proposals.rewards) if proposals.rewards else 0.0,
+        "generator/validity_rate": stats.validity_rate if stats.validity_rate is not None else 0.0,
+        "generator/parse_rate": sum(o.parsed for o in outcomes) / n,
+        # answers struck by the novelty screen and drawn again, per proposal (generator.redraws)
+        "generator/redrawn": sum(x.redrawn for x in shared) / n,
+        # answers that reached their token limit before their end (agents.generator.max_new_tokens)
+        "generator/cut_off_rate": sum(x.cut_off for x in shared) / n,
+        "generator/closed_rate": sum(x.closed for x in shared) / n,
+        # valid proposals solved by some but not all of the solver's samples
+        "generator/in_band_rate": (stats.generator_in_band if stats.generator_in_band is not None else float("nan")),
+        "solver/share/generator": solver.counts["generator"] / max(1, len(solver.batch)),
+    }
     measured = [o.solve_rate for o in outcomes if o.valid and o.solve_rate is not None]
     out["generator/solve_rate_mean"] = statistics.mean(measured) if measured else float("nan")
     # where the valid proposals out of band fall: never solved (too hard) or solved by every sample (too easy)

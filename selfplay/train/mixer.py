@@ -53,8 +53,8 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
 
 SOURCES = ("generator", "procedural", "replay")
 GENERATOR_TASKS = ("fresh", "in_band")  # mixer.generator_tasks
@@ -182,8 +182,11 @@ def edit_drops(references, proposals, rates: dict[str, float]) -> list[float]:
     """For each proposal (a task with `parent_ids`) with a measured solve rate in `rates` whose first parent is
     among the reference groups `references` with a measured difficulty: the parent's solve rate minus its own."""
     parent_rate = {t.id: 1.0 - t.difficulty for group in references for t in group if t.difficulty is not None}
-    return [parent_rate[x.parent_ids[0]] - rates[x.id] for x in proposals
-            if x.id in rates and x.parent_ids and x.parent_ids[0] in parent_rate]
+    return [
+        parent_rate[x.parent_ids[0]] - rates[x.id]
+        for x in proposals
+        if x.id in rates and x.parent_ids and x.parent_ids[0] in parent_rate
+    ]
 
 
 def _bump(p: float, centre: float, width: float) -> float:
@@ -204,7 +207,7 @@ def round_quotas(quotas: dict[str, float], n: int) -> dict[str, int]:
     counts = {k: max(0, int(math.floor(v))) for k, v in quotas.items()}
     by_remainder = sorted(quotas, key=lambda k: (-(quotas[k] - counts[k]), k))
     rest = n - sum(counts.values())
-    for k in by_remainder[:max(rest, 0)]:
+    for k in by_remainder[: max(rest, 0)]:
         counts[k] += 1
     while rest < 0:  # floors above n (a negative quota's 0 stands above it): the smallest remainder gives one back
         k = min((k for k in quotas if counts[k] > 0), key=lambda k: (quotas[k] - counts[k], k))
@@ -220,34 +223,46 @@ class Mixer:
         if c.band not in BANDS:
             raise ValueError(f"mixer.band must be one of {', '.join(BANDS)}, got {c.band!r}")
         if not 0.0 <= c.target_low < c.target_high <= 1.0:
-            raise ValueError(f"mixer band must satisfy 0 <= target_low < target_high <= 1, got "
-                             f"{c.target_low}, {c.target_high}")
+            raise ValueError(
+                f"mixer band must satisfy 0 <= target_low < target_high <= 1, got {c.target_low}, {c.target_high}"
+            )
         total = c.share_generator + c.share_procedural + c.share_replay
         if total <= 0 or min(c.share_generator, c.share_procedural, c.share_replay) < 0:
             raise ValueError("mixer shares must be non-negative and not all zero")
         if not c.min_validity <= c.earn_validity or not c.min_in_band <= c.earn_in_band:
-            raise ValueError("mixer thresholds must satisfy min_validity <= earn_validity and "
-                             "min_in_band <= earn_in_band (the generator's trust has hysteresis)")
+            raise ValueError(
+                "mixer thresholds must satisfy min_validity <= earn_validity and "
+                "min_in_band <= earn_in_band (the generator's trust has hysteresis)"
+            )
         if not -1.0 <= c.reference_offset <= 1.0:
-            raise ValueError(f"mixer.reference_offset must be in [-1, 1] (a difference of solve rates), got "
-                             f"{c.reference_offset}")
+            raise ValueError(
+                f"mixer.reference_offset must be in [-1, 1] (a difference of solve rates), got {c.reference_offset}"
+            )
         if not 0.0 < c.share_rate <= 1.0:
             raise ValueError(f"mixer.share_rate must be in (0, 1], got {c.share_rate}")
         if not 0.0 < c.instruction_explore <= 1.0:
-            raise ValueError(f"mixer.instruction_explore must be in (0, 1] (0 could drop an instruction for good), got "
-                             f"{c.instruction_explore}")
+            raise ValueError(
+                f"mixer.instruction_explore must be in (0, 1] (0 could drop an instruction for good), got "
+                f"{c.instruction_explore}"
+            )
         if c.generator_tasks not in GENERATOR_TASKS:
-            raise ValueError(f"mixer.generator_tasks must be one of {', '.join(GENERATOR_TASKS)}, got "
-                             f"{c.generator_tasks!r}")
+            raise ValueError(
+                f"mixer.generator_tasks must be one of {', '.join(GENERATOR_TASKS)}, got {c.generator_tasks!r}"
+            )
         if c.in_band_max_age < 1:
             raise ValueError(f"mixer.in_band_max_age must be >= 1 (iterations), got {c.in_band_max_age}")
         if not 0.0 <= c.instruction_discount < 1.0:
             raise ValueError(f"mixer.instruction_discount must be in [0, 1), got {c.instruction_discount}")
         if not 0.0 < c.instruction_power <= 32.0:
-            raise ValueError(f"mixer.instruction_power must be in (0, 32] (0 is the uniform draw: "
-                             f"mixer.instruction_follow=false), got {c.instruction_power}")
-        self.base_shares = {"generator": c.share_generator / total, "procedural": c.share_procedural / total,
-                            "replay": c.share_replay / total}
+            raise ValueError(
+                f"mixer.instruction_power must be in (0, 32] (0 is the uniform draw: "
+                f"mixer.instruction_follow=false), got {c.instruction_power}"
+            )
+        self.base_shares = {
+            "generator": c.share_generator / total,
+            "procedural": c.share_procedural / total,
+            "replay": c.share_replay / total,
+        }
         if not c.corpus_replay:  # no replay in any mode: its share goes to procedural tasks
             self.base_shares["procedural"] += self.base_shares["replay"]
             self.base_shares["replay"] = 0.0
@@ -255,9 +270,12 @@ class Mixer:
         shares = dict(self.base_shares, generator=self.min_generator)
         shares["procedural"] = 1.0 - shares["generator"] - shares["replay"]
         self.rng = random.Random(seed)
-        self.s = _State(level=min(max(c.level_start, c.level_min), c.level_max),
-                        band_centre=0.5 * (c.target_low + c.target_high), shares=shares,
-                        repetition_weight=c.repetition_weight)
+        self.s = _State(
+            level=min(max(c.level_start, c.level_min), c.level_max),
+            band_centre=0.5 * (c.target_low + c.target_high),
+            shares=shares,
+            repetition_weight=c.repetition_weight,
+        )
 
     # ---- what to train on -------------------------------------------------------------------------------
     @property
@@ -333,8 +351,10 @@ class Mixer:
     def replay_weights(self, difficulties: Sequence[float | None]) -> list[float]:
         """Preference for replaying tasks of measured difficulty d (solve rate 1 - d): a bump at the band's
         centre with a floor, so every task keeps some chance; unmeasured tasks count as at the centre."""
-        return [_bump(self.target_solve_rate if d is None else 1.0 - d, self.target_solve_rate, self.cfg.replay_width)
-                for d in difficulties]
+        return [
+            _bump(self.target_solve_rate if d is None else 1.0 - d, self.target_solve_rate, self.cfg.replay_width)
+            for d in difficulties
+        ]
 
     @property
     def reference_target(self) -> float:
@@ -347,8 +367,9 @@ class Mixer:
         """Preference for showing the generator a reference of measured difficulty d: the replay bump moved to
         `reference_target`; a task never attempted counts at the solver's mean procedural solve rate."""
         prior = self.s.solve_ema if self.s.solve_ema is not None else self.target_solve_rate
-        return [_bump(prior if d is None else 1.0 - d, self.reference_target, self.cfg.replay_width)
-                for d in difficulties]
+        return [
+            _bump(prior if d is None else 1.0 - d, self.reference_target, self.cfg.replay_width) for d in difficulties
+        ]
 
     def choose_replay(self, ids: Sequence[str], difficulties: Sequence[float | None], n: int) -> list[str]:
         """n distinct ids (or all of them if fewer), drawn without replacement by `replay_weights`."""
@@ -451,8 +472,10 @@ class Mixer:
 
     def _solver_alarms(self, stats: IterationStats) -> dict[str, bool]:
         c, s = self.cfg, self.s
-        return {"solver_collapse": s.steps > 3 and s.solve_ema < s.baseline - c.pass_drop,
-                "kl_blowup": stats.kl is not None and stats.kl > c.kl_max}
+        return {
+            "solver_collapse": s.steps > 3 and s.solve_ema < s.baseline - c.pass_drop,
+            "kl_blowup": stats.kl is not None and stats.kl > c.kl_max,
+        }
 
     def _react_replay(self, alarms: dict[str, bool], generator_share: float) -> None:
         """More replay on a solver collapse, back towards the base share otherwise (none with corpus_replay off)."""
@@ -551,9 +574,12 @@ class Mixer:
     def watch_metrics(self) -> dict[str, float]:
         """What `watch` moves, under the `mixer/` prefix (the modes without a generator)."""
         s = self.s
-        out = {"mixer/lr_scale": s.lr_scale, "mixer/share/replay": s.shares["replay"],
-               "mixer/target_solve_rate": self.target_solve_rate,
-               "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else float("nan")}
+        out = {
+            "mixer/lr_scale": s.lr_scale,
+            "mixer/share/replay": s.shares["replay"],
+            "mixer/target_solve_rate": self.target_solve_rate,
+            "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else float("nan"),
+        }
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
         return out
 

@@ -34,9 +34,16 @@ class SharedProposal(NamedTuple):
 
     @classmethod
     def of(cls, p: ProposalRollout) -> SharedProposal:
-        return cls(p.task.to_dict() if p.valid else None, p.rejection, p.parsed,
-                   (p.task.fingerprints or {}).get("ast") if p.task else None, p.redrawn, p.instruction,
-                   not p.answer.finished, p.answer.closed > 0)
+        return cls(
+            p.task.to_dict() if p.valid else None,
+            p.rejection,
+            p.parsed,
+            (p.task.fingerprints or {}).get("ast") if p.task else None,
+            p.redrawn,
+            p.instruction,
+            not p.answer.finished,
+            p.answer.closed > 0,
+        )
 
 
 @dataclass(frozen=True)
@@ -70,45 +77,89 @@ def prompt_budget(agent: LMAgent, max_len: int, max_new_tokens: int) -> int:
     return max(16, min(max_len, positions - max_new_tokens))
 
 
-def sample_proposals(cfg, generator: LMAgent, references: list[list[Task]], sb, corpus, *, step: int,
-                     rng: random.Random, checkpoint: str | None = None,
-                     instruction_weights=None) -> list[ProposalRollout]:
+def sample_proposals(
+    cfg,
+    generator: LMAgent,
+    references: list[list[Task]],
+    sb,
+    corpus,
+    *,
+    step: int,
+    rng: random.Random,
+    checkpoint: str | None = None,
+    instruction_weights=None,
+) -> list[ProposalRollout]:
     """The generator's proposals for these reference groups as the config asks for them (`generator_rollouts`
     with the format, its redraws and signature tie, the `tasks:` section's build, the prompt budget, validity
     against `corpus`): the training loop's, the warm start's probe's and the probe bench's one call."""
     budget = generator.cfg.max_new_tokens  # agents.generator.max_new_tokens (or ppo's)
     return generator_rollouts(
-        generator, references, sb, step=step, rng=rng, corpus_index=corpus, n_visible=cfg.tasks.n_visible,
+        generator,
+        references,
+        sb,
+        step=step,
+        rng=rng,
+        corpus_index=corpus,
+        n_visible=cfg.tasks.n_visible,
         checkpoint=checkpoint,
         max_prompt_tokens=prompt_budget(generator, cfg.warmstart.max_len, budget),
-        max_new_tokens=budget, fmt=cfg.generator.format,
-        build_cfg=BuildConfig.from_config(cfg.tasks), redraws=cfg.generator.redraws,
-        tie_signature=cfg.generator.tie_signature, instruction_weights=instruction_weights)
+        max_new_tokens=budget,
+        fmt=cfg.generator.format,
+        build_cfg=BuildConfig.from_config(cfg.tasks),
+        redraws=cfg.generator.redraws,
+        tie_signature=cfg.generator.tie_signature,
+        instruction_weights=instruction_weights,
+    )
 
 
-def propose(cfg, generator: LMAgent, references: list[list[Task]], sb, corpus, mixer: Mixer, *, step: int,
-            rank: int) -> list[ProposalRollout]:
+def propose(
+    cfg, generator: LMAgent, references: list[list[Task]], sb, corpus, mixer: Mixer, *, step: int, rank: int
+) -> list[ProposalRollout]:
     """One proposal per reference group, parsed and validated in the sandbox: the generator's answer
     (generator.source=model) or a random edit of the same references (generator.source=random_edits)."""
     rng = seeds.stream(cfg.run.seed, step, rank)
     if cfg.generator.source == "model":
-        return sample_proposals(cfg, generator, references, sb, corpus, step=step, rng=rng,
-                                checkpoint=f"step_{step - 1}", instruction_weights=mixer.instruction_weights)
-    return random_edit_rollouts(references, sb, step=step, rng=rng, corpus_index=corpus,
-                                build_cfg=BuildConfig.from_config(cfg.tasks),
-                                instruction_weights=mixer.instruction_weights)
+        return sample_proposals(
+            cfg,
+            generator,
+            references,
+            sb,
+            corpus,
+            step=step,
+            rng=rng,
+            checkpoint=f"step_{step - 1}",
+            instruction_weights=mixer.instruction_weights,
+        )
+    return random_edit_rollouts(
+        references,
+        sb,
+        step=step,
+        rng=rng,
+        corpus_index=corpus,
+        build_cfg=BuildConfig.from_config(cfg.tasks),
+        instruction_weights=mixer.instruction_weights,
+    )
 
 
-def random_edit_rollouts(references: list[list[Task]], sb, *, step: int, rng: random.Random, corpus_index=None,
-                         build_cfg=None, instruction_weights=None) -> list[ProposalRollout]:
+def random_edit_rollouts(
+    references: list[list[Task]],
+    sb,
+    *,
+    step: int,
+    rng: random.Random,
+    corpus_index=None,
+    build_cfg=None,
+    instruction_weights=None,
+) -> list[ProposalRollout]:
     """generator.source=random_edits: one proposal per reference group, a random edit of its references
     (`generator.mutation.random_proposal`, with the mixer's instruction weights) in place of the generator's answer,
     then the validity checks a generator's answer meets (`validate_many`, one sandbox batch). The answers hold the
     edit's text and no token: nothing was sampled, nothing is trained on."""
     rollouts = []
     for refs in references:
-        instruction, text, task = random_proposal(rng, refs, cfg=build_cfg or BuildConfig(),
-                                                  weights=instruction_weights, step=step)
+        instruction, text, task = random_proposal(
+            rng, refs, cfg=build_cfg or BuildConfig(), weights=instruction_weights, step=step
+        )
         ro = ProposalRollout([], Answer([], [], text, True), list(refs), instruction)
         if isinstance(task, Task):
             ro.task = task
@@ -123,12 +174,20 @@ def random_edit_rollouts(references: list[list[Task]], sb, *, step: int, rng: ra
     return rollouts
 
 
-def reward_proposals(shared: list[SharedProposal], valid: list[Task], rates: dict[str, float],
-                     repetition_weight: float, reward_cfg) -> ProposalRound:
+def reward_proposals(
+    shared: list[SharedProposal], valid: list[Task], rates: dict[str, float], repetition_weight: float, reward_cfg
+) -> ProposalRound:
     """The generator's reward for every rank's proposals (`generator.reward`): learnability of the valid ones at
     their measured solve rate, fixed penalties for the others, a repetition penalty of weight `repetition_weight`."""
-    outcomes = [ProposalOutcome(parsed=x.parsed, valid=x.task is not None,
-                                solve_rate=rates.get(x.task["id"]) if x.task is not None else None,
-                                cluster=x.cluster, closed=x.closed) for x in shared]
+    outcomes = [
+        ProposalOutcome(
+            parsed=x.parsed,
+            valid=x.task is not None,
+            solve_rate=rates.get(x.task["id"]) if x.task is not None else None,
+            cluster=x.cluster,
+            closed=x.closed,
+        )
+        for x in shared
+    ]
     rewards = generator_rewards(outcomes, repetition_weight, reward_cfg.learnability, reward_cfg.closed_invalid)
     return ProposalRound(shared, outcomes, rewards, valid)

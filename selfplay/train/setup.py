@@ -12,8 +12,8 @@ import random
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 from tqdm import tqdm
@@ -54,8 +54,7 @@ def validate_config(cfg) -> None:
     except ValueError as exc:
         raise UserError(str(exc)) from exc
     if cfg.ppo.replay_source not in REPLAY_SOURCES:
-        raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, "
-                        f"got {cfg.ppo.replay_source!r}")
+        raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, got {cfg.ppo.replay_source!r}")
 
 
 def quiet_transformers() -> None:
@@ -110,9 +109,11 @@ def check_shared_storage(run_dir: Path, rank: int) -> None:
     if main:
         probe.unlink(missing_ok=True)
     if bad:
-        raise UserError(f"run.dir {run_dir} is not visible from {', '.join(bad)}: rank 0 on "
-                        f"{os.uname().nodename} wrote a file there that they cannot see; put run.dir on "
-                        f"storage every node shares")
+        raise UserError(
+            f"run.dir {run_dir} is not visible from {', '.join(bad)}: rank 0 on "
+            f"{os.uname().nodename} wrote a file there that they cannot see; put run.dir on "
+            f"storage every node shares"
+        )
 
 
 def sandbox_workers(cfg) -> int:
@@ -124,11 +125,16 @@ def sandbox_workers(cfg) -> int:
 def open_run_sandbox(cfg, workers: int) -> sandbox.Sandbox:
     """The run's sandbox. A policy that can read hidden tests or the host would learn to: an unisolated sandbox is
     refused unless `sandbox.allow_unisolated`."""
-    sb = sandbox.open_sandbox(cfg.sandbox.backend, workers=workers, timeout_s=cfg.sandbox.timeout_s,
-                              memory_mb=cfg.sandbox.memory_mb, cache=cfg.sandbox.cache,
-                              **({"cache_path": cfg.sandbox.cache_path} if cfg.sandbox.cache_path else {}),
-                              **({"trace_path": cfg.sandbox.trace_path} if cfg.sandbox.trace_path else {}),
-                              **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}))
+    sb = sandbox.open_sandbox(
+        cfg.sandbox.backend,
+        workers=workers,
+        timeout_s=cfg.sandbox.timeout_s,
+        memory_mb=cfg.sandbox.memory_mb,
+        cache=cfg.sandbox.cache,
+        **({"cache_path": cfg.sandbox.cache_path} if cfg.sandbox.cache_path else {}),
+        **({"trace_path": cfg.sandbox.trace_path} if cfg.sandbox.trace_path else {}),
+        **({"image": cfg.sandbox.image} if cfg.sandbox.backend == "docker" else {}),
+    )
     try:
         sb.require_isolation(allow=cfg.sandbox.allow_unisolated)
     except sandbox.SandboxConfigError as exc:
@@ -151,8 +157,10 @@ def reserve_heldout(cfg, sb, corpus, run_dir: Path, log: Callable[[str], None]) 
     """Before the warm start fills the corpus: the held-out tasks, their programs reserved in the corpus so that
     training never sees them, and fixed mode's pool where `train.fixed_source=reserved`."""
     heldout = heldout_tasks(run_dir, cfg, sb, corpus)
-    log(f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "
-        f"({corpus.reserved_count()} programs reserved)")
+    log(
+        f"held-out tasks: {', '.join(f'{s} {len(ts)}' for s, ts in heldout.items())} "
+        f"({corpus.reserved_count()} programs reserved)"
+    )
     if cfg.train.fixed_source == "reserved":
         pool = reserve_fixed_pool(cfg, sb, corpus, run_dir)
         log(f"fixed mode's pool: {len(pool)} tasks reserved before the SFT corpus -> {run_dir / RESERVED_TASKS_FILE}")
@@ -168,9 +176,11 @@ def load_agent(cfg, info: D.DistInfo, folder: Path, name: str) -> LMAgent:
     n_layers = getattr(model.config, "num_hidden_layers", None)
     if (lora_settings(cfg.model, name, n_layers=n_layers) is not None) != is_lora(model.policy):
         had = "has a LoRA adapter" if is_lora(model.policy) else "has no LoRA adapter"
-        raise UserError(f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
-                        "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "
-                        "new run.dir)")
+        raise UserError(
+            f"model.lora: the {name}'s checkpoint in {folder} {had}, the config says "
+            "otherwise; LoRA is chosen at the warm start (keep its model.lora settings or start a "
+            "new run.dir)"
+        )
     device = D.local_device(info.local_rank)  # one GPU per rank; DeepSpeed/DDP keep it there
     model.to(device)
     reference.to(device)
@@ -201,8 +211,10 @@ class StopRequest:
 
     def _on_signal(self, signum, _frame) -> None:
         self.requested = True
-        self.log(f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration (its "
-                 "periodic evaluation is left for the resume)")
+        self.log(
+            f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration (its "
+            "periodic evaluation is left for the resume)"
+        )
 
     def now(self) -> bool:
         """Whether to stop now (a collective: every rank asks at the same point)."""

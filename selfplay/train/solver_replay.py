@@ -5,7 +5,7 @@ examples (`ppo.replay_source=sft`: read from the corpus on first use, a function
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from selfplay.models.agent import LMAgent
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, successes
@@ -21,8 +21,11 @@ class SolverReplay:
     def __init__(self, cfg, *, rank: int, world: int, log: Callable[[str], None]):
         self.cfg, self.rank, self.world, self.log = cfg, rank, world, log
         ppo = cfg.ppo
-        self.buffer = (ReplayBuffer(ppo.replay_capacity, seed=cfg.run.seed, half_life=ppo.replay_half_life)
-                       if ppo.replay_coef > 0 and ppo.replay_source == "successes" else None)
+        self.buffer = (
+            ReplayBuffer(ppo.replay_capacity, seed=cfg.run.seed, half_life=ppo.replay_half_life)
+            if ppo.replay_coef > 0 and ppo.replay_source == "successes"
+            else None
+        )
         self.sft_answers: AnswerSet | None = None
 
     def draw(self, solver: LMAgent, corpus, step: int) -> list[ReplayItem] | None:
@@ -32,7 +35,7 @@ class SolverReplay:
             return None
         pool = self.buffer if self.buffer is not None else self._sft_answer_set(solver, corpus)
         drawn = pool.sample(self.cfg.ppo.replay_batch * self.world, step)
-        return drawn[self.rank:: self.world] if len(drawn) >= self.world else None
+        return drawn[self.rank :: self.world] if len(drawn) >= self.world else None
 
     def add(self, rollouts: list[SolverRollout], rates: dict[str, float], step: int) -> dict[str, float]:
         """Every rank's successful episodes of this iteration into every rank's buffer (after this update's draw);
@@ -54,7 +57,9 @@ class SolverReplay:
             pairs = tokenize_pairs(solver, solver_examples(tasks, prompt_options(cfg)), cfg.warmstart.max_len)
             if not pairs:
                 raise UserError("ppo.replay_source=sft: the corpus holds no warm-start training task to replay")
-            self.sft_answers = AnswerSet([ReplayItem(f"sft:{i}", list(p), list(a), 1.0, 1.0, 0)
-                                          for i, (p, a) in enumerate(pairs)], seed=cfg.run.seed)
+            self.sft_answers = AnswerSet(
+                [ReplayItem(f"sft:{i}", list(p), list(a), 1.0, 1.0, 0) for i, (p, a) in enumerate(pairs)],
+                seed=cfg.run.seed,
+            )
             self.log(f"replaying {len(pairs)} warm-start SFT examples (ppo.replay_coef={cfg.ppo.replay_coef})")
         return self.sft_answers

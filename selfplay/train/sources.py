@@ -27,9 +27,9 @@ import hashlib
 import math
 import random
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from generator.schema import Task
 from selfplay.runtime import paths, seeds
@@ -66,9 +66,15 @@ class ProceduralStream:
 
         out = []
         for level, count in sorted(Counter(levels).items()):
-            out += generate_tasks(count, level=level, split="train", seed=seeds.derive(self.seed, "procedural", step),
-                                  sb=self.sb, corpus_index=self.corpus.reserved_index(),
-                                  cfg=BuildConfig.from_config(self.tasks_cfg))
+            out += generate_tasks(
+                count,
+                level=level,
+                split="train",
+                seed=seeds.derive(self.seed, "procedural", step),
+                sb=self.sb,
+                corpus_index=self.corpus.reserved_index(),
+                cfg=BuildConfig.from_config(self.tasks_cfg),
+            )
         return out
 
 
@@ -140,8 +146,8 @@ class InBandPool:
         """Up to n tasks for iteration `step`, newest first, each removed from the pool."""
         self.prune(step)
         k = min(max(0, n), len(self.entries))
-        taken = [t for _, t in reversed(self.entries[len(self.entries) - k:])]
-        del self.entries[len(self.entries) - k:]
+        taken = [t for _, t in reversed(self.entries[len(self.entries) - k :])]
+        del self.entries[len(self.entries) - k :]
         return taken
 
     def state_dict(self) -> dict:
@@ -172,16 +178,21 @@ class MixerSource(TaskSource):
         share = plan.counts["generator"]
         from_pool = self.in_band.take(share, step) if self.in_band is not None else []
         chosen = from_pool + gen[: share - len(from_pool)]
-        extra = gen[share - len(from_pool):]
+        extra = gen[share - len(from_pool) :]
         self.step, self.unserved, self.served_in_band = step, extra, len(from_pool)
         pooled_ids = {x.id for x in from_pool}
         pool = [x for x in pool if x.id not in pooled_ids]  # a task is served once in a batch
-        replay_ids = set(self.mixer.choose_replay([x.id for x in pool], [x.difficulty for x in pool],
-                                                  plan.counts["replay"]))
+        replay_ids = set(
+            self.mixer.choose_replay([x.id for x in pool], [x.difficulty for x in pool], plan.counts["replay"])
+        )
         replay = [x for x in pool if x.id in replay_ids]
         procedural = self.procedural(plan.levels, step)
-        return Draw(chosen + procedural + replay, extra=extra, new_ids={x.id for x in procedural},
-                    counts={"generator": len(chosen), "procedural": len(procedural), "replay": len(replay)})
+        return Draw(
+            chosen + procedural + replay,
+            extra=extra,
+            new_ids={x.id for x in procedural},
+            counts={"generator": len(chosen), "procedural": len(procedural), "replay": len(replay)},
+        )
 
     def observe(self, stats):
         if self.adapt:
@@ -233,8 +244,9 @@ class CurriculumSource(TaskSource):
 
     name = "curriculum"
 
-    def __init__(self, procedural: ProceduralStream, steps_per_level: int | None = None, *, steps: int = 0,
-                 levels=(1, 2, 3, 4)):
+    def __init__(
+        self, procedural: ProceduralStream, steps_per_level: int | None = None, *, steps: int = 0, levels=(1, 2, 3, 4)
+    ):
         if not levels:
             raise UserError("mode curriculum: mixer.level_min..mixer.level_max holds no level")
         if steps_per_level is None and steps < 1:
@@ -250,8 +262,11 @@ class CurriculumSource(TaskSource):
         self.step = step
         replay = self._replayed(n, pool)
         procedural = self.procedural([self.level(step)] * (n - len(replay)), step)
-        return Draw(procedural + replay, new_ids={x.id for x in procedural},
-                    counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)})
+        return Draw(
+            procedural + replay,
+            new_ids={x.id for x in procedural},
+            counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)},
+        )
 
     def observe(self, stats):  # a step up the schedule resets the collapse baseline, as a rise of the mixer's level
         self._watch(stats, level_rose=self.step > 1 and self.level(self.step) > self.level(self.step - 1))
@@ -279,10 +294,13 @@ class UniformSource(TaskSource):
 
     def draw(self, n, rng, *, step, offered, pool):
         replay = self._replayed(n, pool)
-        self.drawn = self.draw_levels(n, step)[:n - len(replay)]
+        self.drawn = self.draw_levels(n, step)[: n - len(replay)]
         procedural = self.procedural(self.drawn, step)
-        return Draw(procedural + replay, new_ids={x.id for x in procedural},
-                    counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)})
+        return Draw(
+            procedural + replay,
+            new_ids={x.id for x in procedural},
+            counts={"generator": 0, "procedural": len(procedural), "replay": len(replay)},
+        )
 
     def observe(self, stats):
         self._watch(stats)
@@ -338,20 +356,31 @@ class FixedSource(TaskSource):
             if t.fixed_source == "reserved":
                 found = [x for x in reserved if x.level == level][:share]
             elif t.fixed_source == "fresh":
-                found = generate_tasks(share, level=level, split="train", seed=seeds.derive(self.seed, "fixed-fresh"),
-                                       sb=self.sb, corpus_index=self.corpus,
-                                       cfg=BuildConfig.from_config(self.tasks_cfg))
+                found = generate_tasks(
+                    share,
+                    level=level,
+                    split="train",
+                    seed=seeds.derive(self.seed, "fixed-fresh"),
+                    sb=self.sb,
+                    corpus_index=self.corpus,
+                    cfg=BuildConfig.from_config(self.tasks_cfg),
+                )
                 queued += found
             else:
-                found = self.corpus.query(split="train", source="procedural", level=level, order="random",
-                                          seed=self.seed, limit=share)
+                found = self.corpus.query(
+                    split="train", source="procedural", level=level, order="random", seed=self.seed, limit=share
+                )
             if len(found) < share:
-                self.log(f"fixed task set: {len(found)} {t.fixed_source} procedural level-{level} tasks, "
-                         f"not {share}; using those")
+                self.log(
+                    f"fixed task set: {len(found)} {t.fixed_source} procedural level-{level} tasks, "
+                    f"not {share}; using those"
+                )
             tasks += found
         if len(tasks) < t.solver_tasks:
-            raise UserError(f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, "
-                            f"fewer than train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source")
+            raise UserError(
+                f"fixed mode: {len(tasks)} {t.fixed_source} procedural tasks at levels {levels}, "
+                f"fewer than train.solver_tasks ({t.solver_tasks}); choose other levels or fixed_source"
+            )
         write_tasks(path, tasks)
         self.log(f"fixed task set: {len(tasks)} tasks at levels {levels} -> {path}")
         self.tasks = tasks
@@ -363,8 +392,10 @@ class FixedSource(TaskSource):
 
         path = RunPaths(self.run_dir).reserved_tasks
         if not path.exists():
-            raise UserError(f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
-                            "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)")
+            raise UserError(
+                f"train.fixed_source=reserved: {path} is missing; the pool is drawn by the warm start, so "
+                "warm start with train.fixed_source=reserved (and the same train.fixed_tasks)"
+            )
         return read_tasks(path)
 
     def fingerprint(self) -> str | None:
@@ -374,8 +405,10 @@ class FixedSource(TaskSource):
 
     def _check_resume(self) -> None:
         if self.expected is not None and self.fingerprint() != self.expected:
-            self.log(f"the fixed task set ({RunPaths(self.run_dir).fixed_tasks}) is not the one the checkpoint trained "
-                     f"on; this resume is not exact")
+            self.log(
+                f"the fixed task set ({RunPaths(self.run_dir).fixed_tasks}) is not the one the checkpoint trained "
+                f"on; this resume is not exact"
+            )
 
     def state_dict(self) -> dict:
         fp = self.fingerprint() or self.expected
@@ -418,8 +451,10 @@ def validate(train_cfg) -> None:
     if t.fixed_source not in FIXED_SOURCES:  # any mode: the warm start draws the reserved pool
         raise UserError(f"train.fixed_source must be one of {', '.join(FIXED_SOURCES)}, got {t.fixed_source!r}")
     if t.curriculum_steps_per_level is not None and t.curriculum_steps_per_level < 1:
-        raise UserError(f"train.curriculum_steps_per_level must be >= 1 or null (train.steps cut into one stretch per "
-                        f"level), got {t.curriculum_steps_per_level}")
+        raise UserError(
+            f"train.curriculum_steps_per_level must be >= 1 or null (train.steps cut into one stretch per "
+            f"level), got {t.curriculum_steps_per_level}"
+        )
     if t.mode == "fixed":
         if t.fixed_tasks < t.solver_tasks:
             raise UserError(f"train.fixed_tasks ({t.fixed_tasks}) must be >= train.solver_tasks ({t.solver_tasks})")
@@ -439,8 +474,15 @@ def reserve_fixed_pool(cfg, sb, corpus, run_dir: Path) -> list[Task]:
     t = cfg.train
     pool: list[Task] = []
     for level, share in level_shares(t.fixed_tasks, t.fixed_levels):
-        pool += generate_tasks(share, level=level, split="train", seed=seeds.derive(cfg.run.seed, "reserved-pool"),
-                               sb=sb, corpus_index=corpus, cfg=BuildConfig.from_config(cfg.tasks))
+        pool += generate_tasks(
+            share,
+            level=level,
+            split="train",
+            seed=seeds.derive(cfg.run.seed, "reserved-pool"),
+            sb=sb,
+            corpus_index=corpus,
+            cfg=BuildConfig.from_config(cfg.tasks),
+        )
     corpus.reserve(pool, reason="fixed pool")
     write_tasks(RunPaths(run_dir).reserved_tasks, pool)
     return pool

@@ -17,21 +17,21 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from generator.formats import proposal_format
 from generator.schema import Task
 from selfplay.models.agent import LMAgent, agent_ppo_config
+from selfplay.models.factory import build_models, frozen_copy
 from selfplay.rl import core as rl
+from selfplay.rl.ppo import first_action, last_index, pad_rollouts
+from selfplay.rl.sft import sft
+from selfplay.rollout.episodes import prompt_options, solver_rollouts
 from selfplay.runtime.distributed import local_device
 from selfplay.runtime.errors import UserError
-from selfplay.models.factory import build_models, frozen_copy
-from selfplay.rl.ppo import first_action, last_index, pad_rollouts
-from selfplay.rollout.episodes import prompt_options, solver_rollouts
 from selfplay.train.proposals import sample_proposals
-from selfplay.rl.sft import sft
 from solver.prompts import answer_text, task_prompt
 
 
@@ -40,8 +40,9 @@ def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> lis
     return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
 
 
-def generator_examples(tasks: Sequence[Task], k_refs: int, seed: int, fmt: str = "free", sb=None, corpus_index=None,
-                       build_cfg=None) -> list[tuple[str, str]]:
+def generator_examples(
+    tasks: Sequence[Task], k_refs: int, seed: int, fmt: str = "free", sb=None, corpus_index=None, build_cfg=None
+) -> list[tuple[str, str]]:
     """The generator's (user prompt, answer text) pairs in format `fmt` (its `examples`: free, `free_examples`,
     each task written as a proposal from K others of its family; mutation, `mutation_examples`, random edits of
     K references that pass every validity check in `sb` against `corpus_index`)."""
@@ -58,7 +59,7 @@ def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: in
         if len(ans) > max_len // 2:
             continue
         ids = agent.chat_ids(prompt)
-        out.append((ids[-(max_len - len(ans)):], ans))
+        out.append((ids[-(max_len - len(ans)) :], ans))
     return out
 
 
@@ -71,8 +72,9 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
         model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed, agent=name)
         model.to(device)
         reference.to(device)
-        agents.append(LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap,
-                              seed=cfg.run.seed))
+        agents.append(
+            LMAgent(name, model, reference, tokenizer, agent_ppo_config(cfg, name), wrap=wrap, seed=cfg.run.seed)
+        )
     if cfg.generator.constrained:  # the probe samples under the format's grammar (SFT itself is not sampled)
         agents[1].constrain(cfg.generator.format, cfg.generator.close_reserve)
     return agents
@@ -81,8 +83,9 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
 def critic_batch(rollouts: Sequence, pad_id: int, gamma: float, device: torch.device | str = "cpu"):
     """Padded rollouts (anything with .prompt, .tokens, .mask, .reward) and their per-token discounted returns
     (the reward on the last action token), on the shifted axis from the first action position, on `device`."""
-    ids, att, act = pad_rollouts([r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id,
-                                 [r.mask for r in rollouts])
+    ids, att, act = pad_rollouts(
+        [r.prompt for r in rollouts], [r.tokens for r in rollouts], pad_id, [r.mask for r in rollouts]
+    )
     start, act = first_action(act)
     rewards = torch.zeros_like(act)
     rewards[torch.arange(len(rollouts)), last_index(act)] = torch.tensor([float(r.reward) for r in rollouts])
@@ -103,13 +106,14 @@ def critic_value_loss(model, rollouts: Sequence, *, pad_id: int, gamma: float, b
     total, count, device = 0.0, 0.0, next(model.parameters()).device
     with torch.no_grad():
         for i in range(0, len(rollouts), batch_size):
-            s, n = _squared_errors(model, critic_batch(rollouts[i: i + batch_size], pad_id, gamma, device))
+            s, n = _squared_errors(model, critic_batch(rollouts[i : i + batch_size], pad_id, gamma, device))
             total, count = total + s.item(), count + n.item()
     return total / max(count, 1.0)
 
 
-def pretrain_critic(model, rollouts: Sequence, *, steps: int, batch_size: int, lr: float, pad_id: int,
-                    gamma: float = 1.0, seed: int = 0) -> dict:
+def pretrain_critic(
+    model, rollouts: Sequence, *, steps: int, batch_size: int, lr: float, pad_id: int, gamma: float = 1.0, seed: int = 0
+) -> dict:
     """Regress the value head (and a separate critic backbone, if any) of an ActorCritic on the outcomes of graded
     rollouts for `steps` AdamW steps; the policy is frozen. Returns the value loss (MSE) before and after."""
     if not rollouts:
@@ -150,15 +154,33 @@ def critic_warm_start(cfg, solver: LMAgent, tasks: Sequence[Task], sb) -> dict:
     ws = cfg.warmstart
     chosen = random.Random(cfg.run.seed).sample(list(tasks), min(ws.critic_tasks, len(tasks)))
     t0 = time.perf_counter()
-    rollouts = solver_rollouts(solver, chosen, ws.critic_samples, sb, max_turns=cfg.train.max_turns,
-                               reward_cfg=cfg.reward, max_prompt_tokens=ws.max_len, prompt_kw=prompt_options(cfg))
-    result = pretrain_critic(solver.module, rollouts, steps=ws.critic_steps, batch_size=ws.batch_size,
-                             lr=ws.critic_lr, pad_id=solver.tokenizer.pad_token_id, gamma=cfg.ppo.gamma,
-                             seed=cfg.run.seed)
-    return {"solver_critic_episodes": len(rollouts),
-            "solver_critic_solve_rate": sum(r.result.solved for r in rollouts) / max(1, len(rollouts)),
-            "solver_critic_loss_before": result["before"], "solver_critic_loss_after": result["after"],
-            "solver_critic_s": time.perf_counter() - t0}
+    rollouts = solver_rollouts(
+        solver,
+        chosen,
+        ws.critic_samples,
+        sb,
+        max_turns=cfg.train.max_turns,
+        reward_cfg=cfg.reward,
+        max_prompt_tokens=ws.max_len,
+        prompt_kw=prompt_options(cfg),
+    )
+    result = pretrain_critic(
+        solver.module,
+        rollouts,
+        steps=ws.critic_steps,
+        batch_size=ws.batch_size,
+        lr=ws.critic_lr,
+        pad_id=solver.tokenizer.pad_token_id,
+        gamma=cfg.ppo.gamma,
+        seed=cfg.run.seed,
+    )
+    return {
+        "solver_critic_episodes": len(rollouts),
+        "solver_critic_solve_rate": sum(r.result.solved for r in rollouts) / max(1, len(rollouts)),
+        "solver_critic_loss_before": result["before"],
+        "solver_critic_loss_after": result["after"],
+        "solver_critic_s": time.perf_counter() - t0,
+    }
 
 
 def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) -> dict:
@@ -174,14 +196,16 @@ def probe_generator(cfg, generator: LMAgent, tasks: Sequence[Task], sb, corpus) 
     rollouts = sample_proposals(cfg, generator, groups, sb, corpus, step=0, rng=rng)
     n = max(1, len(rollouts))
     rejections = Counter(r.rejection for r in rollouts if not r.valid)
-    return {"generator_probe_proposals": len(rollouts),
-            "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
-            "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
-            "generator_probe_redrawn": sum(r.redrawn for r in rollouts) / n,
-            "generator_probe_cut_off_rate": sum(not r.answer.finished for r in rollouts) / n,  # hit the token limit
-            "generator_probe_closed_rate": sum(r.answer.closed > 0 for r in rollouts) / n,  # generator.close_reserve
-            **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
-            "generator_probe_s": time.perf_counter() - t0}
+    return {
+        "generator_probe_proposals": len(rollouts),
+        "generator_probe_parse_rate": sum(r.parsed for r in rollouts) / n,
+        "generator_probe_validity_rate": sum(r.valid for r in rollouts) / n,
+        "generator_probe_redrawn": sum(r.redrawn for r in rollouts) / n,
+        "generator_probe_cut_off_rate": sum(not r.answer.finished for r in rollouts) / n,  # hit the token limit
+        "generator_probe_closed_rate": sum(r.answer.closed > 0 for r in rollouts) / n,  # generator.close_reserve
+        **{f"generator_probe_rejected_{k}": v / n for k, v in rejections.items()},
+        "generator_probe_s": time.perf_counter() - t0,
+    }
 
 
 def level_counts(ws, max_level: int = 4) -> dict:
@@ -190,8 +214,10 @@ def level_counts(ws, max_level: int = 4) -> dict:
         return {None: ws.tasks}
     counts = list(ws.level_tasks)
     if len(counts) > max_level or any(n < 0 for n in counts) or sum(counts) == 0:
-        raise UserError(f"warmstart.level_tasks must be 1 to {max_level} (tasks.max_level) counts >= 0 for levels 1, "
-                        f"2, ..., not all 0; got {counts}")
+        raise UserError(
+            f"warmstart.level_tasks must be 1 to {max_level} (tasks.max_level) counts >= 0 for levels 1, "
+            f"2, ..., not all 0; got {counts}"
+        )
     return {level: n for level, n in enumerate(counts, start=1) if n > 0}
 
 
@@ -200,20 +226,38 @@ def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
     from generator.build import BuildConfig, generate_tasks
 
     ws = cfg.warmstart
-    build_cfg = dataclasses.replace(BuildConfig.from_config(cfg.tasks),
-                                    max_level=min(ws.max_level, cfg.tasks.max_level))
+    build_cfg = dataclasses.replace(
+        BuildConfig.from_config(cfg.tasks), max_level=min(ws.max_level, cfg.tasks.max_level)
+    )
     tasks: list[Task] = []
     # each level's tasks enter the corpus before the next level is drawn, so no program appears twice
     for level, n in level_counts(ws, cfg.tasks.max_level).items():
-        new = generate_tasks(n, level=level, split="train", seed=cfg.run.seed, sb=sb, corpus_index=corpus,
-                             cfg=build_cfg, stats=stats, on_batch=on_batch)
+        new = generate_tasks(
+            n,
+            level=level,
+            split="train",
+            seed=cfg.run.seed,
+            sb=sb,
+            corpus_index=corpus,
+            cfg=build_cfg,
+            stats=stats,
+            on_batch=on_batch,
+        )
         corpus.insert_many(new)
         tasks += new
     return tasks
 
 
-def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, progress=None,
-               on_scalar: Callable[[str, float, int], None] | None = None) -> dict:
+def warm_start(
+    cfg,
+    run_dir,
+    sb,
+    corpus,
+    *,
+    log: Callable[[str], None] = print,
+    progress=None,
+    on_scalar: Callable[[str, float, int], None] | None = None,
+) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report).
     `on_scalar(tag, value, step)`: each SFT step's loss as it comes (`solver_sft_loss`, `generator_sft_loss`), so a
     long warm start shows its curve while it runs."""
@@ -230,8 +274,9 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
     log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
 
     s_pairs = solver_examples(tasks, prompt_options(cfg))
-    g_pairs = generator_examples(tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, sb, corpus,
-                                 BuildConfig.from_config(cfg.tasks))
+    g_pairs = generator_examples(
+        tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, sb, corpus, BuildConfig.from_config(cfg.tasks)
+    )
     log(f"warm start: {len(g_pairs)} {cfg.generator.format}-format generator examples")
     texts = [x for pair in s_pairs + g_pairs for x in pair]
     solver, generator = build_agents(cfg, run_dir, texts)
@@ -250,9 +295,18 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
             if on_scalar is not None:
                 on_scalar(f"{name}_sft_loss", loss, i)
 
-        losses = sft(agent.module.policy, examples, steps=steps, batch_size=ws.batch_size, lr=ws.lr,
-                     pad_id=agent.tokenizer.pad_token_id, max_len=ws.max_len, seed=cfg.run.seed,
-                     micro_batch_size=ws.micro_batch_size, on_step=on_step)
+        losses = sft(
+            agent.module.policy,
+            examples,
+            steps=steps,
+            batch_size=ws.batch_size,
+            lr=ws.lr,
+            pad_id=agent.tokenizer.pad_token_id,
+            max_len=ws.max_len,
+            seed=cfg.run.seed,
+            micro_batch_size=ws.micro_batch_size,
+            on_step=on_step,
+        )
         if bar:
             bar.close()
         # the KL anchor of PPO is the warm-started policy
@@ -262,14 +316,22 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
             report[f"{agent.name}_sft_loss_first"] = losses[0]
             report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
         report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
-        log(f"warm start: {agent.name} SFT {steps} steps" + (f", loss {losses[0]:.3f} -> "
-            f"{report[agent.name + '_sft_loss_last']:.3f}" if losses else " (the model as it came)"))
+        log(
+            f"warm start: {agent.name} SFT {steps} steps"
+            + (
+                f", loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}"
+                if losses
+                else " (the model as it came)"
+            )
+        )
     if ws.generator_probe > 0:
         report.update(probe_generator(cfg, generator, tasks, sb, corpus))
         mode = ", constrained" if generator.constraint is not None else ""
-        log(f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
+        log(
+            f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
             f"rate {report['generator_probe_parse_rate']:.3f}, validity rate "
-            f"{report['generator_probe_validity_rate']:.3f}")
+            f"{report['generator_probe_validity_rate']:.3f}"
+        )
         if generator.constraint is not None:  # the same weights and references without the grammar, for comparison
             constraint, generator.constraint = generator.constraint, None
             try:
@@ -277,12 +339,16 @@ def warm_start(cfg, run_dir, sb, corpus, *, log: Callable[[str], None] = print, 
             finally:
                 generator.constraint = constraint
             report.update({k.replace("generator_probe_", "generator_probe_unconstrained_"): v for k, v in free.items()})
-            log(f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
-                f"validity rate {free['generator_probe_validity_rate']:.3f}")
+            log(
+                f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
+                f"validity rate {free['generator_probe_validity_rate']:.3f}"
+            )
     if ws.critic_steps > 0:
         report.update(critic_warm_start(cfg, solver, tasks, sb))
-        log(f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
+        log(
+            f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
             f"episodes (solved {report['solver_critic_solve_rate']:.2f}), value loss "
-            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}")
+            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}"
+        )
     report["seconds"] = time.perf_counter() - t0
     return solver, generator, report

@@ -25,8 +25,9 @@ def test_wide_literal_tasks_pass_the_validity_checks(task_sb):
     for task in tasks:
         step = task.params["steps"][0]
         if step["kind"] in ("filter", "map"):
-            expr = find(PREDICATES if step["kind"] == "filter" else MAPS, input_etype(task.params["input"]),
-                        step["expr"])
+            expr = find(
+                PREDICATES if step["kind"] == "filter" else MAPS, input_etype(task.params["input"]), step["expr"]
+            )
             outside += any(v not in expr.args[k] for k, v in step["args"].items())
         outside += step["kind"] in ("take", "top_k") and step["k"] > 4
     assert outside >= 3, [t.params["steps"] for t in tasks]
@@ -63,6 +64,14 @@ def test_task_draws_do_not_depend_on_the_hash_seed():
     import subprocess
     import sys
 
-    out = [subprocess.run([sys.executable, "-c", DRAWS], capture_output=True, text=True, check=True,
-                          env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2", "3")]
+    out = [
+        subprocess.run(
+            [sys.executable, "-c", DRAWS],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        ).stdout
+        for seed in ("1", "2", "3")
+    ]
     assert out[0] and out[0] == out[1] == out[2], out

@@ -11,8 +11,7 @@ from hypothesis import strategies as st
 
 from generator.build import BuildConfig, materialise, sample_params
 from generator.descriptions import IRRELEVANT, _inject_error, describe
-from generator.families import (FAMILIES, final_type, kinds_of, render_reference, render_signature,
-                                sample_pipeline)
+from generator.families import FAMILIES, final_type, kinds_of, render_reference, render_signature, sample_pipeline
 from generator.families.catalogue import GROUP_KEYS, KEYS, LITERALS, MAPS, PREDICATES, SINKS, find
 from generator.families.steps import MAX_K, MAX_WINDOW, output_type
 from generator.families.values import ELEMENT_TYPES, input_etype, random_element
@@ -75,8 +74,11 @@ def test_pipelines_are_typed_and_render_readable_code(seed, family, depth):
 
 
 @settings(max_examples=100, deadline=None)
-@given(seed=st.integers(0, 2**32), pair=st.sampled_from([("dedup", "sort"), ("filter", "group"), ("map", "top_k")]),
-       depth=st.integers(2, 4))
+@given(
+    seed=st.integers(0, 2**32),
+    pair=st.sampled_from([("dedup", "sort"), ("filter", "group"), ("map", "top_k")]),
+    depth=st.integers(2, 4),
+)
 def test_required_and_forbidden_pairs(seed, pair, depth):
     rng = random.Random(seed)
     kind = rng.choice(["list:int", "list:str", "list:rec", "text", "csv"])
@@ -119,7 +121,8 @@ def test_descriptions_vary_and_noise_is_applied():
     noisy = describe(params, random.Random(1), noise=["irrelevant"])
     assert any(sentence in noisy for sentence in IRRELEVANT)
     assert _inject_error(["keep only the numbers greater than 3"], random.Random(0)) == [
-        "keep only the numbers greater than 4"]
+        "keep only the numbers greater than 4"
+    ]
     assert _inject_error(["sort in ascending order"], random.Random(0)) == ["sort in descending order"]
     vague = describe(params, random.Random(2), vague=True)
     assert "example" in vague and len(vague) < min(len(t) for t in texts) + 80
@@ -127,11 +130,13 @@ def test_descriptions_vary_and_noise_is_applied():
 
 # ---- literal ranges (tasks.literals) ----------------------------------------------------------------------
 
+
 def test_narrow_literals_draw_what_the_default_world_always_drew():
     """The digest of 200 draws made before `tasks.literals` existed: the default world's runs stay reproducible."""
     rng = random.Random("pinned")
-    draws = [sample_params(rng, level, "train", BuildConfig(literals="narrow")) for level in (1, 2, 3, 4)
-             for _ in range(50)]
+    draws = [
+        sample_params(rng, level, "train", BuildConfig(literals="narrow")) for level in (1, 2, 3, 4) for _ in range(50)
+    ]
     digest = hashlib.sha256(json.dumps(draws, sort_keys=True).encode()).hexdigest()
     assert digest == "df2afed948902967f9dfbe3bffd6dcbd47c0c0d715e5adb15ad2758b6915bcf8"
 
@@ -159,14 +164,17 @@ def test_step_constants_come_from_their_literal_range(seed, level, literals):
 
 def test_wide_literals_make_one_step_programs_repeat_less():
     """Distinct one-step programs in 3,000 level-1 draws (the tiny solver's solvable level)."""
+
     def programs(literals):
         rng, cfg = random.Random(0), BuildConfig(literals=literals)
         return {ast_hash(render_reference(sample_params(rng, 1, "train", cfg))) for _ in range(3000)}
+
     narrow, wide = programs("narrow"), programs("wide")
     assert len(wide) > 1.3 * len(narrow), (len(narrow), len(wide))  # 598 and 826 (20,000 draws: 721 and 1697)
 
 
 def test_unknown_literal_range_is_refused():
     from generator.splits import SplitError
+
     with pytest.raises(SplitError, match="tasks.literals must be one of narrow, wide, got 'huge'"):
         BuildConfig(literals="huge")

@@ -8,7 +8,8 @@ import random
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from generator import agent as free
 from generator import family_format, mutation
@@ -56,10 +57,15 @@ def test_the_built_in_objects_prompt_and_parse_as_their_functions_do():
     """The objects refer to the format modules' functions: the same prompts, parses and instruction draws."""
     rng = random.Random(3)
     refs = [materialise(sample_params(rng, 2), "train") for _ in range(2)]
-    for fmt, choose, prompt, parse in ((FREE, lambda r: free.choose_instruction(r, len(refs)), free.build_prompt,
-                                        free.parse_proposal),
-                                       (MUTATION, lambda r: mutation.choose_mutation_instruction(r, refs),
-                                        mutation.build_mutation_prompt, mutation.parse_mutation)):
+    for fmt, choose, prompt, parse in (
+        (FREE, lambda r: free.choose_instruction(r, len(refs)), free.build_prompt, free.parse_proposal),
+        (
+            MUTATION,
+            lambda r: mutation.choose_mutation_instruction(r, refs),
+            mutation.build_mutation_prompt,
+            mutation.parse_mutation,
+        ),
+    ):
         instruction = fmt.instruction(random.Random(7), refs, BuildConfig(), None)
         assert instruction == choose(random.Random(7))
         assert fmt.prompt(refs, instruction) == prompt(refs, instruction)
@@ -72,12 +78,15 @@ def test_random_text_never_crashes_the_family_parser(text):
     assert isinstance(parsed, (family_format.FamilyChoice, ProposalError))
 
 
-@pytest.mark.parametrize("answer, reason", [
-    ("", "empty answer"),
-    ("FAMILY list_int\nEND\n", "expected the lines"),
-    ("FAMILY lists\nLEVEL 2\nEND\n", "unknown family 'lists'"),
-    ("FAMILY list_int\nLEVEL 7\nEND\n", "level must be one of 1, 2, 3, 4, got 7"),
-])
+@pytest.mark.parametrize(
+    "answer, reason",
+    [
+        ("", "empty answer"),
+        ("FAMILY list_int\nEND\n", "expected the lines"),
+        ("FAMILY lists\nLEVEL 2\nEND\n", "unknown family 'lists'"),
+        ("FAMILY list_int\nLEVEL 7\nEND\n", "level must be one of 1, 2, 3, 4, got 7"),
+    ],
+)
 def test_malformed_family_answers_say_why(answer, reason):
     parsed = family_format.parse(answer)
     assert isinstance(parsed, ProposalError) and reason in parsed.reason
@@ -126,21 +135,36 @@ def test_a_third_format_runs_end_to_end_from_prompt_to_graded_tasks(family_regis
 
     tasks = generate_tasks(6, level=1, seed=2, sb=task_sb)
     pairs = family_registered.examples(tasks, 2, seed=0)
-    assert len(pairs) == len(tasks) and all(isinstance(family_registered.parse(a), family_format.FamilyChoice)
-                                            for _, a in pairs)
+    assert len(pairs) == len(tasks) and all(
+        isinstance(family_registered.parse(a), family_format.FamilyChoice) for _, a in pairs
+    )
     tok = train_tokenizer([x for pair in pairs for x in pair] * 10, vocab_size=300, kind="bpe")
     torch.manual_seed(0)
     policy = build_tiny_model(tok, n_layer=1, n_embd=32, n_head=2, max_positions=160)
-    gen = LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok,
-                  PPOConfig(mini_batch_size=4, micro_batch_size=2, max_new_tokens=32, epochs=1), seed=0)
+    gen = LMAgent(
+        "generator",
+        ActorCritic(policy),
+        frozen_copy(policy),
+        tok,
+        PPOConfig(mini_batch_size=4, micro_batch_size=2, max_new_tokens=32, epochs=1),
+        seed=0,
+    )
     gen.constrain("family")  # its grammar, from GRAMMARS, where `register` put it
     compiled = compile_constraint(tok, "family", len(tok)).compiled
     for _, answer in pairs:  # the grammar accepts every warm-start target, to its end
         matcher = xgr.GrammarMatcher(compiled)
         assert matcher.accept_string(answer) and matcher.accept_token(tok.eos_token_id), answer
     rng = random.Random(4)
-    rollouts = generator_rollouts(gen, [rng.sample(tasks, 2) for _ in range(12)], task_sb, step=1, rng=rng,
-                                  max_prompt_tokens=100, fmt="family", checkpoint="step_0")
+    rollouts = generator_rollouts(
+        gen,
+        [rng.sample(tasks, 2) for _ in range(12)],
+        task_sb,
+        step=1,
+        rng=rng,
+        max_prompt_tokens=100,
+        fmt="family",
+        checkpoint="step_0",
+    )
     assert [r.parse_error for r in rollouts if not r.parsed] == []
     assert all(r.task is not None or r.rejection == "edit" for r in rollouts)  # edit: a held-out family
     valid = [r.task for r in rollouts if r.valid]

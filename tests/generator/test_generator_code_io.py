@@ -9,13 +9,35 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.code_io_values import values
 from generator.agent import ProposalError
-from generator.code_io import (CHECKS, CODE_IO_BANNED_CALLS, CODE_IO_BANNED_MODULES, KINDS, MAX_INPUTS,
-                               MAX_VALUE_CHARS, AcceptedProposal, NoveltyIndex, Proposal, behaviour_key,
-                               call_many, canonical_text, check_inputs, check_program_safe, format_args,
-                               format_proposal, generator_prompt, parse_args, parse_proposal, plain_problem,
-                               program_key, proposer_reward, solve_rate, validate_proposal, validate_proposals)
+from generator.code_io import (
+    CHECKS,
+    CODE_IO_BANNED_CALLS,
+    CODE_IO_BANNED_MODULES,
+    KINDS,
+    MAX_INPUTS,
+    MAX_VALUE_CHARS,
+    AcceptedProposal,
+    NoveltyIndex,
+    Proposal,
+    behaviour_key,
+    call_many,
+    canonical_text,
+    check_inputs,
+    check_program_safe,
+    format_args,
+    format_proposal,
+    generator_prompt,
+    parse_args,
+    parse_proposal,
+    plain_problem,
+    program_key,
+    proposer_reward,
+    solve_rate,
+    validate_proposal,
+    validate_proposals,
+)
+from tests.code_io_values import values
 
 TEXT = """Here is my proposal.
 
@@ -76,26 +98,38 @@ def test_a_plain_value_survives_its_repr(value):
 # ---------------------------------------------------------------------------------------------- parser
 def test_parse_proposal_reads_program_inputs_and_message():
     p = parse_proposal(TEXT)
-    assert p == Proposal("def f(xs, k):\n    return sorted(xs)[:k]\n", (([3, 1, 2], 2), ([5, 4, 9, 1], 3)),
-                         "the k smallest values, in increasing order")
+    assert p == Proposal(
+        "def f(xs, k):\n    return sorted(xs)[:k]\n",
+        (([3, 1, 2], 2), ([5, 4, 9, 1], 3)),
+        "the k smallest values, in increasing order",
+    )
 
 
 def test_parse_proposal_is_lenient_about_surroundings():
-    text = ("```py\nimport math\n```\nSome thought.\n```python\ndef f(x):\n    return math.floor(x)\n```\n"
-            "- input: `2.5`\n* Input: (1, 2),\nMessage: `floor`\ntrailing prose\n")
+    text = (
+        "```py\nimport math\n```\nSome thought.\n```python\ndef f(x):\n    return math.floor(x)\n```\n"
+        "- input: `2.5`\n* Input: (1, 2),\nMessage: `floor`\ntrailing prose\n"
+    )
     p = parse_proposal(text)
     assert p == Proposal("def f(x):\n    return math.floor(x)\n", ((2.5,), ((1, 2),)), "floor")
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("", "empty answer"),
-    ("def f(x):\n    return x\ninput: 1\n", "no ```python block with the program"),
-    ("```python\ndef f(x):\n    return x\n```\nmessage: m\n", "no 'input:' line"),
-    ("```python\ndef f(x):\n    return x\n```\ninput: 1\ninput: os.getcwd()\n",
-     "input 2: arguments are not Python literals"),
-    ("```python\ndef f(x):\n    return x\n```\n" + "input: 1\n" * (MAX_INPUTS + 1),
-     f"{MAX_INPUTS + 1} inputs, at most {MAX_INPUTS}"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "empty answer"),
+        ("def f(x):\n    return x\ninput: 1\n", "no ```python block with the program"),
+        ("```python\ndef f(x):\n    return x\n```\nmessage: m\n", "no 'input:' line"),
+        (
+            "```python\ndef f(x):\n    return x\n```\ninput: 1\ninput: os.getcwd()\n",
+            "input 2: arguments are not Python literals",
+        ),
+        (
+            "```python\ndef f(x):\n    return x\n```\n" + "input: 1\n" * (MAX_INPUTS + 1),
+            f"{MAX_INPUTS + 1} inputs, at most {MAX_INPUTS}",
+        ),
+    ],
+)
 def test_parse_proposal_refuses_with_a_reason(text, reason):
     assert parse_proposal(text) == ProposalError(reason)
 
@@ -105,14 +139,20 @@ def test_parse_proposal_never_raises(junk):
     assert isinstance(parse_proposal(junk), (Proposal, ProposalError))
 
 
-PROGRAMS = ["def f(x):\n    return x\n", "def f(a, b=2):\n    '''Doc.'''\n    return [a] * b\n",
-            "import math\n\n\ndef f(*xs):\n    return math.prod(len(str(x)) for x in xs)\n"]
+PROGRAMS = [
+    "def f(x):\n    return x\n",
+    "def f(a, b=2):\n    '''Doc.'''\n    return [a] * b\n",
+    "import math\n\n\ndef f(*xs):\n    return math.prod(len(str(x)) for x in xs)\n",
+]
 messages = st.text(st.characters(whitelist_categories=("Lu", "Ll", "Nd", "Zs")), max_size=40).map(str.strip)
 
 
 @settings(max_examples=60)
-@given(st.sampled_from(PROGRAMS), st.lists(st.lists(values, max_size=3).map(tuple), min_size=1, max_size=MAX_INPUTS),
-       messages)
+@given(
+    st.sampled_from(PROGRAMS),
+    st.lists(st.lists(values, max_size=3).map(tuple), min_size=1, max_size=MAX_INPUTS),
+    messages,
+)
 def test_format_then_parse_gives_the_proposal_back(program, inputs, message):
     proposal = Proposal(program, tuple(inputs), message)
     back = parse_proposal(format_proposal(proposal))
@@ -121,8 +161,13 @@ def test_format_then_parse_gives_the_proposal_back(program, inputs, message):
 
 
 # ------------------------------------------------------------------------------------------ static checks
-@pytest.mark.parametrize("module", sorted(CODE_IO_BANNED_MODULES | {"os", "sys", "subprocess", "time", "datetime",
-                                                                     "threading", "socket", "pathlib", "_ctypes"}))
+@pytest.mark.parametrize(
+    "module",
+    sorted(
+        CODE_IO_BANNED_MODULES
+        | {"os", "sys", "subprocess", "time", "datetime", "threading", "socket", "pathlib", "_ctypes"}
+    ),
+)
 def test_banned_modules_are_refused(module):
     why = check_program_safe(f"import {module}\n\ndef f(x):\n    return x\n")
     assert f"imports banned module '{module}'" in why
@@ -135,10 +180,14 @@ def test_banned_calls_are_refused(call):
 
 
 def test_seeded_random_is_refused_and_pure_modules_pass():
-    assert check_program_safe("import random\nrandom.seed(0)\n\ndef f(x):\n    return random.random()\n") \
+    assert (
+        check_program_safe("import random\nrandom.seed(0)\n\ndef f(x):\n    return random.random()\n")
         == "imports banned module 'random'"
-    ok = ("import math, itertools, functools, re, string\nfrom collections import Counter\n\n"
-          "def f(xs):\n    return Counter(xs).most_common(1), math.gcd(*xs)\n")
+    )
+    ok = (
+        "import math, itertools, functools, re, string\nfrom collections import Counter\n\n"
+        "def f(xs):\n    return Counter(xs).most_common(1), math.gcd(*xs)\n"
+    )
     assert check_program_safe(ok) == ""
 
 
@@ -162,8 +211,10 @@ def test_an_accepted_proposal_has_typed_outputs(task_sb):
     assert verdict.ok and verdict.check == "" and verdict.reason == ""
     got = verdict.accepted
     assert got.outputs == ((1, {1: [1]}, {1}), (5, {5: [5]}, {2}))
-    assert [canonical_text(o) for o in got.outputs] == [canonical_text((1, {1: [1]}, {1})),
-                                                        canonical_text((5, {5: [5]}, {2}))]
+    assert [canonical_text(o) for o in got.outputs] == [
+        canonical_text((1, {1: [1]}, {1})),
+        canonical_text((5, {5: [5]}, {2})),
+    ]
     assert got.pairs == (((1,), (1, {1: [1]}, {1})), ((5,), (5, {5: [5]}, {2})))
     assert got.program_key == program_key(p.program)
     assert got.behaviour_key == behaviour_key(p.inputs, got.outputs)
@@ -181,20 +232,41 @@ REJECTED = [
     (Proposal("def g(x):\n    return x\n", ((1,),)), "parses", "parses: defines no top-level function 'f'"),
     (Proposal("import os\ndef f(x):\n    return x\n", ((1,),)), "safe", "safe: imports banned module 'os'"),
     (Proposal("def f(x):\n    return x\n", ((1, 2),)), "inputs", "inputs: input 0: 2 argument(s), f takes 1..1"),
-    (Proposal("def f(x):\n    return x\n", ((1,),), "two\nlines"), "message",
-     "message: the message must be one line of at most 300 characters"),
-    (Proposal("def f(x):\n    return 10 // x\n", ((1,), (0,))), "runs",
-     "runs: input 1: error: ZeroDivisionError: integer division or modulo by zero"),
-    (Proposal("def f(x):\n    return object()\n", ((1,),)), "outputs",
-     "outputs: input 0: returns a value of type object, not a plain value"),
-    (Proposal("def f(x):\n    return float('inf') * x\n", ((1,),)), "outputs",
-     "outputs: input 0: returns a non-finite float, not a plain value"),
-    (Proposal("def f(x):\n    return 'a' * x\n", ((3,), (2000,))), "outputs",
-     f"outputs: input 1: output of 2002 characters exceeds {MAX_VALUE_CHARS}"),
-    (Proposal("_seen = []\n\ndef f(x):\n    _seen.append(x)\n    return len(_seen) * x\n", ((1,), (2,))),
-     "deterministic", "deterministic: input 0: 1 on one run, 2 on another"),
-    (Proposal("def f(x):\n    return len(str(x)) > 5\n", ((1,), (22,), (333,))), "nontrivial",
-     "nontrivial: every input gives the same output False"),
+    (
+        Proposal("def f(x):\n    return x\n", ((1,),), "two\nlines"),
+        "message",
+        "message: the message must be one line of at most 300 characters",
+    ),
+    (
+        Proposal("def f(x):\n    return 10 // x\n", ((1,), (0,))),
+        "runs",
+        "runs: input 1: error: ZeroDivisionError: integer division or modulo by zero",
+    ),
+    (
+        Proposal("def f(x):\n    return object()\n", ((1,),)),
+        "outputs",
+        "outputs: input 0: returns a value of type object, not a plain value",
+    ),
+    (
+        Proposal("def f(x):\n    return float('inf') * x\n", ((1,),)),
+        "outputs",
+        "outputs: input 0: returns a non-finite float, not a plain value",
+    ),
+    (
+        Proposal("def f(x):\n    return 'a' * x\n", ((3,), (2000,))),
+        "outputs",
+        f"outputs: input 1: output of 2002 characters exceeds {MAX_VALUE_CHARS}",
+    ),
+    (
+        Proposal("_seen = []\n\ndef f(x):\n    _seen.append(x)\n    return len(_seen) * x\n", ((1,), (2,))),
+        "deterministic",
+        "deterministic: input 0: 1 on one run, 2 on another",
+    ),
+    (
+        Proposal("def f(x):\n    return len(str(x)) > 5\n", ((1,), (22,), (333,))),
+        "nontrivial",
+        "nontrivial: every input gives the same output False",
+    ),
 ]
 
 
@@ -212,8 +284,10 @@ def test_a_program_that_runs_too_long_fails_runs(task_sb):
 
 
 def test_a_program_cannot_unbind_the_harness_checks(task_sb):
-    program = ("def f(x):\n    global __code_io_plain, repr\n    __code_io_plain = lambda value: ''\n"
-               "    repr = lambda value: '5'\n    return object()\n")
+    program = (
+        "def f(x):\n    global __code_io_plain, repr\n    __code_io_plain = lambda value: ''\n"
+        "    repr = lambda value: '5'\n    return object()\n"
+    )
     verdict = validate_proposal(Proposal(program, ((1,),)), task_sb)
     assert verdict.reason == "outputs: input 0: returns a value of type object, not a plain value"
 
@@ -226,8 +300,10 @@ def test_a_program_that_does_not_load_fails_runs(task_sb):
     raises = Proposal("TABLE = {}[0]\n\ndef f(x):\n    return x\n", ((1,),))
     assert validate_proposal(raises, task_sb).reason == "runs: input 0: the program did not load (error: KeyError: 0)"
     hangs = Proposal("def f(x):\n    return x\n\nwhile True:\n    pass\n", ((1,),))
-    assert validate_proposal(hangs, task_sb, timeout_s=0.3).reason \
+    assert (
+        validate_proposal(hangs, task_sb, timeout_s=0.3).reason
         == "runs: input 0: the program did not load (timeout: wall-clock timeout)"
+    )
 
 
 def test_inputs_that_are_not_a_sequence_are_refused(task_sb):
@@ -245,8 +321,7 @@ def test_novelty_against_the_index_and_within_the_batch(task_sb):
     first = validate_proposal(Proposal("def f(xs):\n    return sum(xs)\n", (([1, 2],), ([4],))), task_sb).accepted
     index = NoveltyIndex([first])
     renamed = Proposal("def f(values):\n    '''Total.'''\n    return sum(values)\n", (([5],), ([6, 7],)))
-    same_io = Proposal("def f(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t\n",
-                       (([1, 2],), ([4],)))
+    same_io = Proposal("def f(xs):\n    t = 0\n    for x in xs:\n        t += x\n    return t\n", (([1, 2],), ([4],)))
     other_inputs = Proposal("def f(xs):\n    return max(xs) * 3\n", (([1, 2],), ([4],)))
     twin = Proposal("def f(ys):\n    return max(ys) * 3\n", (([0],), ([1],)))
     verdicts = validate_proposals([renamed, same_io, other_inputs, twin], task_sb, index)
@@ -306,8 +381,10 @@ def test_solve_rate_is_the_mean_reward():
 
 # -------------------------------------------------------------------------------------------------- prompt
 def test_generator_prompt_shows_the_references_and_the_format():
-    refs = [AcceptedProposal("def f(xs):\n    return sum(xs)\n", (([1, 2],), ([3],)), (3, 3), "total"),
-            AcceptedProposal("def f(s):\n    return s[::-1]\n", (("ab",),), ("ba",), "")]
+    refs = [
+        AcceptedProposal("def f(xs):\n    return sum(xs)\n", (([1, 2],), ([3],)), (3, 3), "total"),
+        AcceptedProposal("def f(s):\n    return s[::-1]\n", (("ab",),), ("ba",), ""),
+    ]
     prompt = generator_prompt(refs, "abduction")
     assert "Earlier functions (2)" in prompt
     assert "def f(xs):\n    return sum(xs)" in prompt and "f([1, 2]) == 3" in prompt and "message: total" in prompt

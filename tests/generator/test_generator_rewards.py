@@ -1,7 +1,8 @@
 """Generator rewards: hand-computed values and properties."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from generator.rewards import (
     CLOSED_INVALID,
@@ -104,28 +105,43 @@ def test_diversity_counts_the_valid_proposals_only():
 
 outcome = st.one_of(
     st.just(ProposalOutcome(parsed=False, valid=False)),
-    st.builds(lambda c, closed: ProposalOutcome(parsed=True, valid=False, cluster=c, closed=closed),
-              st.sampled_from("abc"), st.booleans()),
-    st.builds(lambda p, c, closed: ProposalOutcome(parsed=True, valid=True, solve_rate=p, cluster=c, closed=closed),
-              st.one_of(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), st.floats(0, 1)),
-              st.one_of(st.none(), st.sampled_from("abc")), st.booleans()))
+    st.builds(
+        lambda c, closed: ProposalOutcome(parsed=True, valid=False, cluster=c, closed=closed),
+        st.sampled_from("abc"),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda p, c, closed: ProposalOutcome(parsed=True, valid=True, solve_rate=p, cluster=c, closed=closed),
+        st.one_of(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), st.floats(0, 1)),
+        st.one_of(st.none(), st.sampled_from("abc")),
+        st.booleans(),
+    ),
+)
 weights = st.one_of(st.floats(0, MixerConfig().repetition_weight_max), st.floats(0, 1e6))
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(outcome, min_size=1, max_size=24), weights, st.sampled_from(LEARNABILITY),
-       st.sampled_from(sorted(CLOSED_INVALID)))
+@given(
+    st.lists(outcome, min_size=1, max_size=24),
+    weights,
+    st.sampled_from(LEARNABILITY),
+    st.sampled_from(sorted(CLOSED_INVALID)),
+)
 def test_a_valid_proposal_never_scores_below_an_invalid_one(outcomes, weight, kind, closed_invalid):
     """Whatever the repetition weight (every value the mixer can set, and far beyond), the solve rates, the
     cluster sizes, the mix of valid, invalid and unparsable proposals in the batch, and the penalty of an answer
     closed inside its budget (a closed valid one is paid as any valid one)."""
-    rewards = generator_rewards(outcomes, repetition_weight=weight, learnability_kind=kind,
-                                closed_invalid=closed_invalid)
+    rewards = generator_rewards(
+        outcomes, repetition_weight=weight, learnability_kind=kind, closed_invalid=closed_invalid
+    )
     valid = [r for o, r in zip(outcomes, rewards) if o.valid]
     invalid = [r for o, r in zip(outcomes, rewards) if o.parsed and not o.valid]
     unparsable = [r for o, r in zip(outcomes, rewards) if not o.parsed]
-    assert all(r == (CLOSED_INVALID[closed_invalid] if o.closed else PENALTY_INVALID)
-               for o, r in zip(outcomes, rewards) if o.parsed and not o.valid)
+    assert all(
+        r == (CLOSED_INVALID[closed_invalid] if o.closed else PENALTY_INVALID)
+        for o, r in zip(outcomes, rewards)
+        if o.parsed and not o.valid
+    )
     assert all(r == PENALTY_UNPARSABLE for r in unparsable)
     assert all(VALID_FLOOR <= r <= 1.0 for r in valid)
     if valid and (invalid or unparsable):

@@ -7,8 +7,16 @@ import hypothesis
 import pytest
 
 from generator.grammars import mutation_grammar, prompt_grammar
-from generator.mutation import (Mutation, MutationError, choose_mutation_instruction, compile_mutation,
-                                format_mutation, parse_mutation, possible_edits, random_mutation)
+from generator.mutation import (
+    Mutation,
+    MutationError,
+    choose_mutation_instruction,
+    compile_mutation,
+    format_mutation,
+    parse_mutation,
+    possible_edits,
+    random_mutation,
+)
 from generator.schema import Task
 
 xgr = pytest.importorskip("xgrammar")
@@ -18,8 +26,11 @@ xgr = pytest.importorskip("xgrammar")
 def compiler():
     from selfplay.models.factory import train_tokenizer
 
-    tok = train_tokenizer(["REF 1\nEDIT add 3 take last 2\nEND\n", 'filter map sort "a" top_k window group'] * 20,
-                          vocab_size=400, kind="bpe")
+    tok = train_tokenizer(
+        ["REF 1\nEDIT add 3 take last 2\nEND\n", 'filter map sort "a" top_k window group'] * 20,
+        vocab_size=400,
+        kind="bpe",
+    )
     return tok, xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(tok, vocab_size=len(tok)))
 
 
@@ -43,8 +54,13 @@ def test_the_prompt_grammar_accepts_exactly_the_edits_that_compile(task_pool, co
             found = random_mutation(rng, refs, choose_mutation_instruction(rng, refs))
             if found is not None:
                 assert accepts(compiled, tok, format_mutation(found[0]))
-        for text in ("REF 3\nEDIT drop 1\nEND\n", "REF 1\nEDIT drop 7\nEND\n", "REF 1\nEDIT type float\nEND\n",
-                     "REF 1\nEDIT expr 1 palindrome x=1\nEND\n", "REF 2\nEDIT add 1 sink len\nEND\n"):
+        for text in (
+            "REF 3\nEDIT drop 1\nEND\n",
+            "REF 1\nEDIT drop 7\nEND\n",
+            "REF 1\nEDIT type float\nEND\n",
+            "REF 1\nEDIT expr 1 palindrome x=1\nEND\n",
+            "REF 2\nEDIT add 1 sink len\nEND\n",
+        ):
             mutation = parse_mutation(text)
             if isinstance(compile_mutation(mutation, refs), MutationError):
                 assert not accepts(compiled, tok, text), text
@@ -58,8 +74,11 @@ def test_a_prompt_without_a_possible_edit_has_no_grammar(task_pool):
 def test_the_catalogue_grammar_writes_every_string_constant(compiler):
     tok, comp = compiler
     compiled = comp.compile_grammar(mutation_grammar())
-    for text in ('REF 1\nEDIT set 1 map suffix s=".."\nEND\n', 'REF 1\nEDIT expr 2 replace c="a" d="*"\nEND\n',
-                 'REF 2\nEDIT const 1 s="-1"\nEND\n'):
+    for text in (
+        'REF 1\nEDIT set 1 map suffix s=".."\nEND\n',
+        'REF 1\nEDIT expr 2 replace c="a" d="*"\nEND\n',
+        'REF 2\nEDIT const 1 s="-1"\nEND\n',
+    ):
         assert accepts(compiled, tok, text), text
 
 
@@ -75,7 +94,7 @@ GOOD_BODIES = [
     "    groups = {}\n    for x in xs:\n        groups.setdefault(x % 3, []).append(x)\n"
     "    return [[k, sum(v)] for k, v in sorted(groups.items())]\n",
     "    seen = set()\n    out = []\n    while xs:\n        x = xs.pop()\n        if x not in seen:\n"
-    "            seen.add(x)\n            out.append(str(x) + \"!\")\n    return \", \".join(out)\n",
+    '            seen.add(x)\n            out.append(str(x) + "!")\n    return ", ".join(out)\n',
     "    d = {x: x ** 2 for x in xs}\n    a, b = xs[0], xs[-1]\n    xs[0] = d[a]\n"
     "    return max(x for x in xs) if xs else None\n",
     "    return {\"a\": 1, 'b': [xs[::-1], xs[1:], (1,), ()], 'c': 0.5, \"d\\n\": True is not False}\n",
@@ -125,7 +144,7 @@ def test_the_free_grammar_accepts_the_python_a_task_needs_and_rejects_what_does_
     for body in BAD_BODIES:
         assert not _parses("def solve(xs):\n" + body), body
         assert not free_matcher(FREE_HEAD + body + FREE_TAIL), body
-    for inputs in ("[007]\n", "[\"a\tb\"]\n", "[1,2]\n", "[]\n[-0.]\n"):  # json.loads rejects each
+    for inputs in ("[007]\n", '["a\tb"]\n', "[1,2]\n", "[]\n[-0.]\n"):  # json.loads rejects each
         assert not free_matcher(FREE_HEAD + "    return xs\nINPUTS:\n" + inputs + "END\n"), inputs
 
 
@@ -138,7 +157,7 @@ def near_miss(data, text: str, alphabet: str = NEAR_MISS_CHARS) -> str:
         i = data.draw(hypothesis.strategies.integers(0, len(text) - 1))
         c = data.draw(hypothesis.strategies.sampled_from(alphabet))
         op = data.draw(hypothesis.strategies.sampled_from(("delete", "insert", "replace")))
-        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert"):]
+        text = text[:i] + ("" if op == "delete" else c) + text[i + (op != "insert") :]
     return text
 
 
@@ -170,9 +189,10 @@ def tied_matcher(compiler):
         at = text.find("\nCODE:")
         if at < 0:
             return False
-        first, rest = text[: at + 1], text[at + 1:]
+        first, rest = text[: at + 1], text[at + 1 :]
         signature = first.split("\nSIGNATURE: ", 1)[-1].strip()
         return accepts(head, tok, first) and accepts(comp.compile_grammar(free_tail_grammar(signature)), tok, rest)
+
     return match
 
 
@@ -189,8 +209,14 @@ def test_the_tied_tail_takes_only_the_signatures_function_parameters_and_arity(t
     body = "    return xs[:k]\nINPUTS:\n[[1, -2, 30], 2]\n[[], 0]\nEND\n"
     for line in ("def solve(xs, k):\n", "def solve(xs: list[int], k: int) -> list[int]:\n", "def solve(xs, k: int):\n"):
         assert tied_matcher(head + line + body), line
-    for line in ("def solve(xs):\n", "def solve(k, xs):\n", "def solve(xs, k, j):\n", "def solve(ys, k):\n",
-                 "def solver(xs, k):\n", "def f(xs, k):\n"):
+    for line in (
+        "def solve(xs):\n",
+        "def solve(k, xs):\n",
+        "def solve(xs, k, j):\n",
+        "def solve(ys, k):\n",
+        "def solver(xs, k):\n",
+        "def f(xs, k):\n",
+    ):
         assert free_matcher(head + line + body), line  # one grammar cannot tell: the signature check did
         assert not tied_matcher(head + line + body), line
     for inputs in ("[[1, 2]]\n", "[[1], 2, 3]\n", "[[1], 2]\n[3]\n", "[]\n"):  # each line passes two arguments
@@ -215,8 +241,9 @@ def test_what_the_tied_stages_accept_parses_and_defines_the_signatures_function(
     from generator.agent import ProposalError, format_proposal, parse_proposal
     from generator.validity import parse_signature
 
-    text = near_miss(data, format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool))),
-                     NEAR_MISS_CHARS + "k")
+    text = near_miss(
+        data, format_proposal(data.draw(hypothesis.strategies.sampled_from(task_pool))), NEAR_MISS_CHARS + "k"
+    )
     if tied_matcher(text):
         parsed = parse_proposal(text)
         assert not isinstance(parsed, ProposalError), (text, parsed)

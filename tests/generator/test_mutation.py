@@ -6,36 +6,75 @@ from __future__ import annotations
 import random
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from generator.agent import ProposalError
 from generator.build import materialise, pipeline_params
 from generator.families.catalogue import AGGREGATES
-from generator.families.grammar import (INPUT_NAMES, GrammarError, check_pipeline, format_program, format_step,
-                                        parse_step, program_of)
+from generator.families.grammar import (
+    INPUT_NAMES,
+    GrammarError,
+    check_pipeline,
+    format_program,
+    format_step,
+    parse_step,
+    program_of,
+)
 from generator.families.steps import KINDS
-from generator.mutation import (INSTRUCTIONS, OPS, Edit, Mutation, MutationError, build_mutation_prompt,
-                                choose_mutation_instruction, compile_mutation, feasible_instructions, format_edit,
-                                format_mutation, known_program, parse_mutation, possible_edits, random_mutation)
+from generator.mutation import (
+    INSTRUCTIONS,
+    OPS,
+    Edit,
+    Mutation,
+    MutationError,
+    build_mutation_prompt,
+    choose_mutation_instruction,
+    compile_mutation,
+    feasible_instructions,
+    format_edit,
+    format_mutation,
+    known_program,
+    parse_mutation,
+    possible_edits,
+    random_mutation,
+)
 from generator.schema import Task
 from generator.splits import split_of
 from generator.validity import MemoryIndex, validate_many
 
 # ---- strategies: everything the syntax can express (names and values need not exist in the catalogue) -----------
 names = st.from_regex(r"[a-z_][a-z0-9_]{0,8}", fullmatch=True)
-values = st.one_of(st.integers(-999, 999), st.integers(-400, 400).map(lambda q: q / 4),
-                   st.from_regex(r'[A-Za-z0-9_!?.#*+\-]{0,6}', fullmatch=True))
+values = st.one_of(
+    st.integers(-999, 999),
+    st.integers(-400, 400).map(lambda q: q / 4),
+    st.from_regex(r"[A-Za-z0-9_!?.#*+\-]{0,6}", fullmatch=True),
+)
 arg_dicts = st.dictionaries(names, values, max_size=3)
 numbers = st.integers(0, 99)
 
 
 def steps_strategy():
-    named = st.builds(lambda kind, e, a: {"kind": kind, "expr": e, "args": a},
-                      st.sampled_from(["filter", "map", "sink"]), names, arg_dicts)
-    sort = st.builds(lambda k, a, d, i: {"kind": "sort", "key": k, "args": a, "desc": d, "in_place": i}, names,
-                     arg_dicts, st.booleans(), st.booleans())
-    top_k = st.builds(lambda key, a, k, big: {"kind": "top_k", "key": key, "args": a, "k": k, "largest": big}, names,
-                      arg_dicts, numbers, st.booleans())
+    named = st.builds(
+        lambda kind, e, a: {"kind": kind, "expr": e, "args": a},
+        st.sampled_from(["filter", "map", "sink"]),
+        names,
+        arg_dicts,
+    )
+    sort = st.builds(
+        lambda k, a, d, i: {"kind": "sort", "key": k, "args": a, "desc": d, "in_place": i},
+        names,
+        arg_dicts,
+        st.booleans(),
+        st.booleans(),
+    )
+    top_k = st.builds(
+        lambda key, a, k, big: {"kind": "top_k", "key": key, "args": a, "k": k, "largest": big},
+        names,
+        arg_dicts,
+        numbers,
+        st.booleans(),
+    )
     take = st.builds(lambda k, end: {"kind": "take", "k": k, "end": end}, numbers, st.sampled_from(["first", "last"]))
     window = st.builds(lambda w, agg: {"kind": "window", "w": w, "agg": agg}, numbers, names)
     group = st.builds(lambda k, v, agg: {"kind": "group", "key": k, "val": v, "agg": agg}, names, names, names)
@@ -45,8 +84,10 @@ def steps_strategy():
 
 EDITS = {  # op -> a strategy of its edits
     "const": st.builds(lambda at, n, v: Edit("const", at=at, name=n, value=v), numbers, names, values),
-    **{op: st.builds(lambda at, n, a, op=op: Edit(op, at=at, name=n, args=a), numbers, names, arg_dicts)
-       for op in ("key", "expr")},
+    **{
+        op: st.builds(lambda at, n, a, op=op: Edit(op, at=at, name=n, args=a), numbers, names, arg_dicts)
+        for op in ("key", "expr")
+    },
     **{op: st.builds(lambda at, op=op: Edit(op, at=at), numbers) for op in ("order", "drop")},
     "type": st.builds(lambda n: Edit("type", name=n), names),
     **{op: st.builds(lambda at, s, op=op: Edit(op, at=at, step=s), numbers, steps_strategy()) for op in ("add", "set")},
@@ -89,27 +130,35 @@ def test_damaged_answers_never_crash_the_parser(ref, edit, data):
     i = data.draw(st.integers(0, len(tokens) - 1))
     how = data.draw(st.sampled_from(["drop", "double", "replace"]))
     new = data.draw(st.text(max_size=6))
-    tokens = (tokens[:i] + tokens[i + 1:] if how == "drop" else tokens[:i + 1] + tokens[i:] if how == "double"
-              else tokens[:i] + [new] + tokens[i + 1:])
+    tokens = (
+        tokens[:i] + tokens[i + 1 :]
+        if how == "drop"
+        else tokens[: i + 1] + tokens[i:]
+        if how == "double"
+        else tokens[:i] + [new] + tokens[i + 1 :]
+    )
     assert isinstance(parse_mutation(" ".join(tokens)), (Mutation, ProposalError))
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("", "empty"),
-    ("REF 1\nEDIT drop 1\n", "END"),
-    ("EDIT drop 1\nEND", "line"),
-    ("REF one\nEDIT drop 1\nEND", "REF n"),
-    ("REF 1\nEDITS drop 1\nEND", "EDIT"),
-    ("REF 1\nEDIT explode 1\nEND", "unknown edit"),
-    ("REF 1\nEDIT drop\nEND", "step number"),
-    ("REF 1\nEDIT drop 1 2\nEND", "operand"),
-    ("REF 1\nEDIT const 1 k=\nEND", "value"),
-    ('REF 1\nEDIT const 1 c="a b"\nEND', "operand"),
-    ('REF 1\nEDIT const 1 c="a\\"b"\nEND', "value"),
-    ("REF 1\nEDIT add 1 sort abs\nEND", "asc or desc"),
-    ("REF 1\nEDIT add 1 launch rockets\nEND", "unknown step kind"),
-    ("REF 1\nEDIT key 1 mod m=3 m=4\nEND", "twice"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "empty"),
+        ("REF 1\nEDIT drop 1\n", "END"),
+        ("EDIT drop 1\nEND", "line"),
+        ("REF one\nEDIT drop 1\nEND", "REF n"),
+        ("REF 1\nEDITS drop 1\nEND", "EDIT"),
+        ("REF 1\nEDIT explode 1\nEND", "unknown edit"),
+        ("REF 1\nEDIT drop\nEND", "step number"),
+        ("REF 1\nEDIT drop 1 2\nEND", "operand"),
+        ("REF 1\nEDIT const 1 k=\nEND", "value"),
+        ('REF 1\nEDIT const 1 c="a b"\nEND', "operand"),
+        ('REF 1\nEDIT const 1 c="a\\"b"\nEND', "value"),
+        ("REF 1\nEDIT add 1 sort abs\nEND", "asc or desc"),
+        ("REF 1\nEDIT add 1 launch rockets\nEND", "unknown step kind"),
+        ("REF 1\nEDIT key 1 mod m=3 m=4\nEND", "twice"),
+    ],
+)
 def test_malformed_answers_say_why(text, reason):
     result = parse_mutation(text)
     assert isinstance(result, ProposalError) and reason in result.reason, result
@@ -316,11 +365,14 @@ def test_the_prompt_shows_every_reference_program(refs):
         build_mutation_prompt(refs, "explode")
 
 
-@pytest.mark.parametrize("bad", [
-    {"kind": "filter", "expr": "gt", "args": {}},
-    {"kind": "window", "w": 3, "agg": "sum"},  # on str
-    {"kind": "group", "key": "parity", "val": "value", "agg": "sum"},  # on str
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "filter", "expr": "gt", "args": {}},
+        {"kind": "window", "w": 3, "agg": "sum"},  # on str
+        {"kind": "group", "key": "parity", "val": "value", "agg": "sum"},  # on str
+    ],
+)
 def test_check_pipeline_names_what_is_wrong(bad):
     with pytest.raises(GrammarError, match="step 1"):
         check_pipeline("list:str", [bad])
@@ -366,8 +418,9 @@ def test_possible_edits_are_exactly_the_edits_that_compile(refs):
             assert split_of(task.params) == "train"
 
 
-@settings(max_examples=40, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(data=st.data(), instruction=st.sampled_from(sorted(INSTRUCTIONS)), seed=st.integers(0, 10**6))
 def test_possible_edits_hold_every_drawn_mutation(task_pool, data, instruction, seed):
     train = [t for t in task_pool if t.split == "train"]
@@ -391,15 +444,18 @@ def test_possible_edits_leave_out_programs_the_corpus_holds(refs):
     assert {format_edit(e) for e in free[2]} == {format_edit(e) for e in known[2]}
 
 
-@pytest.mark.parametrize("steps, text, same", [
-    (["filter gt k=3", "map mul k=2", "sink sum"], "add 1 sort abs desc", True),  # the sum sees no order
-    (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 reverse", True),
-    (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 take first 2", False),  # which two depends on the order
-    (["filter gt k=3", "filter even", "reverse"], "swap 1 2", True),  # two filters commute
-    (["filter gt k=3", "filter even", "reverse"], "swap 2 3", True),  # a filter and a reverse commute
-    (["filter gt k=3", "map mul k=2", "reverse"], "swap 1 2", False),  # a filter and a map do not
-    (["sort abs desc", "take first 2"], "add 2 reverse", False),
-])
+@pytest.mark.parametrize(
+    "steps, text, same",
+    [
+        (["filter gt k=3", "map mul k=2", "sink sum"], "add 1 sort abs desc", True),  # the sum sees no order
+        (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 reverse", True),
+        (["filter gt k=3", "map mul k=2", "sink sum"], "add 3 take first 2", False),  # which two depends on the order
+        (["filter gt k=3", "filter even", "reverse"], "swap 1 2", True),  # two filters commute
+        (["filter gt k=3", "filter even", "reverse"], "swap 2 3", True),  # a filter and a reverse commute
+        (["filter gt k=3", "map mul k=2", "reverse"], "swap 1 2", False),  # a filter and a map do not
+        (["sort abs desc", "take first 2"], "add 2 reverse", False),
+    ],
+)
 def test_edits_the_outputs_cannot_show_change_nothing(steps, text, same):
     ref = reference("list_int", steps, tid="ref-o")
     result = compile_mutation(parse_mutation(f"REF 1\nEDIT {text}\nEND"), [ref])

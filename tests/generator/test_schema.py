@@ -13,39 +13,72 @@ from generator.fingerprint import ast_hash, task_id
 from generator.schema import SCHEMA_VERSION, SchemaError, Task, check_json_value
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**12, 10**12) | st.floats(allow_nan=False, allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**12), 10**12)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
-    max_leaves=12)
-tests_st = st.lists(st.fixed_dictionaries({"input": st.lists(json_values, max_size=3), "output": json_values}),
-                    max_size=4)
+    max_leaves=12,
+)
+tests_st = st.lists(
+    st.fixed_dictionaries({"input": st.lists(json_values, max_size=3), "output": json_values}), max_size=4
+)
 
 
 def make(**kw):
-    base = dict(id="t1", family="list_int", source="procedural", split="train", level=2,
-                description="Sort it.", entry_point="solve", signature="def solve(xs: list[int]) -> list[int]",
-                reference_solution="def solve(xs):\n    return sorted(xs)\n")
+    base = dict(
+        id="t1",
+        family="list_int",
+        source="procedural",
+        split="train",
+        level=2,
+        description="Sort it.",
+        entry_point="solve",
+        signature="def solve(xs: list[int]) -> list[int]",
+        reference_solution="def solve(xs):\n    return sorted(xs)\n",
+    )
     base.update(kw)
     return Task(**base)
 
 
 @settings(max_examples=60, deadline=None)
-@given(visible=tests_st, hidden=tests_st, params=st.dictionaries(st.text(max_size=5), json_values, max_size=3),
-       difficulty=st.none() | st.floats(0, 1), parents=st.lists(st.text(max_size=6), max_size=3),
-       step=st.integers(0, 10**9), source=st.sampled_from(["procedural", "generator", "import"]))
+@given(
+    visible=tests_st,
+    hidden=tests_st,
+    params=st.dictionaries(st.text(max_size=5), json_values, max_size=3),
+    difficulty=st.none() | st.floats(0, 1),
+    parents=st.lists(st.text(max_size=6), max_size=3),
+    step=st.integers(0, 10**9),
+    source=st.sampled_from(["procedural", "generator", "import"]),
+)
 def test_json_round_trip_is_exact(visible, hidden, params, difficulty, parents, step, source):
-    task = make(visible_tests=visible, hidden_tests=hidden, params=params, difficulty=difficulty,
-                parent_ids=parents, created_step=step, source=source, checks={"parses": True, "novel": False})
+    task = make(
+        visible_tests=visible,
+        hidden_tests=hidden,
+        params=params,
+        difficulty=difficulty,
+        parent_ids=parents,
+        created_step=step,
+        source=source,
+        checks={"parses": True, "novel": False},
+    )
     text = task.to_json()
     back = Task.from_json(text)
     assert back == task and back.to_json() == text
     assert json.loads(text)["schema_version"] == SCHEMA_VERSION
 
 
-@pytest.mark.parametrize("value, message", [
-    ((1, 2), "tuple is not a JSON value"), ({1, 2}, "set is not a JSON value"), (math.nan, "not a finite"),
-    ({1: "a"}, "dict key 1 is not a string"), ([b"x"], "bytes is not a JSON value"),
-])
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        ((1, 2), "tuple is not a JSON value"),
+        ({1, 2}, "set is not a JSON value"),
+        (math.nan, "not a finite"),
+        ({1: "a"}, "dict key 1 is not a string"),
+        ([b"x"], "bytes is not a JSON value"),
+    ],
+)
 def test_non_json_values_are_refused(value, message):
     with pytest.raises(SchemaError, match=message):
         check_json_value(value, "x")
@@ -53,12 +86,17 @@ def test_non_json_values_are_refused(value, message):
         make(hidden_tests=[{"input": [value], "output": 1}]).validate_shape()
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"level": 7}, "level must be an integer 1..4"), ({"source": "web"}, "source 'web'"),
-    ({"difficulty": 1.5}, "difficulty"), ({"parent_ids": "t0"}, "parent_ids"),
-    ({"visible_tests": [{"input": 3, "output": 1}]}, "visible_tests\\[0\\].input must be a list"),
-    ({"hidden_tests": [{"args": []}]}, "hidden_tests\\[0\\] must be"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"level": 7}, "level must be an integer 1..4"),
+        ({"source": "web"}, "source 'web'"),
+        ({"difficulty": 1.5}, "difficulty"),
+        ({"parent_ids": "t0"}, "parent_ids"),
+        ({"visible_tests": [{"input": 3, "output": 1}]}, "visible_tests\\[0\\].input must be a list"),
+        ({"hidden_tests": [{"args": []}]}, "hidden_tests\\[0\\] must be"),
+    ],
+)
 def test_bad_fields_are_named(change, message):
     data = make().to_dict()
     data.update(change)
@@ -80,7 +118,8 @@ def test_missing_unknown_and_future_fields():
 
 
 names = st.from_regex(r"[a-z][a-z0-9_]{0,6}", fullmatch=True).filter(
-    lambda n: not keyword.iskeyword(n) and n not in dir(builtins) and n != "x")
+    lambda n: not keyword.iskeyword(n) and n not in dir(builtins) and n != "x"
+)
 
 
 @settings(max_examples=60, deadline=None)

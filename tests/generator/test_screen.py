@@ -3,7 +3,8 @@ and its screen passes a compiled mutation only when the novelty check would."""
 
 import random
 
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from generator.families.grammar import program_of
 from generator.mutation import choose_mutation_instruction, random_mutation

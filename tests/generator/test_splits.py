@@ -39,12 +39,15 @@ def test_drawn_params_belong_to_their_split(seed, split, data):
 
 
 @settings(max_examples=50, deadline=None)
-@given(types=st.lists(st.sampled_from(["int", "float", "str", "record", "tuple"]), min_size=1, max_size=3,
-                      unique=True),
-       depth=st.integers(2, 5), seed=st.integers(0, 2**16))
+@given(
+    types=st.lists(st.sampled_from(["int", "float", "str", "record", "tuple"]), min_size=1, max_size=3, unique=True),
+    depth=st.integers(2, 5),
+    seed=st.integers(0, 2**16),
+)
 def test_custom_split_config_is_honoured(types, depth, seed):
-    cfg = BuildConfig(splits=SplitConfig(heldout_types=tuple(types), heldout_pairs=("sort+take",),
-                                         train_max_depth=depth))
+    cfg = BuildConfig(
+        splits=SplitConfig(heldout_types=tuple(types), heldout_pairs=("sort+take",), train_max_depth=depth)
+    )
     rng = random.Random(seed)
     for split in ("train", "heldout_types", "heldout_compositions", "deeper"):
         params = sample_params(rng, levels_for(split)[0], split, cfg)
@@ -73,13 +76,16 @@ def test_check_disjoint_finds_leaks(task_pool):
     assert any("same program" in p for p in check_disjoint(train, [copy]))
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"heldout_types": ("complex",)}, "held-out type 'complex'"),
-    ({"heldout_pairs": ("sort",)}, "held-out pair 'sort'"),
-    ({"heldout_pairs": ("sort+sort",)}, "held-out pair"),
-    ({"heldout_types": ("int", "float", "str", "record", "tuple")}, "nothing is left to train on"),
-    ({"train_max_depth": 0}, "train_max_depth"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"heldout_types": ("complex",)}, "held-out type 'complex'"),
+        ({"heldout_pairs": ("sort",)}, "held-out pair 'sort'"),
+        ({"heldout_pairs": ("sort+sort",)}, "held-out pair"),
+        ({"heldout_types": ("int", "float", "str", "record", "tuple")}, "nothing is left to train on"),
+        ({"train_max_depth": 0}, "train_max_depth"),
+    ],
+)
 def test_bad_split_config_is_refused(kwargs, message):
     with pytest.raises(SplitError, match=message):
         SplitConfig(**kwargs)
@@ -92,9 +98,11 @@ def test_unknown_split_is_refused():
 
 def test_split_config_from_the_selfplay_config():
     from selfplay.runtime.config import load_config
+
     cfg = load_config(None, ["tasks.heldout_types=[str]", "tasks.train_max_depth=3"])
     splits = SplitConfig.from_config(cfg.tasks)
     assert splits.heldout_types == ("str",) and splits.train_max_depth == 3
     from selfplay.runtime.errors import UserError
+
     with pytest.raises(UserError, match="held-out split 'easy'"):  # load_config checks the tasks section
         load_config(None, ["tasks.heldout_splits=[easy]"])

@@ -7,7 +7,6 @@ the SandboxUnavailable message when Docker is not usable, so CI cannot silently 
 from __future__ import annotations
 
 import pytest
-
 from sandbox_testlib import BACKENDS, open_backend
 
 

@@ -12,16 +12,15 @@ import pytest
 
 import sandbox
 
-HOSTILE_TIMEOUT_S = 1.5     # hostile programs get short limits so the suite stays fast
+HOSTILE_TIMEOUT_S = 1.5  # hostile programs get short limits so the suite stays fast
 HOSTILE_MEMORY_MB = 256
-NEXT_PROGRAMS = 40          # programs that must pass after a hostile one
+NEXT_PROGRAMS = 40  # programs that must pass after a hostile one
 
 BACKENDS = ["process", pytest.param("docker", marks=pytest.mark.docker)]
 
 
 def open_backend(backend: str, **kwargs) -> sandbox.Sandbox:
-    kwargs = {"workers": 2, "timeout_s": HOSTILE_TIMEOUT_S, "memory_mb": HOSTILE_MEMORY_MB, "cache": False,
-              **kwargs}
+    kwargs = {"workers": 2, "timeout_s": HOSTILE_TIMEOUT_S, "memory_mb": HOSTILE_MEMORY_MB, "cache": False, **kwargs}
     try:
         return sandbox.open_sandbox(backend=backend, **kwargs)
     except sandbox.SandboxUnavailable as exc:

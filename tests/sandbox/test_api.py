@@ -10,10 +10,10 @@ import sys
 import threading
 
 import pytest
+from sandbox_testlib import assert_healthy, open_backend
 
 import sandbox
 import sandbox.pool
-from sandbox_testlib import assert_healthy, open_backend
 
 
 def test_ok_error_and_output(sb):
@@ -52,8 +52,10 @@ def test_run_many_keeps_input_order(sb):
 
 
 def test_run_tests_many_keeps_order(sb):
-    jobs = [dict(solution=f"def f(x):\n    return x + {k}\n", entry_point="f", inputs=[[1], [2]],
-                 expected=[1 + k, 2 + k]) for k in range(6)]
+    jobs = [
+        dict(solution=f"def f(x):\n    return x + {k}\n", entry_point="f", inputs=[[1], [2]], expected=[1 + k, 2 + k])
+        for k in range(6)
+    ]
     jobs[2]["expected"] = [0, 0]
     reports = sb.run_tests_many(jobs)
     assert [r.all_passed for r in reports] == [True, True, False, True, True, True]
@@ -62,16 +64,19 @@ def test_run_tests_many_keeps_order(sb):
 def test_results_round_trip_through_dicts(sb):
     r = sb.run("print('x')")
     assert sandbox.ExecResult.from_dict(r.to_dict()) == r
-    rep = sb.run_tests("def f(x):\n    return [x, 1.5]\n", "f", [[1], [2]], [[1, 1.5], [0, 0]],
-                       record_calls=True)
+    rep = sb.run_tests("def f(x):\n    return [x, 1.5]\n", "f", [[1], [2]], [[1, 1.5], [0, 0]], record_calls=True)
     d = rep.to_dict()
     assert (d["passed"], d["total"], d["all_passed"]) == (1, 2, False)
     assert sandbox.TestReport.from_dict(d) == rep
 
 
 def test_floats_nan_and_tuples_compare_after_normalisation(sb):
-    rep = sb.run_tests("def f(x):\n    return [x / 3, float('nan'), (1, 2), {1: 'a'}]\n", "f", [[1.0]],
-                       [[0.3333333333, math.nan, [1, 2], {"1": "a"}]])
+    rep = sb.run_tests(
+        "def f(x):\n    return [x / 3, float('nan'), (1, 2), {1: 'a'}]\n",
+        "f",
+        [[1.0]],
+        [[0.3333333333, math.nan, [1, 2], {"1": "a"}]],
+    )
     assert rep.all_passed, rep
 
 
@@ -106,20 +111,23 @@ def test_trace_log_records_runs(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- bad calls
-@pytest.mark.parametrize("kwargs, words", [
-    (dict(backend="kubernetes"), "unknown sandbox backend"),
-    (dict(workers=0), "workers=0"),
-    (dict(workers="4"), "workers='4'"),
-    (dict(timeout_s=-1), "timeout_s=-1"),
-    (dict(timeout_s=float("inf")), "timeout_s=inf"),
-    (dict(timeout_s=10 ** 9), "timeout_s"),
-    (dict(memory_mb=1), "memory_mb=1"),
-    (dict(memory_mb=10 ** 12), "memory_mb"),
-    (dict(memory_mb=256.5), "memory_mb"),
-    (dict(output_limit=0), "output_limit=0"),
-    (dict(colour="blue"), "unknown option"),
-    (dict(python="/no/such/python3"), "python='/no/such/python3'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        (dict(backend="kubernetes"), "unknown sandbox backend"),
+        (dict(workers=0), "workers=0"),
+        (dict(workers="4"), "workers='4'"),
+        (dict(timeout_s=-1), "timeout_s=-1"),
+        (dict(timeout_s=float("inf")), "timeout_s=inf"),
+        (dict(timeout_s=10**9), "timeout_s"),
+        (dict(memory_mb=1), "memory_mb=1"),
+        (dict(memory_mb=10**12), "memory_mb"),
+        (dict(memory_mb=256.5), "memory_mb"),
+        (dict(output_limit=0), "output_limit=0"),
+        (dict(colour="blue"), "unknown option"),
+        (dict(python="/no/such/python3"), "python='/no/such/python3'"),
+    ],
+)
 def test_bad_open_arguments(kwargs, words):
     with pytest.raises(sandbox.SandboxConfigError, match=words) as info:
         sandbox.open_sandbox(**kwargs)
@@ -244,9 +252,11 @@ def test_a_failed_restart_is_our_fault_and_retried():
 def test_default_workers_follow_the_cpu_affinity_not_the_machine():
     # One worker per CPU this process may use: under `--cpus-per-task` (or taskset) a job gets its share of a node,
     # and a pool sized by os.cpu_count() would start a worker per core of the whole machine on it.
-    code = ("import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); import sandbox; "
-            "sb = sandbox.open_sandbox(backend='process'); "
-            "print(sandbox.usable_cpus(), len(sb._pool.workers), os.cpu_count()); sb.close()")
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]}); import sandbox; "
+        "sb = sandbox.open_sandbox(backend='process'); "
+        "print(sandbox.usable_cpus(), len(sb._pool.workers), os.cpu_count()); sb.close()"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     usable, workers, machine = map(int, out.stdout.split())

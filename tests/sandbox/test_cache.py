@@ -55,8 +55,15 @@ def test_get_put_marks_cached_and_returns_copies():
     assert got == {**RESULT, "cached": True}
     got["stdout"] = "tampered"
     assert cache.get(key)["stdout"] == "2\n"
-    assert cache.stats() == {"hits": 2, "misses": 1, "hit_rate": 2 / 3, "puts": 1, "skipped": 0,
-                             "disk_errors": 0, "items": 1}
+    assert cache.stats() == {
+        "hits": 2,
+        "misses": 1,
+        "hit_rate": 2 / 3,
+        "puts": 1,
+        "skipped": 0,
+        "disk_errors": 0,
+        "items": 1,
+    }
 
 
 @pytest.mark.parametrize("status", ["killed", "sandbox_error", "weird", None])
@@ -135,7 +142,8 @@ def test_several_processes_share_one_file(tmp_path):
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
-    max_leaves=10)
+    max_leaves=10,
+)
 
 
 @settings(max_examples=150, deadline=None)
@@ -153,9 +161,10 @@ def test_canonical_json_ignores_key_order(d):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.sampled_from(["x = 1", "y = x + 2", "print(y)", "def g():\n    return 3", "# note", ""]),
-                max_size=6),
-       st.integers(0, 3))
+@given(
+    st.lists(st.sampled_from(["x = 1", "y = x + 2", "print(y)", "def g():\n    return 3", "# note", ""]), max_size=6),
+    st.integers(0, 3),
+)
 def test_key_is_layout_invariant(lines, blank_lines):
     # the same statements with extra blank lines and comments give the same key
     plain = "\n".join(lines)
@@ -184,7 +193,6 @@ def test_sandbox_results_say_whether_they_were_cached_and_the_file_is_shared(tmp
 
 def test_measure_hit_cost_reports_a_hit(capsys):
     import sandbox
-
     from sandbox.cache import measure_hit_cost
 
     with sandbox.open_sandbox("process", workers=1) as sb:

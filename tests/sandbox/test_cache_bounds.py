@@ -3,9 +3,9 @@ a wrong program's large outputs cost a re-run, not the trainer's memory or the r
 
 from __future__ import annotations
 
+from sandbox_testlib import open_backend
 
 from sandbox.cache import MAX_ENTRY_BYTES, ResultCache
-from sandbox_testlib import open_backend
 
 
 def result(i: int, size: int) -> dict:

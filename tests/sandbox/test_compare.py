@@ -11,11 +11,12 @@ from hypothesis import strategies as st
 import sandbox
 from sandbox import normalize, outputs_equal
 
-scalars = st.none() | st.booleans() | st.integers(-10 ** 20, 10 ** 20) | st.floats() | st.text(max_size=20)
+scalars = st.none() | st.booleans() | st.integers(-(10**20), 10**20) | st.floats() | st.text(max_size=20)
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=5) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=8), inner, max_size=5),
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
     max_leaves=20,
 )
 
@@ -86,15 +87,27 @@ def test_child_serialisation_matches_normalize(sb, value):
 
 
 # ------------------------------------------------------------------- the compare is total over protocol values
-huge_ints = st.builds(lambda sign, e, d: sign * (10 ** e + d), st.sampled_from([1, -1]), st.integers(300, 2000),
-                      st.integers(0, 10 ** 6))
-any_scalars = (st.none() | st.booleans() | st.integers() | huge_ints | st.floats(allow_nan=True, allow_infinity=True)
-               | st.text(max_size=10) | st.binary(max_size=4) | st.complex_numbers(allow_nan=True))
+huge_ints = st.builds(
+    lambda sign, e, d: sign * (10**e + d), st.sampled_from([1, -1]), st.integers(300, 2000), st.integers(0, 10**6)
+)
+any_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | huge_ints
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=10)
+    | st.binary(max_size=4)
+    | st.complex_numbers(allow_nan=True)
+)
 any_values = st.recursive(
     any_scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner)
-    | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
-    | st.frozensets(st.integers() | huge_ints | st.text(max_size=4), max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.tuples(inner, inner)
+        | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=4)
+        | st.frozensets(st.integers() | huge_ints | st.text(max_size=4), max_size=3)
+    ),
     max_leaves=25,
 )
 
@@ -155,17 +168,17 @@ def _jsonable(value):
 
 
 def test_a_huge_int_against_a_float_is_compared_not_raised():
-    assert not outputs_equal(10 ** 400, 1.5) and not outputs_equal(-(10 ** 400), -1.5)
-    assert not outputs_equal(10 ** 400, math.inf) and not outputs_equal(10 ** 400, math.nan)
-    assert not outputs_equal([1, {"a": 10 ** 400}], [1, {"a": 2.0}])
-    assert outputs_equal(2 ** 1024 - 1, 1.7976931348623157e308)  # within the tolerance, exactly computed
-    assert outputs_equal(10 ** 400, 10 ** 400) and not outputs_equal(10 ** 400 + 1, 10 ** 400)
+    assert not outputs_equal(10**400, 1.5) and not outputs_equal(-(10**400), -1.5)
+    assert not outputs_equal(10**400, math.inf) and not outputs_equal(10**400, math.nan)
+    assert not outputs_equal([1, {"a": 10**400}], [1, {"a": 2.0}])
+    assert outputs_equal(2**1024 - 1, 1.7976931348623157e308)  # within the tolerance, exactly computed
+    assert outputs_equal(10**400, 10**400) and not outputs_equal(10**400 + 1, 10**400)
 
 
 def test_any_nesting_depth_compares():
     for depth in (1000, 50_000):
         assert outputs_equal(_nested(depth, 1), _nested(depth, 1.0))
-        assert not outputs_equal(_nested(depth, 10 ** 400), _nested(depth, 1.0))
+        assert not outputs_equal(_nested(depth, 10**400), _nested(depth, 1.0))
 
 
 def test_values_whose_equality_raises_are_not_equal():
@@ -181,14 +194,18 @@ def test_values_whose_equality_raises_are_not_equal():
 def test_an_int_too_large_for_a_float_fails_its_test_through_run_tests(sb):
     program = "def f(x):\n    return 10 ** 400 if x else 2.5\n"
     rep = sb.run_tests(program, "f", [[1], [0]], [1.5, 2.5])
-    assert rep.status == "ok" and rep.tests[0].status == "ok" and rep.tests[0].output == 10 ** 400
+    assert rep.status == "ok" and rep.tests[0].status == "ok" and rep.tests[0].output == 10**400
     assert [t.passed for t in rep.tests] == [False, True]
     rep = sb.run_tests(program, "f", [[1]], [[1.5]])
     assert rep.tests[0].passed is False
 
 
 json_protocol = st.recursive(
-    st.none() | st.booleans() | st.integers() | huge_ints | st.floats(allow_nan=True, allow_infinity=True)
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | huge_ints
+    | st.floats(allow_nan=True, allow_infinity=True)
     | st.text(max_size=10),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
     max_leaves=15,

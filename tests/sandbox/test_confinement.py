@@ -13,14 +13,15 @@ import tempfile
 import textwrap
 
 import pytest
+from sandbox_testlib import BACKENDS, HOSTILE_MEMORY_MB, assert_nothing_left, open_backend, server_fds, unix_listener
 
 import sandbox
 from sandbox import forkserver
-from sandbox_testlib import (BACKENDS, HOSTILE_MEMORY_MB, assert_nothing_left, open_backend, server_fds,
-                             unix_listener)
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="cgroups, the pid namespace and the programs' own root "
-                                                        "need the process backend's server to run as root")
+ROOT_ONLY = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="cgroups, the pid namespace and the programs' own root need the process backend's server to run as root",
+)
 BLOCK_MB = 90  # what each child of a tree holds: under memory_mb=128 per process, over it for three together
 
 
@@ -98,8 +99,7 @@ def same_uid_box(request):
     RLIMIT_NPROC never limits (the kernel exempts uid 0); on Docker the usual containers."""
     if request.param == "process" and os.geteuid() != 0:
         pytest.skip("the pids cgroup needs the process backend's server to run as root")
-    box = open_backend(request.param, isolate_user=False) if request.param == "process" \
-        else open_backend(request.param)
+    box = open_backend(request.param, isolate_user=False) if request.param == "process" else open_backend(request.param)
     yield box
     box.close()
 
@@ -118,9 +118,11 @@ def test_a_fork_bomb_is_held_by_the_pids_limit(same_uid_box):
 def test_a_program_sees_no_host_process():
     """Its own pid namespace: at most its own tree and the namespace's init, and no way to address the server
     (outside the namespace: its parent pid reads 0), with a uid of its own or as uid 0 without capabilities."""
-    probe = ("import json, os\nchild = os.fork()\nif child == 0:\n    import time; time.sleep(5); os._exit(0)\n"
-             "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
-             "print(json.dumps({'pids': pids, 'me': os.getpid(), 'child': child, 'ppid': os.getppid()}))\n")
+    probe = (
+        "import json, os\nchild = os.fork()\nif child == 0:\n    import time; time.sleep(5); os._exit(0)\n"
+        "pids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
+        "print(json.dumps({'pids': pids, 'me': os.getpid(), 'child': child, 'ppid': os.getppid()}))\n"
+    )
     for options in ({}, {"isolate_user": False}):
         box = open_backend("process", workers=1, **options)
         try:
@@ -283,14 +285,14 @@ HOSTILE = {  # each leaves something behind if the sandbox let it: processes, fi
     "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
     "daemon": "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(60)\n",
     "threads": "import threading, time\nfor _ in range(20):\n    threading.Thread(target=time.sleep, args=(60,),"
-               " daemon=True).start()\ntime.sleep(60)\n",
+    " daemon=True).start()\ntime.sleep(60)\n",
     "files": "import os\nfor d in ('/tmp', '/var/tmp', '/dev/shm', '/run/lock', '.'):\n    try:\n"
-             "        os.mkfifo(os.path.join(d, 'fifo'))\n        open(os.path.join(d, 'f'), 'w').write('x')\n"
-             "        os.chmod(d if d != '.' else '.', 0o500)\n    except OSError:\n        pass\n",
+    "        os.mkfifo(os.path.join(d, 'fifo'))\n        open(os.path.join(d, 'f'), 'w').write('x')\n"
+    "        os.chmod(d if d != '.' else '.', 0o500)\n    except OSError:\n        pass\n",
     "sysv": "import ctypes\nlibc = ctypes.CDLL(None)\nfor k in range(5):\n"
-            "    libc.shmget(0x5E1F0100 + k, 1 << 16, 0o1666); libc.semget(0x5E1F0200 + k, 1, 0o1666)\n",
+    "    libc.shmget(0x5E1F0100 + k, 1 << 16, 0o1666); libc.semget(0x5E1F0200 + k, 1, 0o1666)\n",
     "descriptors": "import os, socket, time\nfds = [os.open('/dev/null', os.O_RDONLY) for _ in range(40)]\n"
-                   "s = socket.socket(socket.AF_UNIX)\ns.bind('/tmp/listen.sock')\ns.listen(1)\ntime.sleep(60)\n",
+    "s = socket.socket(socket.AF_UNIX)\ns.bind('/tmp/listen.sock')\ns.listen(1)\ntime.sleep(60)\n",
     "memory_tree": MEMORY_TREE.format(n=6, mb=BLOCK_MB),
     "tmp_flood": FILL_TMP,
 }

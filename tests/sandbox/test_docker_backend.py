@@ -175,8 +175,10 @@ def test_replacement_impossible_is_an_error_then_the_pool_recovers(client):
 @pytest.mark.docker
 def test_program_killing_its_server_gets_status_and_pool_recovers():
     with sandbox.open_sandbox(backend="docker", workers=1, cache=False) as box:
-        r = box.run("import os, signal\nos.kill(1, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n"
-                    "import ctypes\nctypes.string_at(0)")
+        r = box.run(
+            "import os, signal\nos.kill(1, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)\n"
+            "import ctypes\nctypes.string_at(0)"
+        )
         assert r.status in ("killed", "error")
         assert box.run("print(2)").stdout == "2\n"
 
@@ -226,8 +228,15 @@ def test_engine_not_running_is_a_one_line_error(monkeypatch, tmp_path):
     assert "\n" not in message and "dockerd" in message and "docker info" in message
 
 
-@pytest.mark.parametrize("options, word", [({"max_programs": -1}, "max_programs"), ({"cpus": 0}, "cpus"),
-                                           ({"pids_limit": 2}, "pids_limit"), ({"netwrk": "host"}, "netwrk")])
+@pytest.mark.parametrize(
+    "options, word",
+    [
+        ({"max_programs": -1}, "max_programs"),
+        ({"cpus": 0}, "cpus"),
+        ({"pids_limit": 2}, "pids_limit"),
+        ({"netwrk": "host"}, "netwrk"),
+    ],
+)
 def test_bad_options_are_config_errors(options, word):
     with pytest.raises(sandbox.SandboxConfigError, match=word):
         sandbox.open_sandbox(backend="docker", **options)

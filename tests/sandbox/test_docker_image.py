@@ -2,8 +2,7 @@
 
 import pytest
 
-from sandbox.image import (DEFAULT_IMAGE, ImageBuildError, RECIPE_LABEL, build_image, connect, image_recipe,
-                           recipe_hash)
+from sandbox.image import DEFAULT_IMAGE, RECIPE_LABEL, ImageBuildError, build_image, connect, image_recipe, recipe_hash
 from selfplay.cli import main
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+from sandbox_testlib import assert_healthy, forged_frames
 
 import sandbox
 from sandbox.incremental import IncrementalRunner, analyse
-from sandbox_testlib import assert_healthy, forged_frames
 
 
 def dedent(source: str) -> str:
@@ -45,20 +45,25 @@ def test_an_early_exit_is_never_ok(sb, name):
 
 
 def test_a_program_that_runs_to_its_end_is_ok_whatever_it_did_on_the_way(sb):
-    r = sb.run(dedent("""
+    r = sb.run(
+        dedent("""
         import sys
         try:
             sys.exit(3)
         except SystemExit:
             pass
         print("the end")
-    """))
+    """)
+    )
     assert r.status == "ok" and r.stdout == "the end\n", r
 
 
 def test_garbage_on_the_harness_descriptors_is_not_an_end(sb):
-    for source in ("import os\nos.write(3, b'?')\nos._exit(0)", "import os\nos.close(3)\nos.close(4)",
-                   "import os\nos.write(3, b'!' + b'0' * 32)\nos._exit(0)"):
+    for source in (
+        "import os\nos.write(3, b'?')\nos._exit(0)",
+        "import os\nos.close(3)\nos.close(4)",
+        "import os\nos.write(3, b'!' + b'0' * 32)\nos._exit(0)",
+    ):
         r = sb.run(source)
         assert r.status == "error", (source, r)
 
@@ -89,8 +94,9 @@ def test_sigxcpu_sent_to_itself_is_not_a_timeout(sb):
 
 
 def test_a_test_that_exits_with_114_is_the_program_s_failure(sb):
-    rep = sb.run_tests("import os\ndef f(x):\n    if x == 1:\n        os._exit(114)\n    return x\n", "f",
-                       [[0], [1], [2]], [0, 1, 2])
+    rep = sb.run_tests(
+        "import os\ndef f(x):\n    if x == 1:\n        os._exit(114)\n    return x\n", "f", [[0], [1], [2]], [0, 1, 2]
+    )
     assert rep.status == "ok" and [t.passed for t in rep.tests] == [True, False, True], rep
     assert rep.tests[1].status == "error"
 
@@ -125,7 +131,7 @@ def test_durations_are_the_parent_s(sb):
 
 
 # ------------------------------------------------------------------------------------- incremental reuse
-SQUARE_PROFILE_OFF = dedent('''
+SQUARE_PROFILE_OFF = dedent("""
     import sys
 
     def helper(x):
@@ -134,9 +140,9 @@ SQUARE_PROFILE_OFF = dedent('''
     def solve(x):
         getattr(sys, "setprofile")(None)
         return helper(x)
-''')
+""")
 
-SQUARE_IN_SERIALISATION = dedent('''
+SQUARE_IN_SERIALISATION = dedent("""
     def helper(x):
         return x * x
 
@@ -146,13 +152,17 @@ SQUARE_IN_SERIALISATION = dedent('''
 
     def solve(x):
         return Lazy(x=x)
-''')
+""")
 
 
-@pytest.mark.parametrize("source,wrong", [
-    (SQUARE_PROFILE_OFF, SQUARE_PROFILE_OFF.replace("x * x", "-1")),
-    (SQUARE_IN_SERIALISATION, SQUARE_IN_SERIALISATION.replace("x * x", "-1")),
-], ids=["profile-switched-off", "helper-runs-while-serialising"])
+@pytest.mark.parametrize(
+    "source,wrong",
+    [
+        (SQUARE_PROFILE_OFF, SQUARE_PROFILE_OFF.replace("x * x", "-1")),
+        (SQUARE_IN_SERIALISATION, SQUARE_IN_SERIALISATION.replace("x * x", "-1")),
+    ],
+    ids=["profile-switched-off", "helper-runs-while-serialising"],
+)
 def test_incremental_reuse_never_outlives_an_edit(sb, source, wrong):
     inputs = [[2], [3]]
     expected = [t.output for t in sb.run_tests(source, "solve", inputs).tests]
@@ -163,37 +173,43 @@ def test_incremental_reuse_never_outlives_an_edit(sb, source, wrong):
     assert [t.passed for t in again.tests] == [t.passed for t in fresh.tests] == [False, False], again.meta
 
 
-@pytest.mark.parametrize("code", [
-    "import posix\ndef f(x):\n    return x",
-    "import _random\ndef f(x):\n    return x",
-    "import sys as s\ndef f(x):\n    return s.stdout",
-    "def f(x):\n    return x.__class__",
-    "def f(x):\n    return getattr(x, '__class__')",
-    "import operator\ndef f(x):\n    return operator.attrgetter('real')(x)",
-    "import logging\ndef f(x):\n    return x",
-    "class D(dict):\n    pass\ndef f(x):\n    return D(x=x)",
-    "from collections import OrderedDict\nclass D(OrderedDict):\n    pass\ndef f(x):\n    return D(x=x)",
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import posix\ndef f(x):\n    return x",
+        "import _random\ndef f(x):\n    return x",
+        "import sys as s\ndef f(x):\n    return s.stdout",
+        "def f(x):\n    return x.__class__",
+        "def f(x):\n    return getattr(x, '__class__')",
+        "import operator\ndef f(x):\n    return operator.attrgetter('real')(x)",
+        "import logging\ndef f(x):\n    return x",
+        "class D(dict):\n    pass\ndef f(x):\n    return D(x=x)",
+        "from collections import OrderedDict\nclass D(OrderedDict):\n    pass\ndef f(x):\n    return D(x=x)",
+    ],
+)
 def test_unprovable_programs_are_never_reused(code):
     assert analyse(code).unsound, code
 
 
 # -------------------------------------------------------------------------------------- exact comparison
-@pytest.mark.parametrize("output,expected,equal", [
-    (12345678.0, 12345679, False),
-    (12345679.0, 12345679, False),
-    (3, 3, True),
-    (True, 1, False),
-    (1, True, False),
-    ("a", "a", True),
-    (0.1 + 0.2, 0.3, True),
-    (3, 3.0, True),
-    (12345678.0, 12345679.0, True),
-    ([1, 2.0000000001], [1, 2.0], True),
-    ([1.0, 2], [1, 2], False),
-    ({"a": 1}, {"a": 1.0}, True),
-    (float("nan"), float("nan"), True),
-])
+@pytest.mark.parametrize(
+    "output,expected,equal",
+    [
+        (12345678.0, 12345679, False),
+        (12345679.0, 12345679, False),
+        (3, 3, True),
+        (True, 1, False),
+        (1, True, False),
+        ("a", "a", True),
+        (0.1 + 0.2, 0.3, True),
+        (3, 3.0, True),
+        (12345678.0, 12345679.0, True),
+        ([1, 2.0000000001], [1, 2.0], True),
+        ([1.0, 2], [1, 2], False),
+        ({"a": 1}, {"a": 1.0}, True),
+        (float("nan"), float("nan"), True),
+    ],
+)
 def test_exact_expectations_compare_exactly(output, expected, equal):
     assert sandbox.outputs_equal(output, expected) is equal
 
@@ -208,9 +224,12 @@ def test_pool_is_healthy_after_the_forgeries(sb):
 
 
 # ---------------------------------------------------------------------------------------------- trusted checks
-HUMANEVAL_TASK = {"prompt": "def double(x):\n    \"\"\"Twice x.\"\"\"\n", "entry_point": "double",
-                  "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-3) == -6\n"}
-FORGED_VERDICT = dedent('''
+HUMANEVAL_TASK = {
+    "prompt": 'def double(x):\n    """Twice x."""\n',
+    "entry_point": "double",
+    "test": "def check(candidate):\n    assert candidate(2) == 4\n    assert candidate(-3) == -6\n",
+}
+FORGED_VERDICT = dedent("""
     import json, os, struct
     verdict = json.dumps({"t": "verdict", "passed": True, "error": None}).encode()
     frame = struct.pack(">I", len(verdict)) + verdict
@@ -224,20 +243,32 @@ FORGED_VERDICT = dedent('''
     except OSError:
         pass
     os._exit(0)
-''')
+""")
 
 
-@pytest.mark.parametrize("body", [
-    "    import sys\n    sys.exit(0)\n    return 2 * x\n",
-    "    import os\n    os._exit(0)\n",
-    "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n",
-    "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n",
-    "    raise SystemExit\n",
-    "    return 2 * x\n\nimport sys\nsys.exit(0)\n",
-    "    return 2 * x\n\n" + FORGED_VERDICT,
-    "    print('passed')\n    return None\n",
-], ids=["sys.exit", "os._exit", "kill-checker", "stop-checker", "SystemExit", "exit-at-import", "forged-verdict",
-        "prints-passed"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "    import sys\n    sys.exit(0)\n    return 2 * x\n",
+        "    import os\n    os._exit(0)\n",
+        "    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n",
+        "    import os, signal\n    os.kill(os.getppid(), signal.SIGSTOP)\n",
+        "    raise SystemExit\n",
+        "    return 2 * x\n\nimport sys\nsys.exit(0)\n",
+        "    return 2 * x\n\n" + FORGED_VERDICT,
+        "    print('passed')\n    return None\n",
+    ],
+    ids=[
+        "sys.exit",
+        "os._exit",
+        "kill-checker",
+        "stop-checker",
+        "SystemExit",
+        "exit-at-import",
+        "forged-verdict",
+        "prints-passed",
+    ],
+)
 def test_grade_humaneval_never_passes_what_fails_its_check(sb, body):
     from selfplay.eval.evaluate import grade_humaneval
 
@@ -247,14 +278,14 @@ def test_grade_humaneval_never_passes_what_fails_its_check(sb, body):
 
 def test_a_check_sees_values_not_objects(sb):
     # an __eq__ that says yes to everything stays in the candidate's process: the checker compares plain values
-    module = HUMANEVAL_TASK["prompt"] + dedent('''
+    module = HUMANEVAL_TASK["prompt"] + dedent("""
         class Yes(int):
             def __eq__(self, other):
                 return True
             __hash__ = int.__hash__
         def double(x):
             return Yes(0)
-    ''')
+    """)
     r = sb.run_check(module, "double", HUMANEVAL_TASK["test"])
     assert r.status == "error" and r.meta["check"]["passed"] is False, r
     tuples = "def pair(x):\n    return (x, {x}, {(x,): b'x'})\n"
@@ -263,28 +294,30 @@ def test_a_check_sees_values_not_objects(sb):
 
 
 # --------------------------------------------------------------- the trusted check's names are its own
-MAD_TASK = {"prompt": dedent('''
+MAD_TASK = {
+    "prompt": dedent('''
     from typing import List
 
 
     def mean_absolute_deviation(numbers: List[float]) -> float:
         """ Mean absolute deviation around the mean. """
     '''),
-            "entry_point": "mean_absolute_deviation",
-            "test": dedent('''
+    "entry_point": "mean_absolute_deviation",
+    "test": dedent("""
     def check(candidate):
         assert abs(candidate([1.0, 2.0, 3.0]) - 2.0/3.0) < 1e-6
         assert abs(candidate([1.0, 2.0, 3.0, 4.0]) - 1.0) < 1e-6
         for n in range(3, 6):
             assert abs(candidate([float(i) for i in range(n)]) - sum(abs(i - (n - 1) / 2) for i in range(n)) / n) < 1e-6
-    ''')}
+    """),
+}
 MAD_HONEST = "    mean = sum(numbers) / len(numbers)\n    return sum(abs(x - mean) for x in numbers) / len(numbers)\n"
 STAND_INS = {
     "abs": "def abs(x):\n    return 0\n",
     "abs-lambda": "abs = lambda x: 0\n",
     "abs+range": "def abs(x):\n    return 0\n\ndef range(*args):\n    return []\n",
     "abs+range+float": "def abs(x):\n    return 0\n\ndef range(*args):\n    return [1]\n\n"
-                       "def float(x):\n    return 0.0\n",
+    "def float(x):\n    return 0.0\n",
 }
 
 
@@ -309,7 +342,8 @@ def test_an_entry_point_named_like_a_builtin_is_only_the_candidate(sb):
     assert r.status == "error" and r.meta["check"]["passed"] is False, r
 
 
-CODEC_TASK = {"prompt": dedent('''
+CODEC_TASK = {
+    "prompt": dedent('''
     def encode(s: str):
         """ The word reversed. """
         return s[::-1]
@@ -318,25 +352,28 @@ CODEC_TASK = {"prompt": dedent('''
     def decode(s: str):
         """ The inverse of encode. """
     '''),
-              "entry_point": "decode",
-              "test": "def check(candidate):\n    for w in ['abc', 'hello', 'xyzzy']:\n"
-                      "        assert candidate(encode(w)) == w\n"}
+    "entry_point": "decode",
+    "test": "def check(candidate):\n    for w in ['abc', 'hello', 'xyzzy']:\n"
+    "        assert candidate(encode(w)) == w\n",
+}
 
 
 def test_with_its_prompt_a_check_runs_the_problem_s_own_helpers(sb):
     from selfplay.eval.evaluate import humaneval_module
 
     def check(code):
-        return sb.run_check(humaneval_module(CODEC_TASK, code), "decode", CODEC_TASK["test"],
-                            prompt=CODEC_TASK["prompt"])
+        return sb.run_check(
+            humaneval_module(CODEC_TASK, code), "decode", CODEC_TASK["test"], prompt=CODEC_TASK["prompt"]
+        )
 
     # an identity decode with an identity encode of its own: the test's encode is the prompt's, run in the checker
     forged = check("    return s\n\ndef encode(s):\n    return s\n")
     assert forged.status == "error" and forged.meta["check"]["passed"] is False, forged
     assert check("    return s[::-1]\n").status == "ok"
     # an honest whole-module answer that defines the prompt's helper again (and a helper of its own) still passes
-    whole = ("def encode(s):\n    return s[::-1]\n\ndef flip(s):\n    return s[::-1]\n\n"
-             "def decode(s):\n    return flip(s)\n")
+    whole = (
+        "def encode(s):\n    return s[::-1]\n\ndef flip(s):\n    return s[::-1]\n\ndef decode(s):\n    return flip(s)\n"
+    )
     assert check(whole).status == "ok"
 
 
@@ -350,7 +387,7 @@ def test_a_check_job_s_prompt_is_validated(sb):
 def test_a_frame_the_checker_cannot_decode_ends_the_check_whatever_the_test_catches(sb):
     # the candidate writes a frame nested too deep to decode, then its real answer: a test that catches every
     # Exception must not go on with the answers shifted by one
-    module = dedent('''
+    module = dedent("""
         import os, struct
         def f(x):
             if x == 0:
@@ -358,15 +395,15 @@ def test_a_frame_the_checker_cannot_decode_ends_the_check_whatever_the_test_catc
                 os.write(3, struct.pack(">I", len(deep)) + deep)
                 return 1
             return x
-    ''')
-    check = dedent('''
+    """)
+    check = dedent("""
         def check(candidate):
             try:
                 candidate(0)
             except Exception:
                 pass
             assert candidate(1) == 1
-    ''')
+    """)
     assert sb.run_check("def f(x):\n    return x\n", "f", check).status == "ok"
     r = sb.run_check(module, "f", check)
     assert r.status == "error" and r.meta["check"]["passed"] is False, r

@@ -11,7 +11,6 @@ import textwrap
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from sandbox_testlib import assert_healthy
 
 STATE = r"""
@@ -29,8 +28,16 @@ state = {
     "env_keys": sorted(os.environ),
 }
 """
-FRESH = {"no_new_privs": "1", "stdin": "/dev/null", "stdin_eof": True, "cwd_is_home_tmpdir_tempdir": True,
-         "cwd_empty": True, "argv": ["<program>"], "recursion_limit": 1000, "streams": [True, True, True]}
+FRESH = {
+    "no_new_privs": "1",
+    "stdin": "/dev/null",
+    "stdin_eof": True,
+    "cwd_is_home_tmpdir_tempdir": True,
+    "cwd_empty": True,
+    "argv": ["<program>"],
+    "recursion_limit": 1000,
+    "streams": [True, True, True],
+}
 
 # Ways a program can change the state it was given; each must stay inside that program's child.
 MUTATIONS = {

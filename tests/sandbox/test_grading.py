@@ -7,7 +7,6 @@ import hashlib
 import textwrap
 
 import pytest
-
 from sandbox_testlib import assert_healthy
 
 ADD = "def add(a, b):\n    return a + b\n"
@@ -26,21 +25,30 @@ def test_outputs_are_compared_in_the_parent(sb):
 
 
 def test_reference_outputs_without_expected(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         def f(xs):
             return tuple(sorted(xs)), {"n": len(xs)}
-    """, [[[3, 1, 2]], [[]]])
+    """,
+        [[[3, 1, 2]], [[]]],
+    )
     assert rep.outputs == [[[1, 2, 3], {"n": 3}], [[], {"n": 0}]]  # tuples come back as lists
     assert [t.passed for t in rep.tests] == [None, None]
     assert rep.passed == 0 and not rep.all_passed
 
 
 def test_errors_per_test_do_not_stop_the_others(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         def f(x):
             assert x != 2, "two is bad"
             return 10 // x
-    """, [[1], [2], [0], [5]], [10, 5, 0, 2])
+    """,
+        [[1], [2], [0], [5]],
+        [10, 5, 0, 2],
+    )
     assert [t.status for t in rep.tests] == ["ok", "error", "error", "ok"]
     assert rep.tests[1].error == "AssertionError: two is bad"
     assert rep.tests[2].error.startswith("ZeroDivisionError")
@@ -48,12 +56,18 @@ def test_errors_per_test_do_not_stop_the_others(sb):
 
 
 def test_per_test_timeout_and_resume(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         def f(x):
             while x == 1:
                 pass
             return x
-    """, [[0], [1], [2]], [0, 1, 2], timeout_s=0.5)
+    """,
+        [[0], [1], [2]],
+        [0, 1, 2],
+        timeout_s=0.5,
+    )
     assert [t.status for t in rep.tests] == ["ok", "timeout", "ok"]
     assert [t.passed for t in rep.tests] == [True, False, True]
     assert rep.status == "timeout"
@@ -61,7 +75,9 @@ def test_per_test_timeout_and_resume(sb):
 
 
 def test_crash_inside_a_test_resumes_in_a_fresh_child(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         import ctypes
         def f(x):
             if x == 1:
@@ -69,7 +85,10 @@ def test_crash_inside_a_test_resumes_in_a_fresh_child(sb):
             if x == 2:
                 return [0] * 10 ** 9
             return x
-    """, [[0], [1], [2], [3]], [0, 1, 2, 3])
+    """,
+        [[0], [1], [2], [3]],
+        [0, 1, 2, 3],
+    )
     # one allocation beyond the limit fails before any memory is used: a MemoryError, graded as the program's error
     assert [t.status for t in rep.tests] == ["ok", "killed", "error", "ok"]
     assert rep.tests[2].error.startswith("MemoryError")
@@ -96,7 +115,9 @@ def test_module_that_does_not_load(sb):
 
 
 def test_record_calls(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         def helper(x):
             return x * 2
         def unused():
@@ -108,7 +129,10 @@ def test_record_calls(sb):
             if not xs:
                 return 0
             return Acc().total(xs)
-    """, [[[1, 2]], [[]]], record_calls=True)
+    """,
+        [[[1, 2]], [[]]],
+        record_calls=True,
+    )
     assert rep.tests[0].calls == ["Acc.total", "f", "helper"]
     assert rep.tests[1].calls == ["f"]
     assert grade(sb, "def f():\n    return 1\n", [[]]).tests[0].calls is None
@@ -125,12 +149,10 @@ def test_inputs_are_not_shared_between_tests(sb):
 
 
 # ------------------------------------------------------------------------------------------- forgeries
-@pytest.mark.parametrize("body", [
-    "import os\n    os._exit(0)",
-    "import sys\n    sys.exit(0)",
-    "raise SystemExit(0)",
-    "raise KeyboardInterrupt",
-])
+@pytest.mark.parametrize(
+    "body",
+    ["import os\n    os._exit(0)", "import sys\n    sys.exit(0)", "raise SystemExit(0)", "raise KeyboardInterrupt"],
+)
 def test_exiting_does_not_pass(sb, body):
     rep = grade(sb, f"def f(x):\n    {body}\n", [[1], [2]], [1, 2])
     assert rep.passed == 0 and not rep.all_passed
@@ -144,7 +166,9 @@ def test_exit_at_import_does_not_pass(sb):
 
 
 def test_eq_override_does_not_pass(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         class Anything:
             def __eq__(self, other):
                 return True
@@ -158,14 +182,19 @@ def test_eq_override_does_not_pass(sb):
                 return True
         def f(x):
             return [Anything(), EvilInt(0), EvilList([0])][x]
-    """, [[0], [1], [2]], [5, 5, [5]])
+    """,
+        [[0], [1], [2]],
+        [5, 5, [5]],
+    )
     assert [t.status for t in rep.tests] == ["unserializable", "ok", "ok"]
     assert rep.tests[1].output == 0 and type(rep.tests[1].output) is int
     assert rep.passed == 0
 
 
 def test_gc_walk_finds_nothing_to_forge(sb):
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         import gc
         def f(x):
             for obj in gc.get_objects():
@@ -177,13 +206,18 @@ def test_gc_walk_finds_nothing_to_forge(sb):
                             except Exception:
                                 pass
             return -1
-    """, [[1], [2]], [1, 2])
+    """,
+        [[1], [2]],
+        [1, 2],
+    )
     assert rep.passed == 0 and [t.output for t in rep.tests] == [-1, -1]
 
 
 def test_forged_frames_on_the_result_pipe_fail_every_test(sb):
     # Frames for the right tests with the right outputs, written before the harness writes its own.
-    rep = grade(sb, """
+    rep = grade(
+        sb,
+        """
         import json, os, struct
         def frame(obj):
             data = json.dumps(obj).encode()
@@ -199,20 +233,27 @@ def test_forged_frames_on_the_result_pipe_fail_every_test(sb):
                 pass
         def f(x):
             return -1
-    """, [[1], [2]], [1, 2])
+    """,
+        [[1], [2]],
+        [1, 2],
+    )
     assert rep.passed == 0 and rep.status == "error"
     assert "protocol_violation" in rep.meta
 
 
-@pytest.mark.parametrize("garbage", ["b'\\xff' * 16", "b'\\x00\\x00\\x00\\x05hello'",
-                                      "b'\\x7f\\xff\\xff\\xff'"])
+@pytest.mark.parametrize("garbage", ["b'\\xff' * 16", "b'\\x00\\x00\\x00\\x05hello'", "b'\\x7f\\xff\\xff\\xff'"])
 def test_garbage_on_the_result_pipe_fails(sb, garbage):
-    rep = grade(sb, f"""
+    rep = grade(
+        sb,
+        f"""
         import os
         def f(x):
             os.write(3, {garbage})
             return x
-    """, [[1], [2]], [1, 2])
+    """,
+        [[1], [2]],
+        [1, 2],
+    )
     assert rep.passed <= 1  # the first test may legitimately have passed before the garbage
     assert not rep.all_passed
     assert rep.tests[1].passed is False
@@ -227,7 +268,9 @@ def test_closing_the_result_pipe_fails(sb):
 def test_expected_never_reaches_the_child(sb):
     marker = "EXPECTED-MARKER-7f3a"
     digest = hashlib.sha256(marker.encode()).hexdigest()  # the child searches by hash: the source holds no marker
-    rep = grade(sb, f"""
+    rep = grade(
+        sb,
+        f"""
         import gc, hashlib
         def strings(obj):
             if isinstance(obj, dict):
@@ -237,5 +280,8 @@ def test_expected_never_reaches_the_child(sb):
         def f(x):
             return any(hashlib.sha256(s.encode()).hexdigest() == {digest!r}
                        for o in gc.get_objects() for s in strings(o))
-    """, [["probe"]], [marker])
+    """,
+        [["probe"]],
+        [marker],
+    )
     assert rep.status == "ok" and rep.outputs == [False]

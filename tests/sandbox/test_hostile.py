@@ -15,7 +15,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from sandbox_testlib import BACKENDS, HOSTILE_TIMEOUT_S, assert_healthy, open_backend
 
 
@@ -24,25 +23,32 @@ def run(sb, source: str, **kw):
 
 
 def test_fork_bomb(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         while True:
             try:
                 os.fork()
             except OSError:
                 pass
-    """)
+    """,
+    )
     assert r.status in ("timeout", "killed", "memory", "error"), r
     assert r.duration_s > 0  # reported; how long a bomb takes to stop is measured by `selfplay bench sandbox`
     assert_healthy(sb)
 
 
 def test_memory_bomb(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         blocks = []
         while True:
             blocks.append(bytearray(10 ** 7))
-    """, timeout_s=10)  # ends at the memory limit long before; the margin is for a loaded machine
+    """,
+        timeout_s=10,
+    )  # ends at the memory limit long before; the margin is for a loaded machine
     assert r.status == "memory", r
     assert_healthy(sb)
 
@@ -68,43 +74,55 @@ def test_infinite_loop(sb):
 
 
 def test_cpu_spin_ignoring_sigterm_with_child(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os, signal
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.fork()  # parent and child both spin and ignore SIGTERM
         while True:
             pass
-    """)
+    """,
+    )
     assert r.status == "timeout", r
     assert_healthy(sb)
 
 
 def test_output_flood(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         while True:
             print("x" * 1000)
-    """)
+    """,
+    )
     assert r.status == "output_limit", r
     assert 0 < len(r.stdout) <= 1_000_000
     assert_healthy(sb)
 
 
 def test_stderr_flood_counts_too(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import sys
         while True:
             sys.stderr.write("y" * 4096)
-    """)
+    """,
+    )
     assert r.status == "output_limit", r
     assert_healthy(sb)
 
 
 def test_huge_file_write(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         with open("big.bin", "wb") as f:
             while True:
                 f.write(b"x" * 10 ** 6)
-    """)
+    """,
+    )
     assert r.status == "error", r
     assert "File too large" in r.stderr or "No space left" in r.stderr
     assert_healthy(sb)
@@ -117,7 +135,9 @@ def test_writes_outside_work_dir_leave_host_files_untouched(sb):
     tmp_victim = Path(tempfile.mkdtemp()) / "victim.txt"
     tmp_victim.write_text("original")
     try:
-        r = run(sb, f"""
+        r = run(
+            sb,
+            f"""
             import os
             hits = []
             for path in [{str(victim)!r}, {str(tmp_victim)!r}, "../escaped.txt", "/escaped.txt",
@@ -129,7 +149,8 @@ def test_writes_outside_work_dir_leave_host_files_untouched(sb):
                 except OSError:
                     pass
             print("wrote", hits)
-        """)
+        """,
+        )
         assert r.status == "ok", r
         assert victim.read_text() == "original"
         assert tmp_victim.read_text() == "original"
@@ -143,13 +164,16 @@ def test_writes_outside_work_dir_leave_host_files_untouched(sb):
 
 
 def test_work_dir_is_private_and_removed(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os
         open("mine.txt", "w").write("data")
         os.makedirs("a/b/c")
         os.chmod("a/b", 0)  # try to make the cleanup fail
         print(os.getcwd() == os.environ["HOME"] == os.environ["TMPDIR"], os.listdir("."))
-    """)
+    """,
+    )
     assert r.status == "ok", r
     assert r.stdout.startswith("True")
     r2 = sb.run("import os; print(sorted(os.listdir('.')))")
@@ -175,12 +199,15 @@ def test_loopback_connection_fails(sb):
 
     t = threading.Thread(target=serve, daemon=True)
     t.start()
-    r = run(sb, f"""
+    r = run(
+        sb,
+        f"""
         import socket
         s = socket.create_connection(("127.0.0.1", {port}), timeout=1)
         s.sendall(b"leak")
         print("connected")
-    """)
+    """,
+    )
     try:
         server.shutdown(socket.SHUT_RDWR)  # wakes the accept(): any connection would have come by now
     except OSError:
@@ -201,7 +228,8 @@ def test_host_environment_secrets_are_not_visible(backend, monkeypatch):
     monkeypatch.setenv("SANDBOX_TEST_SECRET", secret)
     box = open_backend(backend, workers=1)  # workers start after the secret is set
     try:
-        r = box.run(textwrap.dedent("""
+        r = box.run(
+            textwrap.dedent("""
             import os
             found = [k for k, v in os.environ.items() if "s3cr3t" in v]
             for pid in os.listdir("/proc"):
@@ -213,7 +241,8 @@ def test_host_environment_secrets_are_not_visible(backend, monkeypatch):
                     except OSError:
                         pass
             print("found", found, sorted(os.environ))
-        """))
+        """)
+        )
         assert r.status == "ok", r
         assert secret not in r.stdout
         assert r.stdout.startswith("found []")
@@ -222,7 +251,9 @@ def test_host_environment_secrets_are_not_visible(backend, monkeypatch):
 
 
 def test_killing_the_worker_is_contained(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import os, signal
         for target in (os.getppid(), -1, 1):
             try:
@@ -230,7 +261,8 @@ def test_killing_the_worker_is_contained(sb):
             except OSError:
                 pass
         print("survived")
-    """)
+    """,
+    )
     assert r.status in ("error", "killed", "ok"), r
     assert_healthy(sb)
 
@@ -261,19 +293,25 @@ def test_a_worker_killed_from_outside_is_restarted():
 
 
 def test_deep_recursion(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         def f(n):
             return f(n + 1)
         f(0)
-    """)
+    """,
+    )
     assert r.status == "error" and "RecursionError" in r.stderr, r
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import sys
         sys.setrecursionlimit(10 ** 7)
         def f(n):
             return f(n + 1) + 1
         f(0)
-    """)
+    """,
+    )
     assert r.status in ("killed", "memory", "error", "timeout"), r  # frames live on the heap in 3.11
     assert_healthy(sb)
 
@@ -285,13 +323,16 @@ def test_ctypes_segfault(sb):
     assert_healthy(sb)
 
 
-@pytest.mark.parametrize("trick", [
-    "import os\nos.close(1)\nos.close(2)\nprint('gone')\n",
-    "import sys\nsys.stdout = None\nsys.stderr = None\nprint('gone')\n",
-    "import sys\nsys.stdout.close()\nprint('gone')\n",
-    "import os\nfd = os.open('/dev/null', os.O_WRONLY)\nos.dup2(fd, 1)\nos.dup2(fd, 2)\nprint('gone')\n",
-    "import os\nos.closerange(0, 1000)\n",
-])
+@pytest.mark.parametrize(
+    "trick",
+    [
+        "import os\nos.close(1)\nos.close(2)\nprint('gone')\n",
+        "import sys\nsys.stdout = None\nsys.stderr = None\nprint('gone')\n",
+        "import sys\nsys.stdout.close()\nprint('gone')\n",
+        "import os\nfd = os.open('/dev/null', os.O_WRONLY)\nos.dup2(fd, 1)\nos.dup2(fd, 2)\nprint('gone')\n",
+        "import os\nos.closerange(0, 1000)\n",
+    ],
+)
 def test_closing_or_replacing_stdio(sb, trick):
     r = sb.run(trick)
     assert r.status in ("ok", "error"), r
@@ -300,43 +341,56 @@ def test_closing_or_replacing_stdio(sb, trick):
 
 
 def test_daemon_thread_outliving_the_program(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import threading, time
         threading.Thread(target=time.sleep, args=(100,), daemon=True).start()
         print("main done")
-    """)
+    """,
+    )
     assert (r.status, r.stdout) == ("ok", "main done\n")  # "ok", not "timeout": the thread did not hold it open
     assert r.duration_s > 0  # reported; durations are measured by `selfplay bench sandbox`
     assert_healthy(sb)
 
 
 def test_non_daemon_thread_is_waited_for_like_python_does(sb):
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import threading, time
         threading.Thread(target=lambda: (time.sleep(0.2), print("thread done"))).start()
         print("main done")
-    """)
+    """,
+    )
     assert (r.status, r.stdout) == ("ok", "main done\nthread done\n")
-    r = run(sb, """
+    r = run(
+        sb,
+        """
         import threading, time
         threading.Thread(target=time.sleep, args=(100,)).start()
-    """, timeout_s=0.5)
+    """,
+        timeout_s=0.5,
+    )
     assert r.status == "timeout"
     assert_healthy(sb)
 
 
-@pytest.mark.parametrize("escape", [
-    # a plain child left running
-    "import os, time\nif os.fork() == 0:\n    time.sleep(100)\n",
-    # a child in a new session (leaves the process group), double-forked like a daemon
-    "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(100)\n"
-    "    os._exit(0)\n",
-    # a child that ignores SIGTERM and SIGHUP
-    "import os, signal, time\nif os.fork() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    "    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n    time.sleep(100)\n",
-    # a subprocess
-    "import subprocess\nsubprocess.Popen(['sleep', '100'])\n",
-])
+@pytest.mark.parametrize(
+    "escape",
+    [
+        # a plain child left running
+        "import os, time\nif os.fork() == 0:\n    time.sleep(100)\n",
+        # a child in a new session (leaves the process group), double-forked like a daemon
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(100)\n"
+        "    os._exit(0)\n",
+        # a child that ignores SIGTERM and SIGHUP
+        "import os, signal, time\nif os.fork() == 0:\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "    signal.signal(signal.SIGHUP, signal.SIG_IGN)\n    time.sleep(100)\n",
+        # a subprocess
+        "import subprocess\nsubprocess.Popen(['sleep', '100'])\n",
+    ],
+)
 def test_children_outliving_the_program_are_killed(sb, escape):
     r = sb.run(escape)
     assert r.status == "ok", r
@@ -361,7 +415,9 @@ def test_closed_host_files_are_unreadable(sb):
     victim.write_text(secret)
     victim.chmod(0o600)
     try:
-        r = run(sb, f"""
+        r = run(
+            sb,
+            f"""
             leaked = []
             for path in [{str(victim)!r}, "/etc/shadow", "/root/.bash_history"]:
                 try:
@@ -369,7 +425,8 @@ def test_closed_host_files_are_unreadable(sb):
                 except OSError:
                     pass
             print(leaked)
-        """)
+        """,
+        )
         assert r.status == "ok", r
         assert secret not in r.stdout and r.stdout == "[]\n"
     finally:
@@ -383,8 +440,12 @@ def test_fallback_without_network_namespace_says_so():
     from sandbox.limits import Limits
     from sandbox.pool import LocalLauncher, Pool
 
-    box = Sandbox(Pool([LocalLauncher(0, extra_args=("--no-netns", "--no-private-tmp"))]), "process",
-                  Limits(timeout_s=HOSTILE_TIMEOUT_S), cache=False)
+    box = Sandbox(
+        Pool([LocalLauncher(0, extra_args=("--no-netns", "--no-private-tmp"))]),
+        "process",
+        Limits(timeout_s=HOSTILE_TIMEOUT_S),
+        cache=False,
+    )
     try:
         r = box.run("import socket\nprint(socket.gethostname() != '')\n")
         assert (r.status, r.meta["network_isolated"], r.meta["private_tmp"]) == ("ok", False, False)

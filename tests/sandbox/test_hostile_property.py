@@ -44,16 +44,17 @@ def solution(fragment: str, where: str, correct: bool, wrapped: bool) -> str:
     helper = "x * x" if correct else "x * x + 1"
     inner = f"    {fragment}\n" if where == "body" else ""
     answer = "Yes(helper(x) + 1)" if wrapped else "helper(x) + 1"
-    lines = [f"{fragment}\n" if where == "top" else "",
-             "class Yes(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n\n",
-             f"def helper(x):\n    return {helper}\n\n",
-             f"def solve(x):\n{inner}    return {answer}\n",
-             f"\n{fragment}\n" if where == "end" else ""]
+    lines = [
+        f"{fragment}\n" if where == "top" else "",
+        "class Yes(int):\n    def __eq__(self, other):\n        return True\n    __hash__ = int.__hash__\n\n",
+        f"def helper(x):\n    return {helper}\n\n",
+        f"def solve(x):\n{inner}    return {answer}\n",
+        f"\n{fragment}\n" if where == "end" else "",
+    ]
     return "".join(lines)
 
 
-hostile = st.tuples(st.sampled_from(FRAGMENTS), st.sampled_from(["top", "body", "end"]), st.booleans(),
-                    st.booleans())
+hostile = st.tuples(st.sampled_from(FRAGMENTS), st.sampled_from(["top", "body", "end"]), st.booleans(), st.booleans())
 
 
 @settings(max_examples=24, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -70,16 +71,20 @@ def test_hostile_verdicts_equal_the_ground_truth(sb, case):
     report = sb.run_tests(module, "solve", INPUTS, EXPECTED)
     assert [t.passed for t in report.tests] == [passes] * len(INPUTS), (module, report)
 
-    check = "def check(candidate):\n" + "".join(f"    assert candidate({x[0]}) == {y}\n"
-                                                for x, y in zip(INPUTS, EXPECTED))
+    check = "def check(candidate):\n" + "".join(
+        f"    assert candidate({x[0]}) == {y}\n" for x, y in zip(INPUTS, EXPECTED)
+    )
     assert (sb.run_check(module, "solve", check).status == "ok") is passes, module
 
     # incremental: grade a version, edit the helper to be wrong, grade again: the same verdict as a fresh run
     runner = IncrementalRunner(sb)
     runner.run_tests(module, "solve", INPUTS, EXPECTED)
-    edited = module.replace("    return x * x\n", "    return -1\n").replace("    return x * x + 1\n",
-                                                                        "    return -1\n")
+    edited = module.replace("    return x * x\n", "    return -1\n").replace(
+        "    return x * x + 1\n", "    return -1\n"
+    )
     again = runner.run_tests(edited, "solve", INPUTS, EXPECTED)
     fresh = sb.run_tests(edited, "solve", INPUTS, EXPECTED)
-    assert [t.passed for t in again.tests] == [t.passed for t in fresh.tests] == [False] * len(INPUTS), \
-        (edited, again.meta)
+    assert [t.passed for t in again.tests] == [t.passed for t in fresh.tests] == [False] * len(INPUTS), (
+        edited,
+        again.meta,
+    )

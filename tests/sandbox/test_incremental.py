@@ -16,7 +16,7 @@ def src(text: str) -> str:
     return textwrap.dedent(text).lstrip()
 
 
-BASE = src('''
+BASE = src("""
     import math
     LIMIT = 5
 
@@ -30,7 +30,7 @@ BASE = src('''
         if x < 0:
             return helper_b(x)
         return helper_a(x) + LIMIT
-''')
+""")
 
 
 def fp(source, roots):
@@ -81,12 +81,12 @@ def test_a_helper_used_other_than_by_a_call_is_followed_in_full():
 
 
 def test_classes_are_followed_in_full_even_when_only_called():
-    base = src('''
+    base = src("""
         class Box:
             size = 2
         def solve(x):
             return Box().size * x if x > 0 else 0
-    ''')
+    """)
     assert fp(base.replace("size = 2", "size = 3"), {"solve"}) != fp(base, {"solve"})
 
 
@@ -109,13 +109,13 @@ def test_adding_an_unrelated_helper_changes_nothing_but_shadowing_a_builtin_does
 
 
 def test_functions_called_at_import_are_part_of_the_module_hash():
-    base = src('''
+    base = src("""
         def build():
             return [i * i for i in range(5)]
         TABLE = tuple(build())
         def solve(i):
             return TABLE[i]
-    ''')
+    """)
     assert analyse(base.replace("i * i", "i + i")).module_hash != analyse(base).module_hash
 
 
@@ -142,7 +142,8 @@ def test_duplicate_definitions_order_matters():
 
 
 def test_closure_follows_names_and_attributes():
-    d = analyse(src('''
+    d = analyse(
+        src("""
         def a():
             return b(1) + c
         def b(x):
@@ -152,7 +153,8 @@ def test_closure_follows_names_and_attributes():
         def k():
             pass
         c = 3
-    '''))
+    """)
+    )
     assert d.closure({"a"}) >= {"a", "b", "c", "k", "helper"}
     full, light = d.test_closure({"a"})
     assert "b" in light and "b" not in full and "helper" not in full
@@ -162,48 +164,59 @@ def test_unparseable_source_has_no_digest():
     assert analyse("def f(:\n") is None
 
 
-@pytest.mark.parametrize("code,reason", [
-    ("import random\ndef f(x):\n    return random.random()", "imports random"),
-    ("from time import time\ndef f(x):\n    return time()", "imports time"),
-    ("def f(x):\n    return eval('x')", "eval"),
-    ("def f(x):\n    return getattr(x, 'a' + 'b')", "computed name"),
-    ("def f(x):\n    return globals()", "globals"),
-    ("from math import *\ndef f(x):\n    return x", "star import"),
-    ("import sys\ndef f(x):\n    sys.setprofile(None)\n    return x", "setprofile"),
-    ("N = 0\ndef f(x):\n    global N\n    N += 1\n    return N", "global"),
-    ("MEMO = {}\ndef f(x):\n    MEMO[x] = 1\n    return len(MEMO)", "MEMO"),
-    ("SEEN = []\ndef f(x):\n    SEEN.append(x)\n    return x", "SEEN"),
-    ("SEEN = [1, 2]\ndef f(x):\n    s = SEEN\n    s.append(x)\n    return x", "SEEN"),
-    ("def f(x, acc=[]):\n    acc.append(x)\n    return acc", "default"),
-    ("class A:\n    items = []\n    def f(self):\n        self.items.append(1)", "class attribute"),
-    ("class A:\n    n = 0\n    @classmethod\n    def f(cls):\n        cls.n += 1", "stores"),
-    ("def f(x):\n    f.calls = x\n    return x", "stores"),
-    ("class A:\n    pass\ndef f(x):\n    type(x).y = 1", "stores"),
-    ("DATA = [1]\ndef f(x):\n    def g():\n        DATA = 0\n        return DATA\n    DATA[0] = x\n    return g()",
-     "stores"),  # a nested function's local does not hide the module name
-])
+@pytest.mark.parametrize(
+    "code,reason",
+    [
+        ("import random\ndef f(x):\n    return random.random()", "imports random"),
+        ("from time import time\ndef f(x):\n    return time()", "imports time"),
+        ("def f(x):\n    return eval('x')", "eval"),
+        ("def f(x):\n    return getattr(x, 'a' + 'b')", "computed name"),
+        ("def f(x):\n    return globals()", "globals"),
+        ("from math import *\ndef f(x):\n    return x", "star import"),
+        ("import sys\ndef f(x):\n    sys.setprofile(None)\n    return x", "setprofile"),
+        ("N = 0\ndef f(x):\n    global N\n    N += 1\n    return N", "global"),
+        ("MEMO = {}\ndef f(x):\n    MEMO[x] = 1\n    return len(MEMO)", "MEMO"),
+        ("SEEN = []\ndef f(x):\n    SEEN.append(x)\n    return x", "SEEN"),
+        ("SEEN = [1, 2]\ndef f(x):\n    s = SEEN\n    s.append(x)\n    return x", "SEEN"),
+        ("def f(x, acc=[]):\n    acc.append(x)\n    return acc", "default"),
+        ("class A:\n    items = []\n    def f(self):\n        self.items.append(1)", "class attribute"),
+        ("class A:\n    n = 0\n    @classmethod\n    def f(cls):\n        cls.n += 1", "stores"),
+        ("def f(x):\n    f.calls = x\n    return x", "stores"),
+        ("class A:\n    pass\ndef f(x):\n    type(x).y = 1", "stores"),
+        (
+            "DATA = [1]\ndef f(x):\n    def g():\n        DATA = 0\n"
+            "        return DATA\n    DATA[0] = x\n    return g()",
+            "stores",
+        ),  # a nested function's local does not hide the module name
+    ],
+)
 def test_unsound_constructs_are_detected(code, reason):
     assert reason in (analyse(code).unsound or "")
 
 
-@pytest.mark.parametrize("code", [
-    "import math\nMOD = 10 ** 9 + 7\ndef f(x):\n    return math.sqrt(x) % MOD",
-    "DIRS = [(0, 1), (1, 0)]\ndef f(x):\n    return [x + d[0] for d in DIRS] + [len(DIRS), DIRS[0][1]]",
-    "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef f(n):\n"
-    "    return n if n < 2 else f(n - 1) + f(n - 2)",
-    "class P:\n    def __init__(self, v):\n        self.v = v\n        self.seen = []\n    def add(self, x):\n"
-    "        self.seen.append(x)\n        return self\ndef f(x):\n    return P(x).add(1).seen",
-    "from collections import Counter\ndef f(xs):\n    c = Counter(xs)\n    c.update(xs)\n    return c.most_common(1)",
-    "def f(x, key=len):\n    return key(x)",
-    "def f(o):\n    return getattr(o, 'real', 0)",
-    "DIRS = [1]\ndef f(x):\n    DIRS = []\n    DIRS.append(x)\n    return DIRS",  # a local shadows the module name
-])
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import math\nMOD = 10 ** 9 + 7\ndef f(x):\n    return math.sqrt(x) % MOD",
+        "DIRS = [(0, 1), (1, 0)]\ndef f(x):\n    return [x + d[0] for d in DIRS] + [len(DIRS), DIRS[0][1]]",
+        "from functools import lru_cache\n@lru_cache(maxsize=None)\ndef f(n):\n"
+        "    return n if n < 2 else f(n - 1) + f(n - 2)",
+        "class P:\n    def __init__(self, v):\n        self.v = v\n        self.seen = []\n    def add(self, x):\n"
+        "        self.seen.append(x)\n        return self\ndef f(x):\n    return P(x).add(1).seen",
+        "from collections import Counter\ndef f(xs):\n"
+        "    c = Counter(xs)\n    c.update(xs)\n    return c.most_common(1)",
+        "def f(x, key=len):\n    return key(x)",
+        "def f(o):\n    return getattr(o, 'real', 0)",
+        "DIRS = [1]\ndef f(x):\n    DIRS = []\n    DIRS.append(x)\n    return DIRS",  # a local shadows the module name
+    ],
+)
 def test_ordinary_solutions_are_sound(code):
     assert analyse(code).unsound is None
 
 
-@pytest.mark.parametrize("name,expected", [("f", "f"), ("A.f", "A"), ("f.<locals>.g", "f"),
-                                           ("A.f.<locals>.<lambda>", "A")])
+@pytest.mark.parametrize(
+    "name,expected", [("f", "f"), ("A.f", "A"), ("f.<locals>.g", "f"), ("A.f.<locals>.<lambda>", "A")]
+)
 def test_owner(name, expected):
     assert owner(name) == expected
 
@@ -309,16 +322,25 @@ ORDER = ["norm", "small", "big", "acc", "solve"]
 PARTS = {
     "header": ["import math\nLIMIT = 4", "import math\nLIMIT = 2"],
     "norm": ["def norm(x):\n    return abs(x)", "def norm(x):\n    return x * x", "def norm(x, y):\n    return x"],
-    "small": ["def small(x):\n    return x + LIMIT - 3", "def small(x):\n    return x - 1 if x > 1 else x",
-              "def small(x):\n    yield x"],
-    "big": ["def big(x):\n    return x // 2", "def big(x):\n    return Acc(3).add(x)",
-            "def big(x):\n    raise ValueError('no')"],
-    "acc": ["class Acc:\n    def __init__(self, k):\n        self.k = k\n"
-            "    def add(self, x):\n        return x + self.k",
-            "class Acc:\n    def __init__(self, k):\n        self.k = k * 2\n"
-            "    def add(self, x):\n        return x - self.k"],
-    "solve": ["def solve(x):\n    n = norm(x)\n    return small(n) if n < LIMIT else big(n)",
-              "def solve(x):\n    return small(x) if x < 0 else big(norm(x)) + math.floor(0.5)"],
+    "small": [
+        "def small(x):\n    return x + LIMIT - 3",
+        "def small(x):\n    return x - 1 if x > 1 else x",
+        "def small(x):\n    yield x",
+    ],
+    "big": [
+        "def big(x):\n    return x // 2",
+        "def big(x):\n    return Acc(3).add(x)",
+        "def big(x):\n    raise ValueError('no')",
+    ],
+    "acc": [
+        "class Acc:\n    def __init__(self, k):\n        self.k = k\n    def add(self, x):\n        return x + self.k",
+        "class Acc:\n    def __init__(self, k):\n        self.k = k * 2\n"
+        "    def add(self, x):\n        return x - self.k",
+    ],
+    "solve": [
+        "def solve(x):\n    n = norm(x)\n    return small(n) if n < LIMIT else big(n)",
+        "def solve(x):\n    return small(x) if x < 0 else big(norm(x)) + math.floor(0.5)",
+    ],
 }
 # a turn edits one part (sometimes also the order of the definitions and the layout), as a solver does
 EDIT = st.tuples(st.sampled_from(sorted(PARTS)), st.integers(0, 2), st.none() | st.permutations(ORDER), st.booleans())
@@ -330,8 +352,10 @@ def build(choice: dict, order: list, unparse: bool) -> str:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.fixed_dictionaries({k: st.integers(0, len(v) - 1) for k, v in PARTS.items()}),
-       st.lists(EDIT, min_size=1, max_size=5))
+@given(
+    st.fixed_dictionaries({k: st.integers(0, len(v) - 1) for k, v in PARTS.items()}),
+    st.lists(EDIT, min_size=1, max_size=5),
+)
 def test_incremental_verdicts_equal_a_fresh_run(sb, start, edits):
     inputs = [[-3], [-1], [0], [1], [3], [6]]
     expected = [t.output for t in sb.run_tests(build({k: 0 for k in PARTS}, ORDER, False), "solve", inputs).tests]
@@ -343,14 +367,15 @@ def test_incremental_verdicts_equal_a_fresh_run(sb, start, edits):
         code = build(choice, order, unparse)
         inc = runner.run_tests(code, "solve", inputs, expected)
         fresh = sb.run_tests(code, "solve", inputs, expected, use_cache=False)
-        assert [(t.status, t.output, t.passed) for t in inc.tests] == \
-            [(t.status, t.output, t.passed) for t in fresh.tests], code
+        assert [(t.status, t.output, t.passed) for t in inc.tests] == [
+            (t.status, t.output, t.passed) for t in fresh.tests
+        ], code
 
 
 # ------------------------------------------------------------ a call record with a gap is never reused
 # Deep recursion (caught) reaches the recursion limit inside the call-recording profile function, and CPython then
 # drops it: every call after that goes unrecorded. Such a test's record must not be used for reuse.
-DEEP = src('''
+DEEP = src("""
     def deep(n):
         return deep(n + 1)
 
@@ -363,7 +388,7 @@ DEEP = src('''
         except RecursionError:
             pass
         return helper(x)
-''')
+""")
 
 
 def test_a_record_with_a_gap_is_no_record(sb):
@@ -385,25 +410,41 @@ def test_an_edit_after_deep_recursion_is_graded_fresh(sb):
 
 GAP_PARTS = {
     "deep": ["def deep(n):\n    return deep(n + 1)", "def deep(n):\n    return n if n > 20 else deep(n + 1)"],
-    "guard": ["def guard(x):\n    try:\n        deep(0)\n    except RecursionError:\n        return 0\n    return 1",
-              "def guard(x):\n    if x > 0:\n        try:\n            deep(x)\n        except RecursionError:\n"
-              "            return 0\n    return 1",
-              "def guard(x):\n    return 1"],
-    "helper": ["def helper(x):\n    return x + 1", "def helper(x):\n    return x + 2",
-               "def helper(x):\n    return -x", "def helper(x):\n    raise ValueError(x)"],
-    "other": ["def other(x):\n    return helper(x) * 2", "def other(x):\n    return x * 2",
-              "def other(x):\n    return helper(helper(x))"],
-    "solve": ["def solve(x):\n    g = guard(x)\n    return helper(x) + g",
-              "def solve(x):\n    g = guard(x)\n    return other(x) - g",
-              "def solve(x):\n    return other(x) + guard(x) + helper(x)"],
+    "guard": [
+        "def guard(x):\n    try:\n        deep(0)\n    except RecursionError:\n        return 0\n    return 1",
+        "def guard(x):\n    if x > 0:\n        try:\n            deep(x)\n        except RecursionError:\n"
+        "            return 0\n    return 1",
+        "def guard(x):\n    return 1",
+    ],
+    "helper": [
+        "def helper(x):\n    return x + 1",
+        "def helper(x):\n    return x + 2",
+        "def helper(x):\n    return -x",
+        "def helper(x):\n    raise ValueError(x)",
+    ],
+    "other": [
+        "def other(x):\n    return helper(x) * 2",
+        "def other(x):\n    return x * 2",
+        "def other(x):\n    return helper(helper(x))",
+    ],
+    "solve": [
+        "def solve(x):\n    g = guard(x)\n    return helper(x) + g",
+        "def solve(x):\n    g = guard(x)\n    return other(x) - g",
+        "def solve(x):\n    return other(x) + guard(x) + helper(x)",
+    ],
 }
 GAP_ORDER = ["deep", "guard", "helper", "other", "solve"]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(st.fixed_dictionaries({k: st.integers(0, len(v) - 1) for k, v in GAP_PARTS.items()}),
-       st.lists(st.tuples(st.sampled_from(["helper", "other", "helper", "guard", "deep", "solve"]),
-                          st.integers(0, 3)), min_size=1, max_size=4))
+@given(
+    st.fixed_dictionaries({k: st.integers(0, len(v) - 1) for k, v in GAP_PARTS.items()}),
+    st.lists(
+        st.tuples(st.sampled_from(["helper", "other", "helper", "guard", "deep", "solve"]), st.integers(0, 3)),
+        min_size=1,
+        max_size=4,
+    ),
+)
 def test_edits_of_unrecorded_helpers_equal_a_fresh_run(sb, start, edits):
     inputs = [[-2], [0], [1], [5]]
     expected = [x + 1 for (x,) in inputs]
@@ -414,15 +455,16 @@ def test_edits_of_unrecorded_helpers_equal_a_fresh_run(sb, start, edits):
         code = "\n\n".join(GAP_PARTS[k][choice[k]] for k in GAP_ORDER) + "\n"
         inc = runner.run_tests(code, "solve", inputs, expected)
         fresh = sb.run_tests(code, "solve", inputs, expected, use_cache=False)
-        assert [(t.status, t.output, t.passed) for t in inc.tests] == \
-            [(t.status, t.output, t.passed) for t in fresh.tests], code
+        assert [(t.status, t.output, t.passed) for t in inc.tests] == [
+            (t.status, t.output, t.passed) for t in fresh.tests
+        ], code
 
 
 def test_an_int_too_large_for_a_float_is_graded_not_raised_on_reuse(sb):
     code = "def solve(x):\n    return 10 ** 400 if x > 0 else 0.5\n"
     runner = IncrementalRunner(sb)
-    for turn in range(2):
+    for _ in range(2):
         report = runner.run_tests(code, "solve", [[1], [0]], [1.5, 0.5])
         assert [t.passed for t in report.tests] == [False, True]
     assert info(report)["reused"] == 2
-    assert [t.passed for t in runner.run_tests(code, "solve", [[1], [0]], [10 ** 400, 1.5]).tests] == [True, False]
+    assert [t.passed for t in runner.run_tests(code, "solve", [[1], [0]], [10**400, 1.5]).tests] == [True, False]

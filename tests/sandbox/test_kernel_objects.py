@@ -15,13 +15,13 @@ import threading
 import time
 
 import pytest
+from sandbox_testlib import BACKENDS, HOSTILE_TIMEOUT_S, assert_healthy, open_backend
 
 from sandbox.api import Sandbox
 from sandbox.errors import SandboxConfigError
 from sandbox.limits import Limits
 from sandbox.pool import LocalLauncher, Pool
 from sandbox.seccomp import SYSCALLS
-from sandbox_testlib import BACKENDS, HOSTILE_TIMEOUT_S, assert_healthy, open_backend
 
 NR = SYSCALLS[os.uname().machine]
 
@@ -128,8 +128,15 @@ def test_only_unix_sockets_can_be_opened(sb):
     out = run_json(sb, SOCKETS.replace("IO_URING_SETUP", str(NR["io_uring_setup"])))
     eperm = 1
     assert {k: v for k, v in out.items() if k not in ("socketpair_unix", "unix")} == {
-        "AF_VSOCK": eperm, "AF_INET": eperm, "AF_INET6": eperm, "AF_NETLINK": eperm, "AF_PACKET": eperm,
-        "AF_ALG": eperm, "socketpair_inet": eperm, "io_uring": eperm}, out
+        "AF_VSOCK": eperm,
+        "AF_INET": eperm,
+        "AF_INET6": eperm,
+        "AF_NETLINK": eperm,
+        "AF_PACKET": eperm,
+        "AF_ALG": eperm,
+        "socketpair_inet": eperm,
+        "io_uring": eperm,
+    }, out
     assert (out["socketpair_unix"], out["unix"]) == ("x", 0), out
 
 
@@ -179,8 +186,9 @@ def test_a_program_cannot_lock_a_file(sb):
             time.sleep(0.01)
     runner.join()
     eperm = 1
-    assert seen["out"] == {k: eperm for k in ("flock_host", "flock_mine", "lockf_mine", "posix_host", "ofd_host",
-                                              "getlk_host")}, seen
+    assert seen["out"] == {
+        k: eperm for k in ("flock_host", "flock_mine", "lockf_mine", "posix_host", "ofd_host", "getlk_host")
+    }, seen
     if sb.backend == "process":  # the same inode as the host's
         assert not host_blocked
     assert_healthy(sb)
@@ -209,8 +217,9 @@ def test_a_program_sees_a_hostname_of_its_own_not_the_host_s(sb):
     assert changed.status == "ok" and changed.stdout.strip() == "-1"  # no capability to rename it either
 
 
-@pytest.mark.parametrize("make", ['os.link(f"{d}/f", f"{d}/{i}")', 'os.mkdir(f"{d}/{i}")'],
-                         ids=["hard_links", "directories"])
+@pytest.mark.parametrize(
+    "make", ['os.link(f"{d}/f", f"{d}/{i}")', 'os.mkdir(f"{d}/{i}")'], ids=["hard_links", "directories"]
+)
 def test_a_flood_of_entries_ends_with_the_programs_own_status(one_worker, make):
     """Entries made until the timeout: their removal is bounded in time (what is left goes with the worker, which
     is replaced), so the result is the program's own status, never the sandbox's error for a worker that kept
@@ -224,8 +233,12 @@ def test_a_flood_of_entries_ends_with_the_programs_own_status(one_worker, make):
 def test_missing_isolation_names_seccomp_where_children_have_no_filter():
     """Where the kernel cannot apply the filter (here: a server told not to, --no-seccomp), results say so and
     missing_isolation() names it, so a self-play run refuses to start unless allowed."""
-    box = Sandbox(Pool([LocalLauncher(0, extra_args=("--no-seccomp",))]), "process",
-                  Limits(timeout_s=HOSTILE_TIMEOUT_S, memory_mb=256), cache=False)
+    box = Sandbox(
+        Pool([LocalLauncher(0, extra_args=("--no-seccomp",))]),
+        "process",
+        Limits(timeout_s=HOSTILE_TIMEOUT_S, memory_mb=256),
+        cache=False,
+    )
     try:
         assert "seccomp" in box.missing_isolation()
         result = box.run("print(1)")

@@ -9,9 +9,9 @@ import json
 import os
 
 import pytest
+from sandbox_testlib import BACKENDS, assert_healthy, open_backend, unix_listener
 
 import sandbox
-from sandbox_testlib import BACKENDS, assert_healthy, open_backend, unix_listener
 
 KEY = 0x5E1F0019
 
@@ -60,7 +60,7 @@ def test_files_in_shared_dirs_do_not_reach_the_next_program(one_worker):
 SYSV = r"""
 import ctypes, json, os
 libc = ctypes.CDLL(None, use_errno=True)
-KEY = %d
+KEY = {KEY}
 mode = os.environ.get("MODE")
 shm = libc.shmget(KEY, 1 << 20, 0o1666 if mode == "make" else 0)
 sem = libc.semget(KEY + 1, 1, 0o1666 if mode == "make" else 0)
@@ -71,7 +71,7 @@ if mode == "make" and shm >= 0:
     ctypes.memset(addr, 7, 1 << 20)  # resident after we exit unless someone removes it
 rows = {k: len(open(f"/proc/sysvipc/{k}").read().splitlines()) - 1 for k in ("shm", "sem", "msg")}
 print(json.dumps({"ids": [shm >= 0, sem >= 0, msg >= 0], "rows": rows}))
-""" % KEY
+""".replace("{KEY}", str(KEY))
 
 
 def sysv(box, mode: str) -> dict:
@@ -130,10 +130,12 @@ def test_host_unix_sockets_under_run_are_out_of_reach():
     listener = unix_listener(path)
     box = open_backend("process", workers=1)
     try:
-        probe = ("import os, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
-                 f"try:\n    s.connect({path!r})\n    print('connected')\n"
-                 "except OSError as exc:\n    print(type(exc).__name__)\n"
-                 "print(sorted(os.listdir('/run')))\n")
+        probe = (
+            "import os, socket\ns = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+            f"try:\n    s.connect({path!r})\n    print('connected')\n"
+            "except OSError as exc:\n    print(type(exc).__name__)\n"
+            "print(sorted(os.listdir('/run')))\n"
+        )
         result = box.run(probe)
         assert result.status == "ok", result
         assert result.stdout.splitlines()[0] == "FileNotFoundError", result
@@ -161,9 +163,11 @@ def test_missing_isolation_is_reported(one_worker):
 def test_host_processes_are_invisible_on_the_process_backend():
     box = open_backend("process", workers=1)
     try:
-        probe = ("import os\npids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
-                 f"print(os.path.exists('/proc/1'), os.path.exists('/proc/{os.getpid()}'), "
-                 "all(os.stat(f'/proc/{p}').st_uid == os.getuid() for p in pids if os.path.exists(f'/proc/{p}')))\n")
+        probe = (
+            "import os\npids = [int(p) for p in os.listdir('/proc') if p.isdigit()]\n"
+            f"print(os.path.exists('/proc/1'), os.path.exists('/proc/{os.getpid()}'), "
+            "all(os.stat(f'/proc/{p}').st_uid == os.getuid() for p in pids if os.path.exists(f'/proc/{p}')))\n"
+        )
         result = box.run(probe)
         assert (result.status, result.stdout) == ("ok", "False False True\n"), result
         assert result.meta["private_proc"] is True, result.meta

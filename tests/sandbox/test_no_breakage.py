@@ -9,7 +9,6 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-
 from sandbox_testlib import BACKENDS, assert_serves_the_next_programs, open_backend, server_fds
 
 DEPTH = 1200  # nested directories: deeper than Python's default recursion limit
@@ -149,8 +148,10 @@ def test_the_server_ignores_signals_from_its_programs(same_uid_box):
         assert "worker_restarted" not in result.meta, result.meta
     assert [h["restarts"] for h in box.health()] == restarts
     # the program itself still gets a fresh process's handlers: SIGINT raises KeyboardInterrupt in it
-    own = box.run("import os, signal\ntry:\n    os.kill(os.getpid(), signal.SIGINT)\n"
-                  "except KeyboardInterrupt:\n    print('interrupted')\n")
+    own = box.run(
+        "import os, signal\ntry:\n    os.kill(os.getpid(), signal.SIGINT)\n"
+        "except KeyboardInterrupt:\n    print('interrupted')\n"
+    )
     assert (own.status, own.stdout) == ("ok", "interrupted\n"), own
     assert_serves_the_next_programs(box)
 
@@ -161,8 +162,9 @@ def test_answers_are_bounded_in_total_bytes(sb):
 
     size = 900_000
     n = MAX_RESULT_BYTES // size + 8
-    report = sb.run_tests("def f(i):\n    return 'z' * 900_000\n", "f", [[i] for i in range(n)], ["z" * size] * n,
-                          timeout_s=60)
+    report = sb.run_tests(
+        "def f(i):\n    return 'z' * 900_000\n", "f", [[i] for i in range(n)], ["z" * size] * n, timeout_s=60
+    )
     statuses = [t.status for t in report.tests]
     kept = statuses.count("ok")
     assert 0 < kept <= MAX_RESULT_BYTES // size and statuses[kept:] == ["output_limit"] * (n - kept), statuses
@@ -175,9 +177,15 @@ def test_a_request_the_server_fails_on_is_answered_and_the_worker_recycled(sb):
     sends): the answer is sandbox_error, the worker is replaced before the next program, nothing is left."""
     pool = sb._pool
     restarts = sum(h["restarts"] for h in sb.health())
-    req = {"op": "tests", "source": "import time\ntime.sleep(30)\ndef f():\n    return 1\n", "entry_point": "f",
-           "inputs": [[]], "timeout_s": 5, "memory_mb": 1 << 33,
-           "output_limit": 10_000}
+    req = {
+        "op": "tests",
+        "source": "import time\ntime.sleep(30)\ndef f():\n    return 1\n",
+        "entry_point": "f",
+        "inputs": [[]],
+        "timeout_s": 5,
+        "memory_mb": 1 << 33,
+        "output_limit": 10_000,
+    }
     (resp,) = pool.execute([req])
     assert resp["status"] == "sandbox_error", resp
     assert resp["meta"].get("worker_recycled"), resp["meta"]

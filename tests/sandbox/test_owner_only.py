@@ -10,10 +10,10 @@ import stat
 import tempfile
 
 import pytest
+from sandbox_testlib import open_backend
 
 from sandbox.cache import ResultCache
 from sandbox.trace import TraceLog
-from sandbox_testlib import open_backend
 from selfplay.data.corpus import Corpus
 
 
@@ -72,9 +72,11 @@ def test_a_sandboxed_program_cannot_read_a_corpus_it_can_see(umask_022):
         corpus.db.execute("INSERT INTO secret VALUES ('42')")
         box = open_backend("process", workers=1, confine=False)
         try:
-            probe = (f"import os\nprint(os.path.exists({str(corpus.path)!r}))\n"
-                     f"try:\n    open({str(corpus.path)!r}, 'rb').read()\n    print('read')\n"
-                     f"except PermissionError:\n    print('denied')\n")
+            probe = (
+                f"import os\nprint(os.path.exists({str(corpus.path)!r}))\n"
+                f"try:\n    open({str(corpus.path)!r}, 'rb').read()\n    print('read')\n"
+                f"except PermissionError:\n    print('denied')\n"
+            )
             result = box.run(probe)
             assert (result.status, result.stdout) == ("ok", "True\ndenied\n"), result
         finally:

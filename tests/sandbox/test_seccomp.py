@@ -64,8 +64,26 @@ out = {
 if MACHINE == "x86_64":  # the x32 ABI's getpid: another ABI, whose numbers the filter does not check
     out["x32_getpid"] = sys_errno(0x40000000 | 39)
 """
-DENIED = ["add_key", "keyctl", "request_key", "mq_open", "mq_unlink", "flock", "setlk", "setlkw", "getlk",
-          "ofd_setlk", "setlease", "inet", "inet6", "vsock", "netlink", "socketpair_inet", "io_uring_setup", "bpf"]
+DENIED = [
+    "add_key",
+    "keyctl",
+    "request_key",
+    "mq_open",
+    "mq_unlink",
+    "flock",
+    "setlk",
+    "setlkw",
+    "getlk",
+    "ofd_setlk",
+    "setlease",
+    "inet",
+    "inet6",
+    "vsock",
+    "netlink",
+    "socketpair_inet",
+    "io_uring_setup",
+    "bpf",
+]
 ALLOWED = ["unix", "socketpair_unix", "getfl", "setfd", "pipe", "fork"]
 
 
@@ -80,8 +98,15 @@ def probe(install: bool) -> dict:
             os.close(r)
             if filt is not None:
                 filt.install()
-            scope = {"ctypes": ctypes, "fcntl": fcntl, "os": os, "socket": socket, "struct": struct,
-                     "seccomp": seccomp, "MACHINE": MACHINE}
+            scope = {
+                "ctypes": ctypes,
+                "fcntl": fcntl,
+                "os": os,
+                "socket": socket,
+                "struct": struct,
+                "seccomp": seccomp,
+                "MACHINE": MACHINE,
+            }
             exec(PROBES, scope)
             os.write(w, json.dumps(scope["out"]).encode())
             code = 0
@@ -142,12 +167,20 @@ def test_the_filter_holds_for_a_checkout_under_tmp(tmp_path):
     from pathlib import Path
 
     shutil.copytree(Path(seccomp.__file__).parent, tmp_path / "sandbox")
-    code = ("import sandbox\n"
-            "with sandbox.open_sandbox(backend='process', workers=1) as sb:\n"
-            "    r = sb.run('import socket\\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)')\n"
-            "    print(sandbox.__file__, r.meta.get('seccomp'), r.status, 'Operation not permitted' in r.stderr)\n")
-    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
-                         env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    code = (
+        "import sandbox\n"
+        "with sandbox.open_sandbox(backend='process', workers=1) as sb:\n"
+        "    r = sb.run('import socket\\nsocket.socket(socket.AF_INET, socket.SOCK_STREAM)')\n"
+        "    print(sandbox.__file__, r.meta.get('seccomp'), r.status, 'Operation not permitted' in r.stderr)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert out.returncode == 0, out.stderr
     where, applied, status, refused = out.stdout.split()
     assert where.startswith(str(tmp_path)) and (applied, status, refused) == ("True", "error", "True"), out.stdout

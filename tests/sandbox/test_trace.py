@@ -16,8 +16,11 @@ TB = 'Traceback (most recent call last):\n  File "<prog>", line 1, in <module>\n
 def test_record_fields_and_caps(tmp_path):
     path = tmp_path / "sub" / "trace.jsonl"
     with TraceLog(str(path), max_output=10) as log:
-        log.record("run", "print(1/0)", {"status": "error", "stdout": "x" * 50, "stderr": TB, "duration_s": 0.01,
-                                         "cached": False})
+        log.record(
+            "run",
+            "print(1/0)",
+            {"status": "error", "stdout": "x" * 50, "stderr": TB, "duration_s": 0.01, "cached": False},
+        )
     (rec,) = read_trace(str(path))
     assert rec["kind"] == "run" and rec["status"] == "error" and rec["duration_s"] == 0.01
     assert rec["code_sha256"] == hashlib.sha256(b"print(1/0)").hexdigest()
@@ -27,15 +30,28 @@ def test_record_fields_and_caps(tmp_path):
 
 def test_test_report_counts(tmp_path):
     path = str(tmp_path / "t.jsonl")
-    report = {"status": "ok", "duration_s": 0.02, "cached": True, "stdout": "", "stderr": "",
-              "tests": [{"status": "ok", "passed": True}, {"status": "ok", "passed": False},
-                        {"status": "error", "passed": False, "error": "KeyError: 3"},
-                        {"status": "timeout", "passed": False, "error": None}]}
+    report = {
+        "status": "ok",
+        "duration_s": 0.02,
+        "cached": True,
+        "stdout": "",
+        "stderr": "",
+        "tests": [
+            {"status": "ok", "passed": True},
+            {"status": "ok", "passed": False},
+            {"status": "error", "passed": False, "error": "KeyError: 3"},
+            {"status": "timeout", "passed": False, "error": None},
+        ],
+    }
     TraceLog(path).record("tests", "def f(x): ...", report)
     (rec,) = read_trace(path)
     assert rec["cached"] is True
-    assert rec["tests"] == {"passed": 1, "total": 4, "by_status": {"ok": 2, "error": 1, "timeout": 1},
-                            "error_types": {"KeyError": 1}}
+    assert rec["tests"] == {
+        "passed": 1,
+        "total": 4,
+        "by_status": {"ok": 2, "error": 1, "timeout": 1},
+        "error_types": {"KeyError": 1},
+    }
 
 
 def test_summarize(tmp_path):
@@ -44,8 +60,15 @@ def test_summarize(tmp_path):
     log.record("run", "a", {"status": "ok", "duration_s": 0.1})
     log.record("run", "b", {"status": "error", "stderr": TB, "duration_s": 0.3})
     log.record("run", "b", {"status": "error", "stderr": TB, "duration_s": 0.3, "cached": True})
-    log.record("tests", "c", {"status": "timeout", "duration_s": 5.0,
-                              "tests": [{"status": "error", "error": "IndexError: list index out of range"}]})
+    log.record(
+        "tests",
+        "c",
+        {
+            "status": "timeout",
+            "duration_s": 5.0,
+            "tests": [{"status": "error", "error": "IndexError: list index out of range"}],
+        },
+    )
     with open(path, "a") as f:
         f.write('{"torn": \n')
     s = summarize(path)
@@ -84,13 +107,18 @@ def test_concurrent_appends_keep_lines_whole(tmp_path):
     assert seen == {hashlib.sha256(f"{w}:{i}".encode()).hexdigest() for w in range(4) for i in range(200)}
 
 
-@pytest.mark.parametrize("text,expected", [
-    (TB, "ZeroDivisionError"),
-    ("KeyError: 'x'", "KeyError"),
-    ("mymod.BadThing: nope", "BadThing"),
-    ("Traceback...\nKeyboardInterrupt\n\n", "KeyboardInterrupt"),
-    ("", None), (None, None), ("some words here", None),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        (TB, "ZeroDivisionError"),
+        ("KeyError: 'x'", "KeyError"),
+        ("mymod.BadThing: nope", "BadThing"),
+        ("Traceback...\nKeyboardInterrupt\n\n", "KeyboardInterrupt"),
+        ("", None),
+        (None, None),
+        ("some words here", None),
+    ],
+)
 def test_error_type(text, expected):
     assert error_type(text) == expected
 

@@ -22,17 +22,24 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-import sandbox
 import test_confinement
 import test_forgery
 import test_hostile
+from sandbox_testlib import (
+    HOSTILE_MEMORY_MB,
+    HOSTILE_TIMEOUT_S,
+    assert_healthy,
+    assert_nothing_left,
+    forged_frames,
+    open_backend,
+    server_fds,
+)
+
+import sandbox
 from sandbox import forkserver
 from sandbox.api import Sandbox
 from sandbox.limits import Limits
 from sandbox.pool import FORKSERVER_PATH, LocalLauncher, Pool
-from sandbox_testlib import (HOSTILE_MEMORY_MB, HOSTILE_TIMEOUT_S, assert_healthy, assert_nothing_left,
-                             forged_frames, open_backend, server_fds)
 
 TEST_USER = "selfplay-test"
 REPO = Path(__file__).resolve().parents[2]
@@ -46,8 +53,10 @@ def plain_user() -> pwd.struct_passwd | None:
     try:
         user = pwd.getpwnam(TEST_USER)
     except KeyError:
-        pytest.fail(f"no user {TEST_USER!r} to run the sandbox as without root: create it with "
-                    f"`useradd --system {TEST_USER}` (.ci/run does), or run these tests as a plain user")
+        pytest.fail(
+            f"no user {TEST_USER!r} to run the sandbox as without root: create it with "
+            f"`useradd --system {TEST_USER}` (.ci/run does), or run these tests as a plain user"
+        )
     if user.pw_uid == 0:
         pytest.fail(f"user {TEST_USER!r} is root; it must be an unprivileged user")
     return user
@@ -69,8 +78,10 @@ def check_readable(path: str) -> None:
     if blocked is None and not os.stat(path).st_mode & 0o004:
         blocked = path
     if blocked is not None:
-        pytest.fail(f"{path} is not readable by other users ({blocked} is closed): check the project out where "
-                    f"{TEST_USER!r} can read it to run these tests as root")
+        pytest.fail(
+            f"{path} is not readable by other users ({blocked} is closed): check the project out where "
+            f"{TEST_USER!r} can read it to run these tests as root"
+        )
 
 
 def userns_allowed(user: pwd.struct_passwd | None) -> bool:
@@ -90,8 +101,10 @@ def open_unprivileged(workers: int = 2, extra_args: tuple = ()) -> Sandbox:
         return open_backend("process", workers=workers)
     check_readable(FORKSERVER_PATH)
     python = interpreter(user)
-    launchers = [LocalLauncher(i, python=python, run_as=user.pw_uid, extra_args=("--uid", "auto", *extra_args))
-                 for i in range(workers)]
+    launchers = [
+        LocalLauncher(i, python=python, run_as=user.pw_uid, extra_args=("--uid", "auto", *extra_args))
+        for i in range(workers)
+    ]
     try:
         pool = Pool(launchers)
     except sandbox.SandboxUnavailable as exc:
@@ -102,8 +115,10 @@ def open_unprivileged(workers: int = 2, extra_args: tuple = ()) -> Sandbox:
 @pytest.fixture(scope="module")
 def usb():
     if not userns_allowed(plain_user()):
-        pytest.fail("the kernel refuses unprivileged user namespaces here (sysctl kernel.unprivileged_userns_clone "
-                    "or user.max_user_namespaces): the isolation a plain user gets cannot be tested")
+        pytest.fail(
+            "the kernel refuses unprivileged user namespaces here (sysctl kernel.unprivileged_userns_clone "
+            "or user.max_user_namespaces): the isolation a plain user gets cannot be tested"
+        )
     box = open_unprivileged()
     yield box
     box.close()
@@ -188,7 +203,9 @@ def test_print_is_ok_as_a_plain_user(usb):
 
 
 def test_a_program_has_no_capabilities_as_a_plain_user(usb):
-    r = run(usb, """
+    r = run(
+        usb,
+        """
         import ctypes, os
         caps = {l.split(":")[0]: int(l.split()[1], 16) for l in open("/proc/self/status") if l.startswith("Cap")}
         print(caps["CapEff"], caps["CapPrm"], caps["CapBnd"], caps["CapAmb"])
@@ -201,7 +218,8 @@ def test_a_program_has_no_capabilities_as_a_plain_user(usb):
         libc = ctypes.CDLL(None, use_errno=True)
         for flags in (0x10000000, 0x40000000, 0x00020000):  # a user, network, mount namespace
             print("allowed" if libc.unshare(flags) == 0 else "refused")
-    """)
+    """,
+    )
     assert r.status == "ok", r
     lines = r.stdout.split("\n")
     assert lines[0] == "0 0 0 0", r.stdout
@@ -214,7 +232,9 @@ def test_a_program_sees_no_network_as_a_plain_user(usb):
     host.listen(1)
     port = host.getsockname()[1]
     try:
-        r = run(usb, f"""
+        r = run(
+            usb,
+            f"""
             import socket
             print(sorted(line.split(":")[0].strip() for line in open("/proc/self/net/dev").readlines()[2:]))
             for address in [("127.0.0.1", {port}), ("10.0.0.1", 53), ("1.1.1.1", 53)]:
@@ -223,7 +243,8 @@ def test_a_program_sees_no_network_as_a_plain_user(usb):
                     print("connected")
                 except OSError as exc:
                     print(type(exc).__name__)
-        """)
+        """,
+        )
         assert r.status == "ok" and r.meta["network_isolated"] is True, r
         lines = r.stdout.split("\n")
         assert lines[0] == "['lo']", r.stdout
@@ -238,7 +259,9 @@ def test_a_program_sees_no_network_as_a_plain_user(usb):
 
 def test_a_program_sees_no_host_process_as_a_plain_user(usb):
     before = server_fds(usb)
-    r = run(usb, f"""
+    r = run(
+        usb,
+        f"""
         import json, os, signal
         child = os.fork()
         if child == 0:
@@ -252,7 +275,8 @@ def test_a_program_sees_no_host_process_as_a_plain_user(usb):
             except OSError:
                 pass
         print(json.dumps({{'pids': pids, 'me': os.getpid(), 'child': child, 'ppid': os.getppid(), 'reached': reached}}))
-    """)
+    """,
+    )
     assert r.status == "ok" and r.meta["pid_namespace"] is True and r.meta["private_proc"] is True, r
     seen = json.loads(r.stdout)
     assert seen["ppid"] == 0, seen  # its server is outside its pid namespace
@@ -298,9 +322,19 @@ def users_secret():
 def test_a_program_cannot_read_or_write_outside_its_dir_as_a_plain_user(usb, users_secret):
     folder, secret = users_secret
     marker = f"sandbox-unpriv-marker-{os.getpid()}"
-    targets = [secret, os.path.join(folder, "new"), str(REPO / "sandbox" / "forkserver.py"), "/usr/lib/owned",
-               "/etc/owned", "/owned", "/proc/sys/kernel/hostname", sys.executable]
-    r = run(usb, f"""
+    targets = [
+        secret,
+        os.path.join(folder, "new"),
+        str(REPO / "sandbox" / "forkserver.py"),
+        "/usr/lib/owned",
+        "/etc/owned",
+        "/owned",
+        "/proc/sys/kernel/hostname",
+        sys.executable,
+    ]
+    r = run(
+        usb,
+        f"""
         import json, os
         out = dict()
         try:
@@ -318,7 +352,8 @@ def test_a_program_cannot_read_or_write_outside_its_dir_as_a_plain_user(usb, use
         open("/tmp/{marker}", "w").write("ok")
         out["root"] = sorted(os.listdir("/"))
         print(json.dumps(out))
-    """)
+    """,
+    )
     assert r.status == "ok", r
     out = json.loads(r.stdout)
     assert out["read"] in ("FileNotFoundError", "PermissionError"), out
@@ -339,7 +374,9 @@ def test_a_program_cannot_read_or_write_outside_its_dir_as_a_plain_user(usb, use
 
 def test_nothing_of_a_program_reaches_the_next_as_a_plain_user(usb):
     before = server_fds(usb)
-    r = run(usb, """
+    r = run(
+        usb,
+        """
         import ctypes, os
         ctypes.CDLL(None).shmget(0, 4096, 0o1666)  # a SysV segment (IPC_PRIVATE, IPC_CREAT)
         for d in ("/tmp", "/var/tmp", "/dev/shm"):
@@ -350,7 +387,8 @@ def test_nothing_of_a_program_reaches_the_next_as_a_plain_user(usb):
             os.setsid()
             import time
             time.sleep(100)
-    """)
+    """,
+    )
     assert r.status == "ok", r
     assert_nothing_left(usb, before)
 
@@ -361,17 +399,20 @@ def test_grading_works_and_forgeries_fail_as_a_plain_user(usb):
     assert right.status == "ok" and right.passed == 3, right
     wrong = usb.run_tests("def f(x):\n    return x\n", "f", [[1], [2], [3]], [2, 4, 6])
     assert wrong.passed == 0, wrong
-    forged = usb.run_tests(forged_frames("f", "args[0]", ["forged"]), "f", [[1], [2], [3]], [2, 4, 6],
-                           record_calls=True)
+    forged = usb.run_tests(
+        forged_frames("f", "args[0]", ["forged"]), "f", [[1], [2], [3]], [2, 4, 6], record_calls=True
+    )
     assert forged.passed == 0 and all(t.duration_s != 3e-12 and t.calls != ["forged"] for t in forged.tests), forged
     early = usb.run_tests("import os\ndef f(x):\n    os._exit(0)\n", "f", [[1], [2]], [2, 4])
     assert early.passed == 0 and all(t.status != "ok" for t in early.tests), early
     task = test_forgery.HUMANEVAL_TASK
-    verdict = usb.run_check(task["prompt"] + "    return 2 * x\n\n" + test_forgery.FORGED_VERDICT, "double",
-                            task["test"])
+    verdict = usb.run_check(
+        task["prompt"] + "    return 2 * x\n\n" + test_forgery.FORGED_VERDICT, "double", task["test"]
+    )
     assert verdict.meta["check"]["passed"] is False, verdict
-    honest = usb.run_check(test_forgery.HUMANEVAL_TASK["prompt"] + "    return 2 * x\n", "double",
-                           test_forgery.HUMANEVAL_TASK["test"])
+    honest = usb.run_check(
+        test_forgery.HUMANEVAL_TASK["prompt"] + "    return 2 * x\n", "double", test_forgery.HUMANEVAL_TASK["test"]
+    )
     assert honest.status == "ok" and honest.meta["check"]["passed"] is True, honest
     assert_healthy(usb)
 
@@ -381,41 +422,44 @@ def test_grading_works_and_forgeries_fail_as_a_plain_user(usb):
 # that check root-only facts (a uid per worker, cgroup directories).
 SUITES = [
     (test_forgery.test_an_early_exit_is_never_ok, {"name": name}) for name in sorted(test_forgery.EARLY_EXITS)
-] + [(fn, {}) for fn in (
-    test_forgery.test_a_program_that_runs_to_its_end_is_ok_whatever_it_did_on_the_way,
-    test_forgery.test_garbage_on_the_harness_descriptors_is_not_an_end,
-    test_forgery.test_exit_code_114_is_the_program_s_error_not_ours,
-    test_forgery.test_exit_code_113_is_not_a_memory_verdict,
-    test_forgery.test_printing_memoryerror_and_aborting_is_not_a_memory_verdict,
-    test_forgery.test_raising_memoryerror_without_using_memory_is_an_error,
-    test_forgery.test_sigxcpu_sent_to_itself_is_not_a_timeout,
-    test_forgery.test_a_test_that_exits_with_114_is_the_program_s_failure,
-    test_forgery.test_a_fake_memory_error_in_a_test_is_not_a_memory_verdict,
-    test_forgery.test_forged_result_frames_cannot_set_durations_or_calls,
-    test_forgery.test_durations_are_the_parent_s,
-    test_forgery.test_an_integer_task_rejects_an_approximate_float,
-    test_forgery.test_a_check_sees_values_not_objects,
-    test_hostile.test_fork_bomb,
-    test_hostile.test_memory_bomb,
-    test_hostile.test_memory_limit_is_per_call,
-    test_hostile.test_infinite_loop,
-    test_hostile.test_cpu_spin_ignoring_sigterm_with_child,
-    test_hostile.test_output_flood,
-    test_hostile.test_huge_file_write,
-    test_hostile.test_writes_outside_work_dir_leave_host_files_untouched,
-    test_hostile.test_work_dir_is_private_and_removed,
-    test_hostile.test_loopback_connection_fails,
-    test_hostile.test_killing_the_worker_is_contained,
-    test_hostile.test_deep_recursion,
-    test_hostile.test_ctypes_segfault,
-    test_hostile.test_daemon_thread_outliving_the_program,
-    test_hostile.test_forkserver_file_is_untouched,
-    test_hostile.test_closed_host_files_are_unreadable,
-    test_hostile.test_sleeping_and_reading_stdin,
-    test_confinement.test_a_process_tree_is_held_to_its_memory_limit,
-    test_confinement.test_a_grading_whose_test_overruns_the_tree_limit_fails_that_test_only,
-    test_forgery.test_pool_is_healthy_after_the_forgeries,
-)]
+] + [
+    (fn, {})
+    for fn in (
+        test_forgery.test_a_program_that_runs_to_its_end_is_ok_whatever_it_did_on_the_way,
+        test_forgery.test_garbage_on_the_harness_descriptors_is_not_an_end,
+        test_forgery.test_exit_code_114_is_the_program_s_error_not_ours,
+        test_forgery.test_exit_code_113_is_not_a_memory_verdict,
+        test_forgery.test_printing_memoryerror_and_aborting_is_not_a_memory_verdict,
+        test_forgery.test_raising_memoryerror_without_using_memory_is_an_error,
+        test_forgery.test_sigxcpu_sent_to_itself_is_not_a_timeout,
+        test_forgery.test_a_test_that_exits_with_114_is_the_program_s_failure,
+        test_forgery.test_a_fake_memory_error_in_a_test_is_not_a_memory_verdict,
+        test_forgery.test_forged_result_frames_cannot_set_durations_or_calls,
+        test_forgery.test_durations_are_the_parent_s,
+        test_forgery.test_an_integer_task_rejects_an_approximate_float,
+        test_forgery.test_a_check_sees_values_not_objects,
+        test_hostile.test_fork_bomb,
+        test_hostile.test_memory_bomb,
+        test_hostile.test_memory_limit_is_per_call,
+        test_hostile.test_infinite_loop,
+        test_hostile.test_cpu_spin_ignoring_sigterm_with_child,
+        test_hostile.test_output_flood,
+        test_hostile.test_huge_file_write,
+        test_hostile.test_writes_outside_work_dir_leave_host_files_untouched,
+        test_hostile.test_work_dir_is_private_and_removed,
+        test_hostile.test_loopback_connection_fails,
+        test_hostile.test_killing_the_worker_is_contained,
+        test_hostile.test_deep_recursion,
+        test_hostile.test_ctypes_segfault,
+        test_hostile.test_daemon_thread_outliving_the_program,
+        test_hostile.test_forkserver_file_is_untouched,
+        test_hostile.test_closed_host_files_are_unreadable,
+        test_hostile.test_sleeping_and_reading_stdin,
+        test_confinement.test_a_process_tree_is_held_to_its_memory_limit,
+        test_confinement.test_a_grading_whose_test_overruns_the_tree_limit_fails_that_test_only,
+        test_forgery.test_pool_is_healthy_after_the_forgeries,
+    )
+]
 
 
 SUITE_IDS = [f"{fn.__module__}.{fn.__name__}" + (f"[{kw['name']}]" if kw else "") for fn, kw in SUITES]

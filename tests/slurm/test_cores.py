@@ -14,15 +14,18 @@ import pytest
 from tests.conftest import REPO
 
 # what `selfplay train` sizes each rank's pool with (selfplay.train.setup.sandbox_workers), and the affinity's count
-CODE = ("import os, sandbox; from selfplay.runtime.config import load_config; "
-        "from selfplay.train.setup import sandbox_workers; "
-        "print(sandbox.usable_cpus(), sandbox_workers(load_config()), os.cpu_count())")
+CODE = (
+    "import os, sandbox; from selfplay.runtime.config import load_config; "
+    "from selfplay.train.setup import sandbox_workers; "
+    "print(sandbox.usable_cpus(), sandbox_workers(load_config()), os.cpu_count())"
+)
 
 
 def counts(*prefix: str, ranks: int = 1) -> tuple[int, int, int]:
     env = dict(os.environ, LOCAL_WORLD_SIZE=str(ranks))
-    out = subprocess.run([*prefix, sys.executable, "-c", CODE], cwd=REPO, env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [*prefix, sys.executable, "-c", CODE], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     usable, workers, machine = map(int, out.stdout.split())
     return usable, workers, machine

@@ -31,9 +31,22 @@ def need_cluster() -> None:
 
 def sbatch(run: Path, *overrides: str) -> str:
     env = dict(os.environ, NPROC_PER_NODE="2")
-    out = subprocess.run(["sbatch", "--parsable", f"--output={run}/slurm-%j.out", "slurm/selfplay.sh",
-                          *SMOKE, f"run.dir={run}", *overrides], cwd=REPO, env=env, capture_output=True, text=True,
-                         check=True)
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={run}/slurm-%j.out",
+            "slurm/selfplay.sh",
+            *SMOKE,
+            f"run.dir={run}",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.strip().split(";")[0]
 
 
@@ -117,15 +130,20 @@ def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
         assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
         time.sleep(1)
     time.sleep(3)
+
     def env(pid: int) -> list[str]:
         try:
             return Path(f"/proc/{pid}/environ").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             return []
 
-    rank1 = [pid for pid in map(int, subprocess.run(["pgrep", "-f", "selfplay train"], capture_output=True,
-                                                      text=True).stdout.split())
-             if {"RANK=1", f"SLURM_JOB_ID={job}"} <= set(env(pid))]  # this job's rank 1 only
+    rank1 = [
+        pid
+        for pid in map(
+            int, subprocess.run(["pgrep", "-f", "selfplay train"], capture_output=True, text=True).stdout.split()
+        )
+        if {"RANK=1", f"SLURM_JOB_ID={job}"} <= set(env(pid))
+    ]  # this job's rank 1 only
     assert rank1, "rank 1's process not found"
     os.kill(rank1[0], 9)
     t0 = time.time()
@@ -138,10 +156,16 @@ def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
 
 def test_bad_submissions_fail_at_once(tmp_path):
     need_cluster()
-    too_many = subprocess.run(["sbatch", "--nodes=64", "slurm/selfplay.sh", "configs/smoke.yaml"], cwd=REPO,
-                              capture_output=True, text=True)
+    too_many = subprocess.run(
+        ["sbatch", "--nodes=64", "slurm/selfplay.sh", "configs/smoke.yaml"], cwd=REPO, capture_output=True, text=True
+    )
     assert too_many.returncode != 0 and "submission failed" in too_many.stderr  # EnforcePartLimits=ALL
-    job = subprocess.run(["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", "slurm/selfplay.sh",
-                          "configs/missing.yaml"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    job = subprocess.run(
+        ["sbatch", "--parsable", f"--output={tmp_path}/slurm-%j.out", "slurm/selfplay.sh", "configs/missing.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     assert wait_for(job, {"FAILED", "COMPLETED"}, 300) == "FAILED"
     assert "config file not found: configs/missing.yaml" in (tmp_path / f"slurm-{job}.out").read_text()

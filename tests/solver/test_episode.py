@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sandbox
 from generator.schema import Task
@@ -27,9 +28,19 @@ def task(sb):
     inputs = [[[3, 1, 2]], [[]], [[5, -1]], [[2, 2, 1]], [[9, 8, 7, 6]]]
     outputs = sb.run_tests(REF, "solve", inputs).outputs
     tests = [{"input": i, "output": o} for i, o in zip(inputs, outputs)]
-    return Task(id="t", family="list_int", source="procedural", split="train", level=1, description="Sort.",
-                entry_point="solve", signature="def solve(xs: list[int]) -> list[int]", reference_solution=REF,
-                visible_tests=tests[:2], hidden_tests=tests[2:])
+    return Task(
+        id="t",
+        family="list_int",
+        source="procedural",
+        split="train",
+        level=1,
+        description="Sort.",
+        entry_point="solve",
+        signature="def solve(xs: list[int]) -> list[int]",
+        reference_solution=REF,
+        visible_tests=tests[:2],
+        hidden_tests=tests[2:],
+    )
 
 
 def test_single_turn_right_and_wrong(sb, task):

@@ -1,6 +1,7 @@
 """Code extraction is robust to prose, fences and truncation, and never raises."""
 
-from hypothesis import assume, given, strategies as st
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 from solver.parse import extract_code
 
@@ -57,8 +58,14 @@ def programs(draw):
     """A small random function (one to three statements), ending with a newline."""
     name, params = draw(NAMES), draw(st.lists(NAMES, min_size=1, max_size=3, unique=True))
     p = params[0]
-    exprs = [f"{p} + {draw(st.integers(0, 99))}", f"[v * 2 for v in {p}]", f"sorted({p})", f"len({p}) % 3",
-             f"{{'k': {p}}}", f"({p}, {draw(st.integers(-5, 5))})"]
+    exprs = [
+        f"{p} + {draw(st.integers(0, 99))}",
+        f"[v * 2 for v in {p}]",
+        f"sorted({p})",
+        f"len({p}) % 3",
+        f"{{'k': {p}}}",
+        f"({p}, {draw(st.integers(-5, 5))})",
+    ]
     body = [f"    out = {draw(st.sampled_from(exprs))}"]
     if draw(st.booleans()):
         body.append(f"    if out == {draw(st.integers(0, 9))}:\n        return None")

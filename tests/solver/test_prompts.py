@@ -6,10 +6,18 @@ from solver.prompts import answer_text, humaneval_prompt, task_prompt
 
 
 def make_task():
-    return Task(id="t1", family="list_int", source="procedural", split="train", level=1,
-                description="Sort the numbers.", entry_point="solve", signature="def solve(xs: list[int]) -> list[int]",
-                reference_solution="def solve(xs):\n    return sorted(xs)\n",
-                visible_tests=[{"input": [[3, 1]], "output": [1, 3]}, {"input": [["x" * 1000]], "output": None}])
+    return Task(
+        id="t1",
+        family="list_int",
+        source="procedural",
+        split="train",
+        level=1,
+        description="Sort the numbers.",
+        entry_point="solve",
+        signature="def solve(xs: list[int]) -> list[int]",
+        reference_solution="def solve(xs):\n    return sorted(xs)\n",
+        visible_tests=[{"input": [[3, 1]], "output": [1, 3]}, {"input": [["x" * 1000]], "output": None}],
+    )
 
 
 def test_task_prompt():
@@ -30,8 +38,9 @@ def test_conversation_adds_answers_and_feedback_in_later_turns():
     from solver.prompts import conversation, render
 
     task = make_task()
-    msgs = conversation(task, turns=[("ACTION: run", "1/2 visible tests pass"), ("ACTION: check", "parses: yes")],
-                        multi_turn=True)
+    msgs = conversation(
+        task, turns=[("ACTION: run", "1/2 visible tests pass"), ("ACTION: check", "parses: yes")], multi_turn=True
+    )
     assert [m["role"] for m in msgs] == ["user", "assistant", "user", "assistant", "user"]
     assert msgs[0]["content"] == task_prompt(task, multi_turn=True)
     assert msgs[2]["content"] == "Result:\n1/2 visible tests pass"

@@ -1,27 +1,31 @@
 """Solver hybrid reward: each term by hand, the default is correctness alone."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from solver.rewards import (
-    RewardConfig,
-    RewardInputs,
-    code_metrics,
-    needed,
-    quality,
-    reward_terms,
-    total_reward,
-)
+from solver.rewards import RewardConfig, RewardInputs, code_metrics, needed, quality, reward_terms, total_reward
 
 SIMPLE = "def f(xs):\n    return sorted(xs)\n"
-BRANCHY = ("def f(xs):\n    out = []\n    for x in xs:\n        if x > 0:\n            if x % 2:\n"
-           "                out.append(x)\n"
-           "            elif x > 10:\n                out.append(-x)\n    return sorted(out)\n")
+BRANCHY = (
+    "def f(xs):\n    out = []\n    for x in xs:\n        if x > 0:\n            if x % 2:\n"
+    "                out.append(x)\n"
+    "            elif x > 10:\n                out.append(-x)\n    return sorted(out)\n"
+)
 
 
 def test_default_is_correctness_alone():
-    terms = reward_terms(RewardInputs(hidden_passed=3, hidden_total=4, solution_time_s=2.0, reference_time_s=1.0,
-                                      solution_code=BRANCHY, reference_code=SIMPLE, flags={"timeout"}))
+    terms = reward_terms(
+        RewardInputs(
+            hidden_passed=3,
+            hidden_total=4,
+            solution_time_s=2.0,
+            reference_time_s=1.0,
+            solution_code=BRANCHY,
+            reference_code=SIMPLE,
+            flags={"timeout"},
+        )
+    )
     assert terms["correctness"] == 0.75
     assert terms["timeout"] == -1.0
     assert total_reward(terms, RewardConfig()) == 0.75
@@ -47,8 +51,16 @@ def test_quality_prefers_simpler_code():
 
 
 def test_progress_and_weights():
-    terms = reward_terms(RewardInputs(hidden_passed=1, hidden_total=2, visible_passed_before=1,
-                                      visible_passed_after=3, visible_total=4, flags={"syntax_error"}))
+    terms = reward_terms(
+        RewardInputs(
+            hidden_passed=1,
+            hidden_total=2,
+            visible_passed_before=1,
+            visible_passed_after=3,
+            visible_total=4,
+            flags={"syntax_error"},
+        )
+    )
     assert terms["progress"] == 0.5
     cfg = RewardConfig(correctness=1.0, progress=0.2, syntax_error=0.5)
     assert total_reward(terms, cfg) == pytest.approx(0.5 + 0.1 - 0.5)

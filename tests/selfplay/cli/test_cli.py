@@ -11,8 +11,9 @@ PARSE = f"from solver.parse import extract_code; r = extract_code({ANSWER!r}); a
 
 
 def _stderr(prelude: str) -> str:
-    proc = subprocess.run([sys.executable, "-W", "default", "-c", prelude + PARSE], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-W", "default", "-c", prelude + PARSE], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stderr
 
@@ -23,7 +24,8 @@ def test_model_written_code_raises_no_syntax_warning_on_the_console():
 
 
 def test_the_project_s_own_warnings_still_show():
-    code = ("from selfplay.cli import quiet_model_code; quiet_model_code(); "
-            "compile('x = 1if 1 else 0', 'mine.py', 'exec')")
+    code = (
+        "from selfplay.cli import quiet_model_code; quiet_model_code(); compile('x = 1if 1 else 0', 'mine.py', 'exec')"
+    )
     proc = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120)
     assert "SyntaxWarning" in proc.stderr

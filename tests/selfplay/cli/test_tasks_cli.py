@@ -11,28 +11,38 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def selfplay(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "selfplay", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "selfplay", *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=cwd or ROOT,
+        timeout=300,
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["tasks", "generate", "--n", "0", "--out", "{tmp}/r"], "--n: 0 must be > 0"),
-    (["tasks", "generate", "--n", "5"], "required: --out"),
-    (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "--level", "9"], "level '9' must be 1, 2, 3 or 4"),
-    (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "--split", "test"], "invalid choice: 'test'"),
-    (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.bogus=1"], "unknown config key 'tasks.bogus'"),
-    (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.heldout_types=[complex]"], "held-out type"),
-    (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.literals=huge"],
-     "tasks.literals must be one of narrow, wide, got 'huge'"),
-    (["warmstart", "tasks.literals=huge", "run.dir={tmp}/r"], "tasks.literals must be one of narrow, wide"),
-    (["tasks", "sample", "{tmp}/nothing"], "no such run folder"),
-    (["tasks", "sample", "{tmp}"], "holds no corpus.sqlite"),
-    (["export", "{tmp}", "--out", "{tmp}/a.csv"], "unknown format '.csv'"),
-    (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--max-difficulty", "2"], "2.0 is not in [0, 1]"),
-    (["import", "{tmp}/none.jsonl", "--out", "{tmp}/r"], "no such file"),
-    (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--bogus"], "unrecognized arguments: --bogus"),
-    (["tasks", "shuffle"], "invalid choice: 'shuffle'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["tasks", "generate", "--n", "0", "--out", "{tmp}/r"], "--n: 0 must be > 0"),
+        (["tasks", "generate", "--n", "5"], "required: --out"),
+        (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "--level", "9"], "level '9' must be 1, 2, 3 or 4"),
+        (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "--split", "test"], "invalid choice: 'test'"),
+        (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.bogus=1"], "unknown config key 'tasks.bogus'"),
+        (["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.heldout_types=[complex]"], "held-out type"),
+        (
+            ["tasks", "generate", "--n", "5", "--out", "{tmp}/r", "tasks.literals=huge"],
+            "tasks.literals must be one of narrow, wide, got 'huge'",
+        ),
+        (["warmstart", "tasks.literals=huge", "run.dir={tmp}/r"], "tasks.literals must be one of narrow, wide"),
+        (["tasks", "sample", "{tmp}/nothing"], "no such run folder"),
+        (["tasks", "sample", "{tmp}"], "holds no corpus.sqlite"),
+        (["export", "{tmp}", "--out", "{tmp}/a.csv"], "unknown format '.csv'"),
+        (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--max-difficulty", "2"], "2.0 is not in [0, 1]"),
+        (["import", "{tmp}/none.jsonl", "--out", "{tmp}/r"], "no such file"),
+        (["export", "{tmp}", "--out", "{tmp}/a.jsonl", "--bogus"], "unrecognized arguments: --bogus"),
+        (["tasks", "shuffle"], "invalid choice: 'shuffle'"),
+    ],
+)
 def test_bad_arguments_get_one_line_errors(tmp_path, args, message):
     result = selfplay(*[a.format(tmp=tmp_path) for a in args])
     assert result.returncode != 0
@@ -44,8 +54,7 @@ def test_bad_arguments_get_one_line_errors(tmp_path, args, message):
 
 def test_generate_sample_export_import(tmp_path):
     run = tmp_path / "run"
-    gen = selfplay("tasks", "generate", "--n", "12", "--level", "2", "--seed", "4", "--out", run,
-                   "sandbox.workers=2")
+    gen = selfplay("tasks", "generate", "--n", "12", "--level", "2", "--seed", "4", "--out", run, "sandbox.workers=2")
     assert gen.returncode == 0, gen.stderr
     assert "added 12 tasks" in gen.stdout and "valid tasks/s" in gen.stdout
     assert "12/12" in gen.stderr  # the progress bar
@@ -78,6 +87,7 @@ def test_bench_tasks_reports_rate_and_rejections(tmp_path, capsys):
     import argparse
 
     from selfplay.bench.tasks_bench import configure_tasks, run_bench_tasks
+
     parser = argparse.ArgumentParser()
     configure_tasks(parser)
     out = tmp_path / "bench.json"

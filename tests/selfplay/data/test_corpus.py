@@ -16,12 +16,22 @@ from selfplay.data.corpus import Corpus, CorpusError
 
 
 def make_task(i, **kw):
-    base = dict(id=f"t{i:06d}", family=["list_int", "string"][i % 2], source=["procedural", "generator"][i % 2],
-                split="train" if i % 3 else "noisy", level=1 + i % 4, description=f"Task {i}.",
-                entry_point="solve", signature="def solve(xs: list[int]) -> int",
-                reference_solution=f"def solve(xs):\n    return len(xs) + {i}\n",
-                visible_tests=[{"input": [[1, 2]], "output": 2 + i}], hidden_tests=[{"input": [[]], "output": i}],
-                checks={"parses": True}, created_step=i, fingerprints={"ast": f"a{i}", "behaviour": f"b{i}"})
+    base = dict(
+        id=f"t{i:06d}",
+        family=["list_int", "string"][i % 2],
+        source=["procedural", "generator"][i % 2],
+        split="train" if i % 3 else "noisy",
+        level=1 + i % 4,
+        description=f"Task {i}.",
+        entry_point="solve",
+        signature="def solve(xs: list[int]) -> int",
+        reference_solution=f"def solve(xs):\n    return len(xs) + {i}\n",
+        visible_tests=[{"input": [[1, 2]], "output": 2 + i}],
+        hidden_tests=[{"input": [[]], "output": i}],
+        checks={"parses": True},
+        created_step=i,
+        fingerprints={"ast": f"a{i}", "behaviour": f"b{i}"},
+    )
     base.update(kw)
     return Task(**base)
 
@@ -102,8 +112,9 @@ WRITER = textwrap.dedent("""
 def test_kill_9_during_writes_loses_nothing_committed(tmp_path):
     batch = 5
     script = WRITER.format(tests=os.path.dirname(__file__), batch=batch, path=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
-                            cwd=str(Path(__file__).resolve().parents[3]))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=str(Path(__file__).resolve().parents[3])
+    )
     committed, seen_by_reader = 0, []
     try:
         while committed < 300:
@@ -143,10 +154,11 @@ def test_reserved_programs_are_duplicates_but_never_corpus_rows(tmp_path):
         assert c.reserve(held_out) == 4 and c.reserve(held_out[:2]) == 0  # idempotent
         assert c.reserved_count() == 4 and len(c) == 3 and c.counts("split") == {"noisy": 1, "train": 2}
         assert all(c.get(t.id) is None for t in held_out)
-        for probe, reason in ((make_task(100), "reserved: same id"),
-                              (make_task(7, fingerprints={"ast": "a101", "behaviour": "x"}), "reserved: same program"),
-                              (make_task(8, fingerprints={"ast": "y", "behaviour": "b102"}),
-                               "reserved: same behaviour")):
+        for probe, reason in (
+            (make_task(100), "reserved: same id"),
+            (make_task(7, fingerprints={"ast": "a101", "behaviour": "x"}), "reserved: same program"),
+            (make_task(8, fingerprints={"ast": "y", "behaviour": "b102"}), "reserved: same behaviour"),
+        ):
             result = c.insert(probe)
             assert (result.inserted, result.reason) == (False, reason)
         assert c.find_duplicate("new", "a103", None) == "t000103"

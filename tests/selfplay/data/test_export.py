@@ -11,8 +11,15 @@ from hypothesis import strategies as st
 import sandbox
 from generator.build import generate_tasks
 from selfplay.data.corpus import Corpus
-from selfplay.data.export import (CARD_MARKER, ExportError, export_tasks, import_rows, read_rows, row_to_task,
-                             task_to_row)
+from selfplay.data.export import (
+    CARD_MARKER,
+    ExportError,
+    export_tasks,
+    import_rows,
+    read_rows,
+    row_to_task,
+    task_to_row,
+)
 
 
 class Pool(list):
@@ -63,6 +70,7 @@ def test_rows_decode_to_the_same_task(pool):
 @pytest.mark.parametrize("fmt, loader", [(".jsonl", "json"), (".parquet", "parquet")])
 def test_exports_load_with_datasets(pool, tmp_path, fmt, loader):
     import datasets
+
     summary = export_tasks(pool, tmp_path / f"tasks{fmt}")
     ds = datasets.load_dataset(loader, data_files=str(summary.path), cache_dir=str(tmp_path / "cache"))["train"]
     assert ds.num_rows == len(pool)
@@ -85,8 +93,15 @@ def test_import_rejects_bad_rows_with_reasons(sb, pool, tmp_path):
     wrong = dict(other, hidden_tests=json.dumps([dict(t, output="nope") for t in pool[4].hidden_tests]))
     banned = dict(task_to_row(pool[5]), reference_solution="import socket\n" + pool[5].reference_solution)
     unknown = dict(task_to_row(pool[6]), colour="red")
-    lines = [json.dumps(good), json.dumps(wrong), "{not json", json.dumps(banned), json.dumps(unknown),
-             json.dumps(good), json.dumps(task_to_row(pool[7]))]
+    lines = [
+        json.dumps(good),
+        json.dumps(wrong),
+        "{not json",
+        json.dumps(banned),
+        json.dumps(unknown),
+        json.dumps(good),
+        json.dumps(task_to_row(pool[7])),
+    ]
     path = tmp_path / "mixed.jsonl"
     path.write_text("\n".join(lines) + "\n")
     with Corpus(tmp_path / "run") as c:

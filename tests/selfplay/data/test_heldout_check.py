@@ -34,8 +34,15 @@ def run(tmp_path_factory):
 
 def free_format(task, **kw):
     """The task as a free-format proposal stores it: its program and fingerprints, split train, no params."""
-    return dataclasses.replace(task, id=kw.pop("id", "free-" + task.id), source="generator", split="train",
-                               family="generator/free", params={}, **kw)
+    return dataclasses.replace(
+        task,
+        id=kw.pop("id", "free-" + task.id),
+        source="generator",
+        split="train",
+        family="generator/free",
+        params={},
+        **kw,
+    )
 
 
 def test_a_clean_corpus_passes(run):
@@ -65,13 +72,19 @@ def test_a_free_format_proposal_gets_its_split_from_its_program(run):
 def test_a_planted_heldout_program_among_new_rows_stops_with_its_id(run, planted):
     folder, cfg, heldout, rows = run
     test_task, typed = heldout["test"][0], heldout["heldout_types"][0]
-    bad = {"free_test": free_format(test_task),
-           "free_behaviour": free_format(typed, fingerprints=dict(typed.fingerprints, ast="x")),
-           "procedural_heldout": dataclasses.replace(typed, id="proc-typed", split="train",
-                                                     fingerprints={"ast": "y", "behaviour": "z"})}[planted]
+    bad = {
+        "free_test": free_format(test_task),
+        "free_behaviour": free_format(typed, fingerprints=dict(typed.fingerprints, ast="x")),
+        "procedural_heldout": dataclasses.replace(
+            typed, id="proc-typed", split="train", fingerprints={"ast": "y", "behaviour": "z"}
+        ),
+    }[planted]
     new = [*rows[:3], bad, *rows[3:5]]
-    with pytest.raises(HeldoutLeak, match=rf"^the corpus rows of step 3: 1 training task\(s\) held out "
-                                          rf"\(heldout.jsonl\): {bad.id}\b") as err:
+    with pytest.raises(
+        HeldoutLeak,
+        match=rf"^the corpus rows of step 3: 1 training task\(s\) held out "
+        rf"\(heldout.jsonl\): {bad.id}\b",
+    ) as err:
         check_heldout(folder, new, cfg.tasks, "the corpus rows of step 3")
     assert "\n" not in str(err.value)
 
@@ -113,4 +126,3 @@ def test_a_run_starts_only_on_a_clean_corpus(warm_run, tmp_path):
     with sqlite3.connect(RunPaths(planted).corpus) as db:  # nothing trained: no checkpoint beyond the warm start
         assert db.execute("SELECT COUNT(*) FROM tasks WHERE id='planted-free-proposal'").fetchone() == (1,)
     assert not (planted / "checkpoints" / "step_1").exists()
-

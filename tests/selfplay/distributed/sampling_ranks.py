@@ -56,8 +56,15 @@ def learn(tok, policy, examples) -> None:
 
 def under_zero3(name: str, policy, tok, cfg: PPOConfig, info) -> LMAgent:
     dist_cfg = DistributedConfig(deepspeed=True, zero_config="zero3_cpu.json")
-    return LMAgent(name, ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0,
-                   wrap=lambda model: wrap_model(model, cfg, dist_cfg, info))
+    return LMAgent(
+        name,
+        ActorCritic(policy),
+        frozen_copy(policy),
+        tok,
+        cfg,
+        seed=0,
+        wrap=lambda model: wrap_model(model, cfg, dist_cfg, info),
+    )
 
 
 def zero3_agent(tok, info, memorise: str | None = None) -> LMAgent:
@@ -112,8 +119,9 @@ def main(out: str) -> None:
         # rank 1: one proposal and an empty corpus, so nothing for its screen to strike
         groups = [[t] for t in rng.sample(corpus, 12 if info.rank == 0 else 1)]
         index = MemoryIndex(corpus if info.rank == 0 else [])
-        rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
-                                      fmt="mutation", redraws=3)
+        rollouts = generator_rollouts(
+            a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60, fmt="mutation", redraws=3
+        )
     result["redrawn"] = sum(r.redrawn for r in rollouts)
     # one sampling call, in batches of one prompt: three on rank 0, one on rank 1 (HFEngine.sample)
     prompt = list(tok("Write a task.", add_special_tokens=False)["input_ids"])
@@ -126,8 +134,15 @@ def main(out: str) -> None:
     # the solver's episodes: SOLVER_TURNS answers each on rank 0, one on rank 1 (whose prompts fill the context)
     solver = zero3_checker(tok, info, corpus[:4])
     with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
-        episodes = solver_rollouts(solver, corpus[:2] if info.rank == 0 else corpus[2:4], 2, sb,
-                                   max_turns=SOLVER_TURNS, greedy=True, max_prompt_tokens=SOLVER_CUTS[info.rank])
+        episodes = solver_rollouts(
+            solver,
+            corpus[:2] if info.rank == 0 else corpus[2:4],
+            2,
+            sb,
+            max_turns=SOLVER_TURNS,
+            greedy=True,
+            max_prompt_tokens=SOLVER_CUTS[info.rank],
+        )
     result["solver_answers"] = [answers_sampled(r.mask) for r in episodes]
     result["solver_actions"] = [r.result.actions for r in episodes]
     Path(out).mkdir(parents=True, exist_ok=True)

@@ -23,11 +23,20 @@ def free_port() -> int:
 def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) -> str:
     """`torchrun --nproc_per_node 2 ARGS` on the CPU (gloo, DeepSpeed's CPU accelerator); its output. Fails the test
     on a non-zero exit; a hung run is killed with its launcher (the first DeepSpeed run JIT-builds for ~50 s)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(free_port()),
+        *args,
+    ]
     env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {}))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group, so that a hung run can be stopped
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )  # its own process group, so that a hung run can be stopped
     try:
         output, _ = proc.communicate(timeout=timeout)
     finally:
@@ -55,8 +64,10 @@ def test_two_ranks_train_and_stay_identical(tmp_path, zero_config):
     assert ranks[0]["after"]["sha256"] == ranks[1]["after"]["sha256"]  # same end, bit for bit
     assert ranks[0]["after"]["sha256"] != ranks[0]["before"]["sha256"]  # and training moved them
     # each rank saw its own rollouts, so the gradients were really averaged across processes
-    assert ranks[0]["metrics"]["score_mean"] != ranks[1]["metrics"]["score_mean"] or \
-        ranks[0]["metrics"]["policy_loss"] != ranks[1]["metrics"]["policy_loss"]
+    assert (
+        ranks[0]["metrics"]["score_mean"] != ranks[1]["metrics"]["score_mean"]
+        or ranks[0]["metrics"]["policy_loss"] != ranks[1]["metrics"]["policy_loss"]
+    )
 
 
 def test_single_process_helpers_and_config_filling():
@@ -67,8 +78,11 @@ def test_single_process_helpers_and_config_filling():
     distributed.barrier()
     expected = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     assert distributed.local_device() == expected  # where the warm start and each rank's models go
-    ds = distributed.fill_deepspeed_config(distributed.load_deepspeed_config("zero2_cpu.json"),
-                                           PPOConfig(mini_batch_size=8, micro_batch_size=2, lr=1e-4), world_size=4)
+    ds = distributed.fill_deepspeed_config(
+        distributed.load_deepspeed_config("zero2_cpu.json"),
+        PPOConfig(mini_batch_size=8, micro_batch_size=2, lr=1e-4),
+        world_size=4,
+    )
     assert ds["train_micro_batch_size_per_gpu"] == 2 and ds["gradient_accumulation_steps"] == 4
     assert ds["train_batch_size"] == 32 and ds["gradient_clipping"] == 1.0
     assert ds["optimizer"]["params"] == {"lr": 1e-4, "weight_decay": 0.0, "torch_adam": True}
@@ -100,8 +114,9 @@ def test_the_heartbeat_ends_before_the_interpreter_does():
     """A daemon thread still inside a store call when the interpreter finalises is ended by the C library in the
     middle of C++ code, which aborts a rank whose work is done ("terminate called without an active exception");
     the heartbeat is stopped and joined at exit instead, before the handlers registered ahead of it run."""
-    proc = subprocess.run([sys.executable, "-c", HEARTBEAT_AT_EXIT, str(free_port())], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", HEARTBEAT_AT_EXIT, str(free_port())], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     lines = proc.stdout.splitlines()
     beats, alive = lines[0].split()[1], lines[0].split()[3]

@@ -43,11 +43,23 @@ class Ranks:
         logs.mkdir(parents=True, exist_ok=True)
 
     def start(self, rank: int, *args: str, prefix: tuple[str, ...] = ()) -> subprocess.Popen:
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.world),
-                   LOCAL_WORLD_SIZE=str(self.world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port))
+        env = dict(
+            os.environ,
+            RANK=str(rank),
+            LOCAL_RANK=str(rank),
+            WORLD_SIZE=str(self.world),
+            LOCAL_WORLD_SIZE=str(self.world),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(self.port),
+        )
         with open(self.log_path(rank), "w") as out:
-            proc = subprocess.Popen([*prefix, sys.executable, "-m", "selfplay", "train", *args], cwd=REPO, env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
+            proc = subprocess.Popen(
+                [*prefix, sys.executable, "-m", "selfplay", "train", *args],
+                cwd=REPO,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
         self.procs[rank] = proc
         return proc
 
@@ -89,8 +101,17 @@ def private_tmpfs_over(folder: Path) -> tuple[str, ...]:
     if shutil.which("unshare") is None:
         pytest.fail("unshare (util-linux) not found")
     as_root = () if os.geteuid() == 0 else ("--map-root-user",)
-    return ("unshare", "--mount", "--propagation", "private", *as_root, "sh", "-c",
-            f'mount -t tmpfs none "{folder}" && exec "$@"', "sh")
+    return (
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        *as_root,
+        "sh",
+        "-c",
+        f'mount -t tmpfs none "{folder}" && exec "$@"',
+        "sh",
+    )
 
 
 def test_a_run_folder_rank_1_cannot_see_stops_both_ranks_at_start(ranks, tmp_path):
@@ -129,8 +150,9 @@ def test_a_missing_config_stops_every_rank_before_they_meet(ranks, tmp_path):
 def test_a_rank_that_never_starts_ends_rank_0_after_the_timeout(ranks, tmp_path):
     ranks.start(0, *SMOKE, f"run.dir={tmp_path / 'run'}", "distributed.timeout_min=1")
     assert ranks.wait(0) == 2
-    assert (f"rank 0: not all 2 ranks met at 127.0.0.1:{ranks.port} within distributed.timeout_min (1 min)"
-            in ranks.log(0)), ranks.log(0)[-3000:]
+    assert f"rank 0: not all 2 ranks met at 127.0.0.1:{ranks.port} within distributed.timeout_min (1 min)" in ranks.log(
+        0
+    ), ranks.log(0)[-3000:]
     assert "1/2 clients joined" in ranks.log(0)
 
 
@@ -156,9 +178,10 @@ def test_a_frozen_rank_is_named_after_the_timeout(ranks, warm_run, tmp_path):
     assert ranks.wait(0) != 0
     log = ranks.log(0)
     # the heartbeat's timeout, or the collective's (then the excepthook names the silent rank)
-    assert (f"[selfplay] rank 0 on {HOST} ends: rank 1 ({HOST}, pid {rank1.pid}) gave no sign of life for 60 s" in log
-            or f"[selfplay] rank 0 on {HOST} failed because rank 1 ({HOST}, pid {rank1.pid}) stopped responding"
-            in log), log[-3000:]
+    assert (
+        f"[selfplay] rank 0 on {HOST} ends: rank 1 ({HOST}, pid {rank1.pid}) gave no sign of life for 60 s" in log
+        or f"[selfplay] rank 0 on {HOST} failed because rank 1 ({HOST}, pid {rank1.pid}) stopped responding" in log
+    ), log[-3000:]
 
 
 def test_rank_0_dying_in_the_warm_start_ends_rank_1(ranks, tmp_path):

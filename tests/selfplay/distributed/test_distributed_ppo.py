@@ -21,8 +21,11 @@ def ranks(tmp_path_factory):
     from tests.selfplay.distributed import ppo_ranks
 
     out = tmp_path_factory.mktemp("ppo_ranks")
-    two_ranks([str(SCRIPT), str(out)], timeout=600,
-              env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    two_ranks(
+        [str(SCRIPT), str(out)],
+        timeout=600,
+        env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
     return [torch.load(out / f"rank_{r}.pt", weights_only=False) for r in (0, 1)], ppo_ranks
 
 

@@ -17,8 +17,11 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_ranks_that_sample_different_numbers_of_times_under_zero3_finish(tmp_path):
-    two_ranks([str(SCRIPT), str(tmp_path)], timeout=600,
-              env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    two_ranks(
+        [str(SCRIPT), str(tmp_path)],
+        timeout=600,
+        env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
     ranks = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in (0, 1)]
     assert ranks[0]["redrawn"] > 0 and ranks[1]["redrawn"] == 0, ranks  # rank 0 made calls rank 1 did not
     assert ranks[0]["answers"] == 3 and ranks[1]["answers"] == 1, ranks

@@ -15,11 +15,31 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
 def torchrun_train(run, port: int, *overrides: str, zero: str = "zero2_cpu.json") -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "-m", "selfplay", "train", *SMOKE, f"run.dir={run}", "distributed.deepspeed=true",
-           f"distributed.zero_config={zero}", *overrides]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "selfplay",
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "distributed.deepspeed=true",
+        f"distributed.zero_config={zero}",
+        *overrides,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**__import__("os").environ, "DS_ACCELERATOR": "cpu"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
@@ -59,9 +79,20 @@ def test_skipping_uniform_groups_keeps_the_ranks_in_step(warm_run, tmp_path):
     from selfplay.runtime.tb import read_scalars
 
     run = copy_run(warm_run, tmp_path)
-    torchrun_train(run, 29614, "train.mode=fixed", "train.fixed_tasks=16", "train.solver_tasks=8",
-                   "train.samples_per_task=4", "train.steps=2", "train.eval_every=0", "ppo.advantage=rloo",
-                   "ppo.skip_uniform_groups=true", "reward.syntax_error=1", "reward.empty_answer=0.5")
+    torchrun_train(
+        run,
+        29614,
+        "train.mode=fixed",
+        "train.fixed_tasks=16",
+        "train.solver_tasks=8",
+        "train.samples_per_task=4",
+        "train.steps=2",
+        "train.eval_every=0",
+        "ppo.advantage=rloo",
+        "ppo.skip_uniform_groups=true",
+        "reward.syntax_error=1",
+        "reward.empty_answer=0.5",
+    )
     st = final_state(run)
     assert st["world_size"] == 2 and st["step"] == 2 and "solver" in st["param_checksums"]
     kept = [v for _, v in read_scalars(run)["ppo/solver/kept_share"]]

@@ -23,8 +23,11 @@ def ranks(tmp_path_factory):
     import vllm  # noqa: F401 - never skipped: a missing vLLM fails these tests
 
     out = tmp_path_factory.mktemp("vllm_ranks")
-    two_ranks([str(SCRIPT), str(out)], timeout=600,
-              env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])})
+    two_ranks(
+        [str(SCRIPT), str(out)],
+        timeout=600,
+        env={"PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])},
+    )
     return [json.loads((out / f"rank_{r}.json").read_text()) for r in (0, 1)]
 
 

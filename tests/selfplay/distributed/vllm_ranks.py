@@ -36,11 +36,19 @@ def make_agent(name: str, tok, info, deepspeed: bool, seed: int) -> LMAgent:
     policy = build_tiny_model(tok, arch="llama", n_layer=1, n_embd=64, n_head=2, max_positions=256)
     with torch.no_grad():
         policy.model.norm.weight.mul_(5.0)  # a peaked distribution, so that a wrong weight shows in the log-probs
-    cfg = PPOConfig(mini_batch_size=BATCH, micro_batch_size=BATCH, max_new_tokens=16, temperature=0.7, epochs=1,
-                    lr=3e-3)
+    cfg = PPOConfig(
+        mini_batch_size=BATCH, micro_batch_size=BATCH, max_new_tokens=16, temperature=0.7, epochs=1, lr=3e-3
+    )
     dcfg = DistributedConfig(deepspeed=deepspeed, zero_config="zero2_cpu.json")
-    return LMAgent(name, ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0,
-                   wrap=lambda m: D.wrap_model(m, cfg, dcfg, info))
+    return LMAgent(
+        name,
+        ActorCritic(policy),
+        frozen_copy(policy),
+        tok,
+        cfg,
+        seed=0,
+        wrap=lambda m: D.wrap_model(m, cfg, dcfg, info),
+    )
 
 
 def main(out: str) -> None:
@@ -48,8 +56,10 @@ def main(out: str) -> None:
     torch.set_num_threads(1)
     rank, root = info.rank, Path(out)
     tok = train_tokenizer(TEXTS, vocab_size=400, kind="bpe")
-    agents = [make_agent("solver", tok, info, deepspeed=False, seed=0),
-              make_agent("generator", tok, info, deepspeed=True, seed=1)]
+    agents = [
+        make_agent("solver", tok, info, deepspeed=False, seed=0),
+        make_agent("generator", tok, info, deepspeed=True, seed=1),
+    ]
     for agent in agents:  # rank 0 writes each agent's folder, as the loop's checkpoints are written
         if rank == 0:
             agent.module.save_pretrained(root / agent.name)
@@ -60,9 +70,15 @@ def main(out: str) -> None:
         agent.engine = engine(agent, root / agent.name, RolloutConfig(engine="vllm"), seed=rank)
     from vllm.distributed import parallel_state as ps
 
-    result = {"rank": rank, "world": dist.get_world_size(), "vllm_world": ps.get_world_group().world_size,
-              "vllm_tp": ps.get_tp_group().world_size, "vllm_dp": ps.get_dp_group().world_size,
-              "backend": str(dist.get_backend()), "agents": {}}
+    result = {
+        "rank": rank,
+        "world": dist.get_world_size(),
+        "vllm_world": ps.get_world_group().world_size,
+        "vllm_tp": ps.get_tp_group().world_size,
+        "vllm_dp": ps.get_dp_group().world_size,
+        "backend": str(dist.get_backend()),
+        "agents": {},
+    }
     for agent in agents:
         prompts = [agent.chat_ids(f"rank {rank} task {i}") for i in range(BATCH)]
         ids = agent.chat_ids("fixed") + tok("REF 1\nEDIT add 3\nEND\n")["input_ids"]
@@ -70,16 +86,21 @@ def main(out: str) -> None:
         answers = agent.sample(prompts)
         if rank == 1:  # a batch rank 0 does not sample: an engine's step must wait on no other rank
             agent.sample(prompts[:3])
-        r = {"gap_sampled": logprob_gap(agent, answers),
-             "gap_fixed_before": float((before - trainer_logprobs(agent, ids)).abs().max()),
-             "answers": [a.tokens for a in answers]}
+        r = {
+            "gap_sampled": logprob_gap(agent, answers),
+            "gap_fixed_before": float((before - trainer_logprobs(agent, ids)).abs().max()),
+            "answers": [a.tokens for a in answers],
+        }
         stats = agent.update(answers, [1.0, 0.0, 1.0, 0.0])
         after = engine_prompt_logprobs(agent, ids)
         again = agent.sample(prompts)
-        r.update(weight_sync_s=stats["weight_sync_s"], gap_fixed_after=float((after - trainer_logprobs(agent, ids))
-                                                                             .abs().max()),
-                 moved=float((after - before).abs().max()), gap_sampled_after=logprob_gap(agent, again),
-                 checksum=agent.checksum())
+        r.update(
+            weight_sync_s=stats["weight_sync_s"],
+            gap_fixed_after=float((after - trainer_logprobs(agent, ids)).abs().max()),
+            moved=float((after - before).abs().max()),
+            gap_sampled_after=logprob_gap(agent, again),
+            checksum=agent.checksum(),
+        )
         result["agents"][agent.name] = r
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)  # the trainer's default group still spans both ranks

@@ -8,15 +8,34 @@ import re
 import shutil
 import statistics
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pytest
-
-from selfplay.eval.compare import (Job, analyse, code_line, copy_warm_start, first_label, later_figures, later_table,
-                                   markdown_table, mean_sd, merge, paired_arms, paired_arms_table, paired_delta,
-                                   paired_table, seed_task_delta, run_jobs, summarize, variant, warm_start_overrides,
-                                   warm_starts, window_figures, window_table)
+from selfplay.eval.compare import (
+    Job,
+    analyse,
+    code_line,
+    copy_warm_start,
+    first_label,
+    later_figures,
+    later_table,
+    markdown_table,
+    mean_sd,
+    merge,
+    paired_arms,
+    paired_arms_table,
+    paired_delta,
+    paired_table,
+    run_jobs,
+    seed_task_delta,
+    summarize,
+    variant,
+    warm_start_overrides,
+    warm_starts,
+    window_figures,
+    window_table,
+)
 from tests.conftest import SMOKE, selfplay
 
 rate = st.floats(min_value=0.0, max_value=1.0, allow_nan=False)
@@ -30,12 +49,23 @@ def test_mean_sd_matches_statistics(values):
 
 
 @settings(max_examples=50)
-@given(st.dictionaries(st.sampled_from(["warmstart", "curriculum", "selfplay"]),
-                       st.lists(st.dictionaries(st.sampled_from(["test", "deeper", "noisy"]), rate, min_size=1),
-                                min_size=1, max_size=4), min_size=1))
+@given(
+    st.dictionaries(
+        st.sampled_from(["warmstart", "curriculum", "selfplay"]),
+        st.lists(
+            st.dictionaries(st.sampled_from(["test", "deeper", "noisy"]), rate, min_size=1), min_size=1, max_size=4
+        ),
+        min_size=1,
+    )
+)
 def test_summary_keeps_every_seed_value(arms):
-    runs = {arm: {str(i): {"heldout": {s: {"pass@1_greedy": v} for s, v in per_split.items()}, "history": []}
-                  for i, per_split in enumerate(seeds)} for arm, seeds in arms.items()}
+    runs = {
+        arm: {
+            str(i): {"heldout": {s: {"pass@1_greedy": v} for s, v in per_split.items()}, "history": []}
+            for i, per_split in enumerate(seeds)
+        }
+        for arm, seeds in arms.items()
+    }
     summary = summarize(runs)
     for arm, seeds in arms.items():
         for split in {s for per_split in seeds for s in per_split}:
@@ -63,12 +93,15 @@ def test_paired_delta_by_hand():
 
 
 outcome = st.tuples(st.integers(0, 1), st.integers(1, 8), st.integers(0, 8)).map(
-    lambda t: [t[0], t[1], min(t[1], t[2])])  # [greedy solved, n, c <= n]
+    lambda t: [t[0], t[1], min(t[1], t[2])]
+)  # [greedy solved, n, c <= n]
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.tuples(outcome, outcome), min_size=1, max_size=30),
-       st.sampled_from(["pass@1", "pass@1_greedy"]))
+@given(
+    st.dictionaries(st.text("abcdef", min_size=1, max_size=3), st.tuples(outcome, outcome), min_size=1, max_size=30),
+    st.sampled_from(["pass@1", "pass@1_greedy"]),
+)
 def test_paired_delta_properties(rows, metric):
     before = {k: b for k, (b, _) in rows.items()}
     after = {k: a for k, (_, a) in rows.items()}
@@ -83,8 +116,10 @@ def test_paired_delta_properties(rows, metric):
 
 
 def test_seed_task_delta_by_hand():
-    pairs = {"0": ({"a": [0, 4, 0], "b": [1, 4, 4]}, {"a": [1, 4, 2], "b": [1, 4, 4], "c": [1, 4, 4]}),
-             "1": ({"a": [0, 4, 1]}, {"a": [0, 4, 3]})}
+    pairs = {
+        "0": ({"a": [0, 4, 0], "b": [1, 4, 4]}, {"a": [1, 4, 2], "b": [1, 4, 4], "c": [1, 4, 4]}),
+        "1": ({"a": [0, 4, 1]}, {"a": [0, 4, 3]}),
+    }
     d = seed_task_delta(pairs, "pass@1")
     # seed 0: a +0.5, b 0 (c: only one arm ran it); seed 1: a +0.5; three (seed, task) pairs weighted alike
     assert (d["seeds"], d["tasks"]) == (2, 3)
@@ -103,12 +138,19 @@ def test_seed_task_delta_by_hand():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.dictionaries(st.text("abcd", min_size=1, max_size=2), st.tuples(outcome, outcome), min_size=1,
-                                max_size=12), min_size=1, max_size=4),
-       st.sampled_from(["pass@1", "pass@1_greedy"]))
+@given(
+    st.lists(
+        st.dictionaries(st.text("abcd", min_size=1, max_size=2), st.tuples(outcome, outcome), min_size=1, max_size=12),
+        min_size=1,
+        max_size=4,
+    ),
+    st.sampled_from(["pass@1", "pass@1_greedy"]),
+)
 def test_seed_task_delta_properties(seeds, metric):
-    pairs = {str(i): ({k: a for k, (a, _) in rows.items()}, {k: b for k, (_, b) in rows.items()})
-             for i, rows in enumerate(seeds)}
+    pairs = {
+        str(i): ({k: a for k, (a, _) in rows.items()}, {k: b for k, (_, b) in rows.items()})
+        for i, rows in enumerate(seeds)
+    }
     d = seed_task_delta(pairs, metric, n_boot=200)
     value = (lambda r: r[0]) if metric == "pass@1_greedy" else (lambda r: r[2] / r[1])
     diffs = [value(b) - value(a) for rows in seeds for a, b in rows.values()]
@@ -123,9 +165,12 @@ def test_seed_task_delta_properties(seeds, metric):
 def test_paired_arms_names_later_minus_earlier_and_skips_arms_without_outcomes():
     def run(*rows):
         return {"test_per_task": {f"t{i}": r for i, r in enumerate(rows)}}
-    runs = {"warmstart": {"0": run([0, 4, 0], [1, 4, 4])},
-            "curriculum": {"0": run([1, 4, 4], [1, 4, 4])},
-            "selfplay": {"0": {"test_per_task": {}}}}
+
+    runs = {
+        "warmstart": {"0": run([0, 4, 0], [1, 4, 4])},
+        "curriculum": {"0": run([1, 4, 4], [1, 4, 4])},
+        "selfplay": {"0": {"test_per_task": {}}},
+    }
     out = paired_arms(runs, n_boot=100)
     assert list(out) == ["curriculum - warmstart"]
     assert out["curriculum - warmstart"]["pass@1_greedy"]["delta"] == pytest.approx(0.5)
@@ -133,10 +178,18 @@ def test_paired_arms_names_later_minus_earlier_and_skips_arms_without_outcomes()
 
 def test_later_figures_by_hand():
     def entry(step, alarm=0.0, **kw):
-        return {"step": step, "parse_rate": 1.0, "validity": 0.5, "generator_in_band": None,
-                "solver_in_band": step / 100, "generator_reward": float(step), "alarm_solver_collapse": alarm,
-                "alarm_generator_validity": 1.0,
-                **kw}
+        return {
+            "step": step,
+            "parse_rate": 1.0,
+            "validity": 0.5,
+            "generator_in_band": None,
+            "solver_in_band": step / 100,
+            "generator_reward": float(step),
+            "alarm_solver_collapse": alarm,
+            "alarm_generator_validity": 1.0,
+            **kw,
+        }
+
     # a collapse alarm at 3-5 (before the window) and 12-14 (inside it); a trust alarm throughout (not counted)
     history = [entry(s, alarm=1.0 if s in (3, 4, 5, 12, 13, 14) else 0.0) for s in range(1, 31)]
     history[20]["alarm_kl_blowup"] = 1.0  # step 21, on its own
@@ -151,20 +204,33 @@ def test_later_figures_by_hand():
 
 def test_the_later_table_shows_where_the_valid_proposals_out_of_band_fall():
     """Never solved / always solved beside the in-band share; a record written before these figures shows "-"."""
-    history = [{"step": s, "validity": 0.9, "generator_in_band": 0.25, "generator_never_solved": 0.6,
-                "generator_always_solved": 0.15, "generator_reward": 0.0} for s in range(1, 21)]
+    history = [
+        {
+            "step": s,
+            "validity": 0.9,
+            "generator_in_band": 0.25,
+            "generator_never_solved": 0.6,
+            "generator_always_solved": 0.15,
+            "generator_reward": 0.0,
+        }
+        for s in range(1, 21)
+    ]
     old = later_figures(history)
     del old["generator_never_solved"], old["generator_always_solved"]
-    results = {"arms": ["selfplay"], "runs": {"selfplay": {"0": {"from_iteration": later_figures(history)},
-                                                           "1": {"from_iteration": old}}}}
+    results = {
+        "arms": ["selfplay"],
+        "runs": {"selfplay": {"0": {"from_iteration": later_figures(history)}, "1": {"from_iteration": old}}},
+    }
     table = later_table(results)
     assert "| selfplay | 0 | 11 | - | 0.900 | 0.250 | 0.600 / 0.150 |" in table
     assert "| selfplay | 1 | 11 | - | 0.900 | 0.250 | - / - |" in table
 
 
 def test_window_figures_cut_a_long_run_into_its_windows():
-    history = [{"step": s, "validity": s / 100, "generator_in_band": None if s > 20 else 0.5,
-                "generator_reward": float(s)} for s in range(1, 26)]
+    history = [
+        {"step": s, "validity": s / 100, "generator_in_band": None if s > 20 else 0.5, "generator_reward": float(s)}
+        for s in range(1, 26)
+    ]
     windows = window_figures(history, 10)
     assert [(w["first"], w["last"]) for w in windows] == [(1, 10), (11, 20), (21, 25)]
     assert [w["generator_reward"] for w in windows] == [5.5, 15.5, 23.0]
@@ -179,6 +245,7 @@ def test_the_report_shows_windows_only_for_runs_longer_than_two_of_them():
     def results(steps):
         run = {"history": [{"step": s, "validity": 0.5, "generator_reward": -s} for s in range(1, steps + 1)]}
         return {"arms": ["warmstart", "selfplay"], "runs": {"warmstart": {"0": {}}, "selfplay": {"0": run}}}
+
     assert window_table(results(20)) == ""
     table = window_table(results(30))
     assert "| selfplay | 0 | 21-30 | 0.500 |" in table and table.count("| selfplay |") == 3
@@ -199,13 +266,25 @@ def _records(seeds, draw, tasks=12, warm_id="w0"):
         rng = random.Random(draw * 1000 + seed)
         for arm in runs:
             per_task = warm if arm == "warmstart" else outcomes(rng)
-            rec = {"heldout": {"test": {"pass@1_greedy": statistics.fmean(r[0] for r in per_task.values()),
-                                        "pass@1": statistics.fmean(r[2] / r[1] for r in per_task.values())}},
-                   "history": [] if arm == "warmstart" else
-                   [{"step": s, "validity": rng.random(), "solver_in_band": rng.random(), "generator_reward": -s}
-                    for s in range(1, 13)],
-                   "seconds": 1.0, "test_by_level": {}, "test_per_task": per_task, "test_curve": {},
-                   "per_iteration": {}}
+            rec = {
+                "heldout": {
+                    "test": {
+                        "pass@1_greedy": statistics.fmean(r[0] for r in per_task.values()),
+                        "pass@1": statistics.fmean(r[2] / r[1] for r in per_task.values()),
+                    }
+                },
+                "history": []
+                if arm == "warmstart"
+                else [
+                    {"step": s, "validity": rng.random(), "solver_in_band": rng.random(), "generator_reward": -s}
+                    for s in range(1, 13)
+                ],
+                "seconds": 1.0,
+                "test_by_level": {},
+                "test_per_task": per_task,
+                "test_curve": {},
+                "per_iteration": {},
+            }
             if arm == "warmstart":
                 rec["warm_start"] = warm_id
             else:
@@ -219,8 +298,11 @@ def _json(obj):
 
 
 @settings(max_examples=15, deadline=None)
-@given(st.sets(st.integers(0, 9), min_size=2, max_size=5).flatmap(
-    lambda seeds: st.tuples(st.just(sorted(seeds)), st.integers(1, len(seeds) - 1), st.integers(0, 10**6))))
+@given(
+    st.sets(st.integers(0, 9), min_size=2, max_size=5).flatmap(
+        lambda seeds: st.tuples(st.just(sorted(seeds)), st.integers(1, len(seeds) - 1), st.integers(0, 10**6))
+    )
+)
 def test_merging_seeds_run_apart_gives_the_report_of_all_of_them_together(case):
     seeds, cut, draw = case
     together = analyse(_records(seeds, draw), from_iteration=5, n_boot=50)
@@ -265,9 +347,11 @@ def test_the_code_line_names_each_version_and_the_runs_that_ran_under_it():
     assert code_line({"runs": runs}) == f"Code: {'a' * 12}, every run."
     runs["selfplay"]["1"]["code"] = [a, b]  # its warm start at a, its RL at b
     del runs["curriculum"]["0"]["code"]
-    assert code_line({"runs": runs}) == (f"Code: {'a' * 12} (warmstart 0, warmstart 1, curriculum 1, selfplay 0, "
-                                         f"selfplay 1); {'b' * 12} with uncommitted changes (selfplay 1); "
-                                         "not recorded (curriculum 0).")
+    assert code_line({"runs": runs}) == (
+        f"Code: {'a' * 12} (warmstart 0, warmstart 1, curriculum 1, selfplay 0, "
+        f"selfplay 1); {'b' * 12} with uncommitted changes (selfplay 1); "
+        "not recorded (curriculum 0)."
+    )
     runs["selfplay"]["1"]["code"] = [{"version": "0.1.0", "commit": None, "dirty": None}]
     assert "version 0.1.0 (no git commit) (selfplay 1)" in code_line({"runs": runs})
 
@@ -278,8 +362,22 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     iteration each, side by side (--jobs 2)."""
     out = tmp_path / "compare"
     shutil.copytree(warm_run, out / "seed_0" / "warmstart")
-    args = ["compare", *SMOKE, "train.steps=1", "train.fixed_tasks=8", "--seeds", "0",
-            "--arms", "warmstart", "curriculum", "fixed", "--out", str(out), "--jobs", "2"]
+    args = [
+        "compare",
+        *SMOKE,
+        "train.steps=1",
+        "train.fixed_tasks=8",
+        "--seeds",
+        "0",
+        "--arms",
+        "warmstart",
+        "curriculum",
+        "fixed",
+        "--out",
+        str(out),
+        "--jobs",
+        "2",
+    ]
     selfplay(*args)
     results = json.loads((out / "results.json").read_text())
     assert results["arms"] == ["warmstart", "curriculum", "fixed"]
@@ -288,8 +386,10 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert set(warm) == set(trained["heldout"]) and "test" in warm
     assert all(0.0 <= v <= 1.0 for r in (warm, trained["heldout"]) for m in r.values() for v in m.values())
     assert [h["step"] for h in trained["history"]] == [1]
-    n_test = sum(json.loads(line)["params"].get("eval_split") == "test"
-                 for line in (warm_run / "heldout.jsonl").read_text().splitlines())
+    n_test = sum(
+        json.loads(line)["params"].get("eval_split") == "test"
+        for line in (warm_run / "heldout.jsonl").read_text().splitlines()
+    )
     for by_level in (results["runs"]["warmstart"]["0"]["test_by_level"], trained["test_by_level"]):
         assert by_level and all(lv.startswith("level_") for lv in by_level)
         assert sum(m["tasks"] for m in by_level.values()) == n_test
@@ -310,8 +410,11 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
             assert set(by_metric) == {"pass@1_greedy", "pass@1"}
             for metric, d in by_metric.items():
                 whole = warm["test"] if group == "all" else levels[group]
-                after = results["runs"][arm]["0"]["heldout"]["test"] if group == "all" else \
-                    results["runs"][arm]["0"]["test_by_level"][group]
+                after = (
+                    results["runs"][arm]["0"]["heldout"]["test"]
+                    if group == "all"
+                    else results["runs"][arm]["0"]["test_by_level"][group]
+                )
                 assert d["tasks"] == whole.get("tasks", n_test)
                 assert d["before"] == pytest.approx(whole[metric]) and d["after"] == pytest.approx(after[metric])
         assert report.count(f"| {arm} | 0 |") == 2 * len(paired) + 1  # + its means from iteration 10
@@ -367,8 +470,9 @@ def test_compare_runs_arms_from_one_warm_start_and_skips_finished_runs(warm_run,
     assert proc.returncode == 2 and "--merge:" in proc.stderr and "Traceback" not in proc.stderr
     proc = selfplay("compare", "--merge", str(tmp_path / "none.json"), "--out", str(tmp_path / "m2"), check=False)
     assert proc.returncode == 2 and "--merge: no such file" in proc.stderr
-    proc = selfplay("compare", "train.steps=3", "--merge", str(out / "results.json"), "--out", str(tmp_path / "m3"),
-                    check=False)
+    proc = selfplay(
+        "compare", "train.steps=3", "--merge", str(out / "results.json"), "--out", str(tmp_path / "m3"), check=False
+    )
     assert proc.returncode == 2 and "takes no config or overrides (given: train.steps=3)" in proc.stderr
     proc = selfplay("compare", "--report-only", "--seeds", "1", "--arms", "curriculum", "--out", str(out), check=False)
     assert proc.returncode == 2 and "--report-only:" in proc.stderr and "seed_1" in proc.stderr
@@ -382,7 +486,13 @@ def test_an_arm_takes_the_warm_starts_files_and_its_reserved_pool(tmp_path):
         (warm / name).write_text(name)
     copy_warm_start(warm, tmp_path / "arm")
     assert sorted(p.name for p in (tmp_path / "arm").iterdir()) == [
-        "checkpoints", "corpus.sqlite", "corpus.sqlite-wal", "heldout.jsonl", "models", "reserved_tasks.jsonl"]
+        "checkpoints",
+        "corpus.sqlite",
+        "corpus.sqlite-wal",
+        "heldout.jsonl",
+        "models",
+        "reserved_tasks.jsonl",
+    ]
     (warm / "reserved_tasks.jsonl").unlink()  # a warm start without a pool: nothing to copy, no error
     copy_warm_start(warm, tmp_path / "arm2")
     assert not (tmp_path / "arm2" / "reserved_tasks.jsonl").exists()
@@ -419,8 +529,9 @@ def test_uniform_and_free_format_arms_the_free_one_from_a_warm_start_of_its_own(
     generator on the free format (same seed) and is paired with that warm start."""
     out = tmp_path / "compare"
     shutil.copytree(warm_run, out / "seed_0" / "warmstart")
-    selfplay("compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "uniform", "selfplay_free",
-             "--out", str(out))
+    selfplay(
+        "compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "uniform", "selfplay_free", "--out", str(out)
+    )
     from selfplay.runtime.checkpoint import CheckpointManager
 
     free_warm = out / "seed_0" / "warmstart_free"
@@ -462,9 +573,11 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     from selfplay.eval.compare import ARM_SPECS, warm_folder
 
     v = variant("free_rloo", "selfplay_free", ["ppo.advantage=rloo"])
-    assert (v.mode, v.overrides, v.warm) == ("selfplay", ("generator.format=free", "agents.generator.advantage=gae",
-                                                          "model.value_model=detached", "ppo.advantage=rloo"),
-                                             "warmstart_free")
+    assert (v.mode, v.overrides, v.warm) == (
+        "selfplay",
+        ("generator.format=free", "agents.generator.advantage=gae", "model.value_model=detached", "ppo.advantage=rloo"),
+        "warmstart_free",
+    )
     assert warm_folder(tmp_path, 0, "free_rloo", shared=True, variants={"free_rloo": v}) == tmp_path / "warmstart_free"
     assert "free_rloo" not in ARM_SPECS  # nothing registered globally
     # a value head with or without gradients into the backbone: the same parameters, so the RL phase may choose
@@ -475,21 +588,26 @@ def test_a_variant_is_its_base_arm_with_overrides_from_the_same_warm_start(tmp_p
     free = ARM_SPECS["selfplay_free"].overrides
     assert variant("v", "selfplay_free", ["model.value_model=detached"]).overrides == free
     # its warm start, if it comes to make it, is made as its base's: without the variant's RL overrides
-    assert warm_start_overrides(v.warm) == ("generator.format=free", "agents.generator.advantage=gae",
-                                            "model.value_model=detached")
+    assert warm_start_overrides(v.warm) == (
+        "generator.format=free",
+        "agents.generator.advantage=gae",
+        "model.value_model=detached",
+    )
     assert warm_start_overrides("warmstart") == ()
-    for args, message in [(("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
-                          (("a-b", "uniform", ["ppo.lr=1"]), "an identifier"),
-                          (("x", "warmstart", ["ppo.lr=1"]), "base 'warmstart' must be an RL arm"),
-                          (("x", "nope", ["ppo.lr=1"]), "base 'nope'"),
-                          (("x", "curriculum", []), "KEY=VALUE"),
-                          (("x", "curriculum", ["ppo.lr"]), "KEY=VALUE"),
-                          (("x", "curriculum", ["warmstart.solver_steps=3"]), "would change its warm start"),
-                          (("x", "selfplay", ["generator.format=free"]), "would change its warm start"),
-                          (("x", "selfplay", ["model.value_model=separate"]), "would change its warm start"),
-                          (("x", "selfplay", ["model.n_layer=2"]), "would change its warm start"),
-                          (("x", "curriculum", ["train.mode=uniform"]), "set per run"),
-                          (("x", "curriculum", ["ppo.lr=1", "run.seed=3"]), "set per run")]:
+    for args, message in [
+        (("curriculum", "uniform", ["ppo.lr=1"]), "not an arm's"),
+        (("a-b", "uniform", ["ppo.lr=1"]), "an identifier"),
+        (("x", "warmstart", ["ppo.lr=1"]), "base 'warmstart' must be an RL arm"),
+        (("x", "nope", ["ppo.lr=1"]), "base 'nope'"),
+        (("x", "curriculum", []), "KEY=VALUE"),
+        (("x", "curriculum", ["ppo.lr"]), "KEY=VALUE"),
+        (("x", "curriculum", ["warmstart.solver_steps=3"]), "would change its warm start"),
+        (("x", "selfplay", ["generator.format=free"]), "would change its warm start"),
+        (("x", "selfplay", ["model.value_model=separate"]), "would change its warm start"),
+        (("x", "selfplay", ["model.n_layer=2"]), "would change its warm start"),
+        (("x", "curriculum", ["train.mode=uniform"]), "set per run"),
+        (("x", "curriculum", ["ppo.lr=1", "run.seed=3"]), "set per run"),
+    ]:
         with pytest.raises(ValueError, match=message):
             variant(*args)
 
@@ -500,8 +618,19 @@ def test_compare_runs_a_variant_and_its_records_say_what_it_is(warm_run, tmp_pat
     out = tmp_path / "compare"
     shutil.copytree(warm_run, out / "seed_0" / "warmstart")
     variant_args = ["--variant", "curriculum_rloo", "curriculum", "ppo.advantage=rloo"]
-    selfplay("compare", *SMOKE, "train.steps=1", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out),
-             *variant_args)
+    selfplay(
+        "compare",
+        *SMOKE,
+        "train.steps=1",
+        "--seeds",
+        "0",
+        "--arms",
+        "warmstart",
+        "curriculum",
+        "--out",
+        str(out),
+        *variant_args,
+    )
     results = json.loads((out / "results.json").read_text())
     assert results["arms"] == ["warmstart", "curriculum", "curriculum_rloo"]
     log = (out / "logs" / "seed_0_curriculum_rloo.log").read_text()
@@ -510,18 +639,32 @@ def test_compare_runs_a_variant_and_its_records_say_what_it_is(warm_run, tmp_pat
     record = results["runs"]["curriculum_rloo"]["0"]
     assert record["variant"] == {"mode": "curriculum", "overrides": ["ppo.advantage=rloo"], "warm": "warmstart"}
     assert "variant" not in results["runs"]["curriculum"]["0"]
-    assert set(results["paired_arms"]) == {"curriculum - warmstart", "curriculum_rloo - warmstart",
-                                           "curriculum_rloo - curriculum"}
+    assert set(results["paired_arms"]) == {
+        "curriculum - warmstart",
+        "curriculum_rloo - warmstart",
+        "curriculum_rloo - curriculum",
+    }
     assert list(results["warm_starts"]) == ["warmstart"]
     assert list(results["warm_starts"]["warmstart"].values()) == [[0]]  # one warm start for both arms
     report = (out / "results.md").read_text()
     assert "Variants: curriculum_rloo = train.mode=curriculum ppo.advantage=rloo, from warmstart." in report
     # the report again needs the variant to be named; a merge needs only the records
-    proc = selfplay("compare", "--report-only", "--seeds", "0", "--arms", "curriculum_rloo", "--out", str(out),
-                    check=False)
+    proc = selfplay(
+        "compare", "--report-only", "--seeds", "0", "--arms", "curriculum_rloo", "--out", str(out), check=False
+    )
     assert proc.returncode == 2 and "unknown arm(s) curriculum_rloo" in proc.stderr
-    selfplay("compare", "--report-only", "--seeds", "0", "--arms", "warmstart", "curriculum", "--out", str(out),
-             *variant_args)
+    selfplay(
+        "compare",
+        "--report-only",
+        "--seeds",
+        "0",
+        "--arms",
+        "warmstart",
+        "curriculum",
+        "--out",
+        str(out),
+        *variant_args,
+    )
     assert json.loads((out / "results.json").read_text())["runs"] == results["runs"]
     selfplay("compare", "--merge", str(out / "results.json"), "--out", str(tmp_path / "merged"))
     merged = json.loads((tmp_path / "merged" / "results.json").read_text())
@@ -551,13 +694,31 @@ def test_compare_on_the_validation_split_from_a_warm_start_that_drew_it(tmp_path
     out = tmp_path / "compare"
     proc = selfplay("compare", *SMOKE, "--split", "val", "--out", str(out), check=False)
     assert proc.returncode == 2 and "--split val: the runs evaluate test" in proc.stderr and not out.exists()
-    selfplay("compare", *SMOKE, "eval.splits=[val]", "train.steps=1", "--split", "val", "--seeds", "0",
-             "--arms", "warmstart", "curriculum", "--out", str(out))
-    drawn = [json.loads(line)["params"]["eval_split"]
-             for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text().splitlines()]
+    selfplay(
+        "compare",
+        *SMOKE,
+        "eval.splits=[val]",
+        "train.steps=1",
+        "--split",
+        "val",
+        "--seeds",
+        "0",
+        "--arms",
+        "warmstart",
+        "curriculum",
+        "--out",
+        str(out),
+    )
+    drawn = [
+        json.loads(line)["params"]["eval_split"]
+        for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text().splitlines()
+    ]
     assert drawn.count("val") == drawn.count("test") == 2  # test is drawn (and reserved) but never evaluated
-    val_ids = {json.loads(line)["id"] for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text()
-               .splitlines() if json.loads(line)["params"]["eval_split"] == "val"}
+    val_ids = {
+        json.loads(line)["id"]
+        for line in (out / "seed_0" / "warmstart" / "heldout.jsonl").read_text().splitlines()
+        if json.loads(line)["params"]["eval_split"] == "val"
+    }
     results = json.loads((out / "results.json").read_text())
     assert results["split"] == "val"
     for arm in ("warmstart", "curriculum"):
@@ -572,8 +733,11 @@ def test_jobs_run_side_by_side_and_a_failure_stops_none_of_the_others(tmp_path):
     """run_jobs: every job runs (two at a time here), each into its own log; a failing one is reported with the
     others' count once all have ended."""
     logs = [tmp_path / f"{name}.log" for name in "abc"]
-    todo = [Job("a", ["--help"], logs[0]), Job("b", ["train", str(tmp_path / "missing.yaml")], logs[1]),
-            Job("c", ["--help"], logs[2])]
+    todo = [
+        Job("a", ["--help"], logs[0]),
+        Job("b", ["train", str(tmp_path / "missing.yaml")], logs[1]),
+        Job("c", ["--help"], logs[2]),
+    ]
     said: list[str] = []
     with pytest.raises(RuntimeError, match=r"1 of 3 runs failed: selfplay train .*missing.yaml exited 2; see .*b.log"):
         run_jobs(todo, 2, said.append)
@@ -603,28 +767,60 @@ def test_arms_that_differ_in_a_setting_they_must_share_are_refused(tmp_path):
 
     everyone = ["warmstart", "curriculum", "uniform", "fixed", "selfplay", "selfplay_frozen", "selfplay_random"]
     check_parity("configs/smoke.yaml", ["train.steps=7"], everyone)  # overrides for every arm keep them alike
-    cases = [(["train.steps=5"], "train.steps (curriculum 3, v 5)"),
-             (["train.solver_tasks=8"], "the solver's episodes per iteration (train.solver_tasks x "
-                                        "train.samples_per_task) (curriculum 8, v 16)"),
-             (["mixer.share_replay=0.5"], "mixer.share_replay (curriculum 0.2, v 0.5)")]
+    cases = [
+        (["train.steps=5"], "train.steps (curriculum 3, v 5)"),
+        (
+            ["train.solver_tasks=8"],
+            "the solver's episodes per iteration (train.solver_tasks x train.samples_per_task) (curriculum 8, v 16)",
+        ),
+        (["mixer.share_replay=0.5"], "mixer.share_replay (curriculum 0.2, v 0.5)"),
+    ]
     for overrides, named in cases:
         with pytest.raises(ValueError, match=re.escape(f"the arms differ in {named}")):
-            check_parity("configs/smoke.yaml", [], ["warmstart", "curriculum", "v"],
-                         {"v": variant("v", "selfplay", overrides)})
+            check_parity(
+                "configs/smoke.yaml", [], ["warmstart", "curriculum", "v"], {"v": variant("v", "selfplay", overrides)}
+            )
     # how the solver learns from the same episodes is what an ablation compares (the SFT replay loss, the advantage)
-    check_parity("configs/smoke.yaml", [], ["curriculum", "v"],
-                 {"v": variant("v", "curriculum", ["ppo.replay_coef=0.5", "ppo.replay_source=sft",
-                                                   "ppo.advantage=rloo"])})
+    check_parity(
+        "configs/smoke.yaml",
+        [],
+        ["curriculum", "v"],
+        {"v": variant("v", "curriculum", ["ppo.replay_coef=0.5", "ppo.replay_source=sft", "ppo.advantage=rloo"])},
+    )
     # as many episodes in other tasks x samples is the same solver training; the warm start trains nothing
-    check_parity("configs/smoke.yaml", [], ["curriculum", "v"],
-                 {"v": variant("v", "selfplay", ["train.solver_tasks=2", "train.samples_per_task=4"])})
+    check_parity(
+        "configs/smoke.yaml",
+        [],
+        ["curriculum", "v"],
+        {"v": variant("v", "selfplay", ["train.solver_tasks=2", "train.samples_per_task=4"])},
+    )
     with pytest.raises(ValueError, match=re.escape("train.steps (curriculum 3, v 4)")):  # the library refuses too
-        run_all("configs/smoke.yaml", [], [0], ["curriculum", "v"], tmp_path / "lib",
-                variants={"v": variant("v", "curriculum", ["train.steps=4"])})
+        run_all(
+            "configs/smoke.yaml",
+            [],
+            [0],
+            ["curriculum", "v"],
+            tmp_path / "lib",
+            variants={"v": variant("v", "curriculum", ["train.steps=4"])},
+        )
     assert not (tmp_path / "lib").exists()
     out = tmp_path / "compare"
-    proc = selfplay("compare", "configs/smoke.yaml", "--seeds", "0", "--arms", "warmstart", "curriculum",
-                    "--out", str(out), "--variant", "long", "selfplay", "train.steps=5", check=False)
+    proc = selfplay(
+        "compare",
+        "configs/smoke.yaml",
+        "--seeds",
+        "0",
+        "--arms",
+        "warmstart",
+        "curriculum",
+        "--out",
+        str(out),
+        "--variant",
+        "long",
+        "selfplay",
+        "train.steps=5",
+        check=False,
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
     assert "train.steps (curriculum 3, long 5)" in line and len(proc.stderr.strip().splitlines()) == 1
@@ -640,8 +836,10 @@ def test_the_report_shows_what_each_arm_spent():
         run["compute"] = {key: 10 * (i + 1) for key in COMPUTE}
     runs["curriculum"]["0"]["compute"] = {key: 3 for key in COMPUTE}
     table = compute_table({"arms": list(runs), "runs": runs})
-    assert table.splitlines()[0] == ("| arm | runs | ppo episodes | solver episodes | solver tokens | generator "
-                                     "proposals | generator tokens | sandbox execs |")
+    assert table.splitlines()[0] == (
+        "| arm | runs | ppo episodes | solver episodes | solver tokens | generator "
+        "proposals | generator tokens | sandbox execs |"
+    )
     assert "| selfplay | 2 | 15 | 15 | 15 | 15 | 15 | 15 |" in table  # the median over its seeds
     assert "| curriculum | 1 | 3 |" in table and "| warmstart |" not in table
     assert compute_table({"arms": list(runs), "runs": _records([0], 5)}) == ""  # records made before the counters

@@ -51,8 +51,9 @@ def test_primary_figures_on_a_committed_record_are_corrected_for_the_family(tmp_
     assert primary["k"] == 2 and set(primary["rows"]) == {"curriculum - warmstart", "curriculum_rloo - warmstart"}
     for arm in plan["family"]:
         row = primary["rows"][f"{arm} - warmstart"]
-        plain = compare.paired_arms({"warmstart": results["runs"]["warmstart"], arm: results["runs"][arm]},
-                                    n_boot=2000)[f"{arm} - warmstart"]["pass@1"]
+        plain = compare.paired_arms(
+            {"warmstart": results["runs"]["warmstart"], arm: results["runs"][arm]}, n_boot=2000
+        )[f"{arm} - warmstart"]["pass@1"]
         assert row["delta"] == pytest.approx(plain["delta"]) and row["design"] == "crossed"
         assert row["ci95"][0] < plain["ci95"][0] and plain["ci95"][1] < row["ci95"][1]
     results["plan"] = plan

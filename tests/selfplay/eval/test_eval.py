@@ -110,8 +110,7 @@ def test_heldout_json_table_plot_and_tensorboard(run):
 @pytest.mark.slow
 def test_humaneval_on_a_checkpoint_folder(run, tmp_path):
     out = tmp_path / "he" / "results.json"
-    evaluate(run / "checkpoints" / "step_0", "--suite", "humaneval", "--limit", "5", "--samples", "2",
-             "--json", out)
+    evaluate(run / "checkpoints" / "step_0", "--suite", "humaneval", "--limit", "5", "--samples", "2", "--json", out)
     he = json.loads(out.read_text())["humaneval"]
     assert he["problems"] == 5
     check_pass_metrics(he, 2)
@@ -125,10 +124,20 @@ def add_generated_tasks(run: Path, n: int) -> list[Task]:
     measured difficulty for most): procedural training tasks re-labelled, so the solver's answers are real."""
     with Corpus(run, create=False) as corpus:
         base = corpus.query(split="train", limit=n)
-        tasks = [Task.from_dict(dict(t.to_dict(), id=t.id + "g", source="generator", family="generator/" + t.family,
-                                     created_step=1 + i // 3, difficulty=None,
-                                     fingerprints={"ast": f"prog{i % 4}"}))
-                 for i, t in enumerate(base)]
+        tasks = [
+            Task.from_dict(
+                dict(
+                    t.to_dict(),
+                    id=t.id + "g",
+                    source="generator",
+                    family="generator/" + t.family,
+                    created_step=1 + i // 3,
+                    difficulty=None,
+                    fingerprints={"ast": f"prog{i % 4}"},
+                )
+            )
+            for i, t in enumerate(base)
+        ]
         corpus.insert_many(tasks, dedup=False)
         for i, t in enumerate(tasks[:-1]):  # the last one never measured
             corpus.update_difficulty(t.id, solve_rate=(i % 3) / 2, n_samples=2, step=t.created_step)

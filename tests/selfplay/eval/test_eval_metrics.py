@@ -92,8 +92,12 @@ def test_steps_to_success_in_multi_turn_episodes(sb):
     greedy = []
     for task in tasks:
         episode = CodeEpisode(task, sb, max_turns=4)
-        for text in ["ACTION: run", f"ACTION: write\n{answer_text(task.reference_solution)}", "ACTION: run",
-                     "ACTION: submit"]:
+        for text in [
+            "ACTION: run",
+            f"ACTION: write\n{answer_text(task.reference_solution)}",
+            "ACTION: run",
+            "ACTION: submit",
+        ]:
             episode.act(text)
             if episode.done:
                 break
@@ -104,10 +108,20 @@ def test_steps_to_success_in_multi_turn_episodes(sb):
 
 # ---- generator-side statistics (properties) ------------------------------------------------------------------
 def _task(i: int, step: int, program: int, family: str, rate: float | None) -> Task:
-    return Task(id=f"t{i}", family=family, source="generator", split="train", level=1, description="d",
-                entry_point="f", signature="def f(x)", reference_solution="def f(x):\n    return x\n",
-                created_step=step, fingerprints={"ast": f"h{program}"},
-                difficulty=None if rate is None else 1.0 - rate)
+    return Task(
+        id=f"t{i}",
+        family=family,
+        source="generator",
+        split="train",
+        level=1,
+        description="d",
+        entry_point="f",
+        signature="def f(x)",
+        reference_solution="def f(x):\n    return x\n",
+        created_step=step,
+        fingerprints={"ast": f"h{program}"},
+        difficulty=None if rate is None else 1.0 - rate,
+    )
 
 
 rates = st.one_of(st.none(), st.sampled_from([0.0, 1.0]), st.floats(0.0, 1.0))
@@ -162,8 +176,11 @@ def test_validity_over_time_skips_iterations_without_proposals(values):
 
 
 def test_evals_over_time_orders_steps_numerically():
-    evals = {"10": {"test": {"pass@1_greedy": 0.5}, "by_family": {}}, "2": {"test": {"pass@1_greedy": 0.25},
-             "deeper": {"pass@1_greedy": 0.0}}, "0": {}}
+    evals = {
+        "10": {"test": {"pass@1_greedy": 0.5}, "by_family": {}},
+        "2": {"test": {"pass@1_greedy": 0.25}, "deeper": {"pass@1_greedy": 0.0}},
+        "0": {},
+    }
     assert E.evals_over_time(evals) == {"test": [[2, 0.25], [10, 0.5]], "deeper": [[2, 0.0]]}
 
 
@@ -189,5 +206,11 @@ def test_generator_snapshot_is_frozen(tmp_path, sb):
 
 def _as_generated(task: Task) -> Task:
     """A procedural task re-labelled as a generator proposal (the record a valid proposal becomes)."""
-    return Task.from_dict(dict(task.to_dict(), source="generator", family="generator/" + task.family,
-                               created_step=random.Random(task.id).randint(1, 3)))
+    return Task.from_dict(
+        dict(
+            task.to_dict(),
+            source="generator",
+            family="generator/" + task.family,
+            created_step=random.Random(task.id).randint(1, 3),
+        )
+    )

@@ -3,7 +3,8 @@
 from math import comb
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from selfplay.eval.passk import mean_pass_at_k, pass_at_k
 

@@ -20,22 +20,36 @@ def png_size(path) -> tuple[int, int]:
 
 
 def _generated(i: int) -> Task:
-    return Task(id=f"t{i}", family=f"generator/list_int+{'ab'[i % 2]}", source="generator", split="train", level=1,
-                description="d", entry_point="f", signature="def f(x)", reference_solution="def f(x): return x",
-                created_step=1 + i // 4, fingerprints={"ast": f"h{i % 7}"}, difficulty=(i % 5) / 4)
+    return Task(
+        id=f"t{i}",
+        family=f"generator/list_int+{'ab'[i % 2]}",
+        source="generator",
+        split="train",
+        level=1,
+        description="d",
+        entry_point="f",
+        signature="def f(x)",
+        reference_solution="def f(x): return x",
+        created_step=1 + i // 4,
+        fingerprints={"ast": f"h{i % 7}"},
+        difficulty=(i % 5) / 4,
+    )
 
 
 def full_results() -> dict:
     split = {"tasks": 3, "pass@1_greedy": 0.67, "pass@1": 0.5, "pass@4": 0.8, "tests_passed": 0.7, "quality": 0.9}
     history = [{"step": s, "validity": v} for s, v in [(1, 0.0), (2, 0.25), (3, None), (4, 0.5)]]
     return {
-        "checkpoint": "runs/x/checkpoints/step_4", "step": 4,
+        "checkpoint": "runs/x/checkpoints/step_4",
+        "step": 4,
         "heldout": {"test": split, "deeper": dict(split, **{"pass@1_greedy": 0.0}), "by_family": {}},
         "heldout_over_time": E.evals_over_time({"0": {"test": {"pass@1_greedy": 0.3}}, "4": {"test": split}}),
         "humaneval": {"problems": 5, "pass@1_greedy": 0.2, "pass@1": 0.1, "pass@4": 0.3},
-        "generator": {"validity": E.validity_over_time(history),
-                      **E.generated_task_stats([_generated(i) for i in range(20)]),
-                      "snapshot": {"tasks": 4, "pass@1_greedy": 0.25, "pass@1": 0.2, "pass@4": 0.5}},
+        "generator": {
+            "validity": E.validity_over_time(history),
+            **E.generated_task_stats([_generated(i) for i in range(20)]),
+            "snapshot": {"tasks": 4, "pass@1_greedy": 0.25, "pass@1": 0.2, "pass@4": 0.5},
+        },
     }
 
 
@@ -49,10 +63,13 @@ def test_plot_of_full_results_is_a_png(tmp_path):
 
 def test_plot_without_data_draws_placeholder_panels(tmp_path):
     # a warm-start checkpoint evaluated on HumanEval only: no held-out, no history, no generator tasks
-    results = {"checkpoint": "c", "step": 0, "humaneval": {"problems": 2, "pass@1_greedy": 0.0},
-               "heldout_over_time": {},
-               "generator": {"validity": E.validity_over_time([]), **E.generated_task_stats([]),
-                             "snapshot": {"tasks": 0}}}
+    results = {
+        "checkpoint": "c",
+        "step": 0,
+        "humaneval": {"problems": 2, "pass@1_greedy": 0.0},
+        "heldout_over_time": {},
+        "generator": {"validity": E.validity_over_time([]), **E.generated_task_stats([]), "snapshot": {"tasks": 0}},
+    }
     assert png_size(plot_eval(results, tmp_path / "a.png"))[0] > 0
     assert png_size(plot_eval({}, tmp_path / "b.png"))[0] > 0
 

@@ -17,8 +17,12 @@ SEED_SD, TASK_SD, RESIDUAL_SD, SEEDS, TASKS, EFFECT = 0.015, 0.15, 0.16, 4, 400,
 
 def shared_task_table(rng: np.random.Generator) -> np.ndarray:
     """One comparison of a crossed design: the task effect is common to every seed."""
-    return (EFFECT + rng.normal(0, SEED_SD, (SEEDS, 1)) + rng.normal(0, TASK_SD, (1, TASKS))
-            + rng.normal(0, RESIDUAL_SD, (SEEDS, TASKS)))
+    return (
+        EFFECT
+        + rng.normal(0, SEED_SD, (SEEDS, 1))
+        + rng.normal(0, TASK_SD, (1, TASKS))
+        + rng.normal(0, RESIDUAL_SD, (SEEDS, TASKS))
+    )
 
 
 def coverage(method: str, n_sim: int, n_boot: int, seed: int) -> float:
@@ -28,8 +32,11 @@ def coverage(method: str, n_sim: int, n_boot: int, seed: int) -> float:
     hits = 0
     for _ in range(n_sim):
         table = shared_task_table(rng)
-        boot = (stats.crossed_boot(table, n_boot, rng) if method == "crossed"
-                else stats.nested_boot(list(table), n_boot, rng))
+        boot = (
+            stats.crossed_boot(table, n_boot, rng)
+            if method == "crossed"
+            else stats.nested_boot(list(table), n_boot, rng)
+        )
         lo, hi = np.percentile(boot, [lo_p, hi_p])
         hits += lo <= EFFECT <= hi
     return hits / n_sim
@@ -89,14 +96,21 @@ def test_design_of_reads_the_task_ids():
 
 def test_paired_interval_reports_its_design_and_widens_for_k():
     rng = np.random.default_rng(3)
-    shared = {s: ({f"t{i}": float(rng.random()) for i in range(60)}, {f"t{i}": float(rng.random()) for i in range(60)})
-              for s in range(3)}
+    shared = {
+        s: ({f"t{i}": float(rng.random()) for i in range(60)}, {f"t{i}": float(rng.random()) for i in range(60)})
+        for s in range(3)
+    }
     one = stats.paired_interval(shared, float, n_boot=2000)
     five = stats.paired_interval(shared, float, n_boot=2000, k=5)
     assert one["design"] == "crossed" and "together" in one["resamples"] and one["seeds"] == 3 and one["tasks"] == 180
     assert five["ci"][0] < one["ci"][0] <= one["delta"] <= one["ci"][1] < five["ci"][1]
-    own = {s: ({f"s{s}t{i}": float(rng.random()) for i in range(60)},
-               {f"s{s}t{i}": float(rng.random()) for i in range(60)}) for s in range(3)}
+    own = {
+        s: (
+            {f"s{s}t{i}": float(rng.random()) for i in range(60)},
+            {f"s{s}t{i}": float(rng.random()) for i in range(60)},
+        )
+        for s in range(3)
+    }
     assert stats.paired_interval(own, float, n_boot=200)["design"] == "nested"
     single = stats.paired_interval({0: shared[0]}, float, n_boot=200)
     assert single["resamples"] == "tasks (one seed)"
@@ -107,12 +121,15 @@ def test_paired_interval_reports_its_design_and_widens_for_k():
 
 
 @settings(max_examples=30, deadline=None)
-@given(st.lists(st.lists(st.floats(-1, 1), min_size=3, max_size=3), min_size=1, max_size=4),
-       st.sampled_from(["crossed", "nested"]))
+@given(
+    st.lists(st.lists(st.floats(-1, 1), min_size=3, max_size=3), min_size=1, max_size=4),
+    st.sampled_from(["crossed", "nested"]),
+)
 def test_paired_interval_properties(rows, design):
     # The mean of the cells; an interval that holds it up to the bootstrap's grain; swapping the arms mirrors both.
-    pairs = {s: ({f"t{i}": 0.0 for i in range(3)}, {f"t{i}": v for i, v in enumerate(row)})
-             for s, row in enumerate(rows)}
+    pairs = {
+        s: ({f"t{i}": 0.0 for i in range(3)}, {f"t{i}": v for i, v in enumerate(row)}) for s, row in enumerate(rows)
+    }
     d = stats.paired_interval(pairs, float, n_boot=300, design=design)
     assert d["delta"] == pytest.approx(float(np.mean(rows)))
     assert d["ci"][0] <= d["ci"][1]

@@ -26,8 +26,9 @@ def test_the_generator_takes_its_own_kl_and_entropy_coefficients_where_set():
     assert (solver.kl_coef, generator.kl_coef) == (0.05, 0.2)
     assert (solver.entropy_coef_start, solver.entropy_coef_end) == (0.01, 0.001)
     for update in (0, 10, 10_000):  # the generator's bonus is the same at every update
-        g = linear_schedule(generator.entropy_coef_start, generator.entropy_coef_end, update,
-                            generator.entropy_decay_updates)
+        g = linear_schedule(
+            generator.entropy_coef_start, generator.entropy_coef_end, update, generator.entropy_decay_updates
+        )
         assert g == 0.0
     assert linear_schedule(solver.entropy_coef_start, solver.entropy_coef_end, 0, solver.entropy_decay_updates) == 0.01
 
@@ -69,8 +70,15 @@ def test_settings_that_cannot_learn_are_refused_at_start_naming_their_keys():
 
 
 def test_the_solver_takes_its_own_budget_temperature_and_kl_over_ppos():
-    cfg = load_config(None, ["ppo.max_new_tokens=100", "agents.solver.max_new_tokens=40",
-                             "agents.solver.temperature=0.5", "agents.solver.kl_coef=0.01"])
+    cfg = load_config(
+        None,
+        [
+            "ppo.max_new_tokens=100",
+            "agents.solver.max_new_tokens=40",
+            "agents.solver.temperature=0.5",
+            "agents.solver.kl_coef=0.01",
+        ],
+    )
     solver, generator = agent_ppo_config(cfg, "solver"), agent_ppo_config(cfg, "generator")
     assert (solver.max_new_tokens, solver.temperature, solver.kl_coef) == (40, 0.5, 0.01)
     assert generator.max_new_tokens == cfg.agents.generator.max_new_tokens and generator.temperature == 0.7

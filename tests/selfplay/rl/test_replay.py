@@ -8,20 +8,21 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from selfplay.rl import ppo
-
-from selfplay.rl import core as rl
-from selfplay.runtime.config import PPOConfig
 from selfplay.models.factory import ActorCritic, frozen_copy
+from selfplay.rl import core as rl
+from selfplay.rl import ppo
 from selfplay.rl.replay import AnswerSet, ReplayBuffer, ReplayItem, priority, successes
+from selfplay.runtime.config import PPOConfig
 from tests.selfplay.rl.test_ppo import PAD, tiny_policy
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 # ---------------------------------------------------------------------------- the answer set (replay_source=sft)
+
 
 @settings(max_examples=40, deadline=None)
 @given(st.integers(1, 12), st.integers(0, 15), st.integers(0, 50), st.integers(0, 3))
@@ -43,10 +44,12 @@ def test_answer_set_draws_vary_with_the_step_and_cover_the_set():
 
 # ---------------------------------------------------------------------------- the buffer
 
-entries = st.tuples(st.sampled_from("abcdef"),  # task id
-                    st.lists(st.integers(3, 6), min_size=1, max_size=3),  # answer tokens
-                    st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),  # solve rate
-                    st.integers(0, 30))  # step
+entries = st.tuples(
+    st.sampled_from("abcdef"),  # task id
+    st.lists(st.integers(3, 6), min_size=1, max_size=3),  # answer tokens
+    st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),  # solve rate
+    st.integers(0, 30),
+)  # step
 
 
 def item(task, tokens, rate=0.5, step=0):
@@ -130,17 +133,27 @@ def test_state_round_trip_gives_identical_samples(adds, draws_before, n):
 
 def test_successes_keeps_solved_episodes_with_their_solve_rate():
     def rollout(task, tokens, solved, mask=None):
-        return SimpleNamespace(task=SimpleNamespace(id=task), prompt=[1], tokens=tokens, mask=mask or [1] * len(tokens),
-                               reward=1.0 if solved else 0.0, result=SimpleNamespace(solved=solved))
+        return SimpleNamespace(
+            task=SimpleNamespace(id=task),
+            prompt=[1],
+            tokens=tokens,
+            mask=mask or [1] * len(tokens),
+            reward=1.0 if solved else 0.0,
+            result=SimpleNamespace(solved=solved),
+        )
 
-    got = successes([rollout("a", [3, 4], True), rollout("a", [5], False), rollout("b", [3, 9, 4], True, [1, 0, 1])],
-                    {"a": 0.5, "b": 0.25}, step=7)
+    got = successes(
+        [rollout("a", [3, 4], True), rollout("a", [5], False), rollout("b", [3, 9, 4], True, [1, 0, 1])],
+        {"a": 0.5, "b": 0.25},
+        step=7,
+    )
     assert [(x.task_id, x.solve_rate, x.step, x.mask) for x in got] == [("a", 0.5, 7, None), ("b", 0.25, 7, [1, 0, 1])]
     with pytest.raises(ValueError, match="solve_rate"):
         ReplayBuffer(2).add(item("a", [3], rate=1.5))
 
 
 # ---------------------------------------------------------------------------- the auxiliary loss
+
 
 def tiny_model(seed=0):
     return ActorCritic(tiny_policy(seed))
@@ -149,8 +162,11 @@ def tiny_model(seed=0):
 # PPO batch of 4 (one minibatch of two micro-batches); 3 replayed answers of other lengths (one prompt shorter than
 # any PPO prompt, one sequence longer than any PPO row), the last with a masked observation token
 QUERIES, RESPONSES, SCORES = [[1, 2, 5], [4, 4, 4], [6, 2, 2], [1, 1, 1]], [[3, 7], [5], [3, 3, 7], [2]], [1, 0, 1, 0]
-R_QUERIES, R_RESPONSES, R_MASKS = [[1, 2], [4, 4, 4, 4], [5, 6, 1]], [[3, 3, 7], [6], [2, 5, 4, 7]], \
-    [[1, 1, 1], [1], [1, 0, 1, 1]]
+R_QUERIES, R_RESPONSES, R_MASKS = (
+    [[1, 2], [4, 4, 4, 4], [5, 6, 1]],
+    [[3, 3, 7], [6], [2, 5, 4, 7]],
+    [[1, 1, 1], [1], [1, 0, 1, 1]],
+)
 REPLAY = (R_QUERIES, R_RESPONSES, R_MASKS)
 
 
@@ -170,13 +186,21 @@ def test_nll_loss_matches_hand_numbers():
     logp = torch.tensor([[-1.0, -2.0, -9.0], [-0.5, -9.0, -9.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     assert rl.nll_loss(logp, mask).item() == pytest.approx(3.5 / 3)
-    assert rl.nll_loss(logp[:1], mask[:1], 3).item() + rl.nll_loss(logp[1:], mask[1:], 3).item() == \
-        pytest.approx(3.5 / 3)  # chunks normalised by the whole batch's count add up to its mean
+    assert rl.nll_loss(logp[:1], mask[:1], 3).item() + rl.nll_loss(logp[1:], mask[1:], 3).item() == pytest.approx(
+        3.5 / 3
+    )  # chunks normalised by the whole batch's count add up to its mean
 
 
 def trainer(model, coef, lr=0.0, optimizer=None, temperature=1.0):
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, epochs=1, replay_coef=coef, max_grad_norm=1e9, lr=lr,
-                    temperature=temperature)
+    cfg = PPOConfig(
+        mini_batch_size=4,
+        micro_batch_size=2,
+        epochs=1,
+        replay_coef=coef,
+        max_grad_norm=1e9,
+        lr=lr,
+        temperature=temperature,
+    )
     optimizer = optimizer or torch.optim.SGD(model.parameters(), lr=lr)
     return ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, optimizer, pad_token_id=PAD, seed=0)
 
@@ -230,9 +254,21 @@ def two_token_model() -> ActorCritic:
     final layer norm's output is its bias h = (0, log 3, 0, 0) and the tied head reads the first two coordinates.
     So p(1) = 3/4 at temperature 1 and 9/10 at temperature 1/2 (logits / T = (0, 2 log 3))."""
     torch.manual_seed(0)
-    policy = GPT2LMHeadModel(GPT2Config(vocab_size=2, n_layer=1, n_embd=4, n_head=1, n_positions=16, bos_token_id=1,
-                                        eos_token_id=1, pad_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,
-                                        attn_pdrop=0.0))
+    policy = GPT2LMHeadModel(
+        GPT2Config(
+            vocab_size=2,
+            n_layer=1,
+            n_embd=4,
+            n_head=1,
+            n_positions=16,
+            bos_token_id=1,
+            eos_token_id=1,
+            pad_token_id=0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+        )
+    )
     with torch.no_grad():
         policy.transformer.wte.weight.copy_(torch.eye(2, 4))
         policy.transformer.ln_f.weight.zero_()
@@ -246,8 +282,9 @@ def test_the_replay_nll_is_the_untempered_policys_by_hand_on_two_tokens():
     at T = 1/2: their entropy is that of (1/10, 9/10)."""
     model = two_token_model()
     cfg = PPOConfig(mini_batch_size=2, micro_batch_size=2, epochs=1, replay_coef=1.0, lr=0.0, temperature=0.5)
-    t = ppo.PPOTrainer(model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=0.0),
-                       pad_token_id=0, seed=0)
+    t = ppo.PPOTrainer(
+        model, frozen_copy(model.policy), cfg, torch.optim.SGD(model.parameters(), lr=0.0), pad_token_id=0, seed=0
+    )
     stats = t.step([[1, 0], [0, 1, 1]], [[1, 1], [0]], [1.0, 0.0], replay=([[0, 1, 1], [1]], [[1, 1], [0]], None))
     untempered = (2 * math.log(4 / 3) + math.log(4)) / 3  # 0.6539
     tempered = (2 * math.log(10 / 9) + math.log(10)) / 3  # 0.8378
@@ -287,7 +324,8 @@ def test_the_joint_forward_scores_constrained_ppo_rows_as_alone_and_replay_rows_
     with torch.no_grad():
         (logp, values, logdist), replay_logp = t._joint_forward(rollout, idx, rep, ridx)
         alone_logp, alone_values, alone_logdist = t._policy_forward(
-            rollout.input_ids[idx], rollout.attention_mask[idx], rollout.start, rollout.allowed[idx])
+            rollout.input_ids[idx], rollout.attention_mask[idx], rollout.start, rollout.allowed[idx]
+        )
         expected_nll = hand_nll(model.policy)
     assert torch.allclose(logp * rollout.action_mask[idx], alone_logp * rollout.action_mask[idx], atol=1e-5)
     acts = rollout.action_mask[idx].bool()  # the banned token at every action position, only there

@@ -3,9 +3,9 @@
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 
 from selfplay.rl import core as rl
 
@@ -169,14 +169,19 @@ def test_rloo_advantages_by_hand():
 def test_mixed_groups_by_hand():
     # task "a" scored 1, 0, 0 (mixed); "b" 0.5, 0.5 (uniform); "c" alone (uniform by definition)
     assert rl.mixed_groups([1.0, 0.5, 0.0, 0.5, 0.0, 0.7], ["a", "b", "a", "b", "a", "c"]) == [
-        True, False, True, False, True, False]
+        True,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
     with pytest.raises(ValueError, match="group ids"):
         rl.mixed_groups([0.0, 1.0], ["a"])
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 0.25, 1.0])), min_size=1, max_size=20),
-       st.randoms())
+@given(st.lists(st.tuples(st.integers(0, 4), st.sampled_from([0.0, 0.25, 1.0])), min_size=1, max_size=20), st.randoms())
 def test_mixed_groups_flags_exactly_the_groups_with_some_rloo_signal(rows, rnd):
     groups, scores = [g for g, _ in rows], [s for _, s in rows]
     mixed = rl.mixed_groups(scores, groups)
@@ -209,7 +214,7 @@ def test_rloo_advantages_sum_to_zero_per_group_and_ignore_a_shared_shift(rows):
 def test_token_means_of_micro_batches_add_up_to_the_minibatch_mean():
     x, mask = t([1.0, 2.0, 0.0], [4.0, 0.0, 0.0]), t([1, 1, 0], [1, 0, 0])
     assert rl.token_mean(x, mask).item() == pytest.approx(7 / 3)
-    parts = [rl.token_mean(x[i:i + 1], mask[i:i + 1], 3).item() for i in range(2)]  # 3 tokens in the minibatch
+    parts = [rl.token_mean(x[i : i + 1], mask[i : i + 1], 3).item() for i in range(2)]  # 3 tokens in the minibatch
     assert parts == pytest.approx([3 / 3, 4 / 3]) and sum(parts) == pytest.approx(7 / 3)
     # a loss given the minibatch's count is that share: (per micro-batch token means would give 1.5 and 4)
     adv, zero = t([1.0, -1.0, 0.0], [2.0, 0.0, 0.0]), torch.zeros(2, 3, dtype=torch.float64)
@@ -221,8 +226,9 @@ def test_sampling_logprobs_is_the_tempered_log_softmax():
     assert torch.exp(rl.sampling_logprobs(logits, 1.0)).tolist() == pytest.approx([0.25, 0.75])
     # temperature 0.5 squares the odds: 1 : 9
     assert torch.exp(rl.sampling_logprobs(logits, 0.5)).tolist() == pytest.approx([0.1, 0.9])
-    assert rl.gather_tokens(rl.sampling_logprobs(logits[None, None], 0.5), torch.tensor([[1]])).item() == \
-        pytest.approx(math.log(0.9))
+    assert rl.gather_tokens(rl.sampling_logprobs(logits[None, None], 0.5), torch.tensor([[1]])).item() == pytest.approx(
+        math.log(0.9)
+    )
     with pytest.raises(ValueError, match="temperature"):
         rl.sampling_logprobs(logits, 0.0)
 

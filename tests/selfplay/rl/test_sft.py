@@ -30,9 +30,10 @@ def test_sft_learns_the_answers():
     assert losses[-1] < 0.1 * losses[0]
     correct = 0
     for prompt, answer in examples:
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=len(answer), do_sample=False,
-                             pad_token_id=tok.pad_token_id)
-        correct += out[0, len(prompt):].tolist() == answer
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=len(answer), do_sample=False, pad_token_id=tok.pad_token_id
+        )
+        correct += out[0, len(prompt) :].tolist() == answer
     assert correct >= 14, correct  # of 16 prompts
 
 
@@ -56,8 +57,8 @@ def test_bf16_updates_below_half_an_ulp_add_up_in_the_fp32_masters():
     # sum rounds to one ulp: column 2 of row 1 up by 2^-13, the others of row 1 down by 2^-13, other rows untouched.
     steps, lr = 10, 2e-5
     rates = [lr_at(k, steps, lr, warmup=0) for k in range(steps)]
-    assert max(rates) < 2 ** -14 and sum(rates) == pytest.approx(1.19e-4)
-    stored, ulp = 41 * 2 ** -11, 2 ** -13
+    assert max(rates) < 2**-14 and sum(rates) == pytest.approx(1.19e-4)
+    stored, ulp = 41 * 2**-11, 2**-13
     assert torch.tensor(0.02, dtype=torch.bfloat16).item() == stored
 
     model = Bigram(4, 0.02, torch.bfloat16)
@@ -84,8 +85,10 @@ def tiny_world(seed: int = 0):
     torch.manual_seed(seed)
     model = build_tiny_model(tok, n_layer=2, n_embd=32, n_head=4, max_positions=64)
     # answers of different lengths, so that the micro-batches hold different numbers of answer tokens
-    examples = [(tok(p + " :")["input_ids"], tok(" " + a + " ok" * (i % 3))["input_ids"] + [tok.eos_token_id])
-                for i, (p, a) in enumerate(PAIRS)]
+    examples = [
+        (tok(p + " :")["input_ids"], tok(" " + a + " ok" * (i % 3))["input_ids"] + [tok.eos_token_id])
+        for i, (p, a) in enumerate(PAIRS)
+    ]
     return tok, model, examples
 
 
@@ -142,8 +145,7 @@ def test_an_fp32_model_is_stepped_as_plain_adamw_bit_for_bit():
 def test_a_negative_micro_batch_is_refused():
     tok, model, examples = tiny_world()
     with pytest.raises(ValueError, match="micro_batch_size"):
-        sft(model, examples, steps=1, batch_size=4, lr=1e-3, pad_id=tok.pad_token_id, max_len=64,
-            micro_batch_size=-1)
+        sft(model, examples, steps=1, batch_size=4, lr=1e-3, pad_id=tok.pad_token_id, max_len=64, micro_batch_size=-1)
 
 
 @pytest.mark.parametrize("value", [-1, 17])

@@ -9,19 +9,23 @@ import torch
 
 from generator.agent import ProposalError
 from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
-from selfplay.rl import ppo
-from selfplay.rl import core as rl
 from selfplay.models.agent import LMAgent
-from selfplay.runtime.config import PPOConfig
-from selfplay.rollout.constrained import compile_constraint, compile_grammar, unpack_bits
-from selfplay.runtime.errors import UserError
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
+from selfplay.rl import core as rl
+from selfplay.rl import ppo
+from selfplay.rollout.constrained import compile_constraint, compile_grammar, unpack_bits
+from selfplay.runtime.config import PPOConfig
+from selfplay.runtime.errors import UserError
 
 pytest.importorskip("xgrammar")
 
-TEXTS = ["REF 1\nEDIT add 3 take last 2\nEND\n", "REF 2\nEDIT const 1 k=5\nEND\n", "def solve(xs):\n    return xs\n",
-         "DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int]) -> list[int]\nINPUTS:\n[[1, 2]]\n",
-         "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type"] * 20
+TEXTS = [
+    "REF 1\nEDIT add 3 take last 2\nEND\n",
+    "REF 2\nEDIT const 1 k=5\nEND\n",
+    "def solve(xs):\n    return xs\n",
+    "DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int]) -> list[int]\nINPUTS:\n[[1, 2]]\n",
+    "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type",
+] * 20
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +36,9 @@ def tok():
 def agent(tok, seed=0, temperature=1.0):
     torch.manual_seed(seed)
     policy = build_tiny_model(tok, n_layer=1, n_embd=32, n_head=2, max_positions=160)
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=2, max_new_tokens=MAX_ANSWER_TOKENS, temperature=temperature,
-                    epochs=1)
+    cfg = PPOConfig(
+        mini_batch_size=4, micro_batch_size=2, max_new_tokens=MAX_ANSWER_TOKENS, temperature=temperature, epochs=1
+    )
     return LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=seed)
 
 
@@ -67,8 +72,9 @@ def test_a_random_model_under_its_prompts_grammars_proposes_only_edits_that_comp
     a.constrain("mutation")
     base = a.constraint
     with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
-        rollouts = generator_rollouts(a, [rng.sample(tasks, 2) for _ in range(10)], sb, step=1, rng=rng,
-                                      max_prompt_tokens=60, fmt="mutation")
+        rollouts = generator_rollouts(
+            a, [rng.sample(tasks, 2) for _ in range(10)], sb, step=1, rng=rng, max_prompt_tokens=60, fmt="mutation"
+        )
     assert a.constraint is base  # the catalogue grammar is back for the next call
     assert [(r.rejection, r.reasons) for r in rollouts if r.rejection in ("unparsable", "edit")] == []
     assert all(r.task is not None and r.answer.allowed is not None for r in rollouts)
@@ -95,11 +101,14 @@ def test_an_answer_the_token_limit_cuts_off_is_rejected_saying_so(tok):
     a = agent(tok)
     a.constrain("free")
     with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
-        rollouts = generator_rollouts(a, [[t] for t in tasks], sb, step=1, rng=rng, max_prompt_tokens=60,
-                                      max_new_tokens=24, fmt="free")
+        rollouts = generator_rollouts(
+            a, [[t] for t in tasks], sb, step=1, rng=rng, max_prompt_tokens=60, max_new_tokens=24, fmt="free"
+        )
     assert all(not r.answer.finished and len(r.answer.tokens) == 24 for r in rollouts)
-    assert all(r.rejection == "unparsable" and r.parse_error.startswith("cut off at 24 tokens before its end: ")
-               for r in rollouts), [r.parse_error for r in rollouts]
+    assert all(
+        r.rejection == "unparsable" and r.parse_error.startswith("cut off at 24 tokens before its end: ")
+        for r in rollouts
+    ), [r.parse_error for r in rollouts]
 
 
 def test_masked_positions_are_minus_inf_and_the_distribution_sums_to_one():
@@ -129,17 +138,25 @@ def test_trainer_scores_equal_the_samplers_under_the_grammar_and_ratios_are_one(
     a = agent(tok, temperature=0.8)
     a.constrain("mutation")
     ps = prompts(a, 4)
-    samples, scores = ppo.generate(a.model, ps, pad_token_id=tok.pad_token_id, eos_token_id=a.eos_ids,
-                                   max_new_tokens=MAX_ANSWER_TOKENS, temperature=0.8, return_scores=True,
-                                   constraint=a.constraint)
+    samples, scores = ppo.generate(
+        a.model,
+        ps,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=a.eos_ids,
+        max_new_tokens=MAX_ANSWER_TOKENS,
+        temperature=0.8,
+        return_scores=True,
+        constraint=a.constraint,
+    )
     assert all(s.allowed is not None and len(s.allowed) == len(s.tokens) for s in samples)
     # the sampled distribution is masked: excluded tokens -inf, and it sums to 1
     step0 = scores[:, 0]
     assert torch.isneginf(step0).any() and torch.allclose(step0.exp().sum(-1), torch.ones(4), atol=1e-5)
     t = a.trainer
     queries, responses = ps, [s.tokens for s in samples]
-    packed = ppo.pack_allowed([s.allowed for s in samples],
-                              ppo.first_action(ppo.pad_rollouts(queries, responses, tok.pad_token_id)[2])[1])
+    packed = ppo.pack_allowed(
+        [s.allowed for s in samples], ppo.first_action(ppo.pad_rollouts(queries, responses, tok.pad_token_id)[2])[1]
+    )
     r, _ = t._prepare(queries, responses, [1.0, 0.0, 0.5, 0.0], None, None, [s.allowed for s in samples])
     for b, s in enumerate(samples):
         pos = r.action_mask[b].bool()
@@ -213,8 +230,9 @@ def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_the
         index = MemoryIndex(corpus)
         groups = [[t] for t in rng.sample(corpus, 24)]
         sampled_before = a.sampled_tokens
-        rollouts = generator_rollouts(a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60,
-                                      fmt="mutation", redraws=3)
+        rollouts = generator_rollouts(
+            a, groups, sb, step=1, rng=rng, corpus_index=index, max_prompt_tokens=60, fmt="mutation", redraws=3
+        )
     redrawn = [r for r in rollouts if r.redrawn]
     assert redrawn, "no answer of a random model hit a known behaviour: the test shows nothing"
     # what the agent counts as sampled (the loop's compute/generator_tokens) includes the struck answers' tokens
@@ -222,16 +240,24 @@ def test_answers_the_novelty_screen_strikes_are_drawn_again_and_scored_under_the
     assert a.sampled_tokens - sampled_before > kept
     assert all(r.rejection != "novel" or r.redrawn == 3 for r in rollouts), [(r.redrawn, r.reasons) for r in rollouts]
     answers = [r.answer for r in redrawn[:4]]
-    prepared, _ = a.trainer._prepare([x.prompt for x in answers], [x.tokens for x in answers], [0.0] * len(answers),
-                                     None, None, [x.allowed for x in answers])
+    prepared, _ = a.trainer._prepare(
+        [x.prompt for x in answers],
+        [x.tokens for x in answers],
+        [0.0] * len(answers),
+        None,
+        None,
+        [x.allowed for x in answers],
+    )
     for b, x in enumerate(answers):
         pos = prepared.action_mask[b].bool()
         assert torch.allclose(prepared.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
 
 
 # ---- the free format tied: SIGNATURE's function in CODE (generator.tie_signature) ---------------------------
-MISMATCHED = ("DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int], k: int) -> list[int]\n"
-              "CODE:\ndef solve(xs):\n    return xs\nINPUTS:\n[[1, 2], 3]\nEND\n")
+MISMATCHED = (
+    "DESCRIPTION: Keep the even numbers.\nSIGNATURE: def solve(xs: list[int], k: int) -> list[int]\n"
+    "CODE:\ndef solve(xs):\n    return xs\nINPUTS:\n[[1, 2], 3]\nEND\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -281,8 +307,9 @@ def test_tied_answers_define_the_signatures_parameters_and_are_scored_as_sampled
     for x in tied:
         assert len(x.allowed) == len(x.tokens) == len(x.logprobs) and x.prompt in ps
         assert x.text == a.decode(x.tokens) and x.text.startswith("DESCRIPTION: ")
-    prepared, _ = a.trainer._prepare([x.prompt for x in tied[:6]], [x.tokens for x in tied[:6]], [0.0] * 6, None,
-                                     None, [x.allowed for x in tied[:6]])
+    prepared, _ = a.trainer._prepare(
+        [x.prompt for x in tied[:6]], [x.tokens for x in tied[:6]], [0.0] * 6, None, None, [x.allowed for x in tied[:6]]
+    )
     for b, x in enumerate(tied[:6]):
         pos = prepared.action_mask[b].bool()
         assert torch.allclose(prepared.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
@@ -300,8 +327,10 @@ def test_tied_answers_keep_the_one_stage_token_budget(mismatcher):
 
 
 @hypothesis.settings(max_examples=200, deadline=None)
-@hypothesis.given(lengths=hypothesis.strategies.lists(hypothesis.strategies.integers(1, 100), min_size=1, max_size=12),
-                  data=hypothesis.strategies.data())
+@hypothesis.given(
+    lengths=hypothesis.strategies.lists(hypothesis.strategies.integers(1, 100), min_size=1, max_size=12),
+    data=hypothesis.strategies.data(),
+)
 def test_rest_groups_give_every_row_its_budget(lengths, data):
     from selfplay.rollout.episodes import _rest_groups
 
@@ -324,11 +353,24 @@ def test_generator_rollouts_tie_the_free_signature_unless_told_not_to(mismatcher
     rng = random.Random(3)
     groups = [[materialise(sample_params(rng, 1), "train")] for _ in range(12)]
     with sandbox.open_sandbox(backend="process", timeout_s=5.0) as sb:
-        runs = {tie: generator_rollouts(mismatcher, groups, sb, step=1, rng=random.Random(0), max_prompt_tokens=60,
-                                        max_new_tokens=128, fmt="free", tie_signature=tie) for tie in (False, True)}
+        runs = {
+            tie: generator_rollouts(
+                mismatcher,
+                groups,
+                sb,
+                step=1,
+                rng=random.Random(0),
+                max_prompt_tokens=60,
+                max_new_tokens=128,
+                fmt="free",
+                tie_signature=tie,
+            )
+            for tie in (False, True)
+        }
     assert sum(r.rejection == "signature" for r in runs[False]) >= 4, [r.rejection for r in runs[False]]
-    assert not any(r.rejection == "signature" for r in runs[True]), [(r.reasons, r.answer.text) for r in runs[True]
-                                                                       if r.rejection == "signature"]
+    assert not any(r.rejection == "signature" for r in runs[True]), [
+        (r.reasons, r.answer.text) for r in runs[True] if r.rejection == "signature"
+    ]
     assert sum(r.parsed for r in runs[True]) >= 4, [r.parse_error for r in runs[True]]
 
 
@@ -401,8 +443,8 @@ def test_cut_off_answers_are_closed_and_their_forced_tokens_scored_as_sampled(to
     assert all(len(x.tokens) - x.closed <= 128 - 96 for x in answers)  # sampled within the budget less the reserve
     assert all(not isinstance(parse_proposal(x.text), ProposalError) for x in answers), [x.text for x in answers]
     for x in answers:
-        forced = unpack_bits(x.allowed[-x.closed:], len(tok))
-        assert forced.sum(-1).tolist() == [1] * x.closed and x.logprobs[-x.closed:] == [0.0] * x.closed
+        forced = unpack_bits(x.allowed[-x.closed :], len(tok))
+        assert forced.sum(-1).tolist() == [1] * x.closed and x.logprobs[-x.closed :] == [0.0] * x.closed
     t = a.trainer
     queries, responses, allowed = ps, [x.tokens for x in answers], [x.allowed for x in answers]
     r, _ = t._prepare(queries, responses, [1.0, 0.0, 0.5, 0.0], None, None, allowed)
@@ -411,7 +453,7 @@ def test_cut_off_answers_are_closed_and_their_forced_tokens_scored_as_sampled(to
     for b, x in enumerate(answers):
         pos = r.action_mask[b].bool()
         assert torch.allclose(r.old_logp[b][pos], torch.tensor(x.logprobs), atol=1e-5)
-        assert torch.allclose(r.old_logp[b][pos][-x.closed:], torch.zeros(x.closed), atol=1e-6)
+        assert torch.allclose(r.old_logp[b][pos][-x.closed :], torch.zeros(x.closed), atol=1e-6)
         assert torch.allclose(ref[b][pos], r.old_logp[b][pos], atol=1e-5)
     stats = a.update(answers, [1.0, 0.0, 0.5, 0.0])
     assert stats["approx_kl"] == 0.0 and stats["clipfrac"] == 0.0

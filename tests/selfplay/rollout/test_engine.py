@@ -13,14 +13,27 @@ from generator.mutation import MAX_ANSWER_TOKENS, parse_mutation
 from selfplay.models.agent import LMAgent
 from selfplay.models.factory import ActorCritic, build_tiny_model, frozen_copy, train_tokenizer
 from selfplay.rl import core as rl
-from selfplay.rollout.engine import (EngineError, HFEngine, RolloutConfig, VLLMEngine, check_rollout,
-                                     engine_metrics, llm_kwargs, logprob_gap, require_vllm)
+from selfplay.rollout.engine import (
+    EngineError,
+    HFEngine,
+    RolloutConfig,
+    VLLMEngine,
+    check_rollout,
+    engine_metrics,
+    llm_kwargs,
+    logprob_gap,
+    require_vllm,
+)
 from selfplay.rollout.engine_process import ChildEngine
 from selfplay.runtime.config import CONFIG_DIR, PPOConfig, load_config
 from selfplay.runtime.errors import UserError
 
-TEXTS = ["REF 1\nEDIT add 3 take last 2\nEND\n", "REF 2\nEDIT const 1 k=5\nEND\n", "def solve(xs):\n    return xs\n",
-         "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type"] * 20
+TEXTS = [
+    "REF 1\nEDIT add 3 take last 2\nEND\n",
+    "REF 2\nEDIT const 1 k=5\nEND\n",
+    "def solve(xs):\n    return xs\n",
+    "filter map sort top_k largest smallest window group reverse dedup sink swap splice order drop type",
+] * 20
 TEMPERATURE = 0.7
 GAP_TOL = 1e-4  # float32 engine vs float32 trainer: measured gaps are ~1e-7 per token
 
@@ -32,8 +45,9 @@ def make_agent(tok, n_head=2, peak=1.0):
     policy = build_tiny_model(tok, arch="llama", n_layer=1, n_embd=64, n_head=n_head, max_positions=256)
     with torch.no_grad():
         policy.model.norm.weight.mul_(peak)  # the final norm: every logit times `peak`
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1,
-                    lr=3e-3)
+    cfg = PPOConfig(
+        mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1, lr=3e-3
+    )
     return LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
 
 
@@ -113,8 +127,10 @@ def test_vllm_samples_the_tempered_distribution(served):
 def test_weights_reach_the_engine_after_a_ppo_step(served):
     """After a PPO update the engine's log-probs of fixed tokens match the trainer's (within GAP_TOL) and differ
     from the engine's own before the step."""
-    ids = served.chat_ids("Edit one reference task's program. 1") + served.tokenizer("REF 1\nEDIT add 3\nEND\n")[
-        "input_ids"]
+    ids = (
+        served.chat_ids("Edit one reference task's program. 1")
+        + served.tokenizer("REF 1\nEDIT add 3\nEND\n")["input_ids"]
+    )
     before = engine_prompt_logprobs(served, ids)
     assert (before - trainer_logprobs(served, ids)).abs().max() < GAP_TOL
     answers = served.sample(prompts(served, 4))
@@ -178,8 +194,11 @@ def test_vllm_answers_are_closed_inside_the_budget_as_the_hf_paths_are(served):
     assert any(a.closed for a in answers) and all(a.finished and len(a.tokens) <= 128 for a in answers)
     assert all(len(a.tokens) - a.closed <= 32 for a in answers)
     # one grammar (untied) cannot make CODE define SIGNATURE's name: the one thing parse_proposal may still refuse
-    assert not [(a.text, p.reason) for a in answers
-                if isinstance(p := parse_proposal(a.text), ProposalError) and "named in SIGNATURE" not in p.reason]
+    assert not [
+        (a.text, p.reason)
+        for a in answers
+        if isinstance(p := parse_proposal(a.text), ProposalError) and "named in SIGNATURE" not in p.reason
+    ]
     assert logprob_gap(served, answers) < GAP_TOL
     served.engine.take_metrics()
 
@@ -224,9 +243,14 @@ def test_a_missing_vllm_says_what_to_install(monkeypatch):
         require_vllm()
 
 
-@pytest.mark.parametrize("override, key", [("rollout.engine=vlm", "rollout.engine"),
-                                           ("rollout.generator_engine=x", "rollout.generator_engine"),
-                                           ("rollout.sync=disk", "rollout.sync")])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rollout.engine=vlm", "rollout.engine"),
+        ("rollout.generator_engine=x", "rollout.generator_engine"),
+        ("rollout.sync=disk", "rollout.sync"),
+    ],
+)
 def test_bad_rollout_values_are_named_at_load(override, key):
     with pytest.raises(UserError, match=key):
         load_config(None, [override])
@@ -285,9 +309,21 @@ def test_a_lora_policy_reaches_the_engine_merged(tmp_path):
     from selfplay.models import factory as models
     from selfplay.models.agent import load_agent_parts
 
-    cfg = load_config(overrides=["model.arch=llama", "model.n_layer=1", "model.n_embd=64", "model.n_head=2",
-                                 "model.vocab_size=300", "model.lora.r=4", "ppo.lr=0.05", "ppo.mini_batch_size=4",
-                                 "ppo.micro_batch_size=4", "ppo.epochs=1", "ppo.max_new_tokens=8"])
+    cfg = load_config(
+        overrides=[
+            "model.arch=llama",
+            "model.n_layer=1",
+            "model.n_embd=64",
+            "model.n_head=2",
+            "model.vocab_size=300",
+            "model.lora.r=4",
+            "ppo.lr=0.05",
+            "ppo.mini_batch_size=4",
+            "ppo.micro_batch_size=4",
+            "ppo.epochs=1",
+            "ppo.max_new_tokens=8",
+        ]
+    )
     model, reference, tokenizer = models.build_models(cfg.model, tmp_path / "run", TEXTS, agent="solver")
     folder = tmp_path / "solver"
     model.save_pretrained(folder)

@@ -66,8 +66,9 @@ def test_the_copy_engine_takes_the_weights_of_a_ppo_update_and_reports_its_sync(
     assert engine_metrics(agent) == {"time/weight_sync_s": 0.0}  # taken: nothing since the last call
     torch.manual_seed(7)
     mine = agent.sample(prompts(agent, 2), greedy=True)
-    assert [a.tokens for a in mine] == [a.tokens for a in HFEngine().sample(agent, prompts(agent, 2),
-                                                                           agent.sampling(greedy=True))]
+    assert [a.tokens for a in mine] == [
+        a.tokens for a in HFEngine().sample(agent, prompts(agent, 2), agent.sampling(greedy=True))
+    ]
 
 
 def test_the_hf_engine_adds_no_sync_to_an_update_and_no_engine_metrics(tok):
@@ -80,7 +81,7 @@ def test_docs_example_is_the_module_the_test_runs():
     """docs/extending.md shows docs/examples/copy_engine.py's engine as it is, not a copy that could drift."""
     root = Path(__file__).resolve().parents[3]
     guide = (root / "docs" / "extending.md").read_text()
-    section = guide[guide.index("## 1. A rollout engine"): guide.index("## 2. ")]
+    section = guide[guide.index("## 1. A rollout engine") : guide.index("## 2. ")]
     block = section.split("```python\n", 1)[1].split("```", 1)[0]
     module = (root / "docs" / "examples" / "copy_engine.py").read_text()
     assert block.startswith("class CopyEngine:") and block in module

@@ -18,8 +18,15 @@ from selfplay.rollout.engine_process import ChildEngine
 from selfplay.rollout.engines import make_engine
 from selfplay.runtime.config import PPOConfig, load_config
 from selfplay.runtime.errors import UserError
-from tests.selfplay.rollout.test_engine import (GAP_TOL, TEMPERATURE, TEXTS, engine_prompt_logprobs, hf_greedy, prompts,
-                                                trainer_logprobs)
+from tests.selfplay.rollout.test_engine import (
+    GAP_TOL,
+    TEMPERATURE,
+    TEXTS,
+    engine_prompt_logprobs,
+    hf_greedy,
+    prompts,
+    trainer_logprobs,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -30,8 +37,9 @@ def make_agent(name, tok):
     policy = build_tiny_model(tok, arch="llama", n_layer=1, n_embd=64, n_head=2, max_positions=256)
     with torch.no_grad():
         policy.model.norm.weight.mul_(5.0)
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1,
-                    lr=3e-3)
+    cfg = PPOConfig(
+        mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1, lr=3e-3
+    )
     return LMAgent(name, ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
 
 
@@ -119,8 +127,9 @@ def test_a_childs_error_is_one_line_naming_the_agent_and_it_serves_on(agents):
     engine.seq += 1
     engine.conn.send((engine.seq, "generate", [[5, 6]], [dict(max_tokens=1, detokenize=False)]))
     greedy = generator.sample(prompts(generator, 3), greedy=True)
-    assert len(greedy) == 3 and [a.tokens for a in greedy] == [a.tokens for a in generator.sample(
-        prompts(generator, 3), greedy=True)]
+    assert len(greedy) == 3 and [a.tokens for a in greedy] == [
+        a.tokens for a in generator.sample(prompts(generator, 3), greedy=True)
+    ]
 
 
 def test_a_dead_child_is_reported_and_close_leaves_no_process(agents):
@@ -129,8 +138,11 @@ def test_a_dead_child_is_reported_and_close_leaves_no_process(agents):
     _, generator = agents
     engine = generator.engine
     os.kill(engine.pid, signal.SIGKILL)
-    with pytest.raises(EngineError, match=rf"^the generator's vLLM engine failed: its process {engine.pid} "
-                                          r"(exited|is not running|cannot be reached)"):
+    with pytest.raises(
+        EngineError,
+        match=rf"^the generator's vLLM engine failed: its process {engine.pid} "
+        r"(exited|is not running|cannot be reached)",
+    ):
         generator.sample(prompts(generator, 2))
     engine.close()
     engine.close()  # twice: nothing left to do

@@ -13,7 +13,6 @@ from selfplay.rollout.episodes import solver_rollouts
 from selfplay.runtime.config import PPOConfig
 from solver.prompts import answer_text, conversation
 
-
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
@@ -30,10 +29,26 @@ def test_multi_turn_rollouts_carry_the_samplers_log_probs_and_truncated_is_weigh
     # taught to answer "ACTION: check" (a turn that is not the last gets an observation, then answers again)
     agent = LMAgent("solver", ActorCritic(policy), frozen_copy(policy), tok, PPOConfig(), seed=0)
     check = tok("ACTION: check", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-    sft(policy, [(agent.chat_ids(str(i)), check) for i in range(8)], steps=150, batch_size=8, lr=3e-3,
-        pad_id=tok.pad_token_id, max_len=256, warmup=0)
-    cfg = PPOConfig(mini_batch_size=4, micro_batch_size=4, max_new_tokens=12, epochs=1, lr=1e-3, advantage="rloo",
-                    kl_coef=0.0, tis_cap=2.0)
+    sft(
+        policy,
+        [(agent.chat_ids(str(i)), check) for i in range(8)],
+        steps=150,
+        batch_size=8,
+        lr=3e-3,
+        pad_id=tok.pad_token_id,
+        max_len=256,
+        warmup=0,
+    )
+    cfg = PPOConfig(
+        mini_batch_size=4,
+        micro_batch_size=4,
+        max_new_tokens=12,
+        epochs=1,
+        lr=1e-3,
+        advantage="rloo",
+        kl_coef=0.0,
+        tis_cap=2.0,
+    )
     agent = LMAgent("solver", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
     rollouts = solver_rollouts(agent, tasks, 2, task_sb, max_turns=2)
     assert any(0 in r.mask for r in rollouts)  # some episode took a second turn after an observation
@@ -41,6 +56,7 @@ def test_multi_turn_rollouts_carry_the_samplers_log_probs_and_truncated_is_weigh
         assert r.logprobs is not None and len(r.logprobs) == len(r.tokens) == len(r.mask)
         assert all(math.isnan(lp) == (m == 0) for lp, m in zip(r.logprobs, r.mask))
         assert all(lp <= 0 for lp, m in zip(r.logprobs, r.mask) if m)
-    stats = agent.update(rollouts, [1.0, 0.0, 0.0, 1.0], masks=[r.mask for r in rollouts],
-                         groups=[r.task.id for r in rollouts])
+    stats = agent.update(
+        rollouts, [1.0, 0.0, 0.0, 1.0], masks=[r.mask for r in rollouts], groups=[r.task.id for r in rollouts]
+    )
     assert stats["tis_weight"] == pytest.approx(1.0, abs=1e-3) and stats["tis_truncated"] == 0.0

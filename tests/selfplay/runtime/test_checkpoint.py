@@ -21,13 +21,12 @@ def test_save_latest_and_keep_last(tmp_path):
     mgr = CheckpointManager(tmp_path, keep_last=2)
     assert mgr.latest_checkpoint() is None
     for step in (1, 2, 3):
-        mgr.save(step, {"counter": step * 10}, lambda d: (d / "model.bin").write_bytes(b"x" * step))
+        mgr.save(step, {"counter": step * 10}, lambda d, step=step: (d / "model.bin").write_bytes(b"x" * step))
     assert mgr.steps() == [2, 3]
     latest = mgr.latest_checkpoint()
     assert latest.name == "step_3"
     assert mgr.load_state(latest) == {"step": 3, "counter": 30}
     assert (latest / "model.bin").read_bytes() == b"xxx"
-
 
 
 def test_the_warm_start_s_step_0_is_never_pruned(tmp_path):

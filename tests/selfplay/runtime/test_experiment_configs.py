@@ -38,7 +38,8 @@ def test_every_experiment_resolves_to_the_settings_recorded_beside_its_figure(pa
     absent = "<absent>"
     changed = sorted(k for k in recorded.keys() | resolved.keys() if recorded.get(k, absent) != resolved.get(k, absent))
     assert not changed, f"{path.name} no longer resolves to its record: " + ", ".join(
-        f"{k} {recorded.get(k, absent)!r} -> {resolved.get(k, absent)!r}" for k in changed)
+        f"{k} {recorded.get(k, absent)!r} -> {resolved.get(k, absent)!r}" for k in changed
+    )
 
 
 def test_the_ppo_figure_s_samples_per_task_is_pinned():

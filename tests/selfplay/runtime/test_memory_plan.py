@@ -25,12 +25,32 @@ TOY_PARAMS, HEAD = 708, 5
 
 
 def settings_for(**kw) -> mp.RunSettings:
-    base = dict(dtype_bytes=4, deepspeed=False, zero_stage=0, mixed_precision=False, prefetch=0, value_model="head",
-                gradient_checkpointing=False, lora_r=0, lora_layers=0,
-                lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                lora_agents=("solver", "generator"), micro_batch=2, mini_batch=4, solver_new=8, generator_new=8,
-                prompt=8, sft_batch=2, sft_len=16, sft_steps=(1, 1), engines=("hf", "hf"),
-                gpu_memory_utilization=0.3, sleep=True, solver_answers=64, proposals=8)
+    base = dict(
+        dtype_bytes=4,
+        deepspeed=False,
+        zero_stage=0,
+        mixed_precision=False,
+        prefetch=0,
+        value_model="head",
+        gradient_checkpointing=False,
+        lora_r=0,
+        lora_layers=0,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        lora_agents=("solver", "generator"),
+        micro_batch=2,
+        mini_batch=4,
+        solver_new=8,
+        generator_new=8,
+        prompt=8,
+        sft_batch=2,
+        sft_len=16,
+        sft_steps=(1, 1),
+        engines=("hf", "hf"),
+        gpu_memory_utilization=0.3,
+        sleep=True,
+        solver_answers=64,
+        proposals=8,
+    )
     return mp.RunSettings(**{**base, **kw})
 
 
@@ -68,8 +88,10 @@ def test_zero_stages_partition_states_then_gradients_then_weights(stage):
     assert a.gradients == trainable * 2 / (world if stage >= 2 else 1)
     assert a.weights == TOY_PARAMS * 2 / (world if stage >= 3 else 1)
     assert a.reference == TOY_PARAMS * 2  # plain modules on every rank, never partitioned
-    assert mp.agent_state(TOY, s, "solver", world, mp.PlanOptions(partition_references=True)).reference == \
-        TOY_PARAMS * 2 / world
+    assert (
+        mp.agent_state(TOY, s, "solver", world, mp.PlanOptions(partition_references=True)).reference
+        == TOY_PARAMS * 2 / world
+    )
 
 
 def test_ddp_without_deepspeed_keeps_gradient_buckets_beside_the_gradients():
@@ -101,7 +123,8 @@ def test_lora_layers_limit_the_blocks_that_keep_activations():
     one_block = tokens * TOY.block_activation_bytes(4)
     assert mp.update_activations(TOY, s, "solver") == pytest.approx(one_block + logits)
     assert mp.update_activations(TOY, dataclasses.replace(s, lora_r=0), "solver") == pytest.approx(
-        2 * one_block + logits)
+        2 * one_block + logits
+    )
 
 
 def test_gradient_checkpointing_keeps_block_inputs_and_one_block():
@@ -109,7 +132,7 @@ def test_gradient_checkpointing_keeps_block_inputs_and_one_block():
     on = dataclasses.replace(s, gradient_checkpointing=True)
     tokens = s.micro_batch * (s.prompt + s.solver_new)
     logits = s.micro_batch * (s.solver_new + 1) * TOY.vocab * mp.PPO_LOGIT_BYTES
-    per_block = (mp.BLOCK_BYTES_H * 4 + mp.BLOCK_BYTES_I * 8)  # bf16: the constants as they stand
+    per_block = mp.BLOCK_BYTES_H * 4 + mp.BLOCK_BYTES_I * 8  # bf16: the constants as they stand
     assert mp.update_activations(TOY, s, "solver") == pytest.approx(tokens * per_block * 2 + logits)
     assert mp.update_activations(TOY, on, "solver") == pytest.approx(tokens * (4 * 2 * 2 + per_block) + logits)
 
@@ -132,9 +155,17 @@ def test_known_shapes_match_the_transformers_models():
 
 
 def test_shape_comes_from_a_folder_config_json_or_the_table(tmp_path):
-    conf = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 256, "num_hidden_layers": 3,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 500, "tie_word_embeddings": False,
-            "max_position_embeddings": 2048}
+    conf = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 256,
+        "num_hidden_layers": 3,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 500,
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 2048,
+    }
     (tmp_path / "config.json").write_text(json.dumps(conf))
     cfg = load_config(CONFIG_DIR / "smoke.yaml", [f"model.name_or_path={tmp_path}"])
     shape = mp.model_shape(cfg.model)
@@ -168,8 +199,11 @@ def test_verdict_keys_are_config_keys_the_config_accepts():
         plan = mp.plan_memory(cfg, cluster)
         for v in plan.verdicts:
             for key in v.keys:
-                assert key == "--nodes" or key == "model.name_or_path" or \
-                    load_config(path, [f"{key}={_value_in(v.line, key)}"]) is not None
+                assert (
+                    key == "--nodes"
+                    or key == "model.name_or_path"
+                    or load_config(path, [f"{key}={_value_in(v.line, key)}"]) is not None
+                )
 
 
 def _value_in(line: str, key: str) -> str:
@@ -182,8 +216,9 @@ def test_a_fix_the_verdict_names_makes_the_phase_fit():
     rollout = next(v for v in plan.verdicts if v.phase == "rollout")
     assert not rollout.fits and "rollout.gpu_memory_utilization" in rollout.keys
     value = _value_in(rollout.line, "rollout.gpu_memory_utilization")
-    fixed = load_config(CONFIG_DIR / "gpu_1.5b.yaml",
-                        ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={value}"])
+    fixed = load_config(
+        CONFIG_DIR / "gpu_1.5b.yaml", ["rollout.engine=vllm", f"rollout.gpu_memory_utilization={value}"]
+    )
     assert mp.plan_memory(fixed, mp.Cluster(4, 1, 80.0)).phase("rollout").fits
 
 
@@ -209,12 +244,28 @@ def test_a_lora_reference_that_is_the_policy_s_base_holds_no_weights(monkeypatch
 
 
 @settings(max_examples=60, deadline=None)
-@given(stage=st.sampled_from([1, 2, 3]), gpus=st.integers(1, 8), more=st.integers(1, 8),
-       micro=st.sampled_from([1, 2, 4]), lora=st.sampled_from([0, 8]), engine=st.sampled_from(["hf", "vllm"]))
+@given(
+    stage=st.sampled_from([1, 2, 3]),
+    gpus=st.integers(1, 8),
+    more=st.integers(1, 8),
+    micro=st.sampled_from([1, 2, 4]),
+    lora=st.sampled_from([0, 8]),
+    engine=st.sampled_from(["hf", "vllm"]),
+)
 def test_more_gpus_never_raise_the_bytes_per_gpu_under_zero(stage, gpus, more, micro, lora, engine):
     shape = mp.KNOWN_SHAPES["qwen2.5-coder-1.5b"]
-    s = settings_for(dtype_bytes=2, deepspeed=True, zero_stage=stage, mixed_precision=True, micro_batch=micro,
-                     mini_batch=4, lora_r=lora, engines=(engine, engine), solver_answers=512, proposals=64)
+    s = settings_for(
+        dtype_bytes=2,
+        deepspeed=True,
+        zero_stage=stage,
+        mixed_precision=True,
+        micro_batch=micro,
+        mini_batch=4,
+        lora_r=lora,
+        engines=(engine, engine),
+        solver_answers=512,
+        proposals=64,
+    )
     few = mp.plan_phases(shape, s, mp.Cluster(gpus, 1, 80.0))
     many = mp.plan_phases(shape, s, mp.Cluster(gpus + more, 1, 80.0))
     for a, b in zip(few, many):
@@ -226,8 +277,9 @@ def test_plan_command_prints_the_table_writes_json_and_exits_1_when_it_does_not_
     from selfplay.cli import main
 
     out = tmp_path / "plan.json"
-    assert main(["plan", str(CONFIG_DIR / "gpu_7b.yaml"), "--gpus-per-node", "8", "--nodes", "2",
-                 "--json", str(out)]) == 1
+    assert (
+        main(["plan", str(CONFIG_DIR / "gpu_7b.yaml"), "--gpus-per-node", "8", "--nodes", "2", "--json", str(out)]) == 1
+    )
     text = capsys.readouterr().out
     assert "| warm start | rank 0 |" in text and "does not fit" in text
     data = json.loads(out.read_text())
@@ -242,12 +294,12 @@ def test_train_check_is_a_no_op_without_a_gpu(monkeypatch):
     assert mp.refuse_if_it_cannot_fit(load_config(CONFIG_DIR / "gpu_7b.yaml")) is None
 
 
-def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hold_it(monkeypatch, tmp_path,
-                                                                                      capsys):
+def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hold_it(monkeypatch, tmp_path, capsys):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_properties",
-                        lambda _i: type("Props", (), {"total_memory": int(80e9)})())
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda _i: type("Props", (), {"total_memory": int(80e9)})()
+    )
     monkeypatch.setenv("WORLD_SIZE", "8")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
     monkeypatch.delenv("SELFPLAY_NO_MEMORY_PLAN", raising=False)
@@ -304,8 +356,9 @@ def test_measured_adamw_step_matches_the_plan_on_a_small_llama():
 
     preset_memory.SHAPES["plan-check"] = shape.hf_config()
     try:
-        row = preset_memory.measure("plan-check", micro_batch=2, seq_len=256, answer_len=128, checkpointing=False,
-                                    device="cpu", steps=1)
+        row = preset_memory.measure(
+            "plan-check", micro_batch=2, seq_len=256, answer_len=128, checkpointing=False, device="cpu", steps=1
+        )
     finally:
         del preset_memory.SHAPES["plan-check"]
     s = settings_for(dtype_bytes=2, micro_batch=2, prompt=128, solver_new=128)
@@ -354,7 +407,8 @@ def test_measured_sft_masters_and_states_are_the_plan_s_bytes():
     optimizer.step()
     masters.write_back()
     states = sum(m.numel() * m.element_size() for m in masters.masters) + sum(
-        v.numel() * v.element_size() for st in optimizer.state.values() for k, v in st.items() if k != "step")
+        v.numel() * v.element_size() for st in optimizer.state.values() for k, v in st.items() if k != "step"
+    )
     masters.close()
     s = settings_for(dtype_bytes=2)
     planned_grads, planned_states = mp.sft_state_bytes(shape, s)
@@ -370,8 +424,9 @@ def test_a_warm_start_that_no_setting_fits_says_it_needs_a_deepspeed_warm_start(
     verdict = next(v for v in plan.verdicts if v.phase == "warm start")
     assert not verdict.fits and verdict.missing and mp.WARM_START_NEEDS in verdict.line
     # the 1.5B's warm start fits with micro-batches; unsplit it does not, but a smaller pass makes it: nothing missing
-    unsplit = mp.plan_memory(load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["warmstart.micro_batch_size=0"]),
-                             mp.Cluster(4, 1, 80.0))
+    unsplit = mp.plan_memory(
+        load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["warmstart.micro_batch_size=0"]), mp.Cluster(4, 1, 80.0)
+    )
     verdict = next(v for v in unsplit.verdicts if v.phase == "warm start")
     assert not verdict.fits and not verdict.missing and "warmstart.micro_batch_size" in verdict.keys
     value = _value_in(verdict.line, "warmstart.micro_batch_size")

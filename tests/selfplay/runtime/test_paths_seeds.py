@@ -15,18 +15,46 @@ from selfplay.runtime.seeds import LEGACY, derive, stream
 
 def test_every_path_is_under_the_run_folder_with_its_documented_name(tmp_path):
     p = RunPaths(tmp_path)
-    assert {k: v.relative_to(tmp_path).as_posix() for k, v in (
-        ("corpus", p.corpus), ("heldout", p.heldout), ("snapshot", p.generator_snapshot),
-        ("reserved", p.reserved_tasks), ("fixed", p.fixed_tasks), ("checkpoints", p.checkpoints), ("tb", p.tb),
-        ("models", p.models), ("summary", p.summary), ("eval", p.eval_json(40)))} == {
-        "corpus": "corpus.sqlite", "heldout": "heldout.jsonl", "snapshot": "generator_snapshot.jsonl",
-        "reserved": "reserved_tasks.jsonl", "fixed": "fixed_tasks.jsonl", "checkpoints": "checkpoints", "tb": "tb",
-        "models": "models", "summary": "summary.json", "eval": "eval/step_40.json"}
+    assert {
+        k: v.relative_to(tmp_path).as_posix()
+        for k, v in (
+            ("corpus", p.corpus),
+            ("heldout", p.heldout),
+            ("snapshot", p.generator_snapshot),
+            ("reserved", p.reserved_tasks),
+            ("fixed", p.fixed_tasks),
+            ("checkpoints", p.checkpoints),
+            ("tb", p.tb),
+            ("models", p.models),
+            ("summary", p.summary),
+            ("eval", p.eval_json(40)),
+        )
+    } == {
+        "corpus": "corpus.sqlite",
+        "heldout": "heldout.jsonl",
+        "snapshot": "generator_snapshot.jsonl",
+        "reserved": "reserved_tasks.jsonl",
+        "fixed": "fixed_tasks.jsonl",
+        "checkpoints": "checkpoints",
+        "tb": "tb",
+        "models": "models",
+        "summary": "summary.json",
+        "eval": "eval/step_40.json",
+    }
     for name in paths.__doc__.split("RUN_DIR/")[1].split():  # the layout drawn in the module's docstring
         if name.endswith(("/", ".sqlite", ".jsonl", ".json")) and "_N" not in name:
             top = tmp_path / name.rstrip("/").split("/")[0]
-            assert top in {p.corpus, p.heldout, p.generator_snapshot, p.reserved_tasks, p.fixed_tasks, p.checkpoints,
-                           p.tb, p.summary, p.models}, name
+            assert top in {
+                p.corpus,
+                p.heldout,
+                p.generator_snapshot,
+                p.reserved_tasks,
+                p.fixed_tasks,
+                p.checkpoints,
+                p.tb,
+                p.summary,
+                p.models,
+            }, name
 
 
 def test_the_modules_that_write_the_folder_ask_it(tmp_path):

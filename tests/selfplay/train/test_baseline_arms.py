@@ -21,7 +21,6 @@ from selfplay.runtime.errors import UserError
 from selfplay.runtime.tb import read_scalars
 from selfplay.train.history import COMPUTE
 from selfplay.train.proposals import random_edit_rollouts
-
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 
@@ -50,8 +49,9 @@ def test_random_edits_are_edits_of_their_references_through_the_validity_checks(
         assert task.created_step == 7 and task.generator_checkpoint == RANDOM_EDITS
         assert task.checks and all(task.checks.values()) and task.outputs_computed
     # the same draw against a corpus that already holds those tasks: the novelty check rejects every one of them
-    again = random_edit_rollouts(groups, sb, step=7, rng=random.Random(0),
-                                 corpus_index=MemoryIndex([ro.task for ro in valid]))
+    again = random_edit_rollouts(
+        groups, sb, step=7, rng=random.Random(0), corpus_index=MemoryIndex([ro.task for ro in valid])
+    )
     assert [ro.answer.text for ro in again] == [ro.answer.text for ro in rollouts]
     made = {v.answer.text for v in valid}
     assert {(ro.valid, ro.rejection) for ro in again if ro.answer.text in made} == {(False, "novel")}
@@ -62,8 +62,10 @@ def test_random_edits_need_the_mutation_format_and_a_run_must_train_something():
         load_config("configs/smoke.yaml", ["generator.source=random_edits", "generator.format=free"])
     with pytest.raises(UserError, match="generator.source must be one of model, random_edits"):
         load_config("configs/smoke.yaml", ["generator.source=other"])
-    with pytest.raises(UserError, match="train.train_solver=false with train.mode=selfplay and "
-                                        "generator.source=random_edits trains nothing"):
+    with pytest.raises(
+        UserError,
+        match="train.train_solver=false with train.mode=selfplay and generator.source=random_edits trains nothing",
+    ):
         load_config("configs/smoke.yaml", ["generator.source=random_edits", "train.train_solver=false"])
 
 
@@ -81,8 +83,9 @@ def state(run: Path, step: int) -> dict:
 @pytest.mark.slow
 def test_a_frozen_generator_keeps_its_weights_while_the_solver_learns(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
-             "train.train_generator=false")
+    selfplay(
+        "train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1", "train.train_generator=false"
+    )
     assert weights(run, 1, "generator") == weights(run, 0, "generator")
     assert weights(run, 1, "solver") != weights(run, 0, "solver")
     tags = read_scalars(run)
@@ -96,8 +99,7 @@ def test_random_edits_in_place_of_the_generator_and_the_compute_kept_across_a_re
     """generator.source=random_edits: the proposals are valid edits that reach the corpus and the solver's batch,
     no generator is sampled or updated; the compute counters go on from the checkpoint when the run resumes."""
     run = copy_run(warm_run, tmp_path)
-    args = [*SMOKE, f"run.dir={run}", "train.checkpoint_every=1", "generator.source=random_edits",
-            "train.proposals=4"]
+    args = [*SMOKE, f"run.dir={run}", "train.checkpoint_every=1", "generator.source=random_edits", "train.proposals=4"]
     selfplay("train", *args, "train.steps=1")
     selfplay("train", *args, "train.steps=2")  # resumes from step_1
     assert weights(run, 2, "generator") == weights(warm_run, 0, "generator")  # (step_0 is no longer kept)

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from selfplay.runtime.config import load_config
+from selfplay.runtime.tb import read_scalars
 from selfplay.train.loop import SelfPlay
 from selfplay.train.sources import ProceduralStream, fixed_schedule
-from selfplay.runtime.tb import read_scalars
 from tests.conftest import SMOKE, copy_run, selfplay
 
 
@@ -26,10 +26,10 @@ def test_every_task_once_per_pass_and_steps_are_pure(n_tasks, per_step, passes, 
     stream = [i for step in range(1, steps + 1) for i in fixed_schedule(n_tasks, step, per_step, seed)]
     assert all(len(fixed_schedule(n_tasks, s, per_step, seed)) == per_step for s in (1, steps))
     for p in range(passes):
-        assert Counter(stream[p * n_tasks:(p + 1) * n_tasks]) == Counter(range(n_tasks))
+        assert Counter(stream[p * n_tasks : (p + 1) * n_tasks]) == Counter(range(n_tasks))
     # a resumed run asks for step k alone and gets what the continuous run got
     k = steps
-    assert fixed_schedule(n_tasks, k, per_step, seed) == stream[(k - 1) * per_step: k * per_step]
+    assert fixed_schedule(n_tasks, k, per_step, seed) == stream[(k - 1) * per_step : k * per_step]
 
 
 def test_passes_are_reshuffled():
@@ -40,10 +40,12 @@ def test_passes_are_reshuffled():
 
 @pytest.mark.slow  # measured over 9 s: out of the fast subset
 def test_bad_fixed_settings_name_the_key(tmp_path):
-    for override, message in (("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
-                              ("train.fixed_levels=[0,5]", "train.fixed_levels must be"),
-                              ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh, reserved"),
-                              ("ppo.replay_source=past", "ppo.replay_source must be one of successes, sft")):
+    for override, message in (
+        ("train.fixed_tasks=2", "train.fixed_tasks (2) must be >= train.solver_tasks"),
+        ("train.fixed_levels=[0,5]", "train.fixed_levels must be"),
+        ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh, reserved"),
+        ("ppo.replay_source=past", "ppo.replay_source must be one of successes, sft"),
+    ):
         proc = selfplay("train", *SMOKE, f"run.dir={tmp_path}", "train.mode=fixed", override, check=False)
         assert proc.returncode == 2 and message in proc.stderr, proc.stderr
 
@@ -57,8 +59,16 @@ def test_fresh_tasks_are_new_programs_and_join_the_corpus(warm_run, tmp_path):
             return dict(db.execute("SELECT id, ast_hash FROM tasks"))
 
     before = corpus()
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_source=fresh",
-             "train.fixed_tasks=8", "train.steps=1", "train.eval_every=0")
+    selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.mode=fixed",
+        "train.fixed_source=fresh",
+        "train.fixed_tasks=8",
+        "train.steps=1",
+        "train.eval_every=0",
+    )
     fixed = [json.loads(line) for line in (run / "fixed_tasks.jsonl").read_text().splitlines()]
     assert len(fixed) == 8 and {t["level"] for t in fixed} <= {1, 2}
     heldout = {json.loads(line)["id"] for line in (run / "heldout.jsonl").read_text().splitlines()}
@@ -91,8 +101,16 @@ def test_reserved_pool_is_drawn_before_sft_and_kept_out_of_it(tmp_path):
 
 def test_reserved_source_without_a_pool_says_how_to_make_one(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)  # warm-started without train.fixed_source=reserved: no pool
-    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_source=reserved",
-                    "train.fixed_tasks=8", "train.steps=1", check=False)
+    proc = selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.mode=fixed",
+        "train.fixed_source=reserved",
+        "train.fixed_tasks=8",
+        "train.steps=1",
+        check=False,
+    )
     assert proc.returncode == 2 and "reserved_tasks.jsonl is missing" in proc.stderr, proc.stderr
     assert "warm start with train.fixed_source=reserved" in proc.stderr
 
@@ -123,8 +141,16 @@ def _episode(task_id: str, reward: float):
 
 
 def test_skip_uniform_groups_keeps_only_tasks_whose_answers_differ():
-    episodes = [_episode("a", 1.0), _episode("a", 0.0), _episode("b", 0.0), _episode("b", 0.0),
-                _episode("c", 0.5), _episode("c", 0.25), _episode("d", 1.0), _episode("d", 1.0)]
+    episodes = [
+        _episode("a", 1.0),
+        _episode("a", 0.0),
+        _episode("b", 0.0),
+        _episode("b", 0.0),
+        _episode("c", 0.5),
+        _episode("c", 0.25),
+        _episode("d", 1.0),
+        _episode("d", 1.0),
+    ]
     for skip, kept_ids, share in ((True, ["a", "a", "c", "c"], 0.5), (False, list("aabbccdd"), None)):
         cfg = load_config(overrides=[f"ppo.skip_uniform_groups={str(skip).lower()}"])
         metrics: dict = {}
@@ -138,8 +164,17 @@ def test_skip_uniform_groups_in_a_real_fixed_run(warm_run, tmp_path):
     """The smoke solver passes (almost) nothing, so most or all groups are uniform: the run must go on, skipping
     the solver's update when no task is left, and log the share it kept."""
     run = copy_run(warm_run, tmp_path)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_tasks=8", "train.steps=2",
-             "train.eval_every=0", "ppo.advantage=rloo", "ppo.skip_uniform_groups=true")
+    selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.mode=fixed",
+        "train.fixed_tasks=8",
+        "train.steps=2",
+        "train.eval_every=0",
+        "ppo.advantage=rloo",
+        "ppo.skip_uniform_groups=true",
+    )
     scalars = read_scalars(run)
     kept = [v for _, v in scalars["ppo/solver/kept_share"]]
     assert len(kept) == 2 and all(0.0 <= v <= 1.0 for v in kept)
@@ -154,8 +189,18 @@ def test_sft_replay_mixes_the_warm_starts_examples_into_ppo(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     with sqlite3.connect(run / "corpus.sqlite") as db:
         sft_tasks = db.execute("SELECT COUNT(*) FROM tasks WHERE split='train'").fetchone()[0]
-    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.mode=fixed", "train.fixed_tasks=8", "train.steps=2",
-                    "train.eval_every=0", "ppo.replay_source=sft", "ppo.replay_coef=0.5", "ppo.replay_batch=4")
+    proc = selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.mode=fixed",
+        "train.fixed_tasks=8",
+        "train.steps=2",
+        "train.eval_every=0",
+        "ppo.replay_source=sft",
+        "ppo.replay_coef=0.5",
+        "ppo.replay_batch=4",
+    )
     replaying = [line for line in proc.stdout.splitlines() if "warm-start SFT examples" in line]
     assert len(replaying) == 1, proc.stdout  # built once
     n = int(replaying[0].split("replaying ")[1].split()[0])

@@ -15,26 +15,50 @@ def task(task_id: str) -> SimpleNamespace:
     return SimpleNamespace(id=task_id, parent_ids=[])
 
 
-def shared(valid: bool, *, rejection: str | None = None, redrawn: int = 0, cut_off: bool = False,
-           closed: bool = False) -> SharedProposal:
-    return SharedProposal({"id": "p"} if valid else None, rejection, rejection != "unparsable", None, redrawn,
-                          "rename", cut_off, closed)
+def shared(
+    valid: bool, *, rejection: str | None = None, redrawn: int = 0, cut_off: bool = False, closed: bool = False
+) -> SharedProposal:
+    return SharedProposal(
+        {"id": "p"} if valid else None, rejection, rejection != "unparsable", None, redrawn, "rename", cut_off, closed
+    )
 
 
-SOLVER = SolverRound(batch=[task("g1"), task("r1"), task("r2"), task("r3")],
-                     counts={"generator": 1, "replay": 3}, rates={"g1": 0.5, "r1": 0.0, "r2": 1.0, "r3": 0.25},
-                     reward_mean=0.4, reward_terms={"correct": 0.375})
-STATS = IterationStats(solve_rate=0.4375, validity_rate=0.5, diversity=1.0, task_rates=[0.5, 0.0, 1.0, 0.25],
-                       generator_in_band=0.5)
+SOLVER = SolverRound(
+    batch=[task("g1"), task("r1"), task("r2"), task("r3")],
+    counts={"generator": 1, "replay": 3},
+    rates={"g1": 0.5, "r1": 0.0, "r2": 1.0, "r3": 0.25},
+    reward_mean=0.4,
+    reward_terms={"correct": 0.375},
+)
+STATS = IterationStats(
+    solve_rate=0.4375, validity_rate=0.5, diversity=1.0, task_rates=[0.5, 0.0, 1.0, 0.25], generator_in_band=0.5
+)
 PROPOSALS = ProposalRound(
-    shared=[shared(True, redrawn=2), shared(True, cut_off=True), shared(False, rejection="unparsable", closed=True),
-            shared(False, rejection="tests")],
-    outcomes=[ProposalOutcome(True, True, 0.5), ProposalOutcome(True, True, 1.0), ProposalOutcome(False, False),
-              ProposalOutcome(True, False)],
-    rewards=[0.5, 0.0, -1.0, -0.5], valid=[task("g1"), task("g2")])
-COSTS = Costs(timing={"generator_s": 1.0, "plan_s": 0.5, "rollout_s": 2.0, "solver_update_s": 4.0, "update_s": 5.0},
-              sampled_tokens=100, update_tokens=800, sandbox_runs=10, cache_hits=4, sandbox_s=3.0,
-              engine={"time/weight_sync_s": 0.25}, compute={"ppo_episodes": 16, "solver_tokens": 100})
+    shared=[
+        shared(True, redrawn=2),
+        shared(True, cut_off=True),
+        shared(False, rejection="unparsable", closed=True),
+        shared(False, rejection="tests"),
+    ],
+    outcomes=[
+        ProposalOutcome(True, True, 0.5),
+        ProposalOutcome(True, True, 1.0),
+        ProposalOutcome(False, False),
+        ProposalOutcome(True, False),
+    ],
+    rewards=[0.5, 0.0, -1.0, -0.5],
+    valid=[task("g1"), task("g2")],
+)
+COSTS = Costs(
+    timing={"generator_s": 1.0, "plan_s": 0.5, "rollout_s": 2.0, "solver_update_s": 4.0, "update_s": 5.0},
+    sampled_tokens=100,
+    update_tokens=800,
+    sandbox_runs=10,
+    cache_hits=4,
+    sandbox_s=3.0,
+    engine={"time/weight_sync_s": 0.25},
+    compute={"ppo_episodes": 16, "solver_tokens": 100},
+)
 
 
 def test_every_stage_gives_its_tags_in_the_order_they_are_logged():
@@ -78,13 +102,26 @@ def test_costs_become_rates_seconds_and_totals():
     m = iteration_metrics({}, STATS, SOLVER, None, {}, COSTS)
     assert m["perf/solver_gen_tokens_per_s"] == 50.0 and m["perf/solver_update_tokens_per_s"] == 200.0
     assert "perf/gpu_peak_mem_gb" not in m
-    assert [t for t in m if t.startswith("time/")] == ["time/generator_s", "time/plan_s", "time/rollout_s",
-                                                       "time/solver_update_s", "time/update_s", "time/sandbox_s",
-                                                       "time/weight_sync_s"]
+    assert [t for t in m if t.startswith("time/")] == [
+        "time/generator_s",
+        "time/plan_s",
+        "time/rollout_s",
+        "time/solver_update_s",
+        "time/update_s",
+        "time/sandbox_s",
+        "time/weight_sync_s",
+    ]
     assert m["sandbox/execs_per_s"] == 2.0 and m["sandbox/cache_hit_rate"] == 0.4
     assert m["compute/ppo_episodes"] == 16.0 and isinstance(m["compute/ppo_episodes"], float)
-    idle = Costs(timing={"rollout_s": 0.0}, sampled_tokens=0, update_tokens=0, sandbox_runs=0, cache_hits=0,
-                 sandbox_s=0.0, gpu_peak_gb=1.5)
+    idle = Costs(
+        timing={"rollout_s": 0.0},
+        sampled_tokens=0,
+        update_tokens=0,
+        sandbox_runs=0,
+        cache_hits=0,
+        sandbox_s=0.0,
+        gpu_peak_gb=1.5,
+    )
     m = iteration_metrics({}, STATS, SOLVER, None, {}, idle)
     assert "perf/solver_update_tokens_per_s" not in m and m["perf/gpu_peak_mem_gb"] == 1.5
     assert m["perf/solver_gen_tokens_per_s"] == 0.0
@@ -93,8 +130,9 @@ def test_costs_become_rates_seconds_and_totals():
 
 def test_the_task_source_observes_the_served_tasks_once_and_the_proposals_it_measured():
     batch = [task("g1"), task("r1"), task("r1"), task("p1")]  # r1 served twice: observed once
-    stats = iteration_stats(0.5, [], PROPOSALS, batch, {"p1"}, {"g1": 0.5, "r1": 0.0, "p1": 1.0, "g2": 1.0},
-                            kl=0.02, mutation=True)
+    stats = iteration_stats(
+        0.5, [], PROPOSALS, batch, {"p1"}, {"g1": 0.5, "r1": 0.0, "p1": 1.0, "g2": 1.0}, kl=0.02, mutation=True
+    )
     assert stats.solve_rate == 0.5 and stats.kl == 0.02
     assert stats.task_rates == [0.5, 0.0, 1.0] and stats.procedural_rates == [1.0]
     assert stats.validity_rate == 0.5 and stats.generator_in_band == 0.5

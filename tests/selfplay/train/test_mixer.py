@@ -9,10 +9,18 @@ import statistics
 from dataclasses import dataclass, field
 
 import pytest
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
-from selfplay.train.mixer import (IterationStats, Mixer, MixerConfig, edit_drops, in_band_share, largest_remainder,
-                                  round_quotas)
+from selfplay.train.mixer import (
+    IterationStats,
+    Mixer,
+    MixerConfig,
+    edit_drops,
+    in_band_share,
+    largest_remainder,
+    round_quotas,
+)
 
 K = 4  # attempts per task in the simulations: measured solve rates are multiples of 1/4
 
@@ -51,8 +59,9 @@ class SimGenerator:
     proposals: int = 8
 
     def propose(self, solver: SimSolver, rng: random.Random) -> tuple[int, list[float]]:
-        valid = [solver.skill + self.aim + rng.gauss(0, 0.5) for _ in range(self.proposals)
-                 if rng.random() < self.validity]
+        valid = [
+            solver.skill + self.aim + rng.gauss(0, 0.5) for _ in range(self.proposals) if rng.random() < self.validity
+        ]
         return self.proposals, valid
 
 
@@ -73,9 +82,16 @@ class Trace:
         return in_band_share(rates)
 
 
-def simulate(mixer: Mixer, solver: SimSolver, iters: int, generator: SimGenerator | None = None,
-             batch: int = 8, rng: random.Random | None = None, trace: Trace | None = None,
-             change: dict | None = None) -> Trace:
+def simulate(
+    mixer: Mixer,
+    solver: SimSolver,
+    iters: int,
+    generator: SimGenerator | None = None,
+    batch: int = 8,
+    rng: random.Random | None = None,
+    trace: Trace | None = None,
+    change: dict | None = None,
+) -> Trace:
     """The loop's data flow: proposals are measured, the mixer plans the batch, the solver trains on it, the mixer
     observes every task's measured solve rate. `change` = {iteration: callable} edits the world mid-run."""
     rng = rng or random.Random(0)
@@ -92,10 +108,16 @@ def simulate(mixer: Mixer, solver: SimSolver, iters: int, generator: SimGenerato
         rates = measured[:n_gen] + proc_rates
         trace.served_q.append(statistics.fmean(solver.q(x) for x in tasks))
         solver.train(tasks)
-        mixer.observe(IterationStats(solve_rate=statistics.fmean(rates),
-                                     validity_rate=len(valid) / n_props if n_props else None,
-                                     diversity=1.0 if valid else None, task_rates=rates,
-                                     procedural_rates=proc_rates, generator_in_band=in_band_share(measured)))
+        mixer.observe(
+            IterationStats(
+                solve_rate=statistics.fmean(rates),
+                validity_rate=len(valid) / n_props if n_props else None,
+                diversity=1.0 if valid else None,
+                task_rates=rates,
+                procedural_rates=proc_rates,
+                generator_in_band=in_band_share(measured),
+            )
+        )
         trace.level.append(mixer.level)
         trace.centre.append(mixer.target_solve_rate)
         trace.band.append(mixer.band)
@@ -216,9 +238,16 @@ def test_a_strong_solver_at_the_top_level_moves_the_band_up():
 def observe_generator(mixer: Mixer, validity: float, in_band: float, n: int) -> list[float]:
     shares = []
     for _ in range(n):
-        mixer.observe(IterationStats(solve_rate=0.5, validity_rate=validity, diversity=0.9,
-                                     task_rates=[0.25, 0.5, 0.75, 0.5], procedural_rates=[0.5, 0.5],
-                                     generator_in_band=in_band))
+        mixer.observe(
+            IterationStats(
+                solve_rate=0.5,
+                validity_rate=validity,
+                diversity=0.9,
+                task_rates=[0.25, 0.5, 0.75, 0.5],
+                procedural_rates=[0.5, 0.5],
+                generator_in_band=in_band,
+            )
+        )
         shares.append(mixer.shares["generator"])
     return shares
 
@@ -250,8 +279,15 @@ def test_the_generator_share_is_earned_and_lost_with_hysteresis():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from([None, 0.0, 0.1, 0.3, 0.5, 0.9, 1.0]),
-                          st.sampled_from([None, 0.0, 0.05, 0.15, 0.3, 0.6])), min_size=1, max_size=40))
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from([None, 0.0, 0.1, 0.3, 0.5, 0.9, 1.0]), st.sampled_from([None, 0.0, 0.05, 0.15, 0.3, 0.6])
+        ),
+        min_size=1,
+        max_size=40,
+    )
+)
 def test_trust_changes_only_across_its_thresholds(history):
     cfg = MixerConfig()
     mixer = Mixer(cfg, seed=0)
@@ -270,8 +306,13 @@ def test_trust_changes_only_across_its_thresholds(history):
 
 
 @settings(max_examples=25, deadline=None)
-@given(validity=st.floats(0.6, 1.0), aim=st.floats(-0.3, 0.3), skill=st.floats(1.0, 3.0),
-       speed=st.floats(0.0, 0.05), seed=st.integers(0, 10_000))
+@given(
+    validity=st.floats(0.6, 1.0),
+    aim=st.floats(-0.3, 0.3),
+    skill=st.floats(1.0, 3.0),
+    speed=st.floats(0.0, 0.05),
+    seed=st.integers(0, 10_000),
+)
 def test_a_generator_at_the_frontier_supplies_the_batch_without_collapse(validity, aim, skill, speed, seed):
     """Co-evolution: a generator whose valid tasks sit near the solver's ability earns its share within ten
     iterations and keeps it; no alarm lasts more than five iterations; most served tasks stay in band."""
@@ -325,8 +366,10 @@ def test_solver_collapse_and_kl_blowup_lower_the_learning_rate_and_raise_replay(
 
 
 # ---- plans and state ------------------------------------------------------------------------------------------
-@given(st.dictionaries(st.sampled_from(["generator", "procedural", "replay"]), st.floats(0, 1), min_size=3),
-       st.integers(0, 500))
+@given(
+    st.dictionaries(st.sampled_from(["generator", "procedural", "replay"]), st.floats(0, 1), min_size=3),
+    st.integers(0, 500),
+)
 def test_largest_remainder_sums_to_n(raw, n):
     total = sum(raw.values())
     if total == 0:
@@ -338,8 +381,11 @@ def test_largest_remainder_sums_to_n(raw, n):
         assert abs(counts[k] - shares[k] * n) < 1.0 + 1e-9
 
 
-shares_st = st.lists(st.floats(0, 1), min_size=3, max_size=3).filter(lambda v: sum(v) > 1e-3).map(
-    lambda v: dict(zip(("generator", "procedural", "replay"), (x / sum(v) for x in v))))
+shares_st = (
+    st.lists(st.floats(0, 1), min_size=3, max_size=3)
+    .filter(lambda v: sum(v) > 1e-3)
+    .map(lambda v: dict(zip(("generator", "procedural", "replay"), (x / sum(v) for x in v))))
+)
 
 
 @settings(max_examples=200, deadline=None)
@@ -387,11 +433,24 @@ rates = st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]), max_size=8)
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.lists(st.tuples(st.floats(0, 1), st.one_of(st.none(), st.floats(0, 1)),
-                          st.one_of(st.none(), st.floats(0, 1)), st.one_of(st.none(), st.floats(0, 10)),
-                          st.one_of(st.none(), rates), st.one_of(st.none(), rates),
-                          st.one_of(st.none(), st.floats(0, 1))), max_size=40),
-       st.sampled_from(["adaptive", "fixed"]), st.integers(1, 64), st.integers(0, 20), st.integers(0, 20))
+@given(
+    st.lists(
+        st.tuples(
+            st.floats(0, 1),
+            st.one_of(st.none(), st.floats(0, 1)),
+            st.one_of(st.none(), st.floats(0, 1)),
+            st.one_of(st.none(), st.floats(0, 10)),
+            st.one_of(st.none(), rates),
+            st.one_of(st.none(), rates),
+            st.one_of(st.none(), st.floats(0, 1)),
+        ),
+        max_size=40,
+    ),
+    st.sampled_from(["adaptive", "fixed"]),
+    st.integers(1, 64),
+    st.integers(0, 20),
+    st.integers(0, 20),
+)
 def test_plans_are_always_well_formed(history, band, batch, n_gen, n_replay):
     mixer = Mixer(MixerConfig(band=band), seed=0)
     for item in history:
@@ -442,10 +501,20 @@ def test_a_state_resumed_from_json_continues_exactly():
 
 
 def test_a_state_saved_before_the_adaptive_band_still_loads():
-    old = {"state": {"level": 2.5, "solve_ema": 0.3, "best_ema": 0.5, "validity_ema": 0.1,
-                     "shares": {"generator": 0.05, "procedural": 0.75, "replay": 0.2}, "repetition_weight": 1.5,
-                     "lr_scale": 1.0, "alarms": {"generator_validity": True}, "steps": 7},
-           "rng": json.loads(json.dumps(random.Random(1).getstate()))}
+    old = {
+        "state": {
+            "level": 2.5,
+            "solve_ema": 0.3,
+            "best_ema": 0.5,
+            "validity_ema": 0.1,
+            "shares": {"generator": 0.05, "procedural": 0.75, "replay": 0.2},
+            "repetition_weight": 1.5,
+            "lr_scale": 1.0,
+            "alarms": {"generator_validity": True},
+            "steps": 7,
+        },
+        "rng": json.loads(json.dumps(random.Random(1).getstate())),
+    }
     mixer = Mixer(MixerConfig(), seed=0)
     mixer.load_state_dict(old)
     assert mixer.level == 2.5 and mixer.target_solve_rate == pytest.approx(0.65) and not mixer.trusted
@@ -469,6 +538,7 @@ def test_bad_settings_are_rejected():
 @dataclass
 class Ref:
     """A corpus task as the loop hands it to the mixer: an id, a measured difficulty (1 - solve rate) or None."""
+
     id: str
     difficulty: float | None = None
     parent_ids: list = field(default_factory=list)
@@ -488,17 +558,28 @@ def mutation_world(mixer: Mixer, drop: float, iters: int, seed: int) -> tuple[li
     out, estimates = [], []
     for step in range(iters):
         by_id = {r.id: r for r in pool}
-        groups = [[by_id[i] for i in mixer.choose_references(list(by_id), [r.difficulty for r in pool], 1)]
-                  for _ in range(8)]
+        groups = [
+            [by_id[i] for i in mixer.choose_references(list(by_id), [r.difficulty for r in pool], 1)] for _ in range(8)
+        ]
         proposals = [Ref(f"g{step}.{i}", parent_ids=[g[0].id]) for i, g in enumerate(groups)]
-        measured = dict(zip((p.id for p in proposals),
-                            solver.attempt([hardness[g[0].id] + drop + rng.gauss(0, 0.3) for g in groups])))
+        measured = dict(
+            zip(
+                (p.id for p in proposals),
+                solver.attempt([hardness[g[0].id] + drop + rng.gauss(0, 0.3) for g in groups]),
+            )
+        )
         out += list(measured.values())
         procedural = solver.attempt([rng.uniform(1.6, 2.4) for _ in range(8)])  # the level sits at the frontier
-        mixer.observe(IterationStats(solve_rate=statistics.fmean(procedural), task_rates=procedural,
-                                     procedural_rates=procedural, validity_rate=1.0,
-                                     generator_in_band=in_band_share(list(measured.values())),
-                                     edit_drops=edit_drops(groups, proposals, measured)))
+        mixer.observe(
+            IterationStats(
+                solve_rate=statistics.fmean(procedural),
+                task_rates=procedural,
+                procedural_rates=procedural,
+                validity_rate=1.0,
+                generator_in_band=in_band_share(list(measured.values())),
+                edit_drops=edit_drops(groups, proposals, measured),
+            )
+        )
         estimates.append(mixer.s.edit_drop)
     return out, estimates
 
@@ -507,6 +588,7 @@ def mutation_world(mixer: Mixer, drop: float, iters: int, seed: int) -> tuple[li
 def test_references_above_the_band_by_the_measured_edit_drop_give_more_proposals_in_band(drop):
     """Edits that make a task harder for the solver: references chosen at the band's centre give proposals it
     rarely solves; chosen at the centre plus the measured drop, more of them land in band."""
+
     def run(cfg: MixerConfig) -> tuple[float, list[float]]:
         rates, estimates = mutation_world(Mixer(cfg, seed=1), drop, iters=40, seed=2)
         return in_band_share(rates[80:]), estimates
@@ -530,10 +612,10 @@ def test_the_reference_target_is_the_centre_plus_the_offset_until_a_drop_is_meas
 
 
 @settings(max_examples=60, deadline=None)
-@given(drops=st.lists(st.lists(st.floats(-1, 1), max_size=6), max_size=30),
-       offset=st.floats(-1, 1), centre=st.floats(0, 1))
-def test_the_reference_target_stays_a_solve_rate_and_unmeasured_tasks_count_at_the_solvers_rate(drops, offset,
-                                                                                               centre):
+@given(
+    drops=st.lists(st.lists(st.floats(-1, 1), max_size=6), max_size=30), offset=st.floats(-1, 1), centre=st.floats(0, 1)
+)
+def test_the_reference_target_stays_a_solve_rate_and_unmeasured_tasks_count_at_the_solvers_rate(drops, offset, centre):
     mixer = Mixer(MixerConfig(reference_offset=offset), seed=0)
     mixer.s.band_centre = centre
     for d in drops:
@@ -549,8 +631,13 @@ def test_the_reference_target_stays_a_solve_rate_and_unmeasured_tasks_count_at_t
 
 def test_edit_drops_pair_each_proposal_with_its_measured_reference():
     refs = [[Ref("a", 0.25)], [Ref("b", None)], [Ref("c", 1.0), Ref("d", 0.0)]]
-    proposals = [Ref("p1", parent_ids=["a"]), Ref("p2", parent_ids=["b"]), Ref("p3", parent_ids=["d", "c"]),
-                 Ref("p4", parent_ids=["a"]), Ref("p5")]
+    proposals = [
+        Ref("p1", parent_ids=["a"]),
+        Ref("p2", parent_ids=["b"]),
+        Ref("p3", parent_ids=["d", "c"]),
+        Ref("p4", parent_ids=["a"]),
+        Ref("p5"),
+    ]
     rates = {"p1": 0.25, "p2": 0.5, "p3": 0.5, "p5": 0.0}  # p4 unmeasured, b never attempted, p5 no parent
     assert edit_drops(refs, proposals, rates) == [pytest.approx(0.5), pytest.approx(0.5)]
 
@@ -574,8 +661,7 @@ def instruction_world(mixer: Mixer, yields: dict[str, float], iters: int, seed: 
         names = rng.choices(allowed, weights=weights, k=proposals) if weights else rng.choices(allowed, k=proposals)
         outcomes = [(n, rng.random() < yields[n]) for n in names]
         hits += sum(good for _, good in outcomes)
-        mixer.observe(IterationStats(solve_rate=0.5, task_rates=[0.5], procedural_rates=[0.5],
-                                     instructions=outcomes))
+        mixer.observe(IterationStats(solve_rate=0.5, task_rates=[0.5], procedural_rates=[0.5], instructions=outcomes))
     return hits / (iters * proposals)
 
 
@@ -604,13 +690,21 @@ def test_old_instruction_evidence_is_discounted():
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), max_size=40),
-       st.floats(0.01, 1.0), st.floats(0.0, 0.99), st.floats(0.1, 32.0))
+@given(
+    st.lists(st.tuples(st.sampled_from(NAMES), st.booleans()), max_size=40),
+    st.floats(0.01, 1.0),
+    st.floats(0.0, 0.99),
+    st.floats(0.1, 32.0),
+)
 def test_instruction_weights_favour_the_better_yields_and_drop_none(outcomes, explore, discount, power):
-    mixer = Mixer(MixerConfig(instruction_follow=True, instruction_explore=explore, instruction_discount=discount,
-                              instruction_power=power), seed=0)
+    mixer = Mixer(
+        MixerConfig(
+            instruction_follow=True, instruction_explore=explore, instruction_discount=discount, instruction_power=power
+        ),
+        seed=0,
+    )
     for i in range(0, len(outcomes), 8):
-        mixer.observe(IterationStats(solve_rate=0.5, instructions=outcomes[i: i + 8]))
+        mixer.observe(IterationStats(solve_rate=0.5, instructions=outcomes[i : i + 8]))
     weights = mixer.instruction_weights(NAMES)
     yields = [mixer.instruction_yield(n) for n in NAMES]
     assert sum(weights) == pytest.approx(1.0)

@@ -7,9 +7,8 @@ import math
 
 import pytest
 
-from selfplay.train.history import HISTORY, SUMMARY_WINDOW, heldout_changes, history_entry, window_means
 from selfplay.runtime.tb import read_scalars
-
+from selfplay.train.history import HISTORY, SUMMARY_WINDOW, heldout_changes, history_entry, window_means
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 
@@ -45,8 +44,9 @@ def test_window_means_compare_the_first_and_last_iterations():
 @pytest.mark.slow
 def test_heldout_changes_are_paired_with_their_task_count_and_interval():
     # per task [greedy solved, n, c]; split "a": 4 shared tasks, one more solved after; split "b" only before
-    before = {"per_task": {"a": {"t1": [0, 1, 0], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [0, 1, 0]},
-                           "b": {"t9": [1, 1, 1]}}}
+    before = {
+        "per_task": {"a": {"t1": [0, 1, 0], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [0, 1, 0]}, "b": {"t9": [1, 1, 1]}}
+    }
     after = {"per_task": {"a": {"t1": [1, 1, 1], "t2": [1, 1, 1], "t3": [0, 1, 0], "t4": [0, 1, 0], "t5": [1, 1, 1]}}}
     change = heldout_changes(before, after)
     assert set(change) == {"a"}
@@ -61,9 +61,18 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
     proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2")
     tags = read_scalars(run)
-    for tag in ("generator/parse_rate", "generator/validity_rate", "solver/in_band_rate", "mixer/share/generator",
-                "solver/share/generator", "generator/reward_mean", "mixer/target_low", "mixer/target_high",
-                "mixer/generator_trusted", "generator/cut_off_rate"):
+    for tag in (
+        "generator/parse_rate",
+        "generator/validity_rate",
+        "solver/in_band_rate",
+        "mixer/share/generator",
+        "solver/share/generator",
+        "generator/reward_mean",
+        "mixer/target_low",
+        "mixer/target_high",
+        "mixer/generator_trusted",
+        "generator/cut_off_rate",
+    ):
         assert [s for s, _ in tags[tag]] == [1, 2], tag
     assert all(0.0 <= v <= 1.0 for tag in ("solver/in_band_rate", "generator/cut_off_rate") for _, v in tags[tag])
     # each valid proposal measured is in band, never solved or solved by every sample: the three shares make 1
@@ -83,8 +92,9 @@ def test_a_run_logs_and_sums_up_the_figures(warm_run, tmp_path):
     # the closing summary separates the warm start's time and gives each held-out change with its tasks and interval
     assert summary["warmstart_seconds"] > 0 and summary["selfplay_seconds"] < summary["seconds"]
     assert "warm start" in proc.stdout and "self-play" in proc.stdout
-    assert summary["heldout_change"] and all(c["tasks"] >= 1 and len(c["ci95"]) == 2
-                                             for c in summary["heldout_change"].values())
+    assert summary["heldout_change"] and all(
+        c["tasks"] >= 1 and len(c["ci95"]) == 2 for c in summary["heldout_change"].values()
+    )
     assert "95 % CI" in proc.stdout
 
 

@@ -20,7 +20,6 @@ import torch
 from selfplay.models.agent import load_agent_parts
 from selfplay.runtime.distributed import param_checksum
 from selfplay.runtime.tb import read_scalars
-
 from tests.conftest import SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 CLOCK_TAGS = ("time/", "perf/", "sandbox/")  # wall-clock measurements: differ between any two runs
@@ -31,8 +30,14 @@ CACHE_TAGS = ("compute/sandbox_execs",)
 
 def train(run: Path, steps: int, hash_seed: str) -> None:
     """Each process under its own PYTHONHASHSEED: no set's iteration order may reach the run."""
-    selfplay("train", *SMOKE, f"run.dir={run}", f"train.steps={steps}", "run.torch_threads=1",
-             env={"PYTHONHASHSEED": hash_seed})
+    selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        f"train.steps={steps}",
+        "run.torch_threads=1",
+        env={"PYTHONHASHSEED": hash_seed},
+    )
 
 
 def checkpoint(run: Path, step: int) -> Path:
@@ -46,11 +51,15 @@ def agent_fingerprint(folder: Path) -> dict:
     raw = lambda v: v.numpy().tobytes() if torch.is_tensor(v) else v  # noqa: E731 (bit-exact tensor contents)
     optimizer = torch.load(folder / "optimizer.pt", map_location="cpu")
     trainer = torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False)
-    moments = hashlib.sha256(repr({k: sorted((n, raw(v)) for n, v in s.items())
-                                   for k, s in optimizer["state"].items()}).encode()).hexdigest()
-    return {"weights": param_checksum(model)["sha256"], "optimizer": moments,
-            "param_groups": optimizer["param_groups"],
-            "trainer": {"updates": trainer["updates"], "kl_ctl": trainer["kl_ctl"], "rng": raw(trainer["rng"])}}
+    moments = hashlib.sha256(
+        repr({k: sorted((n, raw(v)) for n, v in s.items()) for k, s in optimizer["state"].items()}).encode()
+    ).hexdigest()
+    return {
+        "weights": param_checksum(model)["sha256"],
+        "optimizer": moments,
+        "param_groups": optimizer["param_groups"],
+        "trainer": {"updates": trainer["updates"], "kl_ctl": trainer["kl_ctl"], "rng": raw(trainer["rng"])},
+    }
 
 
 def resumable_state(folder: Path) -> dict:
@@ -71,8 +80,9 @@ def corpus_rows(run: Path) -> tuple[list, list]:
     """Task rows and difficulty history in insertion order (without their wall-clock timestamps)."""
     with sqlite3.connect(run / "corpus.sqlite") as db:
         tasks = db.execute("SELECT seq, id, source, split, level, created_step, record FROM tasks ORDER BY seq")
-        history = db.execute("SELECT seq, task_id, solve_rate, difficulty, n_samples, step FROM difficulty"
-                             " ORDER BY seq")
+        history = db.execute(
+            "SELECT seq, task_id, solve_rate, difficulty, n_samples, step FROM difficulty ORDER BY seq"
+        )
         return tasks.fetchall(), history.fetchall()
 
 

@@ -8,7 +8,8 @@ import json
 import random
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sandbox
 from generator.build import generate_tasks
@@ -17,8 +18,18 @@ from selfplay.data.corpus import Corpus
 from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import IterationStats, Mixer
-from selfplay.train.sources import (CurriculumSource, FixedSource, InBandPool, MixerSource, ProceduralStream,
-                                    UniformSource, curriculum_level, fixed_schedule, make_source, validate)
+from selfplay.train.sources import (
+    CurriculumSource,
+    FixedSource,
+    InBandPool,
+    MixerSource,
+    ProceduralStream,
+    UniformSource,
+    curriculum_level,
+    fixed_schedule,
+    make_source,
+    validate,
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +55,16 @@ def test_mixer_source_restored_from_state_draws_the_same_tasks(world):
     a = MixerSource(Mixer(cfg.mixer, seed=0), stream, adapt=True)
     rng_a = random.Random(0)
     a.draw(8, rng_a, step=1, offered=offered, pool=pool)
-    a.observe(IterationStats(solve_rate=1.0, validity_rate=1.0, diversity=1.0, task_rates=[1.0] * 8,
-                             procedural_rates=[1.0] * 4, generator_in_band=0.5))
+    a.observe(
+        IterationStats(
+            solve_rate=1.0,
+            validity_rate=1.0,
+            diversity=1.0,
+            task_rates=[1.0] * 8,
+            procedural_rates=[1.0] * 4,
+            generator_in_band=0.5,
+        )
+    )
     # a fresh source given the mixer's and the RNG's state (what a checkpoint keeps) continues identically
     b = MixerSource(Mixer(cfg.mixer, seed=0), stream, adapt=True)
     b.mixer.load_state_dict(a.mixer.state_dict())
@@ -68,8 +87,14 @@ def test_a_pooled_mixer_source_restored_from_json_state_draws_the_same_tasks(wor
     """mixer.generator_tasks=in_band: the pool of measured proposals is in the source's state; a source restored
     from it (through JSON, as a checkpoint keeps it) serves the same pooled tasks next."""
     sb, corpus, _ = world
-    cfg = load_config(overrides=["mixer.generator_tasks=in_band", "mixer.min_share_generator=0.5",
-                                 "mixer.share_generator=0.5", "mixer.share_procedural=0.3"])  # 2 of 4, trusted or not
+    cfg = load_config(
+        overrides=[
+            "mixer.generator_tasks=in_band",
+            "mixer.min_share_generator=0.5",
+            "mixer.share_generator=0.5",
+            "mixer.share_procedural=0.3",
+        ]
+    )  # 2 of 4, trusted or not
     stream = ProceduralStream(cfg.tasks, cfg.run.seed, sb, corpus)
     pool = corpus.query(split="train", order="random", seed=7, limit=1024)
     a = make_source(cfg, mixer=Mixer(cfg.mixer, seed=0), sb=sb, corpus=corpus, run_dir=world[2], log=print)
@@ -78,8 +103,17 @@ def test_a_pooled_mixer_source_restored_from_json_state_draws_the_same_tasks(wor
     first = a.draw(4, rng_a, step=1, offered=proposals(pool[0], 1, 6), pool=pool)
     assert first.counts["generator"] == 2 and len(first.extra) == 4  # nothing kept yet: fresh ones serve
     rates = {t.id: r for t, r in zip(first.extra, (0.5, 0.0, 0.25, 1.0))}  # two of the four measured in band
-    a.observe(IterationStats(solve_rate=0.5, validity_rate=1.0, diversity=1.0, task_rates=[0.5] * 4,
-                             procedural_rates=[0.5], generator_in_band=0.5, proposal_rates=rates))
+    a.observe(
+        IterationStats(
+            solve_rate=0.5,
+            validity_rate=1.0,
+            diversity=1.0,
+            task_rates=[0.5] * 4,
+            procedural_rates=[0.5],
+            generator_in_band=0.5,
+            proposal_rates=rates,
+        )
+    )
     in_band = [t.id for t in first.extra if 0 < rates[t.id] < 1]
     b = MixerSource(Mixer(cfg.mixer, seed=0), stream, adapt=True, in_band=InBandPool(cfg.mixer.in_band_max_age))
     b.mixer.load_state_dict(json.loads(json.dumps(a.mixer.state_dict())))
@@ -96,14 +130,26 @@ def test_a_pooled_mixer_source_restored_from_json_state_draws_the_same_tasks(wor
 
 def a_proposal() -> Task:
     """A minimal valid-looking generator task (the pool reads only its id)."""
-    return Task(id="t", family="generator", source="generator", split="train", level=1, description="d",
-                entry_point="f", signature="def f(x)", reference_solution="def f(x):\n    return x")
+    return Task(
+        id="t",
+        family="generator",
+        source="generator",
+        split="train",
+        level=1,
+        description="d",
+        entry_point="f",
+        signature="def f(x)",
+        reference_solution="def f(x):\n    return x",
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(max_age=st.integers(1, 4),
-       events=st.lists(st.tuples(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), max_size=4), st.integers(0, 3)),
-                       max_size=12))
+@given(
+    max_age=st.integers(1, 4),
+    events=st.lists(
+        st.tuples(st.lists(st.sampled_from([0.0, 0.25, 0.5, 1.0]), max_size=4), st.integers(0, 3)), max_size=12
+    ),
+)
 def test_the_in_band_pool_serves_tasks_measured_in_band_once_newest_first_and_never_stale(max_age, events):
     pool, template = InBandPool(max_age), a_proposal()
     measured: dict[str, tuple[int, float]] = {}  # task id -> (step measured, p)
@@ -132,11 +178,16 @@ def test_generator_tasks_from_the_in_band_pool_are_in_band_more_often_than_fresh
     template = corpus.query(split="train", order="random", seed=1, limit=1)[0]
 
     def run(generator_tasks: str, seed: int) -> tuple[int, int]:
-        cfg = load_config(overrides=[f"mixer.generator_tasks={generator_tasks}", "mixer.share_generator=1",
-                                     "mixer.share_procedural=0", "mixer.share_replay=0",
-                                     "mixer.min_share_generator=1"])
-        source = make_source(cfg, mixer=Mixer(cfg.mixer, seed=seed), sb=sb, corpus=corpus, run_dir=world[2],
-                             log=print)
+        cfg = load_config(
+            overrides=[
+                f"mixer.generator_tasks={generator_tasks}",
+                "mixer.share_generator=1",
+                "mixer.share_procedural=0",
+                "mixer.share_replay=0",
+                "mixer.min_share_generator=1",
+            ]
+        )
+        source = make_source(cfg, mixer=Mixer(cfg.mixer, seed=seed), sb=sb, corpus=corpus, run_dir=world[2], log=print)
         world_rng, q, hits, served = random.Random(seed), {}, 0, 0
         for step in range(1, 61):
             offered = proposals(template, step, 8)
@@ -147,9 +198,16 @@ def test_generator_tasks_from_the_in_band_pool_are_in_band_more_often_than_fresh
             rates = {t.id: sum(measure.random() < q[t.id] for _ in range(8)) / 8 for t in drawn.tasks + drawn.extra}
             served += len(drawn.tasks)
             hits += sum(0 < rates[t.id] < 1 for t in drawn.tasks)
-            source.observe(IterationStats(solve_rate=0.5, validity_rate=1.0, diversity=1.0,
-                                          task_rates=[rates[t.id] for t in drawn.tasks], generator_in_band=0.5,
-                                          proposal_rates={t.id: rates[t.id] for t in drawn.extra}))
+            source.observe(
+                IterationStats(
+                    solve_rate=0.5,
+                    validity_rate=1.0,
+                    diversity=1.0,
+                    task_rates=[rates[t.id] for t in drawn.tasks],
+                    generator_in_band=0.5,
+                    proposal_rates={t.id: rates[t.id] for t in drawn.extra},
+                )
+            )
         return hits, served
 
     for seed in (0, 1):
@@ -183,8 +241,14 @@ def test_curriculum_follows_its_level_schedule(world):
 def test_the_default_curriculum_visits_every_level_in_order_within_any_run(steps, bounds):
     """Without train.curriculum_steps_per_level the schedule is set by train.steps: it climbs the mixer's range one
     level at a time, lowest first, spends a stretch of about steps / L iterations on each, and ends at the top."""
-    cfg = load_config(overrides=[f"train.steps={steps}", "train.mode=curriculum", f"mixer.level_min={bounds[0]}",
-                                 f"mixer.level_max={bounds[1]}"])
+    cfg = load_config(
+        overrides=[
+            f"train.steps={steps}",
+            "train.mode=curriculum",
+            f"mixer.level_min={bounds[0]}",
+            f"mixer.level_max={bounds[1]}",
+        ]
+    )
     source = make_source(cfg, mixer=Mixer(cfg.mixer), sb=None, corpus=None, run_dir=None, log=print)
     levels = list(range(bounds[0], bounds[1] + 1))
     schedule = [source.level(s) for s in range(1, steps + 1)]
@@ -258,8 +322,10 @@ def test_fixed_source_state_round_trip_and_a_changed_set_is_reported(world, tmp_
 
 
 def test_task_choice_settings_name_their_key():
-    for override, message in (("train.mode=random", "train.mode must be one of selfplay, curriculum, uniform, fixed"),
-                              ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh")):
+    for override, message in (
+        ("train.mode=random", "train.mode must be one of selfplay, curriculum, uniform, fixed"),
+        ("train.fixed_source=held", "train.fixed_source must be one of corpus, fresh"),
+    ):
         with pytest.raises(UserError, match=message):
             validate(load_config(overrides=[override]).train)
 
@@ -278,8 +344,7 @@ def lr_and_replay(mode, overrides, tmp_path):
     out = []
     for p in COLLAPSE:
         source.observe(IterationStats(solve_rate=p, task_rates=[p] * 4, procedural_rates=[p] * 4, kl=0.1))
-        out.append((mixer.lr_scale, mixer.shares["replay"],
-                    source.metrics(1).get("mixer/alarm/solver_collapse")))
+        out.append((mixer.lr_scale, mixer.shares["replay"], source.metrics(1).get("mixer/alarm/solver_collapse")))
     return out
 
 
@@ -319,9 +384,9 @@ def test_the_replay_share_is_every_modes_or_none(world, tmp_path):
         out = []
         for step in range(1, 6):
             drawn = source.draw(4, random.Random(step), step=step, offered=[], pool=pool)
-            replayed = drawn.tasks[drawn.counts["procedural"]:]
+            replayed = drawn.tasks[drawn.counts["procedural"] :]
             assert len(drawn.tasks) == 4 and {x.id for x in replayed} <= {x.id for x in pool}
-            assert drawn.new_ids == {x.id for x in drawn.tasks[:drawn.counts["procedural"]]}
+            assert drawn.new_ids == {x.id for x in drawn.tasks[: drawn.counts["procedural"]]}
             out.append(drawn.counts["replay"])
         return out
 

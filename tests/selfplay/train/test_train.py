@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from generator.schema import Task
 from selfplay.runtime.config import load_config
 from selfplay.runtime.tb import read_scalars
-
 from tests.conftest import REPO, SMOKE, copy_run, selfplay  # the warm_run fixture lives there too
 
 
@@ -55,8 +54,9 @@ def test_a_stop_checkpoints_before_the_step_s_evaluation_and_the_resume_runs_it(
     # written within the signal's grace period; the evaluation it left is run when the run resumes, before step 2.
     run, stop = copy_run(warm_run, tmp_path), tmp_path / "stop"
     stop.touch()
-    first = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3", "train.eval_every=1",
-                     env={"SELFPLAY_STOP_FILE": str(stop)})
+    first = selfplay(
+        "train", *SMOKE, f"run.dir={run}", "train.steps=3", "train.eval_every=1", env={"SELFPLAY_STOP_FILE": str(stop)}
+    )
     assert "stop requested: checkpoint step_1 written" in first.stdout + first.stderr
     assert "eval step 1" not in first.stdout + first.stderr
     assert latest_state(run)["step"] == 1 and "1" not in latest_state(run)["evals"]
@@ -85,12 +85,30 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     assert state["corpus_size"] == len(corpus_ids(run)) == len(set(corpus_ids(run)))
 
     tags = read_scalars(run)
-    for tag in ("solver/pass_rate", "solver/reward_mean", "generator/reward_mean", "generator/validity_rate",
-                "generator/diversity", "mixer/target_solve_rate", "mixer/share/generator", "mixer/share/replay",
-                "ppo/solver/policy_loss", "ppo/solver/value_loss", "ppo/solver/kl", "ppo/solver/entropy",
-                "ppo/solver/clipfrac", "ppo/solver/explained_var", "ppo/generator/policy_loss",
-                "sandbox/execs_per_s", "sandbox/cache_hit_rate", "time/rollout_s", "time/update_s",
-                "time/sandbox_s", "eval/heldout/test/pass@1_greedy", "eval/heldout/deeper/pass@1"):
+    for tag in (
+        "solver/pass_rate",
+        "solver/reward_mean",
+        "generator/reward_mean",
+        "generator/validity_rate",
+        "generator/diversity",
+        "mixer/target_solve_rate",
+        "mixer/share/generator",
+        "mixer/share/replay",
+        "ppo/solver/policy_loss",
+        "ppo/solver/value_loss",
+        "ppo/solver/kl",
+        "ppo/solver/entropy",
+        "ppo/solver/clipfrac",
+        "ppo/solver/explained_var",
+        "ppo/generator/policy_loss",
+        "sandbox/execs_per_s",
+        "sandbox/cache_hit_rate",
+        "time/rollout_s",
+        "time/update_s",
+        "time/sandbox_s",
+        "eval/heldout/test/pass@1_greedy",
+        "eval/heldout/deeper/pass@1",
+    ):
         assert tag in tags, tag
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3]
     assert all(0.0 <= v <= 1.0 for _, v in tags["generator/validity_rate"])
@@ -106,8 +124,17 @@ def test_train_logs_checkpoints_and_continues(warm_run, tmp_path):
     assert "nothing to do" in again.stdout
     # ... and a learning rate or KL coefficient given for the continuation is the one used (not the one saved with
     # the optimiser or the trainer)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=4", "ppo.lr=0.0123", "agents.generator.lr_scale=0.5",
-             "ppo.kl_coef=0.321", "agents.generator.kl_coef=0.654", "agents.generator.entropy_coef=0.0042")
+    selfplay(
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.steps=4",
+        "ppo.lr=0.0123",
+        "agents.generator.lr_scale=0.5",
+        "ppo.kl_coef=0.321",
+        "agents.generator.kl_coef=0.654",
+        "agents.generator.entropy_coef=0.0042",
+    )
     assert latest_state(run)["step"] == 4
     tags = read_scalars(run)
     assert [s for s, _ in tags["solver/pass_rate"]] == [1, 2, 3, 4]
@@ -135,8 +162,14 @@ def test_the_generator_without_a_critic_takes_the_iterations_proposals_as_one_gr
 
     for advantage, critic_trained in (("rloo_batch", False), ("gae", True)):
         run = copy_run(warm_run, tmp_path / advantage)
-        selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
-                 f"agents.generator.advantage={advantage}")
+        selfplay(
+            "train",
+            *SMOKE,
+            f"run.dir={run}",
+            "train.steps=1",
+            "train.checkpoint_every=1",
+            f"agents.generator.advantage={advantage}",
+        )
         before, after = value_head(run, 0), value_head(run, 1)
         same = all(torch.equal(before[k], after[k]) for k in before)
         assert same != critic_trained, advantage
@@ -152,8 +185,9 @@ def test_the_in_band_pool_of_generator_tasks_is_logged_and_checkpointed(warm_run
     import json
 
     run = copy_run(warm_run, tmp_path)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2", "train.checkpoint_every=1",
-             "mixer.generator_tasks=in_band")
+    selfplay(
+        "train", *SMOKE, f"run.dir={run}", "train.steps=2", "train.checkpoint_every=1", "mixer.generator_tasks=in_band"
+    )
     tags = read_scalars(run)
     assert {"mixer/in_band_pool/served", "mixer/in_band_pool/kept", "solver/in_band_rate/procedural"} <= set(tags)
     assert [v for _, v in tags["mixer/in_band_pool/served"]][0] == 0  # nothing measured before the first draw
@@ -164,8 +198,17 @@ def test_the_in_band_pool_of_generator_tasks_is_logged_and_checkpointed(warm_run
 
 
 def a_task(task_id: str, source: str) -> Task:
-    return Task(id=task_id, family=source, source=source, split="train", level=1, description="d", entry_point="f",
-                signature="def f(x)", reference_solution="def f(x):\n    return x")
+    return Task(
+        id=task_id,
+        family=source,
+        source=source,
+        split="train",
+        level=1,
+        description="d",
+        entry_point="f",
+        signature="def f(x)",
+        reference_solution="def f(x):\n    return x",
+    )
 
 
 @settings(max_examples=80, deadline=None)
@@ -184,8 +227,9 @@ def test_every_task_the_solver_measured_gets_its_rate_once_replayed_generator_ta
     everything = {x.id for x in proposals + batch}
     rates = {i: data.draw(st.sampled_from([0.0, 0.5, 1.0])) for i in everything if data.draw(st.booleans())}
     tasks, measured = corpus_updates(proposals, batch, {x.id for x in new}, rates, 8, 3)
-    assert [x.id for x in tasks] == [x.id for x in proposals] + [x.id for x in batch if x.id in rates
-                                                                 and x.id.startswith("p")]
+    assert [x.id for x in tasks] == [x.id for x in proposals] + [
+        x.id for x in batch if x.id in rates and x.id.startswith("p")
+    ]
     assert sorted(m[0] for m in measured) == sorted(rates)  # each measured task once, nothing unmeasured
     assert all(rates[i] == r and (n, step) == (8, 3) for i, r, n, step in measured)
 
@@ -203,8 +247,9 @@ def test_a_held_solver_keeps_its_weights_while_the_generator_learns_against_it(w
         return hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
 
     run = copy_run(warm_run, tmp_path)
-    proc = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1",
-                    "train.train_solver=false")
+    proc = selfplay(
+        "train", *SMOKE, f"run.dir={run}", "train.steps=1", "train.checkpoint_every=1", "train.train_solver=false"
+    )
     assert "held at its warm start: its held-out figures are step 0's" in proc.stdout
     assert "eval step 1" not in proc.stdout + proc.stderr
     assert weights(run, 1, "solver") == weights(run, 0, "solver")
@@ -234,12 +279,16 @@ def test_the_generator_without_a_critic_needs_two_proposals_on_every_rank(monkey
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     rloo = ["agents.generator.advantage=rloo_batch", "train.solver_tasks=4"]
-    with pytest.raises(UserError, match=r"agents.generator.advantage=rloo_batch .* train.proposals=2 over 2 ranks "
-                                        r"gives each 1.*train.proposals >= 4"):
+    with pytest.raises(
+        UserError,
+        match=r"agents.generator.advantage=rloo_batch .* train.proposals=2 over 2 ranks "
+        r"gives each 1.*train.proposals >= 4",
+    ):
         SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
     SelfPlay._validate(load_config(None, [*rloo, "train.proposals=4"]))
-    SelfPlay._validate(load_config(None, ["agents.generator.advantage=gae", "train.solver_tasks=4",
-                                          "train.proposals=2"]))
+    SelfPlay._validate(
+        load_config(None, ["agents.generator.advantage=gae", "train.solver_tasks=4", "train.proposals=2"])
+    )
     monkeypatch.setenv("WORLD_SIZE", "1")
     SelfPlay._validate(load_config(None, [*rloo, "train.proposals=2"]))
 
@@ -247,8 +296,16 @@ def test_the_generator_without_a_critic_needs_two_proposals_on_every_rank(monkey
 @pytest.mark.slow
 def test_sigkill_mid_run_resumes_with_the_corpus_intact(warm_run, tmp_path):
     run = copy_run(warm_run, tmp_path)
-    args = [sys.executable, "-m", "selfplay", "train", *SMOKE, f"run.dir={run}", "train.steps=5",
-            "train.checkpoint_every=1"]
+    args = [
+        sys.executable,
+        "-m",
+        "selfplay",
+        "train",
+        *SMOKE,
+        f"run.dir={run}",
+        "train.steps=5",
+        "train.checkpoint_every=1",
+    ]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 600
     latest = run / "checkpoints" / "latest"
@@ -280,11 +337,13 @@ def test_bad_config_key_fails_before_any_work(tmp_path):
 
 
 def test_bad_mode_and_batch_sizes_are_named(tmp_path):
-    proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "train.mode=magic", check=False,
-                    timeout=120)
+    proc = selfplay(
+        "train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "train.mode=magic", check=False, timeout=120
+    )
     assert proc.returncode == 2 and "train.mode" in proc.stderr
-    proc = selfplay("train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "mixer.generator_tasks=best",
-                    check=False, timeout=120)
+    proc = selfplay(
+        "train", "configs/smoke.yaml", f"run.dir={tmp_path}/r", "mixer.generator_tasks=best", check=False, timeout=120
+    )
     assert proc.returncode == 2 and "mixer.generator_tasks must be one of fresh, in_band" in proc.stderr
 
 
@@ -303,8 +362,9 @@ def test_the_null_reward_control_updates_on_the_same_episodes_with_no_reward(war
     """ppo.null_reward: the solver's episodes are graded as ever (solver/reward_mean), its update sees 0 for each
     (ppo/solver/score_mean), and it still takes its optimiser steps."""
     run = copy_run(warm_run, tmp_path)
-    selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=2", "ppo.null_reward=true",
-             "ppo.skip_uniform_groups=false")
+    selfplay(
+        "train", *SMOKE, f"run.dir={run}", "train.steps=2", "ppo.null_reward=true", "ppo.skip_uniform_groups=false"
+    )
     tags = read_scalars(run)
     assert [v for _, v in tags["ppo/solver/score_mean"]] == [0.0, 0.0]
     assert all(v >= 1 for _, v in tags["ppo/solver/optimizer_steps"])

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import sandbox
 from generator.fingerprint import ast_hash
-from selfplay.runtime.config import load_config
 from selfplay.data.corpus import Corpus
+from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.train.warmstart import level_counts, warmstart_corpus
 from tests.conftest import SMOKE, selfplay
@@ -61,8 +61,9 @@ def _without_clocks(state: dict) -> dict:
 
 def _corpus_rows(run) -> list:
     with sqlite3.connect(run / "corpus.sqlite") as db:  # every column but inserted_at (a wall-clock time)
-        return db.execute("SELECT seq, id, family, source, split, level, created_step, record FROM tasks"
-                          " ORDER BY seq").fetchall()
+        return db.execute(
+            "SELECT seq, id, family, source, split, level, created_step, record FROM tasks ORDER BY seq"
+        ).fetchall()
 
 
 @pytest.mark.slow
@@ -78,8 +79,9 @@ def test_a_warm_start_made_twice_by_one_command_is_the_same_warm_start(warm_run,
     assert warm_start_id(again) == warm_start_id(warm_run)
     assert (again / "heldout.jsonl").read_text() == (warm_run / "heldout.jsonl").read_text()
     assert _corpus_rows(again) == _corpus_rows(warm_run) and _corpus_rows(again)
-    first, second = (json.loads((run / "checkpoints" / "step_0" / "state.json").read_text())
-                     for run in (warm_run, again))
+    first, second = (
+        json.loads((run / "checkpoints" / "step_0" / "state.json").read_text()) for run in (warm_run, again)
+    )
     assert second["rng"] == first["rng"]  # python's global generator too: seeded from run.seed
     assert second["code"] == first["code"] == [code_version()]
     assert _without_clocks(second) == _without_clocks(first)
