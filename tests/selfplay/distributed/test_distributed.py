@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +21,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) -> str:
     """`torchrun --nproc_per_node 2 ARGS` on the CPU (gloo, DeepSpeed's CPU accelerator); its output. Fails the test
-    on a non-zero exit; a hung run is killed with its launcher (the first DeepSpeed run JIT-builds for ~50 s)."""
+    on a non-zero exit; a hung run is stopped with its ranks, and the failure shows where each rank was (Python's
+    faulthandler, on SIGABRT) (the first DeepSpeed run JIT-builds for ~50 s)."""
     cmd = [
         sys.executable,
         "-m",
@@ -33,20 +48,24 @@ def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) ->
         str(free_port()),
         *args,
     ]
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", **(env or {}))
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONFAULTHANDLER="1", **(env or {}))
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )  # its own process group, so that a hung run can be stopped
     try:
         output, _ = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:  # the launcher starts each rank in a session of its own: ask it to stop them first
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    except subprocess.TimeoutExpired as hung:
+        for pid in _children(proc.pid):  # each rank (in a session of its own) prints its threads' stacks and ends
+            os.kill(pid, signal.SIGABRT)
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
+        raise AssertionError(
+            f"torchrun still running after {timeout:.0f} s; where the ranks were:\n{output[-8000:]}"
+        ) from hung
     assert proc.returncode == 0, output[-3000:]
     return output
 
