@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -63,8 +64,9 @@ def two_ranks(args: list[str], timeout: float = 400, env: dict | None = None) ->
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             output, _ = proc.communicate()
+        stacks = re.findall(r"Fatal Python error.*?(?=Extension modules|\Z)", output, re.S)  # faulthandler's
         raise AssertionError(
-            f"torchrun still running after {timeout:.0f} s; where the ranks were:\n{output[-8000:]}"
+            f"torchrun still running after {timeout:.0f} s; where the ranks were:\n" + "\n".join(stacks)[-12000:]
         ) from hung
     assert proc.returncode == 0, output[-3000:]
     return output
