@@ -9,8 +9,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
-
 from tests.conftest import REPO
 
 # what `selfplay train` sizes each rank's pool with (selfplay.train.setup.sandbox_workers), and the affinity's count
@@ -31,8 +29,8 @@ def counts(*prefix: str, ranks: int = 1) -> tuple[int, int, int]:
     return usable, workers, machine
 
 
-@pytest.mark.skipif(shutil.which("taskset") is None, reason="taskset (util-linux) not installed")
 def test_a_rank_pinned_to_one_core_counts_one_core_and_one_worker():
+    assert shutil.which("taskset"), "taskset is missing: install util-linux (.ci/run's Debian base has it)"
     usable, workers, machine = counts("taskset", "-c", "0")
     assert (usable, workers) == (1, 1) and machine == os.cpu_count()
 
