@@ -45,7 +45,14 @@ from selfplay.runtime.distributed import param_checksum
 from selfplay.train.loop import SelfPlay
 from selfplay.train.mixer import Mixer
 from selfplay.train.proposals import sample_proposals
-from selfplay.train.warmstart import build_agents, generator_examples, solver_examples, tokenize_pairs, warmstart_corpus
+from selfplay.train.warmstart import (
+    build_agents,
+    generator_examples,
+    sft_settings,
+    solver_examples,
+    tokenize_pairs,
+    warmstart_corpus,
+)
 
 
 def shape(reason: str) -> str:
@@ -274,12 +281,8 @@ def main() -> None:
                 solver.module.policy,
                 tokenize_pairs(solver, s_pairs, ws.max_len),
                 steps=args.solver_steps,
-                batch_size=ws.batch_size,
-                lr=ws.lr,
                 pad_id=solver.tokenizer.pad_token_id,
-                max_len=ws.max_len,
-                seed=cfg.run.seed,
-                micro_batch_size=ws.micro_batch_size,
+                **sft_settings(cfg),
             )
             trained_solver = solver
         examples = tokenize_pairs(generator, g_pairs, ws.max_len)
@@ -319,13 +322,9 @@ def main() -> None:
             policy,
             examples,
             steps=at[-1],
-            batch_size=ws.batch_size,
-            lr=ws.lr,
             pad_id=generator.tokenizer.pad_token_id,
-            max_len=ws.max_len,
-            seed=cfg.run.seed,
-            micro_batch_size=ws.micro_batch_size,
             on_step=on_step,
+            **sft_settings(cfg),
         )
     finally:
         out.close()

@@ -49,6 +49,15 @@ def generator_examples(
     return proposal_format(fmt).examples(tasks, k_refs, seed, sb=sb, corpus_index=corpus_index, build_cfg=build_cfg)
 
 
+def sft_settings(cfg) -> dict:
+    """The SFT's keyword arguments from `warmstart:` (and the run's seed): the warm start's and the probes' one
+    reading of them."""
+    ws = cfg.warmstart
+    return dict(
+        batch_size=ws.batch_size, lr=ws.lr, max_len=ws.max_len, seed=cfg.run.seed, micro_batch_size=ws.micro_batch_size
+    )
+
+
 def tokenize_pairs(agent: LMAgent, pairs: Sequence[tuple[str, str]], max_len: int):
     """(prompt ids, answer ids + eos) per pair. Pairs whose answer takes more than half of `max_len` are dropped:
     cut to fit, they would teach answers without their prompt."""
@@ -299,13 +308,9 @@ def warm_start(
             agent.module.policy,
             examples,
             steps=steps,
-            batch_size=ws.batch_size,
-            lr=ws.lr,
             pad_id=agent.tokenizer.pad_token_id,
-            max_len=ws.max_len,
-            seed=cfg.run.seed,
-            micro_batch_size=ws.micro_batch_size,
             on_step=on_step,
+            **sft_settings(cfg),
         )
         if bar:
             bar.close()
