@@ -1,4 +1,5 @@
-"""`selfplay warmstart [CONFIG] [key=value ...]`: build and behaviour-clone both agents; writes step_0."""
+"""`selfplay warmstart [CONFIG] [key=value ...]`: build and behaviour-clone both agents; writes step_0 and
+evaluates it (a step_0 left without its evaluation, by a kill, is evaluated now)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def run(args) -> int:
     cfg = load_config(config, overrides)
     loop = SelfPlay(cfg)
     try:
-        if loop.ckpt.latest_checkpoint() is not None:
+        latest = loop.ckpt.latest_checkpoint()
+        if latest is not None and (latest.name != "step_0" or "eval_before" in loop.ckpt.load_state(latest)):
             print(f"{cfg.run.dir} already holds a checkpoint ({loop.ckpt.latest_checkpoint().name}); nothing to do")
             return 0
         loop.setup()

@@ -17,7 +17,7 @@ import torch
 from generator.schema import Task
 from selfplay.data.corpus import Corpus, CorpusError, check_heldout
 from selfplay.runtime import distributed as D
-from selfplay.runtime.checkpoint import code_versions, rng_state, set_rng_state
+from selfplay.runtime.checkpoint import STATE_FILE, code_versions, rng_state, set_rng_state, write_json_atomic
 from selfplay.runtime.config import to_dict
 from selfplay.train.evaluation import evaluate
 from selfplay.train.history import COMPUTE
@@ -35,13 +35,15 @@ def start(run) -> None:
         wait_for_checkpoint(run.ckpt, run.main)
         latest = run.ckpt.latest_checkpoint()
     restore(run, latest)
+    if run.step == 0 and "0" not in run.evals:
+        evaluate_warm_start(run, latest)
     if run.main:  # no corpus row may be held out (selfplay.data.corpus.check_heldout: stops with the ids)
         check_heldout(run.run_dir, run.corpus.iter_tasks(), run.cfg.tasks, "the corpus at the start of the run")
 
 
 def first_checkpoint(run) -> None:
-    """Rank 0: reserve the held-out tasks (and fixed mode's pool), warm-start both agents, evaluate them and
-    write checkpoint step_0."""
+    """Rank 0: reserve the held-out tasks (and fixed mode's pool), warm-start both agents and write checkpoint
+    step_0 (evaluated after it is loaded back: `evaluate_warm_start`)."""
     cfg, t0 = run.cfg, time.perf_counter()
     counts = level_counts(cfg.warmstart, cfg.tasks.max_level)
     run.log(f"no checkpoint in {run.run_dir}: warm start ({sum(counts.values())} tasks)")
@@ -58,10 +60,21 @@ def first_checkpoint(run) -> None:
     run.solver, run.generator = solver, generator
     run.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
     run.warm_report = report
-    heldout = evaluate(run, 0)
     run.tb.hparams(flatten(to_dict(cfg)))
     run.warmstart_s = time.perf_counter() - t0
-    save(run, 0, extra={"warmstart": report, "eval_before": heldout}, collective=False)
+    save(run, 0, extra={"warmstart": report}, collective=False)
+
+
+def evaluate_warm_start(run, folder: Path) -> None:
+    """Evaluate the warm start as checkpoint step_0 (`folder`) loaded it, with the configured rollout engine
+    (the warm start itself trains and samples with Hugging Face generation, which is slow for a pretrained model),
+    and add the results to step_0's state (`eval_before`, and `evals` as every checkpoint keeps them). A run stopped before this resumes by measuring it."""
+    heldout = evaluate(run, 0)
+    if run.main:
+        state = run.ckpt.load_state(folder)
+        state["eval_before"] = heldout
+        state["evals"] = {**state.get("evals", {}), "0": heldout}
+        write_json_atomic(folder / STATE_FILE, json.loads(json.dumps(state, default=_jsonable)))
 
 
 def save(run, step: int, extra: dict | None = None, collective: bool = True) -> None:

@@ -49,6 +49,21 @@ def test_warm_start_writes_step_0(warm_run):
 
 
 @pytest.mark.slow
+def test_a_warm_start_killed_before_its_evaluation_is_evaluated_from_step_0_on_the_next_start(warm_run, tmp_path):
+    # step_0 is written first and evaluated as loaded back (with the configured rollout engine); a kill between
+    # the two leaves a step_0 without `eval_before`, which `selfplay warmstart` measures instead of skipping
+    run = copy_run(warm_run, tmp_path)
+    state_file = run / "checkpoints" / "step_0" / "state.json"
+    recorded = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({k: v for k, v in recorded.items() if k != "eval_before"}))
+    out = selfplay("warmstart", *SMOKE, f"run.dir={run}")
+    assert "nothing to do" not in out.stdout and "held-out test" in out.stdout
+    assert json.loads(state_file.read_text())["eval_before"] == recorded["eval_before"]  # same seed, same weights
+    again = selfplay("warmstart", *SMOKE, f"run.dir={run}")
+    assert "already holds a checkpoint (step_0); nothing to do" in again.stdout
+
+
+@pytest.mark.slow
 def test_a_stop_checkpoints_before_the_step_s_evaluation_and_the_resume_runs_it(warm_run, tmp_path):
     # A stop (SIGUSR1/SIGTERM or the stop file) is answered before the periodic evaluation, so the checkpoint is
     # written within the signal's grace period; the evaluation it left is run when the run resumes, before step 2.
