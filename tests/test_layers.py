@@ -44,9 +44,6 @@ THIRD_PARTY = {"sandbox": {"docker"}}  # rooms held to the standard library and 
 # (importing file, imported module or its package) -> why it may run against the floors
 EXCEPTIONS = {
     ("selfplay/__main__.py", "selfplay.cli"): "`python -m selfplay` is the command line",
-    ("selfplay/runtime/config.py", "selfplay.rollout.settings"): "the config gathers every section's settings",
-    ("selfplay/runtime/config.py", "selfplay.train.mixer"): "the config gathers every section's settings",
-    ("selfplay/runtime/memory_plan.py", "selfplay.rollout.settings"): "the plan reads which engine rollout names",
     ("selfplay/rl/ppo.py", "selfplay.models.factory"): "the trainer copies the model it trains (frozen reference)",
     ("selfplay/rl/ppo.py", "selfplay.rollout.constrained"): "the grammar masks' bit packing, unpacked in the loss",
     ("selfplay/rl/smoke.py", "selfplay.models.factory"): "the distributed smoke check builds the model it trains",

@@ -8,7 +8,7 @@ iteration. Every agent has one: `HFEngine` (Hugging Face `generate` on the train
 gives it another.
 
 The registry is lazy: `BUILT_IN` names the module that registers each engine shipped here, imported when the engine
-is first built, so that the config (selfplay/rollout/settings.py) can check names without importing an engine. An
+is first built, so that the config (selfplay/runtime/config_parts.py) can check names without importing an engine. An
 engine from elsewhere registers itself with `@register_engine(NAME)` when its module is imported.
 """
 
@@ -20,11 +20,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+# the names' registry, on the config's floor (the config checks the names without importing this room)
+from selfplay.runtime.config_parts import BUILT_IN, ENGINES, engine_name, engine_names  # noqa: F401
+
 if TYPE_CHECKING:
     import torch
-
-# name -> the module that registers it (imported at the first make_engine that asks for it)
-BUILT_IN = {"hf": "selfplay.rollout.engine", "vllm": "selfplay.rollout.engine_process"}
 
 
 @dataclass
@@ -82,7 +82,8 @@ class RolloutEngine(Protocol):
 
 
 Builder = Callable[..., RolloutEngine]  # builder(cfg, agent, folder, *, rank) -> the agent's engine
-ENGINES: dict[str, Builder] = {}  # name -> builder, filled by register_engine as the engines' modules are imported
+# ENGINES (selfplay/runtime/config_parts.py): name -> builder, filled by register_engine as the engines' modules are
+# imported; BUILT_IN there names the module that registers each engine shipped here
 
 
 def register_engine(name: str) -> Callable[[Builder], Builder]:
@@ -94,16 +95,6 @@ def register_engine(name: str) -> Callable[[Builder], Builder]:
         return builder
 
     return add
-
-
-def engine_names() -> tuple[str, ...]:
-    """Every name `rollout.engine` takes: the built-in engines and those registered since."""
-    return tuple(dict.fromkeys([*BUILT_IN, *ENGINES]))
-
-
-def engine_name(rcfg, agent: str) -> str:
-    """The engine of agent `agent` ("solver" or "generator")."""
-    return (rcfg.generator_engine or rcfg.engine) if agent == "generator" else rcfg.engine
 
 
 def make_engine(cfg, agent, folder: str | Path, *, rank: int = 0) -> RolloutEngine:

@@ -19,9 +19,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from generator.rewards import GeneratorRewardConfig
-from selfplay.rollout.settings import RolloutConfig, check_rollout
+from selfplay.runtime.config_parts import MixerConfig, RolloutConfig, check_rollout
 from selfplay.runtime.errors import UserError
-from selfplay.train.mixer import MixerConfig
 from solver.rewards import RewardConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

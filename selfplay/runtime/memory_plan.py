@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from selfplay.rollout.settings import engine_name
 from selfplay.runtime.config import CONFIG_DIR
+from selfplay.runtime.config_parts import engine_name
 from selfplay.runtime.errors import UserError
 
 GB = 1e9  # decimal gigabytes, as GPU memory is sold ("80 GB")

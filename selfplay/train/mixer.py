@@ -56,72 +56,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+# the mixer: section and its checks, on the config's floor; its names kept here
+from selfplay.runtime.config_parts import BANDS, GENERATOR_TASKS, MixerConfig, check_mixer  # noqa: F401
+
 SOURCES = ("generator", "procedural", "replay")
-GENERATOR_TASKS = ("fresh", "in_band")  # mixer.generator_tasks
-BANDS = ("adaptive", "fixed")
-
-
-@dataclass
-class MixerConfig:
-    # adaptive: the level follows where tasks are in band, the band's centre the in-band solve rates;
-    # fixed: the level keeps the solve-rate EMA inside target_low..target_high (the classic 90 % promotion rule)
-    band: str = "adaptive"
-    target_low: float = 0.4  # fixed: lower the level below this solve-rate EMA; adaptive: initial band
-    target_high: float = 0.9  # fixed: raise the level above this (the classic 90 %); adaptive: initial band
-    level_margin: float = 0.1  # adaptive: move the level when EMA(always solved - never solved) leaves +-this
-    ema: float = 0.7  # smoothing of the measured rates (weight of the past)
-    level_min: float = 1.0  # lowest procedural level
-    level_max: float = 4.0  # highest procedural level
-    level_start: float = 1.0  # where the curriculum starts
-    level_step: float = 0.25  # level change per iteration when out of band
-    share_generator: float = 0.4  # share of fresh generator proposals in a solver batch while the generator is trusted
-    share_procedural: float = 0.4  # base share of procedural tasks
-    share_replay: float = 0.2  # base share of replayed corpus tasks
-    min_share_generator: float = 0.05  # ... while it is not (it must stay observable); where it starts
-    share_rate: float = 0.25  # per-iteration move of the generator share towards its target (share of the gap)
-    earn_validity: float = 0.5  # the generator becomes trusted when its validity-rate EMA reaches this ...
-    earn_in_band: float = 0.2  # ... and its in-band-rate EMA this
-    max_share_replay: float = 0.6  # cap on the replay share when the solver collapses
-    recover: float = 0.1  # per-iteration pull of the replay share, penalty weight and lr scale back to their base
-    min_validity: float = 0.2  # validity-rate EMA below this = generator collapse: trust lost
-    min_in_band: float = 0.1  # in-band-rate EMA below this = the generator's tasks teach nothing: trust lost
-    min_diversity: float = 0.3  # diversity (unique clusters / valid proposals) below this = diversity collapse
-    repetition_weight: float = 1.0  # base weight of the generator's repetition penalty
-    repetition_weight_max: float = 4.0  # cap when diversity collapses
-    pass_drop: float = 0.25  # solver collapse when the solve-rate EMA falls this far below its baseline ...
-    baseline_ema: float = 0.95  # ... a slower EMA of it (weight of the past), reset to it when the level rises
-    kl_max: float = 1.0  # KL to the reference above this = policy drifting too fast
-    lr_scale_min: float = 0.1  # the learning-rate multiplier never goes below this
-    replay_width: float = 0.2  # width of the replay preference around the band's centre (in solve rate)
-    # the generator's references: preferred at solve rate (band centre + the measured edit drop), the drop being
-    # how much lower a valid proposal is solved than its reference; reference_offset stands for it until measured
-    reference_offset: float = 0.3
-    reference_follow: bool = True  # false: always band centre + reference_offset (0 = references at the centre)
-    # mutation format: draw each prompt's edit instruction by its measured yield (valid and in band), not uniformly;
-    # off by default: on the tiny default it did not raise the share of valid proposals in band (docs/selfplay.md)
-    instruction_follow: bool = False
-    instruction_explore: float = 0.25  # share of the uniform draw mixed into the yield-weighted one
-    instruction_discount: float = 0.9  # weight of the past in each instruction's (successes, proposals) counts
-    instruction_power: float = 1.0  # weights follow yield ** power: 1 in proportion, larger leans on the best yields
-    # each source's rounding carried from batch to batch, so that over iterations its tasks follow its share to
-    # within one task however small the batch (false: each batch rounded alone, by largest remainder: in a batch of
-    # 4 a share of 0.37 is 1 task, 0.25, every time)
-    carry_rounding: bool = True
-    # which generator tasks fill its share of the batch: fresh (this iteration's valid proposals, unmeasured) or
-    # in_band (proposals the solver was measured to solve sometimes, 0 < p < 1, in the last in_band_max_age
-    # iterations, each served once, newest first; fresh ones top the share up while too few are kept)
-    generator_tasks: str = "fresh"
-    in_band_max_age: int = 4
-    # the collapse alarms' learning-rate control in every mode that trains the solver, or in none: true = a solver
-    # collapse or a KL blow-up halves the learning-rate scale (both agents' rate = ppo.lr * it, down to lr_scale_min),
-    # which recovers by `recover` an iteration, in selfplay as in the curriculum, uniform and fixed baselines (their
-    # sources run the same detectors, Mixer.watch); false = the scale stays 1 in every mode (the alarms are still
-    # logged). The same for all arms of a comparison
-    lr_control: bool = True
-    # replayed corpus tasks in every mode that draws procedural tasks, or in none: true = share_replay of the solver
-    # batch (raised on a solver collapse, chosen near the band's centre) in selfplay, curriculum and uniform alike;
-    # false = no replayed task in any mode (the fixed mode's task set is its own, with none either way)
-    corpus_replay: bool = True
 
 
 @dataclass
@@ -220,44 +158,8 @@ class Mixer:
     def __init__(self, cfg: MixerConfig | None = None, seed: int = 0):
         self.cfg = cfg or MixerConfig()
         c = self.cfg
-        if c.band not in BANDS:
-            raise ValueError(f"mixer.band must be one of {', '.join(BANDS)}, got {c.band!r}")
-        if not 0.0 <= c.target_low < c.target_high <= 1.0:
-            raise ValueError(
-                f"mixer band must satisfy 0 <= target_low < target_high <= 1, got {c.target_low}, {c.target_high}"
-            )
+        check_mixer(c)
         total = c.share_generator + c.share_procedural + c.share_replay
-        if total <= 0 or min(c.share_generator, c.share_procedural, c.share_replay) < 0:
-            raise ValueError("mixer shares must be non-negative and not all zero")
-        if not c.min_validity <= c.earn_validity or not c.min_in_band <= c.earn_in_band:
-            raise ValueError(
-                "mixer thresholds must satisfy min_validity <= earn_validity and "
-                "min_in_band <= earn_in_band (the generator's trust has hysteresis)"
-            )
-        if not -1.0 <= c.reference_offset <= 1.0:
-            raise ValueError(
-                f"mixer.reference_offset must be in [-1, 1] (a difference of solve rates), got {c.reference_offset}"
-            )
-        if not 0.0 < c.share_rate <= 1.0:
-            raise ValueError(f"mixer.share_rate must be in (0, 1], got {c.share_rate}")
-        if not 0.0 < c.instruction_explore <= 1.0:
-            raise ValueError(
-                f"mixer.instruction_explore must be in (0, 1] (0 could drop an instruction for good), got "
-                f"{c.instruction_explore}"
-            )
-        if c.generator_tasks not in GENERATOR_TASKS:
-            raise ValueError(
-                f"mixer.generator_tasks must be one of {', '.join(GENERATOR_TASKS)}, got {c.generator_tasks!r}"
-            )
-        if c.in_band_max_age < 1:
-            raise ValueError(f"mixer.in_band_max_age must be >= 1 (iterations), got {c.in_band_max_age}")
-        if not 0.0 <= c.instruction_discount < 1.0:
-            raise ValueError(f"mixer.instruction_discount must be in [0, 1), got {c.instruction_discount}")
-        if not 0.0 < c.instruction_power <= 32.0:
-            raise ValueError(
-                f"mixer.instruction_power must be in (0, 32] (0 is the uniform draw: "
-                f"mixer.instruction_follow=false), got {c.instruction_power}"
-            )
         self.base_shares = {
             "generator": c.share_generator / total,
             "procedural": c.share_procedural / total,

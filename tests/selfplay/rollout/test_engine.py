@@ -273,7 +273,7 @@ def test_several_ranks_take_vllm_each_engine_joining_the_trainers_group(monkeypa
 
 
 def test_the_smoke_shape_is_served_by_vllm_and_a_head_size_of_16_is_refused_naming_the_keys(monkeypatch):
-    monkeypatch.setattr("selfplay.rollout.settings.on_gpu", lambda: False)
+    monkeypatch.setattr("selfplay.runtime.config_parts.on_gpu", lambda: False)
     assert load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm"]).rollout.engine == "vllm"  # head size 32
     with pytest.raises(UserError, match=r"this model's is 16 \(model.n_embd / model.n_head\)"):
         load_config(CONFIG_DIR / "smoke.yaml", ["rollout.engine=vllm", "model.n_head=4"])
