@@ -35,7 +35,8 @@ replay rows are split over the micro-batches of each minibatch and scored in the
 
 The model is an `ActorCritic` with a torch optimiser, or a DeepSpeed engine wrapping one (then the engine does the
 optimiser step and clipping from its JSON config, at the accumulation boundaries the trainer sets). `generate(...)`
-samples batched answers with their log-probs. `python -m selfplay.rl.ppo --bench` measures throughput on the tiny model.
+samples batched answers with their log-probs. `selfplay bench ppo` (selfplay/bench/ppo_bench.py) measures
+throughput on the tiny model.
 """
 
 from __future__ import annotations
@@ -758,90 +759,3 @@ def generate(
             Sample(tokens, lps, finished, decoding.recorded(b, len(tokens)) if decoding is not None else None)
         )
     return (samples, scores) if return_scores else samples
-
-
-# ---------------------------------------------------------------------------- benchmark
-
-
-def bench(
-    batch: int = 16, prompt_len: int = 64, response_len: int = 64, repeats: int = 3, seed: int = 0, threads: int = 0
-) -> dict:
-    """Throughput of generation and of one PPO update on the tiny default shape (4 layers, 128 wide, vocab 2000).
-
-    Prints medians; returns them. Response length is fixed (eos suppressed) so every repeat does the same work.
-    threads: torch intra-op threads (0 = torch's default); on a busy machine 1 thread is often faster.
-    """
-    import statistics
-
-    if threads:
-        torch.set_num_threads(threads)
-
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from selfplay.models.factory import ActorCritic, frozen_copy
-    from selfplay.runtime.config import PPOConfig
-
-    torch.manual_seed(seed)
-    vocab = 2000
-    policy = GPT2LMHeadModel(
-        GPT2Config(
-            vocab_size=vocab,
-            n_layer=4,
-            n_embd=128,
-            n_head=4,
-            n_positions=512,
-            bos_token_id=1,
-            eos_token_id=1,
-            pad_token_id=0,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-        )
-    )
-    model, ref = ActorCritic(policy), frozen_copy(policy)
-    cfg = PPOConfig(mini_batch_size=batch // 2, micro_batch_size=batch // 2)
-    trainer = PPOTrainer(model, ref, cfg, pad_token_id=0, seed=seed)
-    prompts = torch.randint(1, vocab, (batch, prompt_len)).tolist()
-    gen_s, upd_s = [], []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        samples = generate(model, prompts, pad_token_id=0, eos_token_id=vocab + 1, max_new_tokens=response_len)
-        gen_s.append(time.perf_counter() - t0)
-        responses = [s.tokens for s in samples]
-        scores = [float(s.tokens[0] % 2) for s in samples]
-        t0 = time.perf_counter()
-        trainer.step(prompts, responses, scores)
-        upd_s.append(time.perf_counter() - t0)
-    tokens = batch * response_len
-    result = {
-        "batch": batch,
-        "prompt_len": prompt_len,
-        "response_len": response_len,
-        "epochs": cfg.epochs,
-        "threads": torch.get_num_threads(),
-        "generate_s_median": statistics.median(gen_s),
-        "update_s_median": statistics.median(upd_s),
-        "generate_tokens_per_s": tokens / statistics.median(gen_s),
-        "update_tokens_per_s": tokens / statistics.median(upd_s),
-        "ppo_step_tokens_per_s": tokens / (statistics.median(gen_s) + statistics.median(upd_s)),
-    }
-    for k, v in result.items():
-        print(f"{k:>24}: {v:.3f}" if isinstance(v, float) else f"{k:>24}: {v}")
-    return result
-
-
-if __name__ == "__main__":
-    import argparse
-
-    parser = argparse.ArgumentParser(description="PPO utilities")
-    parser.add_argument("--bench", action="store_true", help="measure generation and PPO update throughput")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--prompt-len", type=int, default=64)
-    parser.add_argument("--response-len", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    args = parser.parse_args()
-    if not args.bench:
-        parser.print_help()
-        raise SystemExit(2)
-    bench(args.batch, args.prompt_len, args.response_len, args.repeats, threads=args.threads)
