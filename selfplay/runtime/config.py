@@ -320,6 +320,11 @@ class GeneratorConfig:
     # warm start draws its targets, generator.mutation.random_proposal; the same mixer, references and validity
     # checks, no generator sampled or trained): the baseline that measures what the generator itself adds
     source: str = "model"
+    # test adequacy by mutation (generator/adequacy.py): a proposal's hidden tests must kill at least
+    # adequacy_min_kill of adequacy_mutants automatic mutants of its reference (the validity check `adequacy`, every
+    # format); 0 = off
+    adequacy_mutants: int = 0
+    adequacy_min_kill: float = 0.8  # share of the mutants the hidden tests must kill, in [0, 1]
 
 
 @dataclass
@@ -539,6 +544,11 @@ def _check_generator(gen_cfg) -> None:
             f"generator.source=random_edits draws edits of the references' programs: it needs "
             f"generator.format=mutation, got {gen_cfg.format!r}"
         )
+    from generator.adequacy import settings_problem
+
+    problem = settings_problem(gen_cfg.adequacy_mutants, gen_cfg.adequacy_min_kill)
+    if problem:
+        raise UserError(problem)
 
 
 def _check_tasks(tasks_cfg) -> None:
@@ -573,7 +583,9 @@ def _describe(exc: OmegaConfBaseException) -> str:
 
 
 def to_dict(cfg: Any) -> dict:
-    return OmegaConf.to_container(cfg, resolve=True)
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict), f"to_dict takes a config section, got {type(cfg).__name__}"
+    return out
 
 
 def field_names(section: type) -> list[str]:

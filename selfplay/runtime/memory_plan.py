@@ -539,9 +539,10 @@ def agent_state(
     trainable = (adapters if lora else p) + critic
     # fp32 master + m + v under DeepSpeed's mixed precision, else AdamW's m and v in the parameters' dtype
     per_state = MIXED_STATE_BYTES if s.deepspeed and s.mixed_precision else 2 * b
-    grads = trainable * b * (2 if not s.deepspeed and world > 1 else 1)  # DDP: its gradient buckets beside .grad
-    optimizer = trainable * per_state
-    weights, critic_b = (p + adapters) * b, critic * b
+    grads: float = trainable * b * (2 if not s.deepspeed and world > 1 else 1)  # DDP: its buckets beside .grad
+    optimizer: float = trainable * per_state
+    weights: float = (p + adapters) * b
+    critic_b: float = critic * b
     if s.deepspeed and world > 1:
         if s.zero_stage >= 1:
             optimizer /= world
