@@ -10,6 +10,8 @@ one run of the trivial-solution battery against the hidden tests.
 Checks, in order (a failed static check skips the sandbox ones, which are then recorded as failed "not run"):
     parses, safe, signature, description, json_values (inputs)          static
     json_values (outputs), runs, outputs_match, deterministic, diverse, trivial_fail, novel   with the sandbox
+    adequacy (only when asked for: `adequacy=AdequacySettings(mutants=k)`, `generator.adequacy_mutants`): the hidden
+    tests kill at least a share of k mutants of the reference (generator/adequacy.py), before novel
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import sandbox
+from generator.adequacy import AdequacyResult, AdequacySettings, measure_many
 from generator.families.values import ELEMENTS, probe_inputs
 from generator.fingerprint import ast_hash, behaviour_hash, canonical_json, task_id
 from generator.schema import SchemaError, Task, check_json_value
@@ -41,6 +44,7 @@ CHECKS = (
     "novel",
 )
 STATIC_CHECKS = CHECKS[:4]
+ADEQUACY = "adequacy"  # the optional check, after trivial_fail (its place in `ValidationReport.results`)
 
 BANNED_MODULES = frozenset(
     {
@@ -163,7 +167,7 @@ NOT_RUN = "not run"  # reason prefix of checks skipped after an earlier failure
 @dataclass(frozen=True)
 class CheckResult:
     passed: bool
-    reason: str = ""  # why it failed ("" when it passed)
+    reason: str = ""  # why it failed ("" when it passed, but for a note such as adequacy's "no mutant")
 
 
 OK = CheckResult(True)
@@ -494,6 +498,14 @@ def check_novel(task: Task, index: CorpusIndex | None) -> CheckResult:
     return fail(f"near-duplicate of task {dup} (same normalised program or behaviour on probe inputs)")
 
 
+def check_adequacy(result: AdequacyResult) -> CheckResult:
+    """The hidden tests kill at least the stated share of the reference's mutants (a reference no mutant can be made
+    of passes, and says so)."""
+    if result.mutants == 0:
+        return CheckResult(True, result.reason)  # passed, with the note that nothing was measured
+    return OK if result.passed else fail(result.reason)
+
+
 # ==================================================================================== running
 _UNSERIALIZABLE = object()
 
@@ -506,6 +518,15 @@ def _test_name(task: Task, i: int) -> str:
 def _short(value, limit: int = 60) -> str:
     text = json.dumps(value, ensure_ascii=False) if value is not _UNSERIALIZABLE else "<not JSON>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _with_outputs(task: Task, outputs: list, *, copy: bool = True) -> Task:
+    """The task with its tests' outputs set to `outputs` (visible first): a copy, or the task itself changed."""
+    nv = len(task.visible_tests)
+    task = dataclasses.replace(task) if copy else task
+    task.visible_tests = [{"input": t["input"], "output": o} for t, o in zip(task.visible_tests, outputs)]
+    task.hidden_tests = [{"input": t["input"], "output": o} for t, o in zip(task.hidden_tests, outputs[nv:])]
+    return task
 
 
 def _outputs(report, n: int) -> list:
@@ -538,17 +559,29 @@ def _behaviour(report, start: int) -> str | None:
 
 
 def validate(
-    task: Task, sb, corpus_index: CorpusIndex | None = None, *, timeout_s: float | None = None
+    task: Task,
+    sb,
+    corpus_index: CorpusIndex | None = None,
+    *,
+    timeout_s: float | None = None,
+    adequacy: AdequacySettings | None = None,
 ) -> ValidationReport:
     """Run every check on one task (see validate_many)."""
-    return validate_many([task], sb, corpus_index, timeout_s=timeout_s)[0]
+    return validate_many([task], sb, corpus_index, timeout_s=timeout_s, adequacy=adequacy)[0]
 
 
 def validate_many(
-    tasks: list[Task], sb, corpus_index: CorpusIndex | None = None, *, timeout_s: float | None = None
+    tasks: list[Task],
+    sb,
+    corpus_index: CorpusIndex | None = None,
+    *,
+    timeout_s: float | None = None,
+    adequacy: AdequacySettings | None = None,
 ) -> list[ValidationReport]:
     """Validate a batch. Tasks are judged for novelty in order, against `corpus_index` and the earlier valid
-    tasks of the batch, as if each valid one had been inserted before the next."""
+    tasks of the batch, as if each valid one had been inserted before the next. With `adequacy` on, the tasks that
+    pass every check up to trivial_fail also meet the `adequacy` check (all their mutants in one sandbox batch)."""
+    names = CHECKS[:-1] + (ADEQUACY, CHECKS[-1]) if adequacy is not None and adequacy.on else CHECKS
     results: list[dict[str, CheckResult]] = []
     work: list[Task] = []
     for task in tasks:
@@ -638,23 +671,26 @@ def validate_many(
         )
     for i, report in zip(live, sb.run_tests_many(jobs) if jobs else []):
         results[i]["trivial_fail"] = check_trivial_fail(work[i], outputs[i], report)
+    if ADEQUACY in names:  # 2b. the hidden tests against the reference's mutants
+        live = [i for i in outputs if all(r.passed for r in results[i].values())]
+        graded = [_with_outputs(work[i], outputs[i]) for i in live]
+        for i, result in zip(live, measure_many(graded, sb, adequacy, timeout_s=timeout_s)):
+            results[i][ADEQUACY] = check_adequacy(result)
 
     # 3. novelty, in order; then fill outputs, ids and check results
     batch = MemoryIndex()
     out = []
     for i, (task, res) in enumerate(zip(work, results)):
         if i in outputs:
-            nv = len(task.visible_tests)
-            task.visible_tests = [{"input": t["input"], "output": o} for t, o in zip(task.visible_tests, outputs[i])]
-            task.hidden_tests = [{"input": t["input"], "output": o} for t, o in zip(task.hidden_tests, outputs[i][nv:])]
+            _with_outputs(task, outputs[i], copy=False)
         if all(r.passed for r in res.values()) and "trivial_fail" in res:
             res["novel"] = check_novel(task, corpus_index)
             if res["novel"].passed:
                 res["novel"] = check_novel(task, batch)
             if res["novel"].passed:
                 batch.add(task)
-        first_failure = next((f"{n}: {r.reason}" for n in CHECKS for r in [res.get(n)] if r and not r.passed), "")
-        full = {name: res.get(name, fail(f"{NOT_RUN} ({first_failure})")) for name in CHECKS}
+        first_failure = next((f"{n}: {r.reason}" for n in names for r in [res.get(n)] if r and not r.passed), "")
+        full = {name: res.get(name, fail(f"{NOT_RUN} ({first_failure})")) for name in names}
         task.checks = {name: r.passed for name, r in full.items()}
         out.append(ValidationReport(task, full))
     return out

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from generator.adequacy import AdequacySettings
 from generator.agent import ProposalError
 from generator.build import BuildConfig
 from generator.formats import proposal_format
@@ -302,6 +303,7 @@ def generator_rollouts(
     redraws: int = 0,
     tie_signature: bool = True,
     instruction_weights: Callable[[list[str]], Sequence[float] | None] | None = None,
+    adequacy: AdequacySettings | None = None,
 ) -> list[ProposalRollout]:
     """One proposal per reference group; parsed, turned into tasks, validated in one sandbox batch. A proposal is
     longer than a solution (description, code and inputs): `max_new_tokens` overrides the agent's default (capped
@@ -312,7 +314,8 @@ def generator_rollouts(
     (`_sample_screened`). `tie_signature` (generator.tie_signature): under the free grammar, each answer is drawn in
     two stages whose second makes CODE define SIGNATURE's function (`_sample_tied`). `instruction_weights(names)`:
     the instructions' draw weights among those a prompt's references allow, for a format with
-    `weighted` (mutation: the mixer's `instruction_weights`; None: uniform)."""
+    `weighted` (mutation: the mixer's `instruction_weights`; None: uniform). `adequacy` (generator.adequacy_*): the
+    validity checks' optional `adequacy` check."""
     form = proposal_format(fmt)
     build_cfg = build_cfg or BuildConfig()
     instructions = [form.instruction(rng, refs, build_cfg, instruction_weights) for refs in references]
@@ -352,7 +355,7 @@ def generator_rollouts(
                 ro.rejection, ro.reasons = "edit", {"reason": task.reason}
         rollouts.append(ro)
     parsed = [ro for ro in rollouts if ro.task is not None]
-    for ro, report in zip(parsed, validate_many([ro.task for ro in parsed], sb, corpus_index)):
+    for ro, report in zip(parsed, validate_many([ro.task for ro in parsed], sb, corpus_index, adequacy=adequacy)):
         ro.task = report.task
         ro.valid = report.ok
         if not report.ok:

@@ -8,6 +8,7 @@ import random
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from generator.adequacy import AdequacySettings
 from generator.build import BuildConfig
 from generator.formats import proposal_format
 from generator.mutation import random_proposal
@@ -109,6 +110,7 @@ def sample_proposals(
         redraws=cfg.generator.redraws,
         tie_signature=cfg.generator.tie_signature,
         instruction_weights=instruction_weights,
+        adequacy=AdequacySettings.from_config(cfg.generator),
     )
 
 
@@ -138,6 +140,7 @@ def propose(
         corpus_index=corpus,
         build_cfg=BuildConfig.from_config(cfg.tasks),
         instruction_weights=mixer.instruction_weights,
+        adequacy=AdequacySettings.from_config(cfg.generator),
     )
 
 
@@ -150,6 +153,7 @@ def random_edit_rollouts(
     corpus_index=None,
     build_cfg=None,
     instruction_weights=None,
+    adequacy: AdequacySettings | None = None,
 ) -> list[ProposalRollout]:
     """generator.source=random_edits: one proposal per reference group, a random edit of its references
     (`generator.mutation.random_proposal`, with the mixer's instruction weights) in place of the generator's answer,
@@ -167,7 +171,7 @@ def random_edit_rollouts(
             ro.rejection, ro.reasons = "edit", {"reason": task.reason}
         rollouts.append(ro)
     made = [ro for ro in rollouts if ro.task is not None]
-    for ro, report in zip(made, validate_many([ro.task for ro in made], sb, corpus_index)):
+    for ro, report in zip(made, validate_many([ro.task for ro in made], sb, corpus_index, adequacy=adequacy)):
         ro.task, ro.valid = report.task, report.ok
         if not report.ok:
             ro.rejection, ro.reasons = report.rejection, {"reason": report.reason}
