@@ -4,7 +4,8 @@ token ids, sample answers, run a PPO update, save and load.
 
 Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
     policy in HF `save_pretrained` format (loadable alone by `selfplay eval` or any HF code), `value_head.pt`,
-    tokenizer files, `reference/` (the frozen KL anchor), `trainer.pt` (PPO counters, KL controller, RNG),
+    tokenizer files, `reference/` (the frozen KL anchor; written once: a later checkpoint holds `reference.json`
+    naming it, selfplay/runtime/checkpoint.py), `trainer.pt` (PPO counters, KL controller, RNG),
     and either `optimizer.pt` (plain torch) or `deepspeed/` (a DeepSpeed checkpoint, engine + optimiser shards).
 """
 
@@ -28,6 +29,7 @@ from selfplay.models.factory import (
 from selfplay.rl.ppo import PPOTrainer, is_deepspeed_engine, policy_of
 from selfplay.rollout.engine import HFEngine
 from selfplay.rollout.engines import Answer, RolloutEngine, Sampling
+from selfplay.runtime.checkpoint import REFERENCE_DIR, reference_folder, write_reference_pointer
 
 
 class LMAgent:
@@ -53,6 +55,9 @@ class LMAgent:
         self.close_reserve = 0  # tokens of the budget kept to close a cut-off answer under its grammar (constrain)
         self.closer = None
         self.sampled_tokens = 0  # every answer token this agent has sampled (redrawn and struck answers included)
+        # where a checkpoint of the run holds the frozen reference ("step_0/solver/reference", relative to its
+        # checkpoints folder): later saves point there (`save_reference`); set when saved or loaded
+        self.reference_home: str | None = None
 
     def constrain(self, fmt: str, close_reserve: int = 0) -> None:
         """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
@@ -225,15 +230,27 @@ class LMAgent:
             with deepspeed.zero.GatheredParameters(list(self.module.parameters())):
                 if write_hf:  # (a reference that is the policy's base, AdapterOff, is partitioned with it)
                     self.module.save_pretrained(folder)
-                    self.reference.save_pretrained(folder / "reference")
+                    self.save_reference(folder)
         elif write_hf:
             self.module.save_pretrained(folder)
-            self.reference.save_pretrained(folder / "reference")
+            self.save_reference(folder)
         if write_hf:  # rank 0 only
             self.tokenizer.save_pretrained(folder)
             torch.save(self.trainer.state_dict(), folder / "trainer.pt")
             if not is_deepspeed_engine(self.model):
                 torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
+
+    def save_reference(self, folder: Path) -> None:
+        """The frozen reference into agent folder `folder` (checkpoints/step_N[.partial]/<name>): a pointer to where
+        an earlier checkpoint of the run holds it (`reference_home`), else its bytes, once. A LoRA policy keeps its
+        own copy (its adapter's base may be that reference: selfplay/models/factory.py `load_lora`)."""
+        root, step = folder.parent.parent, folder.parent.name.removesuffix(".partial")
+        home = self.reference_home
+        if home and not home.startswith(f"{step}/") and (root / home).is_dir() and not is_lora(self.module.policy):
+            write_reference_pointer(folder, home)
+            return
+        self.reference.save_pretrained(folder / REFERENCE_DIR)
+        self.reference_home = f"{step}/{folder.name}/{REFERENCE_DIR}"
 
     def checksum(self) -> str:
         """sha256 of the weights (a collective under ZeRO-3, which gathers the partitions: call on every rank)."""
@@ -246,11 +263,19 @@ class LMAgent:
         optimiser (e.g. the single-process warm start, then a DeepSpeed run) keeps the weights and starts the
         optimiser afresh."""
         if is_deepspeed_engine(self.model):
-            if (folder / "deepspeed").is_dir():
+            # ZeRO shards its optimiser states per rank: shards of another world size keep the weights (read from the
+            # HF copy) and start the optimiser afresh (checkpointing.restore says so, naming what was reset)
+            if (folder / "deepspeed").is_dir() and zero_shards(folder) in (0, self.model.world_size):
                 self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
         elif (folder / "optimizer.pt").exists() and not fresh_lora(folder):  # a fresh adapter: a fresh optimiser
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
+
+
+def zero_shards(folder: Path) -> int:
+    """The number of ranks whose ZeRO optimiser shards agent folder `folder`'s DeepSpeed checkpoint holds (0: none,
+    or no DeepSpeed checkpoint)."""
+    return len(list((folder / "deepspeed" / "agent").glob("*_optim_states.pt")))
 
 
 def agent_ppo_config(cfg, name: str):
@@ -282,5 +307,5 @@ def load_agent_parts(folder: Path, dtype: str = "float32", value_model: str | No
     model = ActorCritic.from_pretrained(folder, value_model, trainable_lora=True, dtype=torch_dtype(dtype))
     if is_lora(model.policy) and model.lora_base == "reference":  # the adapter's base is the reference: no copy
         return model, AdapterOff(model.policy), tokenizer
-    reference = frozen_copy(AutoModelForCausalLM.from_pretrained(folder / "reference", dtype=torch_dtype(dtype)))
+    reference = frozen_copy(AutoModelForCausalLM.from_pretrained(reference_folder(folder), dtype=torch_dtype(dtype)))
     return model, reference, tokenizer

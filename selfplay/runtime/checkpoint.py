@@ -7,7 +7,12 @@ The order of a save (docs/architecture.md, run folder):
 2. `step_N.partial/` is renamed to `step_N/` (atomic on one filesystem);
 3. `latest` is rewritten through a temporary file and `os.replace` (atomic), naming `step_N`;
 4. only then are checkpoints beyond `keep_last` removed (never the one `latest` names, nor step_0: the warm start,
-   which `selfplay eval` compares a finished run with).
+   which `selfplay eval` compares a finished run with, nor a checkpoint that holds a frozen reference another one
+   points to).
+
+A frozen KL reference never changes, so it is written once, with the first checkpoint that holds it (step_0 for a
+warm-started run): a later checkpoint's agent folder holds `reference.json` instead of `reference/`, naming the
+folder, relative to `checkpoints/`, where its bytes lie (`reference_folder` follows it).
 
 On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders from a killed save are removed.
 """
@@ -31,6 +36,42 @@ from selfplay.runtime.paths import RunPaths
 
 STATE_FILE = "state.json"
 LATEST = "latest"
+REFERENCE_DIR = "reference"  # an agent folder's own frozen reference
+REFERENCE_POINTER = "reference.json"  # or, instead, {"path": "step_0/solver/reference"} relative to checkpoints/
+
+
+def reference_folder(agent_folder: Path) -> Path:
+    """The folder holding the frozen reference of the agent saved in `agent_folder` (checkpoints/step_N/<name>):
+    its own `reference/`, or the one its `reference.json` names. Raises FileNotFoundError naming a pointer whose
+    target is gone."""
+    own = agent_folder / REFERENCE_DIR
+    pointer = agent_folder / REFERENCE_POINTER
+    if own.is_dir() or not pointer.exists():
+        return own
+    target = agent_folder.parent.parent / json.loads(pointer.read_text())["path"]
+    if not target.is_dir():
+        raise FileNotFoundError(
+            f"{pointer} names the frozen reference {target}, which is missing (a checkpoint copied without "
+            f"the one holding its reference: copy that one too)"
+        )
+    return target
+
+
+def reference_home(agent_folder: Path) -> str | None:
+    """Where the reference of `agent_folder` lies, relative to its checkpoints root ("step_0/solver/reference"),
+    for a later checkpoint's pointer; None for a folder outside a checkpoints root or without a reference."""
+    folder = reference_folder(agent_folder)
+    root = agent_folder.parent.parent
+    try:
+        relative = folder.resolve().relative_to(root.resolve())
+    except ValueError:
+        return None
+    return relative.as_posix() if folder.is_dir() and relative.parts[0].startswith("step_") else None
+
+
+def write_reference_pointer(agent_folder: Path, home: str) -> None:
+    """`reference.json` in `agent_folder`: its frozen reference is `checkpoints/<home>`."""
+    write_json_atomic(agent_folder / REFERENCE_POINTER, {"path": home})
 
 
 def _fsync_dir(path: Path) -> None:
@@ -129,9 +170,14 @@ class CheckpointManager:
 
     def _prune(self, keep: str) -> None:
         steps = [s for s in self.steps() if s != 0]  # step_0, the warm start, stays: a run's "before" to evaluate
-        for s in steps[: max(0, len(steps) - self.keep_last)]:
-            if f"step_{s}" != keep:
-                shutil.rmtree(self.root / f"step_{s}", ignore_errors=True)
+        doomed = [f"step_{s}" for s in steps[: max(0, len(steps) - self.keep_last)] if f"step_{s}" != keep]
+        kept = [self.root / f"step_{s}" for s in self.steps() if f"step_{s}" not in doomed]
+        pointed = {  # a checkpoint holding a reference that a kept one points to stays
+            json.loads(p.read_text())["path"].split("/")[0] for k in kept for p in k.glob(f"*/{REFERENCE_POINTER}")
+        }
+        for name in doomed:
+            if name not in pointed:
+                shutil.rmtree(self.root / name, ignore_errors=True)
 
 
 # ---- the code a run ran -----------------------------------------------------------------------------------------

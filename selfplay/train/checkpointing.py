@@ -16,12 +16,21 @@ import torch
 
 from generator.schema import Task
 from selfplay.data.corpus import Corpus, CorpusError, check_heldout
+from selfplay.models.agent import zero_shards
 from selfplay.runtime import distributed as D
-from selfplay.runtime.checkpoint import STATE_FILE, code_versions, rng_state, set_rng_state, write_json_atomic
+from selfplay.runtime import seeds
+from selfplay.runtime.checkpoint import (
+    STATE_FILE,
+    code_versions,
+    reference_home,
+    rng_state,
+    set_rng_state,
+    write_json_atomic,
+)
 from selfplay.runtime.config import to_dict
 from selfplay.train.evaluation import evaluate
 from selfplay.train.history import COMPUTE
-from selfplay.train.setup import load_agent, progress, reserve_heldout, wait_for_checkpoint
+from selfplay.train.setup import load_agent, progress, reserve_heldout, seed_global_generators, wait_for_checkpoint
 from selfplay.train.warmstart import level_counts, warm_start
 
 
@@ -68,7 +77,8 @@ def first_checkpoint(run) -> None:
 def evaluate_warm_start(run, folder: Path) -> None:
     """Evaluate the warm start as checkpoint step_0 (`folder`) loaded it, with the configured rollout engine
     (the warm start itself trains and samples with Hugging Face generation, which is slow for a pretrained model),
-    and add the results to step_0's state (`eval_before`, and `evals` as every checkpoint keeps them). A run stopped before this resumes by measuring it."""
+    and add the results to step_0's state (`eval_before`, and `evals` as every checkpoint keeps them). A run stopped
+    before this resumes by measuring it."""
     heldout = evaluate(run, 0)
     if run.main:
         state = run.ckpt.load_state(folder)
@@ -120,7 +130,10 @@ def loop_state(run, rngs: list) -> dict:
 def restore(run, folder: Path) -> None:
     """Both agents and the loop's state from checkpoint `folder`."""
     state = run.ckpt.load_state(folder)
+    resized(run, folder, int(state.get("world_size", 1)))
     run.solver, run.generator = (load_agent(run.cfg, run.info, folder, name) for name in ("solver", "generator"))
+    for agent in (run.solver, run.generator):  # later checkpoints point to the reference this one holds or names
+        agent.reference_home = reference_home(folder / agent.name)
     run.step = int(state["step"])
     if "mixer" in state:
         run.mixer.load_state_dict(state["mixer"])
@@ -129,7 +142,11 @@ def restore(run, folder: Path) -> None:
         run.replay.buffer.load_state_dict(state["replay"])
     if "rng" in state:
         rngs = state["rng"]
-        set_rng_state(rngs[str(run.rank)] if str(run.rank) in rngs else rngs["0"])
+        if str(run.rank) in rngs:
+            set_rng_state(rngs[str(run.rank)])
+        else:  # a rank the saving run did not have (resumed on more ranks): streams of its own, from the seed
+            seed_global_generators(seeds.derive(run.cfg.run.seed, "resized", run.step), run.rank)
+            torch.manual_seed(seeds.derive(run.cfg.run.seed, "resized-torch", run.step, run.rank))
         run.rng.setstate(_tuple_state(state["loop_rng"]))
     run.history = state.get("history", [])
     run.compute = {key: int(state.get("compute", {}).get(key, 0)) for key in COMPUTE}  # 0: saved before counted
@@ -146,6 +163,25 @@ def restore(run, folder: Path) -> None:
             f"iterations lost when the run was killed); they stay, so this resume is not exact"
         )
     run.log(f"loaded {folder} (step {run.step}; {len(run.corpus)} tasks in the corpus)")
+
+
+def resized(run, folder: Path, saved_world: int) -> None:
+    """A checkpoint written by `saved_world` ranks, resumed on another number: say so, and under DeepSpeed name what
+    starts afresh. The weights are whole in every checkpoint (the HF copy; DDP's optimiser.pt is whole too, so a DDP
+    run loses nothing); ZeRO's optimiser shards are cut per rank, so they are not loaded on another world size: the
+    optimiser (Adam moments, fp32 master weights, step count) restarts from the saved weights (LMAgent
+    .load_training_state); the PPO trainer's counters, KL controller and RNG are kept."""
+    if saved_world == run.world:
+        return
+    run.log(f"{folder.name} was written by {saved_world} rank(s); resuming on {run.world}")
+    reset = [name for name in ("solver", "generator") if zero_shards(folder / name) not in (0, run.world)]
+    if run.cfg.distributed.deepspeed and reset:
+        run.log(
+            f"warning: the ZeRO optimiser states of the {' and '.join(reset)} in {folder.name} are sharded over "
+            f"{saved_world} ranks and cannot be loaded on {run.world}: their optimiser (Adam moments, fp32 master "
+            "weights, step count) starts afresh from the saved weights; the trainer's counters, KL controller and "
+            "RNG are kept"
+        )
 
 
 def flush_corpus(

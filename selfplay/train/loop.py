@@ -37,7 +37,11 @@ held-out evaluation leaves the RNGs as it found them, so the evaluation at the e
 continued run's draws. A run killed between checkpoints leaves the corpus rows of its lost iterations (the corpus is
 append-only); resuming it is then not exact, and says so. `train.steps` is the total, so raising it continues a
 finished run. A stop request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does
-on preemption) finishes the current iteration, writes a checkpoint and exits 0.
+on preemption) is answered at the next stage boundary of the iteration (`STAGES`): before the PPO update, the
+iteration's unfinished work is abandoned and the last completed step is checkpointed as it stood (its RNGs, mixer,
+task source and replay as they were when the iteration began, so the resumed run repeats the iteration and matches
+an uninterrupted one); after the update, the rest of the iteration (corpus, mixer, logs) is cheap and is finished,
+then the step is checkpointed without its periodic evaluation (run on the resume). Then the run exits 0.
 """
 
 from __future__ import annotations
@@ -62,7 +66,7 @@ from selfplay.rollout.engine import engine_metrics
 from selfplay.rollout.episodes import ProposalRollout, SolverRollout, prompt_options, solve_rates, solver_rollouts
 from selfplay.runtime import distributed as D
 from selfplay.runtime import seeds
-from selfplay.runtime.checkpoint import CheckpointManager, code_versions
+from selfplay.runtime.checkpoint import CheckpointManager, code_versions, rng_state, set_rng_state
 from selfplay.runtime.paths import RunPaths
 from selfplay.runtime.tb import TBLogger
 from selfplay.train.checkpointing import flush_corpus, restore, save, start
@@ -85,6 +89,10 @@ from selfplay.train.setup import (
 from selfplay.train.solver_replay import SolverReplay
 from selfplay.train.sources import Draw, make_source
 from solver.rewards import overlong_penalties
+
+# the stage boundaries where a stop request is answered: at the first three the iteration is abandoned (nothing it
+# did is kept), at the last it is finished (the update is done; what is left is bookkeeping)
+STAGES = ("the iteration's start", "the proposals", "the solver batch", "the solver rollouts", "the PPO update")
 
 
 class SelfPlay:
@@ -178,9 +186,18 @@ class SelfPlay:
         bar = progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
         stopped, first = False, True
         while self.step < t.steps:
+            if self.stop.now(STAGES[0]):  # e.g. a request that came during the last step's evaluation
+                stopped = True
+                self._save_stopped()
+                break
             self.step += 1
             t0 = time.perf_counter()
             metrics = self.iteration()
+            if metrics is None:  # a stop abandoned it: the last completed step is checkpointed
+                self.step -= 1
+                stopped = True
+                self._save_stopped()
+                break
             if first and self.main and self.step < t.steps:  # what the rest will take, once one iteration is known
                 self.log(run_estimate(time.perf_counter() - t0, t.steps - self.step, t.eval_every))
             first = False
@@ -193,10 +210,10 @@ class SelfPlay:
                 )
             # a stop is answered before the step's periodic evaluation, so that its checkpoint is written within the
             # signal's grace period; the evaluation it skipped runs when the run resumes (evaluation.evaluate_missed)
-            stopped = self.stop.now()
+            stopped = self.stop.now(STAGES[-1])
             self._evaluate_and_save(stopped)
             if stopped:
-                self.log(f"stop requested: checkpoint step_{self.step} written, exiting")
+                self._log_stopped()
                 break
         if bar:
             bar.close()
@@ -216,19 +233,67 @@ class SelfPlay:
         if stopped or last or step % t.checkpoint_every == 0:
             save(self, step)
 
+    def _save_stopped(self) -> None:
+        """A stop before an iteration's update: checkpoint the last completed step, unless it is the latest one."""
+        latest = self.ckpt.latest_checkpoint() if self.main else None
+        if D.broadcast_object(latest is not None and latest.name == f"step_{self.step}"):
+            self.log(f"stop requested: step_{self.step} is already checkpointed")
+        else:
+            save(self, self.step)
+        self._log_stopped()
+
+    def _log_stopped(self) -> None:
+        self.log(
+            f"stop requested: checkpoint step_{self.step} written {self.stop.waited_s():.1f} s after the request "
+            f"(answered after {self.stop.answered}), exiting"
+        )
+
     # ---- one iteration ------------------------------------------------------------------------------------
-    def iteration(self) -> dict:
-        """One iteration, its stages in the order of the module's docstring; returns its scalars."""
+    def _snapshot(self) -> dict:
+        """What an iteration changes before its update, as it was when it began (see `_abandon`): the RNGs, the
+        mixer and task source (their draws), the queued corpus writes. The replay buffer changes in the update."""
+        return {
+            "rng": rng_state(),
+            "loop_rng": self.rng.getstate(),
+            "mixer": json.loads(json.dumps(self.mixer.state_dict())),
+            "source": json.loads(json.dumps(self.source.state_dict())),
+            "pending": (list(self.pending_tasks), list(self.pending_difficulty)),
+        }
+
+    def _abandon(self, snapshot: dict, stage: str) -> bool:
+        """At a stage boundary before the update: whether a stop was requested; if so, the loop's state is put back
+        as `snapshot` holds it (the weights, optimisers and corpus are untouched until the update), so that the
+        checkpoint written is the last completed step's, and a resumed run repeats this iteration from its start."""
+        if not self.stop.now(stage):
+            return False
+        set_rng_state(snapshot["rng"])
+        self.rng.setstate(snapshot["loop_rng"])
+        self.mixer.load_state_dict(snapshot["mixer"])
+        self.source.load_state_dict(snapshot["source"])
+        self.pending_tasks, self.pending_difficulty = (list(x) for x in snapshot["pending"])
+        self.log(f"stop requested after {stage} of step {self.step}: the iteration is abandoned")
+        return True
+
+    def iteration(self) -> dict | None:
+        """One iteration, its stages in the order of the module's docstring; returns its scalars, or None when a
+        stop request abandoned it before its update (`_abandon`)."""
         step, timing = self.step, Counter()
+        snapshot = self._snapshot()
         sandbox0, generator_tokens0 = self.sb.stats(), self._generator_tokens()
         if torch.cuda.is_available():
             torch.cuda.reset_peak_memory_stats()  # perf/gpu_peak_mem_gb is this iteration's peak
         # 1. generator proposals: this rank's, and what every rank learns of everyone's
         mine, groups, shared = self._propose(step, timing)
+        if self._abandon(snapshot, STAGES[1]):
+            return None
         valid = [Task.from_dict(x.task) for part in shared for x in part if x.task is not None]
         # 2. solver batch, drawn by the task source; 3. rollouts, graded
         plan = self._solver_batch(valid, timing)
+        if self._abandon(snapshot, STAGES[2]):
+            return None
         rollouts, train, rates = self._attempt(plan, timing)
+        if self._abandon(snapshot, STAGES[3]):
+            return None
         # 4. rewards of every proposal; this rank's for its generator update
         proposals = reward_proposals(
             [x for part in shared for x in part], valid, rates, self.mixer.repetition_weight, self.cfg.generator.reward

@@ -1,6 +1,6 @@
 """What a training run settles around its iterations: the config checks, the process's global seeds, a run folder
 every rank sees, the sandbox, the held-out reservation before a warm start, each agent as a checkpoint holds it,
-and the stop request the loop answers after an iteration.
+and the stop request the loop answers at each stage boundary of an iteration.
 
 None of them draws from the run's named RNG streams, so they leave an exact resume as they found it.
 """
@@ -194,12 +194,16 @@ def load_agent(cfg, info: D.DistInfo, folder: Path, name: str) -> LMAgent:
 
 
 class StopRequest:
-    """A request to stop after the current iteration: SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE
-    (slurm/selfplay.sh writes it on preemption). Every rank answers rank 0's view of it, or its own signal."""
+    """A request to stop: SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE (slurm/selfplay.sh writes it on
+    preemption). The loop asks at each stage boundary of an iteration (`now`, with the stage's name); a request
+    any rank received stops every rank. `since` is when the request was made (the signal's arrival, or
+    the stop file's modification time), so that the loop can say how long it took to answer."""
 
     def __init__(self, main: bool, log: Callable[[str], None]):
         self.main, self.log = main, log
         self.requested = False
+        self.since: float | None = None  # wall-clock time of the request (time.time())
+        self.answered: str | None = None  # the stage boundary where the loop first saw it
 
     def install(self) -> None:
         """Answer SIGUSR1 and SIGTERM by requesting a stop (where signals can be handled: the main thread)."""
@@ -210,14 +214,30 @@ class StopRequest:
                 pass
 
     def _on_signal(self, signum, _frame) -> None:
-        self.requested = True
+        if not self.requested:
+            self.requested, self.since = True, time.time()
         self.log(
-            f"signal {signal.Signals(signum).name}: will checkpoint and stop after this iteration (its "
-            "periodic evaluation is left for the resume)"
+            f"signal {signal.Signals(signum).name}: will checkpoint the last completed step at the next stage "
+            "boundary and stop (a periodic evaluation due is left for the resume)"
         )
 
-    def now(self) -> bool:
-        """Whether to stop now (a collective: every rank asks at the same point)."""
+    def now(self, stage: str = "") -> bool:
+        """Whether to stop now: a collective (every rank asks at the same point, `stage` names it), true on every
+        rank when any rank was asked (a signal reaches the ranks at slightly different moments: they must agree)."""
         stop_file = os.environ.get("SELFPLAY_STOP_FILE")
-        local = self.requested or bool(stop_file and Path(stop_file).exists())
-        return bool(D.broadcast_object(local if self.main else None)) or local
+        if not self.requested and stop_file:
+            try:
+                self.since = Path(stop_file).stat().st_mtime
+                self.requested = True
+            except OSError:
+                pass
+        asked = [since for requested, since in D.gather_objects((self.requested, self.since)) if requested]
+        if asked and not self.requested:
+            self.requested, self.since = True, min((s for s in asked if s is not None), default=None)
+        if self.requested and self.answered is None:
+            self.answered = stage or "an iteration"
+        return self.requested
+
+    def waited_s(self) -> float:
+        """Seconds since the request was made (0 without one)."""
+        return max(0.0, time.time() - self.since) if self.since is not None else 0.0
