@@ -6,7 +6,10 @@
 
 `tasks_from_proposal` builds them from an accepted proposal; `task_prompt` writes what the solver sees;
 `parse_output`, `parse_input` and `extract_code` (solver/parse.py) read its answer; `verify` / `verify_many` grade
-answers with a reward in [0, 1] and a short status. Parsers and verifiers never raise on a model's text.
+answers with a reward in [0, 1], a short status and, where one applies, the reward's penalty kind (`Verdict.flag`,
+solver/rewards.py). An induction answer that imports or calls something refused (generator.code_io's
+`check_program_safe`) is graded 0 without running. Parsers and verifiers never raise on a model's text.
+solver/kinds.py asks these three kinds about any task with a reference program and tests.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from generator.code_io import (
     MAX_VALUE_CHARS,
     AcceptedProposal,
     call_many,
+    check_program_safe,
     format_args,
     parse_args,
     parse_value,
@@ -60,6 +64,8 @@ class Verdict:
     reward: float  # in [0, 1]
     status: str  # one of STATUSES
     detail: str = ""  # one line: what was compared or what went wrong
+    # the answer's penalty kind (solver.rewards.PENALTY_KINDS: syntax_error, banned_api, timeout, empty_answer) or ''
+    flag: str = ""
 
 
 # ============================================================================================ tasks
@@ -233,7 +239,7 @@ def verify_deduction(task: CodeIOTask, answer: str) -> Verdict:
     not 1; a float within a relative 1e-6), else 0."""
     parsed = parse_output(answer)
     if not parsed.ok:
-        return Verdict(0.0, "no_answer", parsed.reason)
+        return Verdict(0.0, "no_answer", parsed.reason, _no_answer_flag(answer))
     ((_, expected),) = task.pairs
     if sandbox.outputs_equal(parsed.value, expected):
         return Verdict(1.0, "correct")
@@ -261,14 +267,18 @@ def verify_many(
         elif task.kind == "abduction":
             parsed = parse_input(answer)
             if not parsed.ok:
-                verdicts[i] = Verdict(0.0, "no_answer", parsed.reason)
+                verdicts[i] = Verdict(0.0, "no_answer", parsed.reason, _no_answer_flag(answer))
             else:
                 jobs.append((task.program, (parsed.value,)))
                 where.append(i)
         elif task.kind == "induction":
             parsed = extract_code(answer if isinstance(answer, str) else "", entry_point=ENTRY_POINT)
+            refused = _refused(parsed.code) if parsed.ok else ""
             if not parsed.ok:
-                verdicts[i] = Verdict(0.0, "no_answer", parsed.reason)
+                flag = "syntax_error" if parsed.status == "syntax_error" else _no_answer_flag(answer)
+                verdicts[i] = Verdict(0.0, "no_answer", parsed.reason, flag)
+            elif refused:
+                verdicts[i] = Verdict(0.0, "error", f"refused: {refused}", "banned_api")
             else:
                 jobs.append((parsed.code, tuple(args for args, _ in task.pairs)))
                 where.append(i)
@@ -290,13 +300,31 @@ def verify(
     return verify_many([task], [answer], sb, timeout_s=timeout_s, partial_credit=partial_credit)[0]
 
 
+def _no_answer_flag(answer) -> str:
+    """The penalty kind of an answer with nothing to grade: empty_answer for no text, else none."""
+    return "empty_answer" if not isinstance(answer, str) or not answer.strip() else ""
+
+
+def _refused(code: str) -> str:
+    """Why an induction answer's program is not run (a refused import or call), or ''."""
+    try:
+        return check_program_safe(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return "does not parse"
+
+
+def _flag(outcomes) -> str:
+    """timeout when a run ran out of time, else ''."""
+    return "timeout" if any(o.status == "timeout" for o in outcomes) else ""
+
+
 def _graded(task: CodeIOTask, outcomes, partial_credit: bool) -> Verdict:
     """Compare the sandbox outcomes with the task's outputs."""
     if task.kind == "abduction":
         ((_, expected),) = task.pairs
         o = outcomes[0]
         if o.status != "ok":
-            return Verdict(0.0, "error", o.reason)
+            return Verdict(0.0, "error", o.reason, _flag(outcomes))
         if sandbox.outputs_equal(o.value, expected):
             return Verdict(1.0, "correct")
         return Verdict(0.0, "wrong", f"f returns {repr(o.value)[:60]} on that input")
@@ -309,4 +337,4 @@ def _graded(task: CodeIOTask, outcomes, partial_credit: bool) -> Verdict:
     failed = next(o for o, r in zip(outcomes, right) if not r)
     status = "error" if failed.status != "ok" else "wrong"
     detail = f"{n}/{total} held-back inputs" + (f"; {failed.reason}" if failed.reason else "")
-    return Verdict(n / total if partial_credit else 0.0, status, detail)
+    return Verdict(n / total if partial_credit else 0.0, status, detail, _flag(outcomes))

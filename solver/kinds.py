@@ -1,0 +1,179 @@
+"""Solver task kinds: the ways of asking the solver about a task that has a reference program and tests.
+
+    program     the description (and visible examples) -> the function      today's episode (solver/episode.py)
+    deduction   the program + one input                 -> its output        graded by typed comparison
+    abduction   the program + one output                -> an input for it   graded by running the program on it
+    induction   the visible pairs + the description     -> the function      graded on the hidden tests' inputs
+
+The last three are solver/code_io.py's kinds, asked about any `generator.schema.Task` (procedural or
+generator-made): `code_io_tasks` turns tasks into code_io's `CodeIOTask`s, and `KindEpisode` is their one-turn
+episode, graded by code_io's verifiers in the sandbox and rewarded by the run's reward config (solver/rewards.py).
+
+The conversion: the reference's entry point is renamed to code_io's `f` (by token, so its text is kept; a name `f`
+it already uses is renamed first), and the renamed program is run on every test's input in the sandbox, which
+gives each output with its Python type (a tuple stays a tuple: a JSON test output would read as a list). A pair is
+kept only where that output, seen as JSON, equals the test's stored output. Deduction and abduction ask about one
+kept pair, chosen by a hash of the task's id and the kind (the same for every sample and every rank); induction
+shows the kept visible pairs with the description (one line, cut to code_io's message length) and grades on the
+kept hidden ones. A task that cannot be asked in a kind (no pair kept, no visible or no hidden pair for induction,
+no entry point to rename) gives None: the caller asks it as a program task instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tokenize
+from collections.abc import Sequence
+
+import sandbox
+from generator.code_io import ENTRY_POINT, MAX_MESSAGE_CHARS, AcceptedProposal, call_many
+from generator.code_io import KINDS as CODE_IO_KINDS
+from generator.schema import Task
+from solver.code_io import CodeIOTask, abduction_tasks, deduction_tasks, induction_task, task_prompt, verify
+from solver.episode import EpisodeResult
+from solver.rewards import PENALTY_KINDS, RewardConfig, RewardInputs, reward_terms, total_reward
+
+PROGRAM = "program"
+KINDS = (PROGRAM, *CODE_IO_KINDS)  # program, deduction, abduction, induction
+MAX_KEPT_ANSWER_CHARS = 2000  # of an answer's text kept as the episode's `code` (for logs)
+
+
+# ======================================================================================== conversion
+def _names(program: str) -> list[tokenize.TokenInfo] | None:
+    try:
+        return [t for t in tokenize.generate_tokens(io.StringIO(program).readline) if t.type == tokenize.NAME]
+    except (tokenize.TokenError, SyntaxError, IndentationError):
+        return None
+
+
+def _replace(program: str, tokens: Sequence[tokenize.TokenInfo], new: str) -> str:
+    """`program` with each of `tokens` (one-line NAME tokens) replaced by `new`."""
+    lines = program.splitlines(keepends=True)
+    for tok in sorted(tokens, key=lambda t: t.start, reverse=True):
+        (row, start), (_, end) = tok.start, tok.end
+        lines[row - 1] = lines[row - 1][:start] + new + lines[row - 1][end:]
+    return "".join(lines)
+
+
+def rename_entry(program: str, entry_point: str) -> str | None:
+    """`program` with its function `entry_point` called `f` (code_io's ENTRY_POINT) wherever the name stands, the
+    text otherwise unchanged; a name `f` the program already uses is renamed first (to `f_0`, or the first free
+    `f_<n>`). None when the program does not tokenize or never names `entry_point`."""
+    if entry_point == ENTRY_POINT:
+        return program if _names(program) is not None else None
+    names = _names(program)
+    if names is None or not any(t.string == entry_point for t in names):
+        return None
+    used = {t.string for t in names}
+    if ENTRY_POINT in used:
+        free = next(f"{ENTRY_POINT}_{i}" for i in range(len(used) + 1) if f"{ENTRY_POINT}_{i}" not in used)
+        program = _replace(program, [t for t in names if t.string == ENTRY_POINT], free)
+        names = _names(program) or []
+    return _replace(program, [t for t in names if t.string == entry_point], ENTRY_POINT)
+
+
+def _message(description: str) -> str:
+    """The description on one line, cut to code_io's message length."""
+    text = " ".join(description.split())
+    return text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 3].rstrip() + "..."
+
+
+def _pick(task_id: str, kind: str, n: int) -> int:
+    """A pair index in range(n), a function of the task's id and the kind only."""
+    return int.from_bytes(hashlib.sha256(f"{task_id}:{kind}".encode()).digest()[:8], "big") % n
+
+
+def _agrees(outcome, stored) -> bool:
+    """The typed output equals the test's stored (JSON) output."""
+    if outcome.status != "ok":
+        return False
+    try:
+        return sandbox.outputs_equal(sandbox.normalize(outcome.value), stored)
+    except sandbox.SandboxError:  # a set: no JSON test output can stand for it
+        return False
+
+
+def code_io_tasks(
+    tasks: Sequence[Task], kinds: Sequence[str], sb, *, timeout_s: float | None = None
+) -> list[CodeIOTask | None]:
+    """For each task and the kind it is asked in: its code_io task, or None for the program kind and for a task that
+    cannot be asked in its kind (see the module docstring). The references run in one sandbox batch (cached)."""
+    if len(tasks) != len(kinds):
+        raise ValueError(f"{len(kinds)} kinds for {len(tasks)} tasks")
+    unknown = sorted(set(kinds) - set(KINDS))
+    if unknown:
+        raise ValueError(f"unknown task kind(s) {unknown}; use {', '.join(KINDS)}")
+    jobs, where = [], []
+    for i, (task, kind) in enumerate(zip(tasks, kinds)):
+        program = rename_entry(task.reference_solution, task.entry_point) if kind != PROGRAM else None
+        if program is not None and task.outputs_computed and task.tests:
+            jobs.append((program, [tuple(t["input"]) for t in task.tests]))
+            where.append(i)
+    out: list[CodeIOTask | None] = [None] * len(tasks)
+    for i, (program, inputs), outcomes in zip(where, jobs, call_many(sb, jobs, timeout_s=timeout_s)):
+        task, kind = tasks[i], kinds[i]
+        kept = [
+            (args, o.value, n < len(task.visible_tests))
+            for n, (args, o, test) in enumerate(zip(inputs, outcomes, task.tests))
+            if _agrees(o, test["output"])
+        ]
+        if kind == "induction":
+            kept.sort(key=lambda x: not x[2])  # visible first (a stable sort keeps each part's order)
+        proposal = AcceptedProposal(
+            program, tuple(a for a, _, _ in kept), tuple(v for _, v, _ in kept), _message(task.description)
+        )
+        if kind == "induction":
+            shown = sum(visible for _, _, visible in kept)
+            if 1 <= shown < len(kept):
+                out[i] = induction_task(proposal, n_shown=shown)
+        elif kept:
+            asked = deduction_tasks(proposal) if kind == "deduction" else abduction_tasks(proposal)
+            out[i] = asked[_pick(task.id, kind, len(asked))]
+    return out
+
+
+def kind_prompt(task: CodeIOTask) -> str:
+    """What the solver sees for a code_io task (code_io's prompt)."""
+    return task_prompt(task)
+
+
+# ========================================================================================== episodes
+class KindEpisode:
+    """One task asked in a code_io kind: one answer, graded when given. The interface of solver.episode.CodeEpisode
+    (`done`, `act`, `result`, `task`), so that the rollouts drive both alike. The reward is the run's reward config
+    over the terms a program episode has: the held-back inputs stand for the hidden tests (one for deduction and
+    abduction), and the verdict's penalty kind (an empty answer, a syntax error, a refused import, a timeout) for the
+    static check's."""
+
+    def __init__(self, task: Task, asked: CodeIOTask, sb, *, reward_cfg: RewardConfig | None = None):
+        self.task, self.asked, self.sb = task, asked, sb
+        self.kind = asked.kind
+        self.reward_cfg = reward_cfg or RewardConfig()
+        self.result: EpisodeResult | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def act(self, answer: str) -> None:
+        """Grade the answer in the sandbox; the episode ends (no observation)."""
+        if self.done:
+            raise RuntimeError("episode already finished")
+        verdict = verify(self.asked, answer, self.sb, partial_credit=True)
+        total = len(self.asked.pairs)
+        passed = round(verdict.reward * total)
+        flags = {verdict.flag} & set(PENALTY_KINDS)
+        terms = reward_terms(RewardInputs(hidden_passed=passed, hidden_total=total, flags=flags))
+        terms["progress"] = 0.0
+        text = answer if isinstance(answer, str) else ""
+        self.result = EpisodeResult(
+            code=text[-MAX_KEPT_ANSWER_CHARS:],
+            actions=[self.kind],
+            reward=total_reward(terms, self.reward_cfg),
+            terms=terms,
+            hidden_passed=passed,
+            hidden_total=total,
+            status=verdict.status,
+        )
+        return None
