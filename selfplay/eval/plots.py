@@ -26,6 +26,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from selfplay.eval.evaluate import BREAKDOWNS  # noqa: E402
+from selfplay.eval.real_code import TITLES as REAL_CODE_TITLES  # noqa: E402
 
 BAR_KEYS = ("pass@1_greedy", "pass@1")  # bars per split; pass@k is added when present
 LABELS = {"pass@1_greedy": "greedy pass@1", "pass@1": "sampled pass@1"}  # legend names of result keys
@@ -146,6 +147,7 @@ def plot_eval(results: dict, path: str | Path) -> Path:
     heldout = {k: v for k, v in (results.get("heldout") or {}).items() if k not in BREAKDOWNS}
     validity = results.get("validity_over_time") or generator.get("validity") or {}
     others = {"generated\nsnapshot": generator.get("snapshot"), "HumanEval": results.get("humaneval")}
+    others.update({title: results.get(suite) for suite, title in REAL_CODE_TITLES.items()})  # real_code.py's suites
     panels = []  # (shown, draw(ax)) in reading order
     panels.append(
         (
@@ -198,11 +200,11 @@ def plot_eval(results: dict, path: str | Path) -> Path:
     )
     panels.append(
         (
-            "generator" in results or "humaneval" in results,
+            "generator" in results or "humaneval" in results or any(s in results for s in REAL_CODE_TITLES),
             lambda ax: bars_by_group(
                 ax,
                 {k: _as_group(v) for k, v in others.items() if v},
-                "generated snapshot, HumanEval",
+                ", ".join(k.replace("\n", " ") for k, v in others.items() if v) or "generated snapshot, HumanEval",
                 _last_panel_note(skipped),
             ),
         )
