@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from generator.descriptions import NOISE_KINDS, describe
 from generator.families import (
     FAMILIES,
+    FAMILY_STEPS,
     FAMILY_WEIGHTS,
     PipelineError,
     level_depths,
@@ -101,7 +102,14 @@ def sample_params(
         pair = tuple(sorted(rng.choice(cfg.splits.pairs))) if c["require_pair"] else None  # sorted: no hash order
         try:
             steps = sample_pipeline(
-                rng, kind, depth, forbid_pairs=c["forbid_pairs"], require_pair=pair, tries=20, literals=cfg.literals
+                rng,
+                kind,
+                depth,
+                forbid_pairs=c["forbid_pairs"],
+                require_pair=pair,
+                tries=20,
+                literals=cfg.literals,
+                steps=FAMILY_STEPS.get(family),
             )
         except PipelineError:
             continue

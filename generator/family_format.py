@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from generator.agent import ProposalError
 from generator.build import BuildConfig, materialise, pipeline_params
-from generator.families import FAMILIES, LEVELS, PipelineError, level_depths, sample_pipeline
+from generator.families import FAMILIES, FAMILY_STEPS, LEVELS, PipelineError, level_depths, sample_pipeline
 from generator.formats import ProposalFormat
 from generator.schema import Task
 from generator.splits import split_of
@@ -95,6 +95,7 @@ def compile_choice(
             rng.randint(*level_depths(choice.level, build_cfg.splits.train_max_depth)),
             forbid_pairs=build_cfg.splits.pairs,
             literals=build_cfg.literals,
+            steps=FAMILY_STEPS.get(choice.family),
         )
     except PipelineError as exc:
         return ChoiceError(str(exc))

@@ -16,6 +16,7 @@ Levels (the curriculum):
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from generator.families.steps import (
     KINDS,
@@ -40,11 +41,33 @@ FAMILY_WEIGHTS = {
     "string": 2,
     "record_pipeline": 2,
 }
+# family -> the step kinds its pipelines draw from (a family not named here draws every kind its input allows)
+FAMILY_STEPS: dict[str, tuple[str, ...]] = {}
 LEVELS = (1, 2, 3, 4)
 
 
 class PipelineError(ValueError):
     """No pipeline satisfies the requested constraints."""
+
+
+def register_family(name: str, kind: str, weight: float = 1.0, steps: Sequence[str] | None = None) -> None:
+    """A family drawn beside the others from now on: pipelines on the input `kind` (one the families already take),
+    drawn with weight `weight`, their steps of the kinds `steps` only (None: every kind the input allows). The three
+    tables it fills are `FAMILIES`, `FAMILY_WEIGHTS` and `FAMILY_STEPS`; a ValueError names a taken name, an unknown
+    input kind or step kind, or a weight <= 0."""
+    if name in FAMILIES:
+        raise ValueError(f"task family {name!r} is taken")
+    if kind not in FAMILIES.values():
+        raise ValueError(f"task family {name!r}: unknown input kind {kind!r} (one of {', '.join(FAMILIES.values())})")
+    unknown = sorted(set(steps or ()) - set(KINDS))
+    if unknown or (steps is not None and not steps):
+        raise ValueError(f"task family {name!r}: steps must be some of {', '.join(KINDS)}, got {list(steps or ())}")
+    if not weight > 0:
+        raise ValueError(f"task family {name!r}: weight must be > 0, got {weight}")
+    FAMILIES[name] = kind
+    FAMILY_WEIGHTS[name] = weight
+    if steps is not None:
+        FAMILY_STEPS[name] = tuple(steps)
 
 
 def level_depths(level: int, max_depth: int) -> tuple[int, int]:
@@ -65,11 +88,13 @@ def sample_pipeline(
     require_pair=None,
     tries: int = 200,
     literals: str = "narrow",
+    steps: Sequence[str] | None = None,
 ) -> list[dict]:
     """Steps of a `depth`-step pipeline on input `kind`.
 
     forbid_pairs: unordered pairs of step kinds that must not both appear; require_pair: one that must;
-    literals: the range the steps' constants come from (catalogue.LITERALS).
+    literals: the range the steps' constants come from (catalogue.LITERALS); steps: the step kinds it may draw
+    (None: all; a family's `FAMILY_STEPS`).
     """
     forbid = [frozenset(p) for p in forbid_pairs]
     for _ in range(tries):
@@ -80,18 +105,18 @@ def sample_pipeline(
             i, j = sorted(rng.sample(range(depth), 2))
             a, b = rng.sample(sorted(require_pair), 2)  # sorted: a set's order follows the hash seed
             forced = {i: a, j: b}
-        steps = _try_pipeline(rng, kind, depth, forced, literals)
-        if steps is None:
+        drawn = _try_pipeline(rng, kind, depth, forced, literals, steps)
+        if drawn is None:
             continue
-        present = set(kinds_of(steps))
+        present = set(kinds_of(drawn))
         if any(p <= present for p in forbid):
             continue
-        return steps
+        return drawn
     raise PipelineError(f"no {depth}-step pipeline for {kind} with pairs forbid={forbid_pairs} require={require_pair}")
 
 
 def _try_pipeline(
-    rng: random.Random, kind: str, depth: int, forced: dict[int, str], literals: str
+    rng: random.Random, kind: str, depth: int, forced: dict[int, str], literals: str, allowed: Sequence[str] | None
 ) -> list[dict] | None:
     etype = input_etype(kind)
     steps: list[dict] = []
@@ -101,6 +126,10 @@ def _try_pipeline(
         if steps:  # no immediate repeats and no no-op orderings
             prev = steps[-1]["kind"]
             options = [k for k in options if k != prev and not (prev == "sort" and k == "reverse")]
+        if allowed is not None:  # a family's own step kinds (FAMILY_STEPS)
+            options = [k for k in options if k in allowed]
+            if not options:
+                return None
         if i in forced:
             if forced[i] not in options:
                 return None
@@ -149,6 +178,7 @@ def render_signature(params: dict) -> str:
 
 __all__ = [
     "FAMILIES",
+    "FAMILY_STEPS",
     "FAMILY_WEIGHTS",
     "KINDS",
     "LEVELS",
@@ -156,6 +186,7 @@ __all__ = [
     "final_type",
     "kinds_of",
     "level_depths",
+    "register_family",
     "render_reference",
     "render_signature",
     "sample_pipeline",
