@@ -6,11 +6,12 @@ the solver's solve rate over k attempts, `generator.reward.learnability` chooses
     one_minus_p     r = 1 - p      if 0 < p < 1, else 0   (Absolute Zero: hard but solvable)
     p_one_minus_p   r = p (1 - p)  if 0 < p < 1, else 0   (SFL's learnability: the variance of the outcome)
 
-(never solved may mean ill-posed; always solved is too easy). Invalid proposals get fixed penalties: -1 when the
-answer could not be parsed into a task at all, -0.5 when it parsed but failed a validity check (AZR's values). An
-answer the sampler had to close inside its token budget (generator.close_reserve) that then fails a check gets
-`generator.reward.closed_invalid`: "invalid" (-0.5, as any parsed answer) or "unparsable" (-1, as the cut-off
-answer it would have been without the closing).
+(never solved may mean ill-posed; always solved is too easy), or a function registered with
+`@register_learnability(NAME)` (`LEARNABILITIES`; docs/extending.md "A reward"). Invalid proposals get fixed
+penalties: -1 when the answer could not be parsed into a task at all, -0.5 when it parsed but failed a validity
+check (AZR's values). An answer the sampler had to close inside its token budget (generator.close_reserve) that then
+fails a check gets `generator.reward.closed_invalid`: "invalid" (-0.5, as any parsed answer) or "unparsable" (-1, as
+the cut-off answer it would have been without the closing).
 
 Valid proposals then pay R-Zero's repetition penalty: the size |C| of their near-duplicate cluster among the
 batch's valid proposals, divided by the batch size B (every proposal of the iteration, valid or not), times a
@@ -29,21 +30,50 @@ Everything here is a pure function of numbers and cluster keys, so it can be tes
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 PENALTY_UNPARSABLE = -1.0
 PENALTY_INVALID = -0.5
 VALID_FLOOR = PENALTY_INVALID / 2  # the lowest reward a valid proposal can get: strictly above any invalid one
-LEARNABILITY = ("one_minus_p", "p_one_minus_p")
+LEARNABILITY = ("one_minus_p", "p_one_minus_p")  # the built-in learnabilities (LEARNABILITIES: every registered one)
 CLOSED_INVALID = {"invalid": PENALTY_INVALID, "unparsable": PENALTY_UNPARSABLE}
+
+Learnability = Callable[[float], float]  # solve rate p, 0 < p < 1 -> the valid proposal's reward before repetition
+LEARNABILITIES: dict[str, Learnability] = {}  # name -> function, filled by register_learnability
+
+
+def register_learnability(name: str) -> Callable[[Learnability], Learnability]:
+    """`@register_learnability(NAME)` on `f(p) -> float`: `generator.reward.learnability=NAME` then rewards a valid
+    proposal solved at rate p (0 < p < 1; p in {0, 1} gets 0 without asking f) with f(p) in [0, 1], less the
+    repetition penalty, never below VALID_FLOOR. A taken name is refused."""
+
+    def add(fn: Learnability) -> Learnability:
+        if name in LEARNABILITIES:
+            raise ValueError(f"generator.reward.learnability {name!r} is taken")
+        LEARNABILITIES[name] = fn
+        return fn
+
+    return add
+
+
+@register_learnability("one_minus_p")
+def one_minus_p(p: float) -> float:
+    """Absolute Zero's: hard but solvable."""
+    return 1.0 - p
+
+
+@register_learnability("p_one_minus_p")
+def p_one_minus_p(p: float) -> float:
+    """SFL's: the variance of the outcome."""
+    return p * (1.0 - p)
 
 
 @dataclass
 class GeneratorRewardConfig:
-    # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL); one_minus_p gave more valid proposals
-    # in band on the tiny default's validation split (lab/selfplay_measured.md: "The two learnability options under the
-    # current default")
+    # one_minus_p (1 - p, Absolute Zero) | p_one_minus_p (p (1 - p), SFL) | a name registered with
+    # @register_learnability; one_minus_p gave more valid proposals in band on the tiny default's validation split
+    # (lab/selfplay_measured.md: "The two learnability options under the current default")
     learnability: str = "one_minus_p"
     # the penalty of an answer closed inside its budget (generator.close_reserve) that fails a check: "invalid" (-0.5)
     # or "unparsable" (-1, what it would have scored cut off)
@@ -51,8 +81,8 @@ class GeneratorRewardConfig:
 
 
 def check_learnability(kind: str) -> str:
-    if kind not in LEARNABILITY:
-        raise ValueError(f"generator.reward.learnability must be one of {', '.join(LEARNABILITY)}, got {kind!r}")
+    if kind not in LEARNABILITIES:
+        raise ValueError(f"generator.reward.learnability must be one of {', '.join(LEARNABILITIES)}, got {kind!r}")
     return kind
 
 
@@ -63,13 +93,17 @@ def check_closed_invalid(kind: str) -> str:
 
 
 def learnability(solve_rate: float, kind: str = "one_minus_p") -> float:
-    """1 - p (or p (1 - p)) for 0 < p < 1, else 0."""
+    """The registered learnability `kind` of p for 0 < p < 1 (1 - p, p (1 - p), ...), else 0; a value outside
+    [0, 1] is refused naming the learnability."""
     check_learnability(kind)
     if not 0.0 <= solve_rate <= 1.0:
         raise ValueError(f"solve rate must be in [0, 1], got {solve_rate}")
     if not 0.0 < solve_rate < 1.0:
         return 0.0
-    return 1.0 - solve_rate if kind == "one_minus_p" else solve_rate * (1.0 - solve_rate)
+    value = float(LEARNABILITIES[kind](solve_rate))
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"generator.reward.learnability {kind!r} gave {value} at p = {solve_rate}, outside [0, 1]")
+    return value
 
 
 def in_band(solve_rate: float | None) -> bool:
