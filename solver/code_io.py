@@ -18,7 +18,7 @@ import ast
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard, cast
 
 import sandbox
 from generator.code_io import (
@@ -32,7 +32,7 @@ from generator.code_io import (
     parse_args,
     parse_value,
 )
-from solver.parse import extract_code
+from solver.parse import ParsedAnswer, extract_code
 
 STATUSES = ("correct", "wrong", "no_answer", "error")
 MAX_ANSWER_CHARS = 20_000  # longer answers are read from their end (where the final answer stands)
@@ -184,7 +184,7 @@ def _expression(text: str) -> ast.expr | None:
         return None
 
 
-def _is_call_of_f(node: ast.expr | None) -> bool:
+def _is_call_of_f(node: ast.expr | None) -> TypeGuard[ast.Call]:
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == ENTRY_POINT
 
 
@@ -261,6 +261,7 @@ def verify_many(
         raise ValueError(f"{len(answers)} answers for {len(tasks)} tasks")
     verdicts: list[Verdict | None] = [None] * len(tasks)
     jobs, where = [], []
+    parsed: ParsedValue | ParsedAnswer  # abduction's arguments, induction's program
     for i, (task, answer) in enumerate(zip(tasks, answers)):
         if task.kind == "deduction":
             verdicts[i] = verify_deduction(task, answer)
@@ -273,20 +274,20 @@ def verify_many(
                 where.append(i)
         elif task.kind == "induction":
             parsed = extract_code(answer if isinstance(answer, str) else "", entry_point=ENTRY_POINT)
-            refused = _refused(parsed.code) if parsed.ok else ""
+            refused = _refused(cast(str, parsed.code)) if parsed.ok else ""  # ok: its code is a str
             if not parsed.ok:
                 flag = "syntax_error" if parsed.status == "syntax_error" else _no_answer_flag(answer)
                 verdicts[i] = Verdict(0.0, "no_answer", parsed.reason, flag)
             elif refused:
                 verdicts[i] = Verdict(0.0, "error", f"refused: {refused}", "banned_api")
             else:
-                jobs.append((parsed.code, tuple(args for args, _ in task.pairs)))
+                jobs.append((cast(str, parsed.code), tuple(args for args, _ in task.pairs)))  # ok, as above
                 where.append(i)
         else:
             raise ValueError(f"unknown task kind {task.kind!r}")
     for i, outcomes in zip(where, call_many(sb, jobs, timeout_s=timeout_s)):
         verdicts[i] = _graded(tasks[i], outcomes, partial_credit)
-    return verdicts
+    return cast(list[Verdict], verdicts)  # each task has its verdict: at once, or from its sandbox job
 
 
 def verify(
