@@ -3,7 +3,10 @@
 Solver: every task gets k episodes. All episodes of a turn are sampled in one batch; the answers are applied to
 their episodes in parallel threads (the sandbox pool is thread-safe and each episode waits on its own runs).
 Between turns the observation is appended to the response as tokens the policy did not choose (mask 0), so one
-PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token.
+PPO sequence holds the whole multi-turn episode, with the scalar reward on its last token. A task may be asked in
+another kind than "program" (solver/kinds.py: deduction, abduction, induction, `mixer.kinds`): its episodes are
+then one turn of code_io's prompt, graded by code_io's verifiers, each kind within its own answer budget
+(`mixer.kind_max_new_tokens`); a task that cannot be asked in its kind is asked as a program task.
 
 Generator: P prompts, each with K reference tasks and an instruction; answers parsed into proposals; the valid
 ones become tasks (outputs from the reference in the sandbox, every validity check run). The proposal format
@@ -41,6 +44,7 @@ from sandbox.incremental import IncrementalRunner
 from selfplay.models.agent import Answer, LMAgent
 from selfplay.runtime.distributed import gather_objects, is_distributed
 from solver.episode import CodeEpisode, EpisodeResult
+from solver.kinds import PROGRAM, KindEpisode, code_io_tasks, kind_prompt
 from solver.prompts import task_prompt
 from solver.rewards import RewardConfig
 
@@ -60,6 +64,7 @@ class SolverRollout:
     result: EpisodeResult
     # the sampler's log-prob of each token (NaN at observations; ppo.tis_cap); None where a turn's sampler gave none
     logprobs: list[float] | None = None
+    kind: str = PROGRAM  # how the task was asked (solver/kinds.py)
 
     @property
     def reward(self) -> float:
@@ -81,16 +86,29 @@ def solver_rollouts(
     threads: int = 8,
     max_prompt_tokens: int | None = None,
     prompt_kw: dict | None = None,
+    kinds: Sequence[str] | None = None,
+    kind_max_new_tokens: dict[str, int] | None = None,
 ) -> list[SolverRollout]:
     """k episodes per task (task-major order: task 0's k episodes first). `prompt_kw` goes to
-    solver.prompts.task_prompt (max_examples, max_chars)."""
-    episodes, prompts = [], []
-    for task in tasks:
+    solver.prompts.task_prompt (max_examples, max_chars). `kinds`: the kind each task is asked in (solver/kinds.py;
+    tasks past its end, and all without it, are program tasks); `kind_max_new_tokens`: a kind's answer budget (a
+    kind not named keeps the agent's)."""
+    asked = [*(kinds or ()), *[PROGRAM] * max(0, len(tasks) - len(kinds or ()))][: len(tasks)]
+    io = code_io_tasks(tasks, asked, sb) if any(kind != PROGRAM for kind in asked) else [None] * len(tasks)
+    episodes: list[CodeEpisode | KindEpisode] = []
+    prompts = []
+    for task, io_task in zip(tasks, io):
+        if io_task is not None:  # one turn of code_io's question
+            prompt = agent.chat_ids(kind_prompt(io_task), max_prompt_tokens)
+            episodes += [KindEpisode(task, io_task, sb, reward_cfg=reward_cfg) for _ in range(k)]
+            prompts += [prompt] * k
+            continue
         prompt = agent.chat_ids(task_prompt(task, multi_turn=max_turns > 1, **(prompt_kw or {})), max_prompt_tokens)
         for _ in range(k):
             runner = IncrementalRunner(sb) if max_turns > 1 else None
             episodes.append(CodeEpisode(task, sb, max_turns=max_turns, reward_cfg=reward_cfg, runner=runner))
             prompts.append(prompt)
+    budgets = _kind_budgets(episodes, kind_max_new_tokens, agent.cfg.max_new_tokens)
     tokens = [[] for _ in episodes]
     masks = [[] for _ in episodes]
     texts = [[] for _ in episodes]
@@ -108,7 +126,12 @@ def solver_rollouts(
             active = [i for i, ep in enumerate(episodes) if not ep.done]
             if not _calls_in_step(agent, int(bool(active))):  # every rank done (a rank done early samples nothing)
                 break
-            answers = agent.sample([prompts[i] + tokens[i] for i in active], greedy=greedy)
+            if budgets is None:
+                answers = agent.sample([prompts[i] + tokens[i] for i in active], greedy=greedy)
+            else:
+                answers = _sample_budgeted(
+                    agent, [prompts[i] + tokens[i] for i in active], [budgets[i] for i in active], greedy
+                )
             observations = list(pool.map(lambda pair: episodes[pair[0]].act(pair[1].text), zip(active, answers)))
             for i, answer, obs in zip(active, answers, observations):
                 tokens[i] += answer.tokens
@@ -132,13 +155,40 @@ def solver_rollouts(
             if logprobs[i] is not None:
                 logprobs[i].pop()
     return [
-        SolverRollout(ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result, logprobs[i])
+        SolverRollout(
+            ep.task, prompts[i], tokens[i], masks[i], "\n".join(texts[i]), ep.result, logprobs[i], _kind_of(ep)
+        )
         for i, ep in enumerate(episodes)
     ]
 
 
+def _kind_of(episode) -> str:
+    return episode.kind if isinstance(episode, KindEpisode) else PROGRAM
+
+
+def _kind_budgets(episodes, kind_max_new_tokens: dict[str, int] | None, default: int) -> list[int] | None:
+    """Each episode's answer budget, or None when every episode keeps the agent's (`default`)."""
+    if not kind_max_new_tokens:
+        return None
+    budgets = [int(kind_max_new_tokens.get(_kind_of(ep), default)) for ep in episodes]
+    return None if all(b == default for b in budgets) else budgets
+
+
+def _sample_budgeted(agent: LMAgent, prompts, budgets: Sequence[int], greedy: bool) -> list[Answer]:
+    """One batch sampled to the largest budget, each answer then cut to its own (Answer.cut: finished only if it
+    ended within it): each row's first tokens are drawn from the policy as under its own budget, so the cut answer is
+    a sample under that budget, with the log-probs of its tokens."""
+    answers = agent.sample(prompts, greedy=greedy, max_new_tokens=max(budgets, default=1))
+    for answer, budget in zip(answers, budgets):
+        if len(answer.tokens) > budget:
+            answer.tokens, answer.finished, answer.allowed, answer.logprobs = answer.cut(budget)
+            answer.text = agent.decode(answer.tokens)
+    return answers
+
+
 def solve_rates(rollouts: Sequence[SolverRollout]) -> dict[str, float]:
-    """Task id -> share of its episodes that passed every hidden test."""
+    """Task id -> share of its episodes that passed every hidden test (in the kind it was asked: for deduction and
+    abduction the one question, for induction every held-back input)."""
     counts: dict[str, list[int]] = {}
     for r in rollouts:
         c = counts.setdefault(r.task.id, [0, 0])

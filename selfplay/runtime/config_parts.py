@@ -10,7 +10,7 @@ rooms re-export what they read from here: `selfplay.rollout.settings`, `selfplay
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from selfplay.runtime.errors import UserError
@@ -156,6 +156,19 @@ class MixerConfig:
     # batch (raised on a solver collapse, chosen near the band's centre) in selfplay, curriculum and uniform alike;
     # false = no replayed task in any mode (the fixed mode's task set is its own, with none either way)
     corpus_replay: bool = True
+    # the solver's task kinds (solver/kinds.py) and their weights, in every mode: each solver batch is asked in these
+    # kinds in these shares (program: write the function; deduction, abduction, induction: code_io's questions about
+    # the same tasks). Empty: the program kind alone. (A YAML or key=value dict is merged into the default, so the
+    # default names no kind: one it named could not be taken out.) Checked by selfplay.train.mixer.check_kinds
+    kinds: dict[str, float] = field(default_factory=dict)
+    # answer tokens of a kind (deduction and abduction answer with a value or a call); a kind not named here keeps
+    # agents.solver.max_new_tokens
+    kind_max_new_tokens: dict[str, int] = field(default_factory=dict)
+    # draw the kinds by weight x measured learnability (the EMA of the share of the kind's tasks in band, 0 < p < 1),
+    # mixed with kind_explore of the weights alone; false (the default): the weights' fixed shares (learnability is
+    # measured and logged either way)
+    kind_follow: bool = False
+    kind_explore: float = 0.25
 
 
 def check_mixer(c: MixerConfig) -> None:

@@ -72,7 +72,7 @@ from selfplay.runtime.tb import TBLogger
 from selfplay.train.checkpointing import flush_corpus, restore, save, start
 from selfplay.train.evaluation import evaluate, evaluate_missed
 from selfplay.train.history import COMPUTE, history_entry, print_summary, run_estimate, run_summary, say
-from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats
+from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats, kind_tallies, kind_totals
 from selfplay.train.mixer import IterationStats, Mixer
 from selfplay.train.proposals import ProposalRound, SharedProposal, choose_references, propose, reward_proposals
 from selfplay.train.setup import (
@@ -351,7 +351,8 @@ class SelfPlay:
             batch = list(drawn.tasks)
             while len(batch) < n:  # too few valid procedural tasks at a level: top up from the pool
                 batch.append(replay_pool[len(batch) % len(replay_pool)] if replay_pool else batch[0])
-            plan = Draw(batch[:n], drawn.counts, extra=drawn.extra, new_ids=drawn.new_ids)
+            kinds = self.mixer.draw_kinds(n, self.step)  # how each task is asked (mixer.kinds)
+            plan = Draw(batch[:n], drawn.counts, extra=drawn.extra, new_ids=drawn.new_ids, kinds=kinds)
         plan = D.broadcast_object(plan)
         timing["plan_s"] += time.perf_counter() - t0
         return plan
@@ -375,6 +376,8 @@ class SelfPlay:
             reward_cfg=self.cfg.reward,
             max_prompt_tokens=self.cfg.warmstart.max_len,
             prompt_kw=prompt_options(self.cfg),
+            kinds=plan.kinds[self.rank * per_rank : (self.rank + 1) * per_rank],
+            kind_max_new_tokens=dict(self.cfg.mixer.kind_max_new_tokens),
         )
         timing["rollout_s"] += time.perf_counter() - t0
         rates = {}
@@ -470,6 +473,7 @@ class SelfPlay:
             rates,
             kl=kl,
             mutation=FORMATS[self.cfg.generator.format].weighted,
+            kinds=plan.kinds,
         )
         if self.main:
             new_tasks, difficulty_rows = corpus_updates(
@@ -493,7 +497,10 @@ class SelfPlay:
             name: D.all_reduce_mean(statistics.mean(r.result.terms[name] for r in train))
             for name in (train[0].result.terms if train else [])
         }
-        return SolverRound(plan.tasks, plan.counts, rates, reward_mean, terms)
+        kinds = (
+            kind_totals(D.gather_objects(kind_tallies(train, self.mixer.kind_weights))) if self.mixer.asks_kinds else {}
+        )
+        return SolverRound(plan.tasks, plan.counts, rates, reward_mean, terms, kinds)
 
     def _costs(
         self,

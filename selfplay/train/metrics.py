@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from generator.rewards import diversity, in_band
@@ -26,6 +27,9 @@ class SolverRound:
     rates: dict[str, float]  # task id -> measured solve rate, every rank's tasks (generator extras too)
     reward_mean: float  # the mean reward of the PPO episodes over every rank
     reward_terms: dict[str, float] = field(default_factory=dict)  # each reward term's mean, likewise
+    # solver task kind -> [PPO episodes, solved, reward sum] over every rank (`kind_tallies`; empty: the program
+    # kind alone, mixer.kinds)
+    kinds: dict[str, list[float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,29 @@ class Costs:
     compute: dict[str, int] = field(default_factory=dict)  # the run's totals (`compute/` scalars)
 
 
+def kind_tallies(rollouts: Iterable, kinds: Iterable[str]) -> dict[str, list[float]]:
+    """Solver task kind -> [episodes, solved, reward sum] of `rollouts` (anything with .kind, .result.solved and
+    .reward), every kind of `kinds` listed (zeros for one not asked), then any other kind met."""
+    out = {kind: [0.0, 0.0, 0.0] for kind in kinds}
+    for r in rollouts:
+        tally = out.setdefault(r.kind, [0.0, 0.0, 0.0])
+        tally[0] += 1
+        tally[1] += float(r.result.solved)
+        tally[2] += float(r.reward)
+    return out
+
+
+def kind_totals(parts: Iterable[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """The ranks' `kind_tallies` summed, kind by kind (in the order first met)."""
+    out: dict[str, list[float]] = {}
+    for part in parts:
+        for kind, tally in part.items():
+            total = out.setdefault(kind, [0.0] * len(tally))
+            for i, x in enumerate(tally):
+                total[i] += x
+    return out
+
+
 def iteration_stats(
     solve_rate: float,
     groups: list[list[Task]],
@@ -53,10 +80,12 @@ def iteration_stats(
     *,
     kl: float | None,
     mutation: bool,
+    kinds: Sequence[str] = (),
 ) -> IterationStats:
     """What the task source observes of an iteration: `solve_rate` (the solver batch's, over every rank), the
-    proposals' validity, diversity and solve rates, each served task's solve rate, and for mutation proposals
-    (`mutation`) each instruction and whether it gave a valid task in band (the mixer's instruction draw)."""
+    proposals' validity, diversity and solve rates, each served task's solve rate, for mutation proposals
+    (`mutation`) each instruction and whether it gave a valid task in band (the mixer's instruction draw), and with
+    `kinds` (the kind each task of `batch` was asked in, Draw.kinds) each kind's tasks' solve rates."""
     outcomes = proposals.outcomes
     served = list({x.id: x for x in batch}.values())  # the solver batch's distinct tasks, with their rates
     return IterationStats(
@@ -74,7 +103,19 @@ def iteration_stats(
             else None
         ),
         proposal_rates={x.id: rates[x.id] for x in proposals.valid if x.id in rates},
+        kind_rates=_kind_rates(batch, kinds, rates) if kinds else None,
     )
+
+
+def _kind_rates(batch: list[Task], kinds: Sequence[str], rates: dict[str, float]) -> dict[str, list[float]]:
+    """Kind -> the solve rate of each distinct task of the batch asked in it (first place counts)."""
+    out: dict[str, list[float]] = {}
+    seen: set[str] = set()
+    for task, kind in zip(batch, kinds):
+        if task.id in rates and task.id not in seen:
+            seen.add(task.id)
+            out.setdefault(kind, []).append(rates[task.id])
+    return out
 
 
 def iteration_metrics(
@@ -115,6 +156,20 @@ def solver_metrics(stats: IterationStats, solver: SolverRound) -> dict[str, floa
             out[f"solver/in_band_rate/{origin}"] = part
     out["solver/reward_mean"] = solver.reward_mean
     out.update({f"solver/reward/{name}": value for name, value in solver.reward_terms.items()})
+    out.update(kind_metrics(stats, solver))
+    return out
+
+
+def kind_metrics(stats: IterationStats, solver: SolverRound) -> dict[str, float]:
+    """Per solver task kind (mixer.kinds; none for the program kind alone): its PPO episodes, their pass rate and
+    mean reward, and the share of its tasks in band (NaN where the kind had none)."""
+    nan, out = float("nan"), {}
+    for kind, (episodes, solved, reward) in solver.kinds.items():
+        out[f"solver/{kind}/episodes"] = episodes
+        out[f"solver/{kind}/pass_rate"] = solved / episodes if episodes else nan
+        out[f"solver/{kind}/reward_mean"] = reward / episodes if episodes else nan
+        share = in_band_share((stats.kind_rates or {}).get(kind, []))
+        out[f"solver/{kind}/in_band_rate"] = share if share is not None else nan
     return out
 
 

@@ -34,7 +34,14 @@ what happened (`IterationStats`, with each task's measured solve rate p over k a
    the best), mixed with `instruction_explore` of the uniform draw so that no instruction is dropped; with
    `instruction_follow=false` (the default) the draw stays uniform, the warm start's, and the yields are only
    measured and logged;
-5. **watches for collapse** and reacts, each detector with its own reaction:
+5. **chooses how each task is asked** (solver/kinds.py, `kinds`): each batch's tasks are split over the solver's
+   task kinds (program, deduction, abduction, induction) by the kinds' shares, each kind's rounding carried from
+   batch to batch as the sources' is, its places in the batch shuffled by a stream of the seed and the step
+   (`draw_kinds`). The shares are the weights of `kinds` (empty: the program kind alone, which draws nothing and
+   keeps a run as it was); with `kind_follow` they follow weight × the kind's measured *learnability* (the EMA of
+   the share of its tasks in band, 0 < p < 1; one half until measured), mixed with `kind_explore` of the weights
+   alone, so that no kind is dropped. Learnability is measured in every mode (`observe` and `watch`);
+6. **watches for collapse** and reacts, each detector with its own reaction:
    - proposal diversity below `min_diversity` → raise the generator's repetition-penalty weight (×1.5, capped);
    - solver collapse (the solve-rate EMA falls `pass_drop` below a slow baseline of itself, which a rise of the
      level resets) → more replay, lower learning rate;
@@ -56,8 +63,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
+from selfplay.runtime import seeds
+
 # the mixer: section and its checks, on the config's floor; its names kept here
 from selfplay.runtime.config_parts import BANDS, GENERATOR_TASKS, MixerConfig, check_mixer  # noqa: F401
+from solver.kinds import KINDS, PROGRAM
 
 SOURCES = ("generator", "procedural", "replay")
 
@@ -84,6 +94,8 @@ class IterationStats:
     instructions: Sequence[tuple[str, bool]] | None = None
     # task id -> measured solve rate p of each valid proposal of the iteration
     proposal_rates: dict[str, float] | None = None
+    # solver task kind -> the measured solve rate p of each task of the batch asked in it (mixer.kinds)
+    kind_rates: dict[str, list[float]] | None = None
 
 
 @dataclass
@@ -105,6 +117,8 @@ class _State:
     # instruction -> [discounted proposals valid and in band, discounted proposals]
     instruction_counts: dict[str, list[float]] = field(default_factory=dict)
     carry: dict[str, float] = field(default_factory=dict)  # source -> its share's rounding owed from past batches
+    kind_learnability: dict[str, float] = field(default_factory=dict)  # solver task kind -> EMA of its in-band share
+    kind_carry: dict[str, float] = field(default_factory=dict)  # solver task kind -> its rounding owed
 
 
 def _ema(old: float | None, new: float, w: float) -> float:
@@ -125,6 +139,23 @@ def edit_drops(references, proposals, rates: dict[str, float]) -> list[float]:
         for x in proposals
         if x.id in rates and x.parent_ids and x.parent_ids[0] in parent_rate
     ]
+
+
+def check_kinds(c) -> None:
+    """`mixer.kinds` (known kinds, positive weights), `mixer.kind_max_new_tokens` (known kinds, >= 1) and
+    `mixer.kind_explore` (in (0, 1]): a ValueError naming the key."""
+    for key in ("kinds", "kind_max_new_tokens"):
+        unknown = sorted(set(getattr(c, key)) - set(KINDS))
+        if unknown:
+            raise ValueError(f"mixer.{key}: unknown kind(s) {', '.join(map(str, unknown))}; use {', '.join(KINDS)}")
+    bad = {k: w for k, w in c.kinds.items() if not (isinstance(w, (int, float)) and math.isfinite(w) and w > 0)}
+    if bad:
+        raise ValueError(f"mixer.kinds: weights must be positive (leave a kind out to not ask it), got {bad}")
+    short = {k: n for k, n in c.kind_max_new_tokens.items() if not (isinstance(n, int) and n >= 1)}
+    if short:
+        raise ValueError(f"mixer.kind_max_new_tokens: budgets must be whole tokens >= 1, got {short}")
+    if not 0.0 < c.kind_explore <= 1.0:
+        raise ValueError(f"mixer.kind_explore must be in (0, 1] (0 could drop a kind for good), got {c.kind_explore}")
 
 
 def _bump(p: float, centre: float, width: float) -> float:
@@ -159,6 +190,12 @@ class Mixer:
         self.cfg = cfg or MixerConfig()
         c = self.cfg
         check_mixer(c)
+        check_kinds(c)
+        weights = {k: float(w) for k, w in c.kinds.items()} or {PROGRAM: 1.0}
+        total_weight = sum(weights.values())
+        # solver task kind -> its base share, in the order of KINDS (a function of the config, not of its order)
+        self.kind_weights = {k: weights[k] / total_weight for k in KINDS if k in weights}
+        self.seed = seed
         total = c.share_generator + c.share_procedural + c.share_replay
         self.base_shares = {
             "generator": c.share_generator / total,
@@ -250,6 +287,59 @@ class Mixer:
             self.s.carry = {"replay": quota - count}
         return min(count, available)
 
+    @property
+    def asks_kinds(self) -> bool:
+        """Whether any kind but the program kind is asked (else the draw, the state and the scalars are as before)."""
+        return set(self.kind_weights) != {PROGRAM}
+
+    def kind_learnability(self, kind: str) -> float:
+        """The EMA of the share of the kind's tasks in band (0 < p < 1); one half until measured."""
+        return self.s.kind_learnability.get(kind, 0.5)
+
+    def kind_shares(self) -> dict[str, float]:
+        """The share of the next batch asked in each kind: the weights, or with `kind_follow` weight × learnability,
+        normalised, mixed with `kind_explore` of the weights."""
+        weights = self.kind_weights
+        if not self.cfg.kind_follow:
+            return dict(weights)
+        followed = {k: w * self.kind_learnability(k) for k, w in weights.items()}
+        total, explore = sum(followed.values()), self.cfg.kind_explore
+        if total <= 0:  # every kind measured never in band: nothing to follow
+            return dict(weights)
+        return {k: (1.0 - explore) * followed[k] / total + explore * weights[k] for k in weights}
+
+    def draw_kinds(self, n: int, step: int) -> list[str]:
+        """The kind of each of a batch's n tasks (in the batch's order): each kind's count its share's quota with
+        the rounding carried from past batches (`carry_rounding`), the places shuffled by a stream of the run's seed
+        and the step (so a resumed run draws what the straight one drew). The program kind alone: n of it, with no
+        draw and no state changed."""
+        if not self.asks_kinds:
+            return [PROGRAM] * n
+        shares, carry = self.kind_shares(), self.s.kind_carry
+        quotas = {k: v * n + carry.get(k, 0.0) for k, v in shares.items()}
+        counts = round_quotas(quotas, n)
+        if self.cfg.carry_rounding:
+            self.s.kind_carry = {k: quotas[k] - counts[k] for k in quotas}
+        kinds = [k for k in shares for _ in range(counts[k])]
+        random.Random(seeds.derive(self.seed, "kinds", step)).shuffle(kinds)
+        return kinds
+
+    def _track_kinds(self, stats: IterationStats) -> None:
+        """Each kind's learnability: the EMA of its tasks' in-band share this iteration (kinds with tasks only)."""
+        for kind, rates in (stats.kind_rates or {}).items():
+            share = in_band_share(rates)
+            if share is not None:
+                self.s.kind_learnability[kind] = _ema(self.s.kind_learnability.get(kind), share, self.cfg.ema)
+
+    def kind_metrics(self) -> dict[str, float]:
+        """Each kind's share of the next batch and learnability, under `mixer/kind/` (none for the program kind
+        alone)."""
+        if not self.asks_kinds:
+            return {}
+        out = {f"mixer/kind/{k}/share": v for k, v in self.kind_shares().items()}
+        out.update({f"mixer/kind/{k}/learnability": self.kind_learnability(k) for k in self.kind_weights})
+        return out
+
     def replay_weights(self, difficulties: Sequence[float | None]) -> list[float]:
         """Preference for replaying tasks of measured difficulty d (solve rate 1 - d): a bump at the band's
         centre with a floor, so every task keeps some chance; unmeasured tasks count as at the centre."""
@@ -316,6 +406,7 @@ class Mixer:
         c, s = self.cfg, self.s
         s.steps += 1
         self._track_solve_rate(stats)
+        self._track_kinds(stats)
         level = s.level
         self._follow_the_solver(stats)
         if s.level > level:  # harder tasks are solved less often: that is the curriculum, not a collapse
@@ -354,6 +445,7 @@ class Mixer:
         c, s = self.cfg, self.s
         s.steps += 1
         self._track_solve_rate(stats)
+        self._track_kinds(stats)
         if level_rose:
             s.baseline = s.solve_ema
         if c.band == "adaptive" and stats.task_rates:
@@ -471,6 +563,7 @@ class Mixer:
         out.update({f"mixer/share/{k}": v for k, v in s.shares.items()})
         out.update({f"mixer/instruction_yield/{k}": self.instruction_yield(k) for k in sorted(s.instruction_counts)})
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
+        out.update(self.kind_metrics())
         return out
 
     def watch_metrics(self) -> dict[str, float]:
@@ -483,6 +576,7 @@ class Mixer:
             "mixer/solve_rate_ema": s.solve_ema if s.solve_ema is not None else float("nan"),
         }
         out.update({f"mixer/alarm/{k}": float(v) for k, v in s.alarms.items()})
+        out.update(self.kind_metrics())
         return out
 
     # ---- checkpoints ------------------------------------------------------------------------------------

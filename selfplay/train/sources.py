@@ -15,6 +15,9 @@
 | `uniform`    | `UniformSource`    | procedural tasks, each at a level drawn uniformly from the mixer's range       |
 | `fixed`      | `FixedSource`      | one fixed task set, in a seeded order that depends only on the step           |
 
+How each task is asked (the program kind, or code_io's deduction, abduction, induction: `mixer.kinds`) is drawn
+by the mixer for the whole batch in every mode, after the source (`Draw.kinds`, `Mixer.draw_kinds`).
+
 A source is used by rank 0 alone (the loop broadcasts what it draws). Its draws are a function of the step, the
 loop's RNG, the corpus and (for `MixerSource`) the mixer, so a run resumed from a checkpoint draws exactly what the
 uninterrupted run drew. The mixer is checkpointed by the loop (it also weighs the generator's repetition penalty,
@@ -52,6 +55,9 @@ class Draw:
     extra: list[Task] = field(default_factory=list)  # generator tasks beyond its share: attempted to measure only
     new_ids: set[str] = field(default_factory=set)  # fresh procedural tasks, not yet in the corpus
     queued: list[Task] = field(default_factory=list)  # new tasks to write to the corpus now (fixed_source=fresh)
+    # the kind each of `tasks` is asked in (solver/kinds.py), drawn by the mixer for the batch the loop serves
+    # (Mixer.draw_kinds, mixer.kinds); empty: every task a program task. `extra` tasks are program tasks
+    kinds: list[str] = field(default_factory=list)
 
 
 class ProceduralStream:
