@@ -143,7 +143,7 @@ def programs(draw) -> str:
     return "def f(a, b, xs, i, n):\n" + "\n".join(lines) + "\n"
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(programs(), st.integers(0, 12), st.integers(0, 3))
 def test_every_mutant_parses_and_differs_from_the_original(source, k, seed):
     original = ast.dump(ast.parse(source))

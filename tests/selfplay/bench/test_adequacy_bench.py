@@ -13,11 +13,7 @@ from selfplay.data.corpus import Corpus
 from selfplay.runtime.paths import RunPaths
 
 REFERENCE = """def solve(xs, k):
-    total = 0
-    for i in range(len(xs)):
-        if xs[i] > k and not xs[i] % 2 == 1:
-            total += xs[i] * 2
-    return total
+    return sum(x * 2 for x in xs if x > k and x % 2 == 0)
 """
 STRONG = [[[4, 6, 3], 3], [[2, 4, 5, 8], 4], [[10, 1], 10], [[0, 2, 4], -1], [[7, 9, 12, 6], 6], [[6], 5], [[8, 3], 8]]
 WEAK = [[[], 0], [[1], 5], [[10], 0]]
