@@ -119,31 +119,30 @@ NAMES = st.sampled_from(["a", "b", "xs[i]", "len(xs)", "n"])
 LITERALS = st.one_of(st.integers(-3, 9).map(str), st.sampled_from(["True", "False", "'s'", "''", "1.5"]))
 
 
-def expressions(depth: int = 3):
-    leaf = st.one_of(NAMES, LITERALS)
-    ops = st.sampled_from(["+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!=", "and", "or"])
-    return st.recursive(
-        leaf,
-        lambda inner: st.one_of(
-            st.tuples(inner, ops, inner).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
-            inner.map(lambda e: f"(not {e})"),
-            inner.map(lambda e: f"xs[{e}:]"),
-            inner.map(lambda e: f"list(range({e}))"),
-        ),
-        max_leaves=8,
-    )
+EXPRESSIONS = st.recursive(
+    st.one_of(NAMES, LITERALS),
+    lambda inner: st.one_of(
+        st.tuples(
+            inner, st.sampled_from(["+", "-", "*", "//", "%", "<", "<=", ">", ">=", "==", "!=", "and", "or"]), inner
+        ).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+        inner.map(lambda e: f"(not {e})"),
+        inner.map(lambda e: f"xs[{e}:]"),
+        inner.map(lambda e: f"list(range({e}))"),
+    ),
+    max_leaves=8,
+)
 
 
 @st.composite
 def programs(draw) -> str:
-    lines = [f"    v{i} = {draw(expressions())}" for i in range(draw(st.integers(0, 3)))]
+    lines = [f"    v{i} = {draw(EXPRESSIONS)}" for i in range(draw(st.integers(0, 3)))]
     if draw(st.booleans()):
-        lines.append(f"    for i in range({draw(expressions())}):\n        n += {draw(expressions())}")
-    lines.append(f"    return {draw(expressions())}")
+        lines.append(f"    for i in range({draw(EXPRESSIONS)}):\n        n += {draw(EXPRESSIONS)}")
+    lines.append(f"    return {draw(EXPRESSIONS)}")
     return "def f(a, b, xs, i, n):\n" + "\n".join(lines) + "\n"
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(programs(), st.integers(0, 12), st.integers(0, 3))
 def test_every_mutant_parses_and_differs_from_the_original(source, k, seed):
     original = ast.dump(ast.parse(source))
