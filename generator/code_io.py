@@ -32,8 +32,10 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
 import math
 import re
+import tokenize
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -41,7 +43,7 @@ from typing import Any
 from generator.agent import ProposalError
 from generator.fingerprint import ast_hash
 from generator.schema import Task
-from generator.validity import check_safe
+from generator.validity import CODE_IO_FAMILY, check_safe
 
 ENTRY_POINT = "f"
 KINDS = ("deduction", "abduction", "induction")
@@ -290,10 +292,49 @@ def parse_proposal(text: str) -> Proposal | ProposalError:
 
 
 def _defines_f(program: str) -> bool:
-    return _entry(program) is not None
+    return entry_def(program) is not None
 
 
-def _entry(program: str) -> ast.FunctionDef | None:
+def _names(program: str) -> list[tokenize.TokenInfo] | None:
+    """The program's NAME tokens that are not attributes (`x.name`), or None when it does not tokenize."""
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(program).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError, ValueError, RecursionError, MemoryError):
+        return None
+    return [t for i, t in enumerate(tokens) if t.type == tokenize.NAME and (i == 0 or tokens[i - 1].string != ".")]
+
+
+def _replace(program: str, tokens: Sequence[tokenize.TokenInfo], new: str) -> str:
+    """`program` with each of `tokens` (one-line NAME tokens) replaced by `new`, the text otherwise unchanged."""
+    lines = program.splitlines(keepends=True)
+    for tok in sorted(tokens, key=lambda t: t.start, reverse=True):  # from the end: earlier columns stay in place
+        (row, start), (_, end) = tok.start, tok.end
+        lines[row - 1] = lines[row - 1][:start] + new + lines[row - 1][end:]
+    return "".join(lines)
+
+
+def rename_entry(program: str, entry_point: str) -> str | None:
+    """`program` with its function `entry_point` called `f` (ENTRY_POINT) wherever the name stands (attributes
+    aside), the text otherwise unchanged; a name `f` the program already uses is renamed first (to `f_0`, or the
+    first free `f_<n>`). None when the program does not tokenize or defines no top-level `entry_point`."""
+    names = _names(program)
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+    if names is None or not any(isinstance(n, ast.FunctionDef) and n.name == entry_point for n in tree.body):
+        return None
+    if entry_point == ENTRY_POINT:
+        return program
+    used = {t.string for t in names}
+    if ENTRY_POINT in used:
+        free = next(f"{ENTRY_POINT}_{i}" for i in range(len(used) + 1) if f"{ENTRY_POINT}_{i}" not in used)
+        program = _replace(program, [t for t in names if t.string == ENTRY_POINT], free)
+        names = _names(program) or []
+    return _replace(program, [t for t in names if t.string == entry_point], ENTRY_POINT)
+
+
+def entry_def(program: str) -> ast.FunctionDef | None:
     """The last top-level `def f` of the program (the one a call reaches), or None."""
     try:
         tree = ast.parse(program)
@@ -331,17 +372,19 @@ def check_parses(program: str) -> str:
         return f"does not parse: {exc.msg} (line {exc.lineno})"
     except (ValueError, MemoryError, RecursionError) as exc:
         return f"does not parse: {type(exc).__name__}"
-    if _entry(program) is None:
+    if entry_def(program) is None:
         return f"defines no top-level function '{ENTRY_POINT}'"
     return ""
 
 
-def check_program_safe(program: str) -> str:
-    """'' when the program imports and calls nothing refused, else why: the code_io refusals
-    (CODE_IO_BANNED_MODULES, random included even when seeded; CODE_IO_BANNED_CALLS), then
-    generator.validity.check_safe (system and private modules, open/exec/eval/__import__/input/getattr...,
-    dunder attributes)."""
-    for node in ast.walk(ast.parse(program)):
+def stricter_refusal(program: str | ast.AST) -> str:
+    """'' or why: what code_io refuses on top of generator.validity.check_safe (CODE_IO_BANNED_MODULES, random
+    included even when seeded; CODE_IO_BANNED_CALLS). check_safe runs it first on a task of the code_io family."""
+    try:
+        tree = ast.parse(program) if isinstance(program, str) else program
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return "the program does not parse"
+    for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
             for name in names:
@@ -349,9 +392,26 @@ def check_program_safe(program: str) -> str:
                     return f"imports banned module '{name.split('.')[0]}'"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in CODE_IO_BANNED_CALLS:
             return f"calls banned function '{node.func.id}'"
+    return ""
+
+
+def output_refusal(value: Any) -> str:
+    """'' or why an output (as the sandbox returned it) is not one a code_io task may hold: not plain, or longer
+    than MAX_VALUE_CHARS characters written out. generator.validity runs it on the code_io family's outputs."""
+    bad = plain_problem(value)
+    if bad:
+        return f"returns {bad}, not a plain value"
+    text = repr(value)
+    return f"output of {len(text)} characters exceeds {MAX_VALUE_CHARS}" if len(text) > MAX_VALUE_CHARS else ""
+
+
+def check_program_safe(program: str) -> str:
+    """'' when the program imports and calls nothing refused, else why: generator.validity.check_safe on a task of
+    the code_io family, which refuses first what `stricter_refusal` names, then what it refuses for every task
+    (system and private modules, open/exec/eval/__import__/input/getattr..., dunder attributes)."""
     shell = Task(
         id="",
-        family="code_io",
+        family=CODE_IO_FAMILY,
         source="generator",
         split="train",
         level=1,
@@ -373,7 +433,7 @@ def check_inputs(program: str, inputs: Sequence[tuple]) -> str:
         return "no inputs"
     if len(inputs) > MAX_INPUTS:
         return f"{len(inputs)} inputs, at most {MAX_INPUTS}"
-    fn = _entry(program)
+    fn = entry_def(program)
     args = fn.args.posonlyargs + fn.args.args
     lo, hi = len(args) - len(fn.args.defaults), len(args)
     required_kw = [a.arg for a, d in zip(fn.args.kwonlyargs, fn.args.kw_defaults) if d is None]
@@ -621,18 +681,32 @@ def _cut(text: str, limit: int = MAX_SHOWN_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def reference_text(proposal: AcceptedProposal, max_pairs: int = MAX_REFERENCE_PAIRS) -> str:
-    """One accepted proposal as the generator sees it: its program, some `f(args) == output` lines, its message."""
+def reference_text(
+    proposal: AcceptedProposal, max_pairs: int = MAX_REFERENCE_PAIRS, max_chars: int = MAX_SHOWN_CHARS
+) -> str:
+    """One accepted proposal as the generator sees it: its program, some `f(args) == output` lines (each value cut
+    to `max_chars`), its message."""
     lines = ["```python", proposal.program.strip("\n"), "```"]
-    lines += [f"{ENTRY_POINT}({_cut(format_args(a))}) == {_cut(repr(o))}" for a, o in proposal.pairs[:max_pairs]]
+    lines += [
+        f"{ENTRY_POINT}({_cut(format_args(a), max_chars)}) == {_cut(repr(o), max_chars)}"
+        for a, o in proposal.pairs[:max_pairs]
+    ]
     if proposal.message:
         lines.append(f"message: {proposal.message}")
     return "\n".join(lines)
 
 
-def generator_prompt(references: Sequence[AcceptedProposal], kind: str, n_inputs: int | None = None) -> str:
+def generator_prompt(
+    references: Sequence[AcceptedProposal],
+    kind: str,
+    n_inputs: int | None = None,
+    *,
+    max_pairs: int = MAX_REFERENCE_PAIRS,
+    max_chars: int = MAX_SHOWN_CHARS,
+) -> str:
     """The generator's prompt, conditioned on K earlier accepted proposals, asking for a new one suited to a task
-    kind (KINDS). `n_inputs`: how many inputs to ask for (DEFAULT_INPUTS by kind)."""
+    kind (KINDS). `n_inputs`: how many inputs to ask for (DEFAULT_INPUTS by kind); `max_pairs` calls shown per
+    reference, each value cut to `max_chars` (reference_text)."""
     if kind not in KINDS:
         raise ValueError(f"unknown task kind {kind!r}; use one of {', '.join(KINDS)}")
     n = DEFAULT_INPUTS[kind] if n_inputs is None else n_inputs
@@ -650,7 +724,7 @@ def generator_prompt(references: Sequence[AcceptedProposal], kind: str, n_inputs
             "",
         ]
         for i, ref in enumerate(references, 1):
-            parts += [f"Reference {i}:", reference_text(ref), ""]
+            parts += [f"Reference {i}:", reference_text(ref, max_pairs, max_chars), ""]
     parts += [
         "Rules: the function must be deterministic, finish quickly, return plain values (None, bool, int, "
         "float, str, list, tuple, dict, set), and import nothing but pure computation modules (no random, "

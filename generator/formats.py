@@ -5,8 +5,9 @@ training loop and the generator probe ask it, never its name, what to do:
 
     instruction -> prompt -> the model's answer -> parse -> compile -> a Task (the validity checks then run it)
 
-`FORMATS` holds the two built in: `free` (the whole task in text, generator/agent.py) and `mutation` (one reference
-and one edit of its program, generator/mutation.py); their objects refer to those modules' functions. A new format
+`FORMATS` holds the three built in: `free` (the whole task in text, generator/agent.py), `mutation` (one reference
+and one edit of its program, generator/mutation.py) and `code_io` (a function `f` and the inputs to call it on, as
+Absolute Zero proposes, generator/code_io_format.py); their objects refer to those modules' functions. A new format
 is a module that builds a `ProposalFormat` and passes it to `register` (generator/family_format.py is a worked
 example, run end to end by tests/generator/test_formats.py).
 """
@@ -17,10 +18,10 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from generator import agent, mutation
+from generator import agent, code_io_format, mutation
 from generator.build import BuildConfig
 from generator.families.grammar import program_of
-from generator.grammars import GRAMMARS, free_grammar, mutation_grammar
+from generator.grammars import GRAMMARS, code_io_grammar, free_grammar, mutation_grammar
 from generator.schema import Task
 
 # the mixer's instruction weights: names -> one positive weight each, or None for a uniform draw
@@ -121,7 +122,18 @@ MUTATION = ProposalFormat(
     max_answer_tokens=mutation.MAX_ANSWER_TOKENS,
     sampling="edits",
 )
-FORMATS: dict[str, ProposalFormat] = {f.name: f for f in (FREE, MUTATION)}
+CODE_IO = ProposalFormat(
+    name="code_io",
+    instruction=code_io_format.choose_instruction,
+    prompt=code_io_format.build_prompt,
+    parse=code_io_format.parse,
+    compile=code_io_format.compile_proposal,
+    target=code_io_format.format_proposal,
+    examples=code_io_format.examples,
+    grammar=code_io_grammar,
+    max_answer_tokens=code_io_format.MAX_ANSWER_TOKENS,
+)
+FORMATS: dict[str, ProposalFormat] = {f.name: f for f in (FREE, MUTATION, CODE_IO)}
 
 
 def register(fmt: ProposalFormat) -> ProposalFormat:

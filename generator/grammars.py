@@ -324,4 +324,31 @@ def free_tail_grammar(signature: str) -> str:
     return "\n".join([root, *rules, *_free_rules()]) + "\n"
 
 
-GRAMMARS = {"mutation": mutation_grammar, "free": free_grammar}  # generator.format -> its grammar
+# the code_io format's answer (generator/code_io_format.py): a fenced `def f(...)` in the Python subset, one to
+# code_io.MAX_INPUTS `input:` lines of Python literals a task can hold (numbers, strings, True, False, None, lists,
+# dicts with string keys: no tuple, no set), an optional one-line message of at most code_io.MAX_MESSAGE_CHARS
+CODE_IO_ROOT = (
+    'root ::= "```python\\ndef f(" params ")" (" -> " type)? ":\\n" body1 "```\\n" ("input: " pyargs "\\n"){1,10}'
+    ' ("message: " message "\\n")?'
+)
+
+
+def code_io_grammar() -> str:
+    """EBNF of a whole code_io answer (`code_io.format_proposal`'s form, what `code_io_format.parse` accepts bar
+    what a context-free grammar cannot say: distinct inputs, as many arguments as `f` takes)."""
+    rules = [
+        CODE_IO_ROOT,
+        'pyargs ::= pyval (", " pyval){0,7}',
+        'pyval ::= pynumber | pystring | "True" | "False" | "None" | "[" (pyval (", " pyval){0,15})? "]"'
+        ' | "{" (pystring ": " pyval (", " pystring ": " pyval){0,15})? "}"',
+        'pynumber ::= "-"? ("0" | [1-9] [0-9]{0,17}) ("." [0-9]{1,17})? ("e" [+\\-] [0-9]{2,3})?',
+        r"""pystring ::= "'" ([^'\\\n\r] | pyescape){0,120} "'" | "\"" ([^"\\\n\r] | pyescape){0,120} "\"" """.rstrip(),
+        r"""pyescape ::= "\\" (['"\\nrt] | "x" [0-9a-f]{2} | "u" [0-9a-f]{4})""",
+        r"message ::= [^\n \t\r] [^\n\r]{0,299}",
+        *_free_rules(),
+    ]
+    return "\n".join(rules) + "\n"
+
+
+# generator.format -> its grammar
+GRAMMARS = {"mutation": mutation_grammar, "free": free_grammar, "code_io": code_io_grammar}

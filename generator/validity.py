@@ -160,6 +160,10 @@ ALLOWED_DUNDERS = frozenset(
     }
 )
 MIN_HIDDEN, MIN_VISIBLE = 3, 1
+# The family of the code_io format's tasks (generator/code_io_format.py): a program `f` read by reasoning about it,
+# held to generator/code_io.py's stricter rules on top of these (no random even seeded, no digests, no id()/hash();
+# outputs of at most code_io.MAX_VALUE_CHARS characters; behaviour keyed on its own input/output pairs)
+CODE_IO_FAMILY = "generator/code_io"
 _ERROR = {"__trivial_error__": True}  # what a trivial program "returns" when it raises
 NOT_RUN = "not run"  # reason prefix of checks skipped after an earlier failure
 
@@ -251,16 +255,27 @@ def check_parses(task: Task) -> CheckResult:
     return OK
 
 
+def _code_io():
+    """generator.code_io, whose rules the code_io family's tasks meet (it imports this module: loaded on first use)."""
+    from generator import code_io
+
+    return code_io
+
+
 def _is_fixed_seed(call: ast.Call) -> bool:
     return len(call.args) == 1 and isinstance(call.args[0], ast.Constant) and not call.keywords
 
 
 def check_safe(task: Task) -> CheckResult:
     """No banned imports (BANNED_MODULES, SYSTEM_MODULES, any private module such as `_ctypes`) or calls, no
-    dunder attribute tricks, `random` only with a fixed seed."""
+    dunder attribute tricks, `random` only with a fixed seed; a task of CODE_IO_FAMILY also code_io's refusals."""
     tree = _parse(task)
     if tree is None:
         return fail("reference does not parse")
+    if task.family == CODE_IO_FAMILY:
+        why = _code_io().stricter_refusal(tree)
+        if why:
+            return fail(why)
     uses_random, seeded = False, False
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -375,6 +390,9 @@ def check_json_values(task: Task, outputs: list | None) -> CheckResult:
             check_json_value(out, f"{_test_name(task, i)} output")
         except SchemaError as exc:
             return fail(str(exc))
+        why = _code_io().output_refusal(out) if task.family == CODE_IO_FAMILY else ""
+        if why:
+            return fail(f"{_test_name(task, i)}: {why}")
     return OK
 
 
@@ -389,7 +407,8 @@ def check_outputs_match(task: Task, outputs: list) -> CheckResult:
 
 
 def check_deterministic(task: Task, first: list, second: list) -> CheckResult:
-    """Two fresh runs (no cache) give identical outputs."""
+    """Two fresh runs (no cache) give identical outputs (the second calls the inputs in reverse order: an output
+    that depends on the calls before it is not one a task can show alone)."""
     for i, (a, b) in enumerate(zip(first, second)):
         if not sandbox.outputs_equal(a, b):
             return fail(f"{_test_name(task, i)}: {_short(a)} on one run, {_short(b)} on another")
@@ -508,6 +527,7 @@ def check_adequacy(result: AdequacyResult) -> CheckResult:
 
 # ==================================================================================== running
 _UNSERIALIZABLE = object()
+_NOT_RUN = object()  # a test the second run of the determinism check did not reach
 
 
 def _test_name(task: Task, i: int) -> str:
@@ -516,7 +536,9 @@ def _test_name(task: Task, i: int) -> str:
 
 
 def _short(value, limit: int = 60) -> str:
-    text = json.dumps(value, ensure_ascii=False) if value is not _UNSERIALIZABLE else "<not JSON>"
+    if value is _UNSERIALIZABLE or value is _NOT_RUN:
+        return "<not JSON>" if value is _UNSERIALIZABLE else "<not run>"
+    text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -633,7 +655,7 @@ def validate_many(
             dict(
                 solution=t.reference_solution,
                 entry_point=t.entry_point,
-                inputs=inputs,
+                inputs=inputs[::-1],
                 timeout_s=timeout_s,
                 use_cache=False,
             )
@@ -650,10 +672,14 @@ def validate_many(
         if not (res["runs"].passed and res["json_values"].passed):
             continue
         res["outputs_match"] = check_outputs_match(t, outs)
-        res["deterministic"] = check_deterministic(t, outs, _outputs(second, count))
+        back = _outputs(second, count)[::-1]  # the second run called the inputs in reverse order
+        res["deterministic"] = check_deterministic(t, outs, [_NOT_RUN] * (count - len(back)) + back)
         res["diverse"] = check_diverse(t, outs)
         outputs[i] = outs
-        t.fingerprints = {"ast": ast_hash(t.reference_solution), "behaviour": _behaviour(first, count)}
+        behaviour = _behaviour(first, count)
+        if t.family == CODE_IO_FAMILY:  # no probes: its own calls, which the generator chose
+            behaviour = _code_io().behaviour_key([tuple(x["input"]) for x in t.tests], outs)
+        t.fingerprints = {"ast": ast_hash(t.reference_solution), "behaviour": behaviour}
 
     # 2. the trivial battery against the hidden tests
     live = [i for i in outputs if all(r.passed for r in results[i].values())]

@@ -25,7 +25,7 @@ from generator.splits import SplitConfig
 def test_the_registry_holds_free_and_mutation_in_step_with_the_config_and_the_grammars():
     """generator.format's names (agent.FORMATS, the config check reads them) are the registry's, and GRAMMARS
     (which generator.constrained compiles) holds each format's own grammar."""
-    assert tuple(FORMATS) == free.FORMATS == ("free", "mutation")
+    assert tuple(FORMATS) == (*free.FORMATS, "code_io") == ("free", "mutation", "code_io")  # generator/code_io_format
     assert FORMATS["free"] is FREE and FORMATS["mutation"] is MUTATION
     for name, fmt in FORMATS.items():
         assert fmt.name == name and GRAMMARS[name] is fmt.grammar
@@ -36,7 +36,7 @@ def test_the_registry_holds_free_and_mutation_in_step_with_the_config_and_the_gr
 
 
 def test_unknown_or_taken_names_are_refused_naming_them():
-    with pytest.raises(ValueError, match="generator.format must be one of free, mutation, got 'fre'"):
+    with pytest.raises(ValueError, match="generator.format must be one of free, mutation, code_io, got 'fre'"):
         proposal_format("fre")
     with pytest.raises(ValueError, match="'free' is registered already"):
         register(FREE)
