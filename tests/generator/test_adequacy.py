@@ -291,3 +291,25 @@ def test_settings_from_the_config():
     assert not AdequacySettings.from_config(load_config(None, []).generator).on
     with pytest.raises(ValueError, match="generator.adequacy_mutants"):
         AdequacySettings(mutants=-2)
+
+
+@pytest.mark.slow  # imports the training loop's stage (torch)
+def test_a_proposal_path_runs_the_check_from_the_config(task_sb):
+    """generator.source=random_edits' proposals (as the loop makes them) meet the adequacy check the config asks for:
+    at a minimum of 1.0 some valid edits of procedural references are turned away for a surviving mutant."""
+    import random
+
+    from generator.build import generate_tasks
+    from selfplay.train.proposals import random_edit_rollouts
+
+    groups = [[t] for t in generate_tasks(12, level=3, seed=5, sb=task_sb)]
+    cfg = load_config(None, ["generator.adequacy_mutants=8", "generator.adequacy_min_kill=1.0"])
+    strict = AdequacySettings.from_config(cfg.generator)
+    plain = random_edit_rollouts(groups, task_sb, step=1, rng=random.Random(0))
+    judged = random_edit_rollouts(groups, task_sb, step=1, rng=random.Random(0), adequacy=strict)
+    assert [ro.answer.text for ro in judged] == [ro.answer.text for ro in plain]
+    assert all(ADEQUACY not in ro.task.checks for ro in plain if ro.task is not None)
+    assert all(ro.task.checks[ADEQUACY] for ro in judged if ro.valid)
+    turned_away = [ro for ro, p in zip(judged, plain) if p.valid and not ro.valid]
+    assert turned_away and all(ro.rejection == ADEQUACY for ro in turned_away)
+    assert all("one survives: " in ro.reasons["reason"] for ro in turned_away)
