@@ -21,6 +21,7 @@ no entry point to rename) gives None: the caller asks it as a program task inste
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import io
 import tokenize
@@ -41,10 +42,12 @@ MAX_KEPT_ANSWER_CHARS = 2000  # of an answer's text kept as the episode's `code`
 
 # ======================================================================================== conversion
 def _names(program: str) -> list[tokenize.TokenInfo] | None:
+    """The program's NAME tokens that are not attributes (`x.name`), or None when it does not tokenize."""
     try:
-        return [t for t in tokenize.generate_tokens(io.StringIO(program).readline) if t.type == tokenize.NAME]
-    except (tokenize.TokenError, SyntaxError, IndentationError):
+        tokens = list(tokenize.generate_tokens(io.StringIO(program).readline))
+    except (tokenize.TokenError, SyntaxError, IndentationError, ValueError, RecursionError, MemoryError):
         return None
+    return [t for i, t in enumerate(tokens) if t.type == tokenize.NAME and (i == 0 or tokens[i - 1].string != ".")]
 
 
 def _replace(program: str, tokens: Sequence[tokenize.TokenInfo], new: str) -> str:
@@ -57,14 +60,18 @@ def _replace(program: str, tokens: Sequence[tokenize.TokenInfo], new: str) -> st
 
 
 def rename_entry(program: str, entry_point: str) -> str | None:
-    """`program` with its function `entry_point` called `f` (code_io's ENTRY_POINT) wherever the name stands, the
-    text otherwise unchanged; a name `f` the program already uses is renamed first (to `f_0`, or the first free
-    `f_<n>`). None when the program does not tokenize or never names `entry_point`."""
-    if entry_point == ENTRY_POINT:
-        return program if _names(program) is not None else None
+    """`program` with its function `entry_point` called `f` (code_io's ENTRY_POINT) wherever the name stands
+    (attributes aside), the text otherwise unchanged; a name `f` the program already uses is renamed first (to `f_0`,
+    or the first free `f_<n>`). None when the program does not parse or defines no top-level `entry_point`."""
     names = _names(program)
-    if names is None or not any(t.string == entry_point for t in names):
+    try:
+        tree = ast.parse(program)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
+    if names is None or not any(isinstance(n, ast.FunctionDef) and n.name == entry_point for n in tree.body):
+        return None
+    if entry_point == ENTRY_POINT:
+        return program
     used = {t.string for t in names}
     if ENTRY_POINT in used:
         free = next(f"{ENTRY_POINT}_{i}" for i in range(len(used) + 1) if f"{ENTRY_POINT}_{i}" not in used)

@@ -64,6 +64,10 @@ def test_the_entry_point_is_renamed_f_and_a_name_f_of_its_own_first():
         "def f(n):\n    return f(n - 1) if n else 0\n"
     )
     assert rename_entry("def g(x):\n    return x\n", "solve") is None  # no entry point to rename
+    assert rename_entry("def solve(x):\n    return x.solve + math.f\n", "solve") == (
+        "def f(x):\n    return x.solve + math.f\n"  # attributes are not names of the program
+    )
+    assert rename_entry("solve = 3\n", "solve") is None  # not a function
     assert rename_entry("def solve(x:\n", "solve") is None  # does not tokenize
 
 
