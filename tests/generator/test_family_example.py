@@ -96,11 +96,19 @@ def test_a_bad_family_is_refused_naming_what_is_wrong(name, kind, weight, steps,
     assert [dict(table) for table in TABLES] == before  # nothing half-registered
 
 
-def test_docs_example_is_the_module_the_test_runs():
-    """docs/extending.md shows docs/examples/select_family.py as it is, not a copy that could drift."""
+def guide_block(heading: str) -> tuple[str, str]:
+    """(the first Python block of docs/extending.md's section `heading`, up to the next section; the text of the
+    module under docs/examples/ that the section links to first)."""
     root = Path(__file__).resolve().parents[2]
     guide = (root / "docs" / "extending.md").read_text()
-    section = guide[guide.index("## 3. A task family") : guide.index("## 4. ")]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    module = (root / "docs" / "examples" / "select_family.py").read_text()
-    assert block.startswith("NAME = ") and block in module
+    start = guide.index(heading)
+    end = guide.find("\n## ", start + 1)  # the next section, or the end of the page
+    section = guide[start : end if end >= 0 else None]
+    example = section.split("](examples/", 1)[1].split(")", 1)[0]
+    return section.split("```python\n", 1)[1].split("```", 1)[0], (root / "docs" / "examples" / example).read_text()
+
+
+def test_docs_example_is_the_module_the_test_runs():
+    """docs/extending.md shows docs/examples/select_family.py as it is, not a copy that could drift."""
+    block, module = guide_block("## 3. A task family")
+    assert block.startswith("NAME = ") and block in module and "NAME = " in module

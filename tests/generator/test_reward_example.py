@@ -2,8 +2,6 @@
 `LEARNABILITIES` (generator/rewards.py), the worked example of the docs, docs/examples/uncertainty_reward.py,
 chosen by `generator.reward.learnability` and run through the loop's reward stage, and the refusals."""
 
-from pathlib import Path
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -23,6 +21,7 @@ from selfplay.runtime.config import load_config
 from selfplay.runtime.errors import UserError
 from selfplay.train.proposals import SharedProposal, reward_proposals
 from selfplay.train.setup import validate_config
+from tests.generator.test_family_example import guide_block
 
 
 def test_the_built_in_learnabilities_and_the_example_are_registered_by_name():
@@ -93,9 +92,5 @@ def test_a_taken_name_and_a_value_outside_0_1_are_refused_naming_the_learnabilit
 
 def test_docs_example_is_the_module_the_test_runs():
     """docs/extending.md shows docs/examples/uncertainty_reward.py's learnability as it is."""
-    root = Path(__file__).resolve().parents[2]
-    guide = (root / "docs" / "extending.md").read_text()
-    section = guide[guide.index("## 8. A reward") :]
-    block = section.split("```python\n", 1)[1].split("```", 1)[0]
-    module = (root / "docs" / "examples" / "uncertainty_reward.py").read_text()
-    assert block.startswith("@register_learnability(") and block in module
+    block, module = guide_block("## 8. A reward")
+    assert block.startswith("@register_learnability(") and block in module and "def uncertainty(" in module
