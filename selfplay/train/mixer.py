@@ -325,7 +325,10 @@ class Mixer:
         return kinds
 
     def _track_kinds(self, stats: IterationStats) -> None:
-        """Each kind's learnability: the EMA of its tasks' in-band share this iteration (kinds with tasks only)."""
+        """Each kind's learnability: the EMA of its tasks' in-band share this iteration (kinds with tasks only; none
+        measured for the program kind alone, whose state stays as it was)."""
+        if not self.asks_kinds:
+            return
         for kind, rates in (stats.kind_rates or {}).items():
             share = in_band_share(rates)
             if share is not None:

@@ -64,6 +64,8 @@ def test_the_default_is_the_program_kind_alone_with_nothing_drawn():
     assert mixer.draw_kinds(7, 1) == ["program"] * 7 and not mixer.asks_kinds
     assert mixer.state_dict() == state and mixer.rng.getstate() == rng
     assert not [k for k in mixer.metrics() if k.startswith("mixer/kind/")]
+    mixer.observe(IterationStats(solve_rate=0.5, kind_rates={"program": [0.5, 1.0]}))
+    assert mixer.state_dict()["state"]["kind_learnability"] == {} == mixer.state_dict()["state"]["kind_carry"]
     assert load_config(None).mixer.kinds == {}  # an empty dict: no kind a merged override could not take out
 
 
