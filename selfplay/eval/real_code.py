@@ -299,15 +299,15 @@ class CodeProblem:
     reference: str = ""  # the benchmark's reference solution, when it ships one
 
 
-def program_prompt(description: str, tests: Sequence[str] = (), starter: str = "") -> str:
+def program_prompt(description: str, tests: Sequence[str] = (), starter: str = "", stdin: bool = False) -> str:
     """A program-writing problem as a solver prompt: the description, the tests the code must pass (MBPP shows
-    them), the starter code to complete, or how input and output travel (a stdin program)."""
+    them), the starter code to complete, and for a stdin program how input and output travel."""
     parts = [description.strip()]
     if tests:
         parts.append("Your code should pass these tests:\n\n```python\n" + "\n".join(tests) + "\n```")
     if starter.strip():
         parts.append(f"Complete this starter code:\n\n```python\n{starter.rstrip()}\n```")
-    elif not tests:
+    if stdin:
         parts.append("Read the input from standard input and print the answer to standard output.")
     parts.append("Write the program in Python.")
     return "\n\n".join(parts)
@@ -628,8 +628,9 @@ def load_livecodebench(path: str | Path, limit: int = 0) -> list[CodeProblem]:
                 f"--data {path}: question {r['question_id']}: unreadable tests ({exc}); expected {LCB_FORMAT}"
             ) from exc
         starter = r.get("starter_code") or ""
-        prompt = program_prompt(r["question_content"], starter=starter)
-        if cases and cases[0].get("testtype") == "functional":
+        functional = bool(cases) and cases[0].get("testtype") == "functional"
+        prompt = program_prompt(r["question_content"], starter=starter, stdin=not functional)
+        if functional:
             func = meta.get("func_name")
             if not func:
                 raise UserError(

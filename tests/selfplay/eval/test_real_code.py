@@ -219,6 +219,7 @@ def test_evalplus_outputs_come_from_the_canonical_solution(tmp_path, sb):
     assert grade(problems, wrong, sb) == [False, False]
     mbpp = R.load_evalplus(write_jsonl(tmp_path / "MbppPlus.jsonl", MBPP_PLUS), sb, benchmark="Mbpp")
     assert mbpp[0].tests[2] == ([[], [1]], []) and "Write the function `similar_elements`" in mbpp[0].prompt
+    assert "standard input" not in mbpp[0].prompt
     unsorted = "def similar_elements(a, b):\n    return tuple(sorted(set(a) | set(b)))\n"
     assert grade(mbpp * 2, [mbpp[0].reference, unsorted], sb) == [True, False]
 
@@ -277,6 +278,7 @@ def test_livecodebench_stdin_and_functional_problems(tmp_path, sb):
     problems = R.load_livecodebench(folder)
     assert [(p.task_id, p.mode, len(p.tests)) for p in problems] == [("abc000_a", "stdin", 2), ("1", "call", 2)]
     assert problems[1].tests[1] == ([[3, 2, 4], 6], [1, 2]) and "class Solution" in problems[1].prompt
+    assert "standard input" in problems[0].prompt and "standard input" not in problems[1].prompt
     assert grade(problems, LCB_RIGHT, sb) == [True, True]
     assert grade(problems, LCB_WRONG, sb) == [False, False]
     assert R.answer_code(problems[1], f"Here:\n```python\n{LCB_RIGHT[1]}```\n") == LCB_RIGHT[1]
