@@ -34,7 +34,9 @@ import re
 import statistics
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from generator.schema import Task
 
@@ -228,27 +230,96 @@ def evaluate_heldout(
     sampled batch draws from RNGs seeded with `seed` (and put back after): the same weights give the same samples,
     and two checkpoints are compared on common random numbers, which keeps the sampling noise out of most of
     their paired difference."""
+    order = [task for tasks in tasks_by_split.values() for task in tasks]
+    greedy, sampled = heldout_rollouts(
+        agent,
+        order,
+        sb,
+        samples=samples,
+        max_turns=max_turns,
+        reward_cfg=reward_cfg,
+        temperature=temperature,
+        max_prompt_tokens=max_prompt_tokens,
+        prompt_kw=prompt_kw,
+        seed=seed,
+    )
+    return summarize_heldout(tasks_by_split, greedy, sampled, samples)
+
+
+def heldout_rollouts(
+    agent,
+    tasks: Sequence[Task],
+    sb,
+    *,
+    samples: int = 4,
+    max_turns: int = 1,
+    reward_cfg=None,
+    temperature: float | None = None,
+    max_prompt_tokens: int | None = None,
+    prompt_kw: dict | None = None,
+    seed: int = 0,
+) -> tuple[list, list]:
+    """The greedy episodes (one per task) and the sampled ones (`samples` per task, task-major, drawn from RNGs
+    seeded with `seed`) of an evaluation over `tasks`, each kept as what `summarize_heldout` reads (`EvalEpisode`:
+    small enough to gather from the ranks of a sharded evaluation)."""
     import torch
 
     from selfplay.rollout.episodes import solver_rollouts
     from selfplay.runtime.checkpoint import preserved_rng
 
-    order = [(split, task) for split, tasks in tasks_by_split.items() for task in tasks]
-    all_tasks = [task for _, task in order]
     kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens, prompt_kw=prompt_kw)
-    greedy = solver_rollouts(agent, all_tasks, 1, sb, greedy=True, **kw) if all_tasks else []
+    greedy = solver_rollouts(agent, tasks, 1, sb, greedy=True, **kw) if tasks else []
     sampled = []
-    if samples > 1 and all_tasks:
+    if samples > 1 and tasks:
         with sampling_temperature(agent, temperature), preserved_rng():
             random.seed(seed)
             torch.manual_seed(seed)
-            sampled = solver_rollouts(agent, all_tasks, samples, sb, **kw)
-    results = {}
+            sampled = solver_rollouts(agent, tasks, samples, sb, **kw)
+    return [EvalEpisode.of(r) for r in greedy], [EvalEpisode.of(r) for r in sampled]
+
+
+@dataclass(frozen=True)
+class EvalEpisode:
+    """What an evaluation keeps of one episode: its task, its graded result and the answer's text."""
+
+    task: Task
+    result: Any  # solver.episode.EpisodeResult
+    text: str
+
+    @classmethod
+    def of(cls, rollout) -> EvalEpisode:
+        return cls(rollout.task, rollout.result, rollout.text)
+
+
+def shard_of(n: int, rank: int, world: int) -> list[int]:
+    """The indices of `n` tasks that rank `rank` of `world` evaluates: every world-th from `rank`, so that each
+    shard spans the splits and levels alike."""
+    return list(range(rank, n, world))
+
+
+def merge_shards(shards: Sequence[tuple[list, list]], n: int, samples: int) -> tuple[list, list]:
+    """The (greedy, sampled) episodes of `n` tasks in task order from each rank's `heldout_rollouts` over its
+    `shard_of` (`shards` in rank order); `samples` sampled episodes per task, or none."""
+    world = len(shards)
+    greedy: list = [None] * n
+    sampled: list = [None] * (n * samples) if any(s for _, s in shards) else []
+    for rank, (g, s) in enumerate(shards):
+        for j, i in enumerate(shard_of(n, rank, world)):
+            greedy[i] = g[j]
+            if sampled:
+                sampled[i * samples : (i + 1) * samples] = s[j * samples : (j + 1) * samples]
+    return greedy, sampled
+
+
+def summarize_heldout(tasks_by_split: dict[str, list[Task]], greedy: Sequence, sampled: Sequence, samples: int) -> dict:
+    """`evaluate_heldout`'s results from the episodes of its tasks in split order (`heldout_rollouts`)."""
+    order = [split for split, tasks in tasks_by_split.items() for _ in tasks]
+    results: dict = {}
     groups = {"by_family": lambda task: task.family, "by_level": lambda task: f"level_{task.level}"}
     breakdowns: dict[str, dict] = {name: {} for name in groups}
     per_task: dict[str, dict] = {}
     for split in tasks_by_split:
-        idx = [i for i, (s, _) in enumerate(order) if s == split]
+        idx = [i for i, s in enumerate(order) if s == split]
         g = [greedy[i] for i in idx]
         s = [r for i in idx for r in sampled[i * samples : (i + 1) * samples]]
         results[split] = summarize_split(g, s, samples)

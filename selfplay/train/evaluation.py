@@ -1,33 +1,46 @@
-"""The held-out evaluation of a run's solver, where the loop calls it: at step 0 (the warm start), every
-`train.eval_every` steps, at the last step, and on a resume that a stop left without its periodic evaluation.
-`run` is the `SelfPlay` whose solver is measured (selfplay/train/loop.py); its results go to TensorBoard
+"""The held-out evaluation of a run's solver, sharded over the ranks, where the loop calls it: at step 0 (the warm
+start), every `train.eval_every` steps, at the last step, and on a resume that a stop left without its periodic
+evaluation. `run` is the `SelfPlay` whose solver is measured (selfplay/train/loop.py); its results go to TensorBoard
 (`eval/<split>/...`) and into `run.evals`, which the next checkpoint keeps."""
 
 from __future__ import annotations
 
 import time
 
-from selfplay.eval.evaluate import BREAKDOWNS, evaluate_heldout, heldout_scalars, heldout_tasks
+from selfplay.eval.evaluate import (
+    BREAKDOWNS,
+    heldout_rollouts,
+    heldout_scalars,
+    heldout_tasks,
+    merge_shards,
+    shard_of,
+    summarize_heldout,
+)
 from selfplay.rollout.episodes import prompt_options
 from selfplay.runtime import distributed as D
 from selfplay.runtime.checkpoint import preserved_rng
 
 
 def evaluate(run, step: int) -> dict:
-    """Held-out evaluation by rank 0; under ZeRO-3 every rank takes part (each generation step gathers the
-    partitioned weights from all ranks) and rank 0 keeps the results."""
+    """Held-out evaluation of the solver; rank 0 keeps the results. On several ranks each evaluates a shard of the
+    tasks (`shard_of`: every world-th task) with its own engine and rank 0 merges them, so an evaluation takes
+    1/world of the time and no rank idles in a collective while rank 0 works alone. Under ZeRO-3 every rank takes
+    part in the whole evaluation instead (each generation step gathers the partitioned weights from all ranks, so
+    the ranks must run the same steps). A shard's samples are drawn from `run.seed + rank`: on one rank, and for
+    a given world size, the same weights give the same samples."""
     cfg = run.cfg
-    everyone = run.world > 1 and run.solver.zero3
-    if not (run.main or everyone):
-        return {}
+    zero3 = run.world > 1 and run.solver.zero3
     t0 = time.perf_counter()
     tasks = heldout_tasks(run.run_dir, cfg, run.sb, run.corpus) if run.main else None
-    if everyone:
+    if run.world > 1:
         tasks = D.broadcast_object(tasks)
+    assert tasks is not None
+    order = [task for split_tasks in tasks.values() for task in split_tasks]
+    mine = order if zero3 else [order[i] for i in shard_of(len(order), run.rank, run.world)]
     with preserved_rng():  # a run's last evaluation must not shift the draws of a run that continues it
-        results = evaluate_heldout(
+        episodes = heldout_rollouts(
             run.solver,
-            tasks,
+            mine,
             run.sb,
             samples=cfg.eval.samples,
             max_turns=cfg.train.max_turns,
@@ -35,14 +48,18 @@ def evaluate(run, step: int) -> dict:
             temperature=cfg.eval.temperature,
             max_prompt_tokens=cfg.warmstart.max_len,
             prompt_kw=prompt_options(cfg),
-            seed=cfg.run.seed,
+            seed=cfg.run.seed + (0 if zero3 else run.rank),
         )
+    if run.world > 1 and not zero3:
+        episodes = merge_shards(D.gather_objects(episodes), len(order), cfg.eval.samples)
     if not run.main:
         return {}
+    results = summarize_heldout(tasks, *episodes, cfg.eval.samples)
     run.tb.scalars(heldout_scalars(results), step)
     run.evals[str(step)] = results
     line = ", ".join(f"{s} {r.get('pass@1_greedy', 0):.2f}" for s, r in results.items() if s not in BREAKDOWNS)
-    run.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s)")
+    shards = f", {run.world} shards" if run.world > 1 and not zero3 else ""
+    run.log(f"eval step {step}: greedy pass@1 {line} ({time.perf_counter() - t0:.0f}s{shards})")
     return results
 
 

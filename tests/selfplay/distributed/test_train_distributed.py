@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from selfplay.eval.evaluate import read_heldout
 from tests.conftest import REPO, SMOKE, copy_run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -57,6 +58,12 @@ def test_two_ranks_stay_in_sync_and_reproduce(warm_run, tmp_path):
     assert set(sa["param_checksums"]) == {"solver", "generator"}  # equal on both ranks, else the run fails
     assert sa["param_checksums"] == sb["param_checksums"]  # same seed, same world size: same weights
     assert sa["history"] == sb["history"]
+    # the last evaluation is sharded over the two ranks: every held-out task once, the same on a repeat
+    heldout = read_heldout(a / "heldout.jsonl")
+    final = sa["evals"]["2"]
+    for split, tasks in heldout.items():
+        assert final[split]["tasks"] == len(tasks) and set(final["per_task"][split]) == {t.id for t in tasks}
+    assert sa["evals"] == sb["evals"]
 
 
 def test_zero3_gathers_partitions_for_checks_and_checkpoints(warm_run, tmp_path):
