@@ -1,0 +1,194 @@
+"""Preemption that loses nothing: a stop request is answered at the next stage boundary of an iteration (before the
+update the iteration is abandoned and the last completed step checkpointed as it stood; after it the iteration is
+finished), and the resumed run matches the uninterrupted one bit for bit (the comparison of test_resume_exact.py).
+The frozen reference is written once, with step_0; later checkpoints point to it, pruning keeps it.
+
+The stop comes as a real SIGUSR1 that the run sends itself right after a chosen stage of a chosen step (a subclass of
+the loop, in its own process), so the boundary it meets is known.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from selfplay.models.agent import load_agent_parts
+from selfplay.runtime.checkpoint import REFERENCE_POINTER, CheckpointManager, reference_folder
+from tests.conftest import REPO, SMOKE, copy_run
+from tests.selfplay.train.test_resume_exact import (
+    agent_fingerprint,
+    checkpoint,
+    corpus_rows,
+    resumable_state,
+    step_scalars,
+    train,
+)
+
+# a run of the smoke config that sends itself SIGUSR1 right after stage method STAGE of step STEP
+STOPPING_RUN = """
+import os, signal, sys
+from selfplay.runtime.config import load_config
+from selfplay.train.loop import SelfPlay
+
+stage, step, overrides = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+
+class Stopped(SelfPlay):
+    pass
+
+def stopping(self, *args, **kwargs):
+    out = getattr(SelfPlay, stage)(self, *args, **kwargs)
+    if self.step == step:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return out
+
+setattr(Stopped, stage, stopping)
+loop = Stopped(load_config(overrides[0], overrides[1:]))
+try:
+    summary = loop.run()
+finally:
+    loop.close()
+assert summary["stopped"], summary
+"""
+
+
+def stopping_run(run: Path, stage: str, step: int, *overrides: str) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-c", STOPPING_RUN, stage, str(step), *SMOKE, f"run.dir={run}", *overrides],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONHASHSEED": "4"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def straight(warm_run, tmp_path_factory) -> Path:
+    """The uninterrupted run: steps 0 -> 2 in one process."""
+    run = copy_run(warm_run, tmp_path_factory.mktemp("straight"))
+    train(run, 2, "1")
+    return run
+
+
+def assert_same_run(a: Path, b: Path, step: int) -> None:
+    for name in ("solver", "generator"):
+        assert agent_fingerprint(checkpoint(a, step) / name) == agent_fingerprint(checkpoint(b, step) / name), name
+    assert resumable_state(checkpoint(a, step)) == resumable_state(checkpoint(b, step))
+    assert step_scalars(a, step) == step_scalars(b, step)
+    assert corpus_rows(a) == corpus_rows(b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "stage,step,boundary,saved",
+    [
+        ("_attempt", 2, "the solver rollouts", 1),  # mid-iteration: step 2 abandoned, step 1 checkpointed as it stood
+        ("_propose", 2, "the proposals", 1),
+        ("_update", 1, "the PPO update", 1),  # the update done: step 1 finished and checkpointed
+    ],
+)
+def test_a_stop_at_a_stage_boundary_resumes_to_the_uninterrupted_run(
+    warm_run, straight, tmp_path, stage, step, boundary, saved
+):
+    run = copy_run(warm_run, tmp_path)
+    out = stopping_run(run, stage, step, "train.steps=2", "run.torch_threads=1")
+    assert f"stop requested: checkpoint step_{saved} written" in out and f"answered after {boundary})" in out, out
+    assert (f"after {boundary} of step {step}: the iteration is abandoned" in out) == (stage != "_update")
+    assert checkpoint(run, saved) and json.loads((checkpoint(run, saved) / "state.json").read_text())["step"] == saved
+    train(run, 2, "3")
+    assert_same_run(straight, run, 2)
+
+
+@pytest.mark.slow
+def test_a_stop_after_the_update_leaves_the_step_s_evaluation_for_the_resume(warm_run, tmp_path):
+    """After the update the iteration is finished and checkpointed at once: its periodic evaluation is left for the
+    resumed run, which measures it before step 2."""
+    run = copy_run(warm_run, tmp_path)
+    first = stopping_run(run, "_update", 1, "train.steps=3", "train.eval_every=1")
+    assert "stop requested: checkpoint step_1 written" in first and "eval step 1" not in first
+    state = json.loads((checkpoint(run, 1) / "state.json").read_text())
+    assert state["step"] == 1 and "1" not in state["evals"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "selfplay", "train", *SMOKE, f"run.dir={run}", "train.steps=3", "train.eval_every=1"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "step 1: its evaluation was left for the resume by a stop" in out
+    assert out.index("eval step 1") < out.index("eval step 2")
+    state = json.loads((checkpoint(run, 3) / "state.json").read_text())
+    assert {"1", "2", "3"} <= set(state["evals"]) and [h["step"] for h in state["history"]] == [1, 2, 3]
+
+
+def tree_digest(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `folder`: its bytes' sha256 and its modification time (ns)."""
+    return {
+        str(f.relative_to(folder)): (hashlib.sha256(f.read_bytes()).hexdigest(), f.stat().st_mtime_ns)
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+    }
+
+
+@pytest.mark.slow
+def test_the_reference_is_written_once_and_a_resume_loads_it(warm_run, tmp_path):
+    run = copy_run(warm_run, tmp_path)
+    before = {a: tree_digest(run / "checkpoints" / "step_0" / a / "reference") for a in ("solver", "generator")}
+    train(run, 2, "1")  # smoke: checkpoints at step 2 only
+    train(run, 3, "2")  # resumed from step 2, which points to step_0's reference, and saved again at step 3
+    for agent in ("solver", "generator"):
+        home = run / "checkpoints" / "step_0" / agent / "reference"
+        assert tree_digest(home) == before[agent], agent  # the same bytes, never rewritten
+        for step in (2, 3):
+            folder = run / "checkpoints" / f"step_{step}" / agent
+            assert not (folder / "reference").exists()
+            assert json.loads((folder / REFERENCE_POINTER).read_text()) == {"path": f"step_0/{agent}/reference"}
+            assert reference_folder(folder) == home
+        _, reference, _ = load_agent_parts(run / "checkpoints" / "step_3" / agent)
+        _, original, _ = load_agent_parts(run / "checkpoints" / "step_0" / agent)
+        theirs = original.state_dict()
+        assert all(torch.equal(t, theirs[k]) for k, t in reference.state_dict().items())
+
+
+@settings(max_examples=12, deadline=None)
+@given(keep_last=st.integers(1, 3), steps=st.lists(st.integers(1, 12), min_size=1, max_size=6, unique=True))
+def test_pruning_keeps_step_0_and_every_reference_a_kept_checkpoint_points_to(tmp_path_factory, keep_last, steps):
+    """Checkpoints whose agents point to step_0's reference, or to another step's (a run whose first checkpoint was
+    not step_0): pruning leaves at most keep_last of the others, and never a pointed-to one, nor step_0."""
+    ckpt = CheckpointManager(tmp_path_factory.mktemp("run"), keep_last)
+    steps = sorted(steps)
+    home = f"step_{steps[0]}"  # the first saved holds the reference; step_0 holds its own
+
+    def write(step: int, pointer: str | None) -> None:
+        def files(folder: Path) -> None:
+            (folder / "solver").mkdir()
+            if pointer is None:
+                (folder / "solver" / "reference").mkdir()
+            else:
+                (folder / "solver" / REFERENCE_POINTER).write_text(json.dumps({"path": f"{pointer}/solver/reference"}))
+
+        ckpt.save(step, {}, files)
+
+    write(0, None)
+    for i, step in enumerate(steps):
+        write(step, None if i == 0 else home)
+        left = ckpt.steps()
+        assert 0 in left and steps[0] in left and step in left
+        others = [s for s in left if s not in (0, steps[0])]
+        assert len(others) <= keep_last
+        for s in left:
+            folder = ckpt.root / f"step_{s}" / "solver"
+            assert reference_folder(folder).is_dir()
