@@ -9,27 +9,25 @@ The last three are solver/code_io.py's kinds, asked about any `generator.schema.
 generator-made): `code_io_tasks` turns tasks into code_io's `CodeIOTask`s, and `KindEpisode` is their one-turn
 episode, graded by code_io's verifiers in the sandbox and rewarded by the run's reward config (solver/rewards.py).
 
-The conversion: the reference's entry point is renamed to code_io's `f` (by token, so its text is kept; a name `f`
-it already uses is renamed first), and the renamed program is run on every test's input in the sandbox, which
-gives each output with its Python type (a tuple stays a tuple: a JSON test output would read as a list). A pair is
-kept only where that output, seen as JSON, equals the test's stored output. Deduction and abduction ask about one
-kept pair, chosen by a hash of the task's id and the kind (the same for every sample and every rank); induction
-shows the kept visible pairs with the description (one line, cut to code_io's message length) and grades on the
-kept hidden ones. A task that cannot be asked in a kind (no pair kept, no visible or no hidden pair for induction,
-no entry point to rename) gives None: the caller asks it as a program task instead.
+The conversion: the reference's entry point is renamed to code_io's `f` (generator.code_io.rename_entry: by token,
+so its text is kept; a name `f` it already uses is renamed first), and the renamed program is run on every test's
+input in the sandbox, which gives each output with its Python type (a tuple stays a tuple: a JSON test output
+would read as a list). A pair is kept only where that output, seen as JSON, equals the test's stored output.
+Deduction and abduction ask about one kept pair, chosen by a hash of the task's id and the kind (the same for every
+sample and every rank); induction shows the kept visible pairs with the description (one line, cut to code_io's
+message length) and grades on the kept hidden ones. A task that cannot be asked in a kind (no pair kept, no
+visible or no hidden pair for induction, no top-level entry point to rename) gives None: the caller asks it as a
+program task instead.
 """
 
 from __future__ import annotations
 
-import ast
 import hashlib
-import io
-import tokenize
 from collections.abc import Sequence
 
 import sandbox
-from generator.code_io import ENTRY_POINT, MAX_MESSAGE_CHARS, AcceptedProposal, call_many
 from generator.code_io import KINDS as CODE_IO_KINDS
+from generator.code_io import MAX_MESSAGE_CHARS, AcceptedProposal, call_many, rename_entry
 from generator.schema import Task
 from solver.code_io import CodeIOTask, abduction_tasks, deduction_tasks, induction_task, task_prompt, verify
 from solver.episode import EpisodeResult
@@ -41,45 +39,6 @@ MAX_KEPT_ANSWER_CHARS = 2000  # of an answer's text kept as the episode's `code`
 
 
 # ======================================================================================== conversion
-def _names(program: str) -> list[tokenize.TokenInfo] | None:
-    """The program's NAME tokens that are not attributes (`x.name`), or None when it does not tokenize."""
-    try:
-        tokens = list(tokenize.generate_tokens(io.StringIO(program).readline))
-    except (tokenize.TokenError, SyntaxError, IndentationError, ValueError, RecursionError, MemoryError):
-        return None
-    return [t for i, t in enumerate(tokens) if t.type == tokenize.NAME and (i == 0 or tokens[i - 1].string != ".")]
-
-
-def _replace(program: str, tokens: Sequence[tokenize.TokenInfo], new: str) -> str:
-    """`program` with each of `tokens` (one-line NAME tokens) replaced by `new`."""
-    lines = program.splitlines(keepends=True)
-    for tok in sorted(tokens, key=lambda t: t.start, reverse=True):
-        (row, start), (_, end) = tok.start, tok.end
-        lines[row - 1] = lines[row - 1][:start] + new + lines[row - 1][end:]
-    return "".join(lines)
-
-
-def rename_entry(program: str, entry_point: str) -> str | None:
-    """`program` with its function `entry_point` called `f` (code_io's ENTRY_POINT) wherever the name stands
-    (attributes aside), the text otherwise unchanged; a name `f` the program already uses is renamed first (to `f_0`,
-    or the first free `f_<n>`). None when the program does not parse or defines no top-level `entry_point`."""
-    names = _names(program)
-    try:
-        tree = ast.parse(program)
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        return None
-    if names is None or not any(isinstance(n, ast.FunctionDef) and n.name == entry_point for n in tree.body):
-        return None
-    if entry_point == ENTRY_POINT:
-        return program
-    used = {t.string for t in names}
-    if ENTRY_POINT in used:
-        free = next(f"{ENTRY_POINT}_{i}" for i in range(len(used) + 1) if f"{ENTRY_POINT}_{i}" not in used)
-        program = _replace(program, [t for t in names if t.string == ENTRY_POINT], free)
-        names = _names(program) or []
-    return _replace(program, [t for t in names if t.string == entry_point], ENTRY_POINT)
-
-
 def _message(description: str) -> str:
     """The description on one line, cut to code_io's message length."""
     text = " ".join(description.split())

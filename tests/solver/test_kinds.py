@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from generator.build import generate_tasks
+from generator.code_io import rename_entry
 from generator.schema import Task
 from solver.code_io import CodeIOTask, verify
-from solver.kinds import KINDS, KindEpisode, code_io_tasks, kind_prompt, rename_entry
+from solver.kinds import KINDS, KindEpisode, code_io_tasks, kind_prompt
 from solver.rewards import RewardConfig
 
 BINARY = RewardConfig(correctness=0.0, solved=1.0)  # the binary reward: 1 when solved, else 0
