@@ -337,7 +337,7 @@ def test_a_smoke_run_of_configs_code_io_proposes_parses_and_validates(tmp_path):
         "eval.samples=2",
         timeout=1500,
     )
-    scalars = read_scalars(run / "tb")
+    scalars = read_scalars(run)
     assert len(scalars["generator/parse_rate"]) == 2
     for step, rate in scalars["generator/validity_rate"]:  # every proposal valid, or rejected by a named check
         rejected = sum(v for k, s in scalars.items() if k.startswith("generator/rejected/") for t, v in s if t == step)
