@@ -53,11 +53,13 @@ from generator.schema import SchemaError, Task, check_json_value
 from generator.validity import CODE_IO_FAMILY, MIN_HIDDEN, MIN_VISIBLE, validate_many
 
 N_INPUTS = 6  # inputs a prompt asks for: three shown to the solver, three hidden (tasks.n_visible = 3)
-# what a prompt shows of each reference: two calls, each value cut to 80 characters (the tiny world's prompts fit
-# in warmstart.max_len with room for the answer)
+# what a prompt shows of each reference: two calls, each value cut to 80 characters (the warm start's prompts with
+# two references take 365 tokens (median) and 477 (90th percentile) of the tiny world's tokenizer)
 PROMPT_PAIRS, PROMPT_CHARS = 2, 80
 TARGET_ARGS_CHARS = 80  # a warm-start target's inputs: the calls of its task whose arguments are this short
-MAX_ANSWER_TOKENS = 512  # the cap of one answer's budget (a warm-start target of the tiny world: p50 195, p90 276 tokens)
+# the cap of one answer's budget (agents.generator.max_new_tokens is capped by it): the warm-start targets take
+# 195 tokens (median) and 276 (90th percentile) of the tiny world's tokenizer
+MAX_ANSWER_TOKENS = 512
 DESCRIPTION = "Write a Python function `f` that gives, for each call shown in the examples, the output shown."
 HINT = " Hint: "
 
