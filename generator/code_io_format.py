@@ -54,7 +54,7 @@ from generator.validity import CODE_IO_FAMILY, MIN_HIDDEN, MIN_VISIBLE, validate
 
 N_INPUTS = 6  # inputs a prompt asks for: three shown to the solver, three hidden (tasks.n_visible = 3)
 # what a prompt shows of each reference: two calls, each value cut to 80 characters (the warm start's prompts with
-# two references take 365 tokens (median) and 477 (90th percentile) of the tiny world's tokenizer)
+# one reference, as the tiny world's train.references, take 365 tokens (median) and 477 (90th percentile))
 PROMPT_PAIRS, PROMPT_CHARS = 2, 80
 TARGET_ARGS_CHARS = 80  # a warm-start target's inputs: the calls of its task whose arguments are this short
 # the cap of one answer's budget (agents.generator.max_new_tokens is capped by it): the warm-start targets take
