@@ -64,25 +64,15 @@ def test_a_warm_start_killed_before_its_evaluation_is_evaluated_from_step_0_on_t
 
 
 @pytest.mark.slow
-def test_a_stop_checkpoints_before_the_step_s_evaluation_and_the_resume_runs_it(warm_run, tmp_path):
-    # A stop (SIGUSR1/SIGTERM or the stop file) is answered before the periodic evaluation, so the checkpoint is
-    # written within the signal's grace period; the evaluation it left is run when the run resumes, before step 2.
+def test_a_stop_requested_before_the_first_iteration_stops_at_once(warm_run, tmp_path):
+    # A stop (SIGUSR1/SIGTERM or the stop file) is answered at the next stage boundary, the start of an iteration
+    # too: a run started with the stop file present trains nothing, keeps its checkpoint and exits 0. (A stop after
+    # an update, whose evaluation is left for the resume: tests/selfplay/train/test_preempt.py.)
     run, stop = copy_run(warm_run, tmp_path), tmp_path / "stop"
     stop.touch()
-    first = selfplay(
-        "train", *SMOKE, f"run.dir={run}", "train.steps=3", "train.eval_every=1", env={"SELFPLAY_STOP_FILE": str(stop)}
-    )
-    assert "stop requested: checkpoint step_1 written" in first.stdout + first.stderr
-    assert "eval step 1" not in first.stdout + first.stderr
-    assert latest_state(run)["step"] == 1 and "1" not in latest_state(run)["evals"]
-    stop.unlink()
-    second = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3", "train.eval_every=1")
-    out = second.stdout + second.stderr
-    assert "step 1: its evaluation was left for the resume by a stop" in out
-    assert out.index("eval step 1") < out.index("eval step 2")
-    state = latest_state(run)
-    assert state["step"] == 3 and {"1", "2", "3"} <= set(state["evals"])
-    assert [h["step"] for h in state["history"]] == [1, 2, 3]
+    first = selfplay("train", *SMOKE, f"run.dir={run}", "train.steps=3", env={"SELFPLAY_STOP_FILE": str(stop)})
+    assert "stop requested: step_0 is already checkpointed" in first.stdout + first.stderr
+    assert latest_state(run)["step"] == 0 and not (run / "summary.json").exists()
 
 
 @pytest.mark.slow  # measured over 9 s: out of the fast subset
