@@ -6,9 +6,16 @@
 #   sbatch --nodes=4 slurm/selfplay.sh configs/gpu_7b.yaml     # sbatch options override the #SBATCH lines
 #   NPROC_PER_NODE=2 sbatch --export=ALL slurm/selfplay.sh configs/smoke.yaml   # CPU-only nodes: 2 ranks (gloo)
 #
-# Preemption: SLURM sends USR1 to this script `--signal` seconds before the time limit. The trap writes a stop
-# file that rank 0 polls between iterations; all ranks finish the current iteration, write a checkpoint and exit,
-# and this script requeues the job, which resumes from that checkpoint (run.dir must be on shared storage).
+# Preemption: SLURM sends USR1 to this script `--signal` seconds before the time limit, and SIGTERM to every process
+# of the job when it preempts it (then SIGKILL after the partition's GraceTime/KillWait). Both are answered alike: the
+# trap writes a stop file that the ranks poll at each stage boundary of an iteration, and SIGTERM reaches the ranks
+# themselves (torchrun ignores it here, instead of killing its workers 30 s later); the ranks checkpoint the last
+# completed step (or finish an iteration whose update is done), exit 0, and this script requeues the job, which
+# resumes from that checkpoint (run.dir must be on shared storage).
+# The USR1 lead: a stop is answered within the longest stage of an iteration plus the checkpoint's write, and SLURM
+# may send the signal up to 60 s late; the longest stage measured (docs/pretrained.md, the 1.5B world on a CPU: the
+# PPO updates, 119 + 11 s) plus a checkpoint plus 60 s is about 200 s, so 300 s leaves a margin. Raise it when a run's
+# longest `time/*` stage in TensorBoard is longer (docs/usage.md, Preemption).
 #
 # Edit these defaults for your cluster:
 #SBATCH --job-name=selfplay
@@ -63,21 +70,30 @@ fi
 CPUS_PER_TASK=${SLURM_CPUS_ON_NODE:-$(nproc)}
 export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK
 
-# ---- preemption: USR1 -> stop file -> checkpoint -> requeue -----------------------------------------------
+# ---- preemption: USR1 or TERM -> stop file -> checkpoint -> requeue ------------------------------------------
 export SELFPLAY_STOP_FILE="${SLURM_SUBMIT_DIR:-$(pwd)}/.selfplay-stop-${SLURM_JOB_ID}"
 rm -f "$SELFPLAY_STOP_FILE"
-on_usr1() {
-  echo "selfplay.sh: USR1 received at $(date -u +%FT%TZ): asking ranks to checkpoint and stop"
+on_stop() {
+  echo "selfplay.sh: $1 received at $(date -u +%FT%TZ): asking ranks to checkpoint and stop"
   touch "$SELFPLAY_STOP_FILE"
 }
-trap on_usr1 USR1
+trap 'on_stop USR1' USR1
+trap 'on_stop TERM' TERM
+# torchrun answers SIGTERM by sending it on to its workers and killing them 30 s later, mid-iteration: here it
+# ignores it (`--signals-to-handle` without it, where torchrun has the option; the ignored signal is inherited
+# across exec), and each rank handles its own SIGTERM (a stop request)
 
 echo "selfplay.sh: job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0}: $SLURM_NNODES node(s) x $NPROC_PER_NODE" \
      "process(es), $CPUS_PER_TASK cores a node, master $MASTER_ADDR:$MASTER_PORT, config $CONFIG ${OVERRIDES[*]:-}"
 
 srun --kill-on-bad-exit=1 --ntasks-per-node=1 --cpus-per-task="$CPUS_PER_TASK" bash -c '
   echo "selfplay.sh: node $SLURM_NODEID: $(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc) usable cores"
-  exec python -m torch.distributed.run --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
+  trap "" TERM
+  signals=()
+  if python -m torch.distributed.run --help 2>/dev/null | grep -q -- --signals-to-handle; then
+    signals=(--signals-to-handle SIGINT,SIGHUP,SIGQUIT)
+  fi
+  exec python -m torch.distributed.run "${signals[@]}" --nnodes "$SLURM_NNODES" --node_rank "$SLURM_NODEID" \
     --nproc_per_node "'"$NPROC_PER_NODE"'" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT" \
     --max_restarts 0 -m selfplay train "$@"' selfplay "$CONFIG" "${OVERRIDES[@]}" &
 SRUN_PID=$!

@@ -121,6 +121,31 @@ def test_usr1_checkpoints_requeues_and_resumes(warm_run, tmp_path):
     assert not (REPO / f".selfplay-stop-{job}").exists()
 
 
+def test_sigterm_to_every_process_checkpoints_requeues_and_resumes(warm_run, tmp_path):
+    """SIGTERM to every process of the job step (torchrun and the ranks) and to the script, as a preemption sends it:
+    torchrun ignores it instead of killing its workers 30 s later, the ranks checkpoint at the next stage boundary,
+    the script requeues the job."""
+    need_cluster()
+    run = copy_run(warm_run, tmp_path)
+    job = sbatch(run, "train.steps=4", "train.checkpoint_every=1")
+    deadline = time.time() + 900
+    while latest(run) == "step_0":  # let it get into the loop
+        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
+        time.sleep(1)
+    subprocess.run(["scancel", "--signal=TERM", job], check=True)  # the step's processes
+    subprocess.run(["scancel", "--signal=TERM", "--batch", job], check=True)  # the script
+    assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 1200) == "COMPLETED", log_text(run)[-3000:]
+    log = log_text(run)
+    assert "TERM received" in log and "requeueing job" in log and "restart 1:" in log
+    stopped = re.search(r"stop requested: checkpoint step_(\d+) written ([\d.]+) s after the request", log)
+    assert stopped and 1 <= int(stopped.group(1)) < 4, log[-3000:]
+    assert f"loaded {run}/checkpoints/step_{stopped.group(1)}" in log  # the requeued job resumed from it
+    assert "Traceback" not in log and "SIGKILL" not in log
+    st = state(run)
+    assert st["step"] == 4 and [h["step"] for h in st["history"]] == [1, 2, 3, 4]
+    assert not (REPO / f".selfplay-stop-{job}").exists()
+
+
 def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
     need_cluster()
     run = copy_run(warm_run, tmp_path)
