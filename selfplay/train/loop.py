@@ -38,9 +38,9 @@ continued run's draws. A run killed between checkpoints leaves the corpus rows o
 append-only); resuming it is then not exact, and says so. `train.steps` is the total, so raising it continues a
 finished run. A stop request (SIGUSR1/SIGTERM, or the file named by $SELFPLAY_STOP_FILE, as slurm/selfplay.sh does
 on preemption) is answered at the next stage boundary of the iteration (`STAGES`): before the PPO update, the
-iteration's unfinished work is abandoned and the last completed step is checkpointed as it stood (its RNGs, mixer,
-task source and replay as they were when the iteration began, so the resumed run repeats the iteration and matches
-an uninterrupted one); after the update, the rest of the iteration (corpus, mixer, logs) is cheap and is finished,
+iteration's unfinished work is abandoned and the last completed step is checkpointed as it stood (its RNGs, mixer
+and task source as they were when the iteration began, so the resumed run repeats the iteration and matches an
+uninterrupted one); after the update, the rest of the iteration (corpus, mixer, logs) is cheap and is finished,
 then the step is checkpointed without its periodic evaluation (run on the resume). Then the run exits 0.
 """
 
