@@ -26,6 +26,7 @@ from typing import Protocol
 
 import sandbox
 from generator.adequacy import AdequacyResult, AdequacySettings, measure_many
+from generator.code_io_values import behaviour_key, output_refusal, stricter_refusal
 from generator.families.values import ELEMENTS, probe_inputs
 from generator.fingerprint import ast_hash, behaviour_hash, canonical_json, task_id
 from generator.schema import SchemaError, Task, check_json_value
@@ -255,13 +256,6 @@ def check_parses(task: Task) -> CheckResult:
     return OK
 
 
-def _code_io():
-    """generator.code_io, whose rules the code_io family's tasks meet (it imports this module: loaded on first use)."""
-    from generator import code_io
-
-    return code_io
-
-
 def _is_fixed_seed(call: ast.Call) -> bool:
     return len(call.args) == 1 and isinstance(call.args[0], ast.Constant) and not call.keywords
 
@@ -273,7 +267,7 @@ def check_safe(task: Task) -> CheckResult:
     if tree is None:
         return fail("reference does not parse")
     if task.family == CODE_IO_FAMILY:
-        why = _code_io().stricter_refusal(tree)
+        why = stricter_refusal(tree)
         if why:
             return fail(why)
     uses_random, seeded = False, False
@@ -390,7 +384,7 @@ def check_json_values(task: Task, outputs: list | None) -> CheckResult:
             check_json_value(out, f"{_test_name(task, i)} output")
         except SchemaError as exc:
             return fail(str(exc))
-        why = _code_io().output_refusal(out) if task.family == CODE_IO_FAMILY else ""
+        why = output_refusal(out) if task.family == CODE_IO_FAMILY else ""
         if why:
             return fail(f"{_test_name(task, i)}: {why}")
     return OK
@@ -678,7 +672,7 @@ def validate_many(
         outputs[i] = outs
         behaviour = _behaviour(first, count)
         if t.family == CODE_IO_FAMILY:  # no probes: its own calls, which the generator chose
-            behaviour = _code_io().behaviour_key([tuple(x["input"]) for x in t.tests], outs)
+            behaviour = behaviour_key([tuple(x["input"]) for x in t.tests], outs)
         t.fingerprints = {"ast": ast_hash(t.reference_solution), "behaviour": behaviour}
 
     # 2. the trivial battery against the hidden tests
