@@ -79,6 +79,14 @@ def log_text(run: Path) -> str:
     return "".join(p.read_text() for p in run.glob("slurm-*.out"))
 
 
+def wait_past_step_0(job: str, run: Path) -> None:
+    """Until the job has checkpointed a step of its loop (not only the warm start's step_0)."""
+    deadline = time.time() + 900
+    while latest(run) == "step_0":  # let it get into the loop
+        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
+        time.sleep(1)
+
+
 def test_sbatch_runs_two_ranks_to_completion(warm_run, tmp_path):
     need_cluster()
     run = copy_run(warm_run, tmp_path)
@@ -104,10 +112,7 @@ def test_usr1_checkpoints_requeues_and_resumes(warm_run, tmp_path):
     need_cluster()
     run = copy_run(warm_run, tmp_path)
     job = sbatch(run, "train.steps=4", "train.checkpoint_every=1")
-    deadline = time.time() + 900
-    while latest(run) == "step_0":  # let it get into the loop
-        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
-        time.sleep(1)
+    wait_past_step_0(job, run)
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True)
     assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 1200) == "COMPLETED", log_text(run)[-3000:]
     log = log_text(run)
@@ -121,17 +126,14 @@ def test_usr1_checkpoints_requeues_and_resumes(warm_run, tmp_path):
     assert not (REPO / f".selfplay-stop-{job}").exists()
 
 
-def test_sigterm_to_every_process_checkpoints_requeues_and_resumes(warm_run, tmp_path):
+def test_sigterm_to_the_ranks_and_the_script_checkpoints_requeues_and_resumes(warm_run, tmp_path):
     """SIGTERM to every process of the job step (torchrun and the ranks) and to the script, as a preemption sends it:
     torchrun ignores it instead of killing its workers 30 s later, the ranks checkpoint at the next stage boundary,
     the script requeues the job."""
     need_cluster()
     run = copy_run(warm_run, tmp_path)
     job = sbatch(run, "train.steps=4", "train.checkpoint_every=1")
-    deadline = time.time() + 900
-    while latest(run) == "step_0":  # let it get into the loop
-        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
-        time.sleep(1)
+    wait_past_step_0(job, run)
     subprocess.run(["scancel", "--signal=TERM", job], check=True)  # the step's processes
     subprocess.run(["scancel", "--signal=TERM", "--batch", job], check=True)  # the script
     assert wait_for(job, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 1200) == "COMPLETED", log_text(run)[-3000:]
