@@ -44,7 +44,7 @@ def start(run) -> None:
         wait_for_checkpoint(run.ckpt, run.main)
         latest = run.ckpt.latest_checkpoint()
     restore(run, latest)
-    if run.step == 0 and "0" not in run.evals:
+    if run.step == 0 and "eval_before" not in run.ckpt.load_state(latest):
         evaluate_warm_start(run, latest)
     if run.main:  # no corpus row may be held out (selfplay.data.corpus.check_heldout: stops with the ids)
         check_heldout(run.run_dir, run.corpus.iter_tasks(), run.cfg.tasks, "the corpus at the start of the run")

@@ -55,7 +55,7 @@ def test_a_warm_start_killed_before_its_evaluation_is_evaluated_from_step_0_on_t
     run = copy_run(warm_run, tmp_path)
     state_file = run / "checkpoints" / "step_0" / "state.json"
     recorded = json.loads(state_file.read_text())
-    state_file.write_text(json.dumps({k: v for k, v in recorded.items() if k != "eval_before"}))
+    state_file.write_text(json.dumps({**{k: v for k, v in recorded.items() if k != "eval_before"}, "evals": {}}))
     out = selfplay("warmstart", *SMOKE, f"run.dir={run}")
     assert "nothing to do" not in out.stdout and "held-out test" in out.stdout
     assert json.loads(state_file.read_text())["eval_before"] == recorded["eval_before"]  # same seed, same weights
