@@ -224,7 +224,20 @@ class LMAgent:
         folder.mkdir(parents=True, exist_ok=True)
         if is_deepspeed_engine(self.model):
             self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent")
-        if self.zero3:  # partitioned weights: gather them (a collective: every rank comes here) for the HF copy
+        if self.zero3 and not is_lora(self.module.policy):
+            # partitioned weights: the HF copy's tensors gathered one parameter at a time onto rank 0's CPU (a
+            # collective: every rank comes here); the value head, a few tensors, gathered whole in place
+            import deepspeed
+
+            from selfplay.runtime.distributed import full_state_dicts
+
+            parts = [m for m in (self.module.policy, self.module.critic) if m is not None]
+            with full_state_dicts(*parts, keep=write_hf):
+                with deepspeed.zero.GatheredParameters(list(self.module.value_head.parameters())):
+                    if write_hf:
+                        self.module.save_pretrained(folder)
+                        self.save_reference(folder)
+        elif self.zero3:  # LoRA: the adapter is merged into a copy of the whole model, gathered whole
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(self.module.parameters())):

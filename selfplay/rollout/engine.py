@@ -14,9 +14,11 @@ After every PPO update of an agent its weights are pushed into its engine (`VLLM
 `time/weight_sync_s`), without a checkpoint round trip: `rollout.sync=auto` chooses `reload` on the CPU build
 (`model_runner.reload_weights(weights_iterator=...)`: the CPU build repacks its linear layers after loading, so the
 layers' own `load_weights` no longer works there) and `load_weights` on a GPU (tensors straight into the engine's
-model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads from there. ZeRO-3 partitions are
-gathered first (a collective: every rank syncs). The engine runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
-so that the sync reaches its model and no engine-core process is spawned.
+model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads from there. Under ZeRO-3 the
+partitions are gathered one parameter at a time as the engine loads them (`policy_weight_items`; `folder` copies each
+to the CPU first; a LoRA policy, merged whole, is gathered whole): a collective, every rank syncs. The engine runs
+in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the sync reaches its model and no engine-core process is
+spawned.
 
 At most one vLLM engine lives in a process (`VLLMEngine` refuses a second): vLLM's sleep mode allocator is one
 object per process and refuses a second engine on a GPU. With both agents on vLLM the generator's engine
@@ -40,8 +42,9 @@ import os
 import statistics
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from selfplay.rollout.engines import Answer, Sampling, register_engine
 from selfplay.rollout.settings import (  # noqa: F401 - its names
@@ -347,7 +350,13 @@ class VLLMEngine(ServedEngine):
         self.llm.wake_up()
 
     def _push(self, agent) -> None:
-        push_weights(self.llm, self.sync_method, policy_weights(agent), self.sync_folder())
+        if self.sync_method == "folder":
+            push_weights(self.llm, self.sync_method, policy_weights(agent), self.sync_folder())
+            return
+        items = policy_weight_items(agent)
+        push_weights(self.llm, self.sync_method, items, self.sync_folder())
+        for _ in items:  # whatever the engine left unread: every rank takes part in every gather
+            pass
 
     def close(self) -> None:
         """Drop the engine; another may then be built in this process (on a GPU vLLM may keep some of its memory)."""
@@ -450,17 +459,19 @@ def colocated_kwargs() -> dict:
     return dict(distributed_executor_backend="external_launcher")
 
 
-def push_weights(llm, method: str, weights: dict, folder: Path | None = None) -> None:
-    """Weights (HF checkpoint names -> tensors) into an in-process engine's model: `load_weights` (the model's own
-    loader), `reload` (the runner's in-place reload, which also redoes the CPU build's repacking) or `folder`
-    (safetensors written to `folder`, then reloaded from it). The prefix cache is emptied after."""
+def push_weights(llm, method: str, weights: dict | Iterator[tuple[str, Any]], folder: Path | None = None) -> None:
+    """Weights (HF checkpoint names -> tensors, a dict or (name, tensor) pairs) into an in-process engine's model:
+    `load_weights` (the model's own loader), `reload` (the runner's in-place reload, which also redoes the CPU build's
+    repacking) or `folder` (safetensors written to `folder`, then reloaded from it). The prefix cache is emptied
+    after."""
     runner = model_runner(llm)
+    pairs = iter(weights.items()) if isinstance(weights, dict) else iter(weights)
     if method == "load_weights":
-        runner.model.load_weights(weights=iter(weights.items()))
+        runner.model.load_weights(weights=pairs)
     elif method == "reload":
-        runner.reload_weights(weights_iterator=iter(weights.items()))
+        runner.reload_weights(weights_iterator=pairs)
     else:
-        write_weights(weights, folder)
+        write_weights(dict(pairs), folder)
         runner.reload_weights(weights_path=str(folder))
     llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
@@ -491,20 +502,45 @@ def _one_line(exc: BaseException) -> str:
 
 def policy_weights(agent) -> dict:
     """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads); a LoRA
-    policy's adapter merged into a copy of its base, as its checkpoint writes it."""
+    policy's adapter merged into a copy of its base, as its checkpoint writes it (inside `gathered(agent)`). Under
+    ZeRO-3 without LoRA: copies on the CPU, gathered one parameter at a time (a collective)."""
     from selfplay.models.factory import is_lora, merged_copy
     from selfplay.rl.ppo import policy_of
+    from selfplay.runtime.distributed import full_state_dict
 
     policy = policy_of(agent.model)
-    return {k: v.detach() for k, v in (merged_copy(policy) if is_lora(policy) else policy).state_dict().items()}
+    if is_lora(policy):
+        return {k: v.detach() for k, v in merged_copy(policy).state_dict().items()}
+    if agent.zero3:
+        return full_state_dict(policy)
+    return {k: v.detach() for k, v in policy.state_dict().items()}
+
+
+def policy_weight_items(agent) -> Iterator[tuple[str, Any]]:
+    """`policy_weights(agent)`'s (name, tensor) pairs in turn; under ZeRO-3 without LoRA each parameter is gathered
+    alone while the consumer holds it (`gathered_one_by_one`: a collective, iterate to the end on every rank)."""
+    from selfplay.models.factory import is_lora
+    from selfplay.rl.ppo import policy_of
+    from selfplay.runtime.distributed import gathered_one_by_one
+
+    policy = policy_of(agent.model)
+    if agent.zero3 and not is_lora(policy):
+        yield from gathered_one_by_one(policy.state_dict(keep_vars=True).items())
+    else:
+        yield from policy_weights(agent).items()
 
 
 class gathered:
-    """ZeRO-3: the policy's full parameters for the block (a collective); otherwise nothing."""
+    """ZeRO-3 with a LoRA policy (whose adapter is merged into a copy of the whole model): the policy's full
+    parameters for the block (a collective); otherwise nothing (`policy_weights` and `policy_weight_items` gather one
+    parameter at a time)."""
 
     def __init__(self, agent):
+        from selfplay.models.factory import is_lora
+        from selfplay.rl.ppo import policy_of
+
         self.ctx = None
-        if agent.zero3:
+        if agent.zero3 and is_lora(policy_of(agent.model)):
             import deepspeed
 
             self.ctx = deepspeed.zero.GatheredParameters(list(agent.module.policy.parameters()))

@@ -7,6 +7,8 @@
   (DistributedDataParallel when there are several processes);
 - `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_sum`, `all_reduce_mean`,
   `weighted_mean_over_ranks`: no-ops in a single process;
+- `gathered_one_by_one`, `full_state_dict`, `full_state_dicts`: a ZeRO-3 model's whole tensors one parameter at a
+  time (the weight sync, the checkpoint's Hugging Face copy, `param_checksum`), never the whole model gathered at once;
 - `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
   others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
 
@@ -23,6 +25,7 @@ sync (it lives with the trainer it runs, so that this ground-floor module import
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import hashlib
 import json
@@ -31,7 +34,9 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -338,22 +343,69 @@ def wrap_model(model: torch.nn.Module, ppo_cfg, dist_cfg, info: DistInfo):
     return model, optimizer
 
 
-def param_checksum(model: torch.nn.Module) -> dict:
-    """sha256 over every parameter's bytes (name order) and the float sum: equal models give equal checksums.
-    Collective under ZeRO-3 (the partitioned parameters are gathered): call it on every rank."""
-    import contextlib
-
-    named = sorted(getattr(model, "module", model).named_parameters())
-    gather = contextlib.nullcontext()
-    if named and hasattr(named[0][1], "ds_id"):  # ZeRO-3: each rank holds a shard; gather the full tensors
+def gather_one(t: torch.Tensor):
+    """A context in which ZeRO-3 parameter `t` is whole (a collective: every rank enters it); else nothing."""
+    if hasattr(t, "ds_id"):
         import deepspeed
 
-        gather = deepspeed.zero.GatheredParameters([p for _, p in named])
+        return deepspeed.zero.GatheredParameters([t])
+    return contextlib.nullcontext()
+
+
+def gathered_one_by_one(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each (name, whole tensor) of `named`: a ZeRO-3 partitioned parameter is gathered alone while the consumer
+    holds it and released before the next (copy it to keep it). A collective: every rank iterates the same names to
+    the end."""
+    for name, t in named:
+        with gather_one(t):
+            yield name, t.detach()
+
+
+def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
+    """`module.state_dict()` as whole tensors on the CPU, the ZeRO-3 partitions gathered one parameter at a time; a
+    tensor under several names (tied weights) stays one tensor. A collective under ZeRO-3: every rank calls it, and
+    only ranks with `keep` hold the copies (the others get {})."""
+    out: dict[str, torch.Tensor] = {}
+    copies: dict[int, torch.Tensor] = {}
+    for name, t in module.state_dict(keep_vars=True).items():
+        if id(t) not in copies:
+            with gather_one(t):
+                copies[id(t)] = t.detach().to("cpu", copy=True) if keep else t
+        if keep:
+            out[name] = copies[id(t)]
+    return out
+
+
+def _replace_entries(full: dict, _module, state_dict: dict, prefix: str, _metadata) -> None:
+    for name, t in full.items():
+        state_dict[prefix + name] = t
+
+
+@contextlib.contextmanager
+def full_state_dicts(*modules: torch.nn.Module, keep: bool = True) -> Iterator[None]:
+    """For the block, each module's `state_dict()` (hence its `save_pretrained`) gives its whole tensors on the CPU,
+    built by `full_state_dict` on entry (a collective: every rank enters, the ranks without `keep` only take part in
+    the gathers)."""
+    handles = []
+    try:
+        for m in modules:
+            full = full_state_dict(m, keep)
+            if keep:
+                handles.append(m._register_state_dict_hook(partial(_replace_entries, full)))
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def param_checksum(model: torch.nn.Module) -> dict:
+    """sha256 over every parameter's bytes (name order) and the float sum: equal models give equal checksums.
+    Collective under ZeRO-3 (the partitioned parameters are gathered one at a time): call it on every rank."""
+    named = sorted(getattr(model, "module", model).named_parameters())
     h, total = hashlib.sha256(), 0.0
-    with gather:
-        for name, p in named:
-            data = p.detach().float().cpu().contiguous()
-            h.update(name.encode())
-            h.update(data.numpy().tobytes())
-            total += data.double().sum().item()
+    for name, p in gathered_one_by_one(named):
+        data = p.float().cpu().contiguous()
+        h.update(name.encode())
+        h.update(data.numpy().tobytes())
+        total += data.double().sum().item()
     return {"sha256": h.hexdigest(), "sum": total}
