@@ -17,9 +17,9 @@ would set), else plain torch with AdamW (said in the lines). The lines, in order
   gradients and optimiser states + one micro-batch's activations, as its "update" phase adds them; the reserve
   left out) against the measured allocator peak: the ratio must lie in PLAN_BAND (on a CPU the peak is the RSS
   growth, sampled, and the ratio is shown, not judged);
-- weight_sync: `selfplay.rollout.engine.gathered` + `policy_weights`, what a vLLM engine is pushed after each
-  update, copied by name into a stand-in receiver (a second model of the shape): max difference 0, every tensor of
-  the receiver loaded;
+- weight_sync: `selfplay.rollout.engine.gathered` + `policy_weight_items` (under ZeRO-3 one parameter gathered at
+  a time), what a vLLM engine is pushed after each update, copied by name into a stand-in receiver (a second model
+  of the shape): max difference 0, every tensor of the receiver loaded;
 - generate: `selfplay.rl.ppo.generate` at --gen-batch prompts x --gen-new tokens (eos never drawn): tokens/s, and
   the projected time of an evaluation of --eval-episodes answers of --eval-tokens at that rate;
 - checkpoint: `LMAgent.save` then, under DeepSpeed, the weights zeroed and `load_training_state` (the engine's
@@ -430,21 +430,23 @@ def push_into(agent, receiver) -> tuple[float, int, int, float]:
     tensors of the receiver, max |difference| after)."""
     import torch
 
-    from selfplay.rollout.engine import gathered, policy_weights
+    from selfplay.rollout.engine import gathered, policy_weight_items
 
     target = receiver.state_dict()  # tied tensors appear under each of their names
     loaded: set[str] = set()
-    t0 = time.perf_counter()
+    seconds, diff = 0.0, 0.0
     with gathered(agent), torch.no_grad():
-        weights = policy_weights(agent)
-        for name, tensor in weights.items():
+        t0 = time.perf_counter()
+        for name, tensor in policy_weight_items(agent):  # under ZeRO-3 each one gathered alone while it is copied
             if name in target:
                 target[name].copy_(tensor)
+                _sync(tensor.is_cuda)
+                seconds += time.perf_counter() - t0
+                diff = max(diff, (target[name].float() - tensor.float()).abs().max().item())  # not timed
                 loaded.add(name)
-        _sync(tensor.is_cuda)
-        seconds = time.perf_counter() - t0
-        diff = max((target[n].float() - weights[n].float()).abs().max().item() for n in loaded) if loaded else 1.0
-    return seconds, len(loaded), len(target), diff
+                t0 = time.perf_counter()
+        seconds += time.perf_counter() - t0
+    return seconds, len(loaded), len(target), diff if loaded else 1.0
 
 
 def line_sync(agent, receiver) -> Line:
@@ -453,7 +455,7 @@ def line_sync(agent, receiver) -> Line:
     return Line(
         "weight_sync",
         ok,
-        f"gathered + policy_weights into a stand-in receiver by name: {loaded}/{total} "
+        f"gathered + policy_weight_items (one parameter at a time) into a stand-in receiver by name: {loaded}/{total} "
         f"tensors loaded, max difference {diff:g}, {seconds:.2f} s",
         {"seconds": seconds, "loaded": loaded, "tensors": total, "max_diff": diff},
     )
