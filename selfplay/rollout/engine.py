@@ -354,9 +354,11 @@ class VLLMEngine(ServedEngine):
             push_weights(self.llm, self.sync_method, policy_weights(agent), self.sync_folder())
             return
         items = policy_weight_items(agent)
-        push_weights(self.llm, self.sync_method, items, self.sync_folder())
-        for _ in items:  # whatever the engine left unread: every rank takes part in every gather
-            pass
+        try:
+            push_weights(self.llm, self.sync_method, items, self.sync_folder())
+        finally:  # whatever the engine left unread (or a failed load left): every rank takes part in every gather
+            for _ in items:
+                pass
 
     def close(self) -> None:
         """Drop the engine; another may then be built in this process (on a GPU vLLM may keep some of its memory)."""
