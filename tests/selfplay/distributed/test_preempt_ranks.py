@@ -25,23 +25,20 @@ pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STOPPING_RANK = """
 import os, signal, sys
 from selfplay.runtime.config import load_config
-from selfplay.train.loop import SelfPlay
+from selfplay.train import loop
 
 rank, step, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+attempt = loop.SelfPlay._attempt
 
-class Stopped(SelfPlay):
-    def _attempt(self, *args, **kwargs):
-        if self.step == step and self.rank == rank:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return super()._attempt(*args, **kwargs)
+def stopping(self, *args, **kwargs):
+    if self.step == step and self.rank == rank:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return attempt(self, *args, **kwargs)
 
-loop = Stopped(load_config(overrides[0], overrides[1:]))
-try:
-    summary = loop.run()
-finally:
-    loop.close()
+loop.SelfPlay._attempt = stopping
+summary = loop.train(load_config(overrides[0], overrides[1:]))
 assert summary["stopped"], summary
-print(f"[test] rank {loop.rank} stopped at step {loop.step}", flush=True)
+print(f"[test] rank {os.environ['RANK']} stopped at step {summary['steps']}", flush=True)
 """
 
 OVERRIDES = ["train.steps=2", "run.torch_threads=1"]
