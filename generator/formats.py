@@ -138,7 +138,7 @@ FORMATS: dict[str, ProposalFormat] = {f.name: f for f in (FREE, MUTATION, CODE_I
 
 def register(fmt: ProposalFormat) -> ProposalFormat:
     """Add a format to `FORMATS` (and its grammar to `GRAMMARS`, which `generator.constrained` compiles); a taken
-    name is refused. `generator.format` accepts the names of `agent.FORMATS` (the config check reads them there)."""
+    name is refused. `generator.format` accepts the names in `FORMATS` (the config check reads them here)."""
     if fmt.name in FORMATS:
         raise ValueError(f"a proposal format named {fmt.name!r} is registered already")
     FORMATS[fmt.name] = fmt
