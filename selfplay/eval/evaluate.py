@@ -209,40 +209,18 @@ def _parses(code: str) -> bool:
         return False
 
 
-def evaluate_heldout(
-    agent,
-    tasks_by_split: dict[str, list[Task]],
-    sb,
-    *,
-    samples: int = 4,
-    max_turns: int = 1,
-    reward_cfg=None,
-    temperature: float | None = None,
-    max_prompt_tokens: int | None = None,
-    prompt_kw: dict | None = None,
-    seed: int = 0,
-) -> dict:
+def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, samples: int = 4, **options) -> dict:
     """{split: metrics, "by_family": {split: {family: metrics}}, "by_level": {split: {"level_L": metrics}},
-    "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent. `prompt_kw`: the task_prompt
-    options training used (selfplay.rollout.episodes.prompt_options(cfg)).
+    "per_task": {split: {task_id: [greedy solved, n, c]}}} for the solver agent; `options` are `heldout_rollouts`'s
+    (max_turns, reward_cfg, temperature, max_prompt_tokens, prompt_kw: the task_prompt options training used,
+    selfplay.rollout.episodes.prompt_options(cfg); seed).
 
     Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task). The
     sampled batch draws from RNGs seeded with `seed` (and put back after): the same weights give the same samples,
     and two checkpoints are compared on common random numbers, which keeps the sampling noise out of most of
     their paired difference."""
     order = [task for tasks in tasks_by_split.values() for task in tasks]
-    greedy, sampled = heldout_rollouts(
-        agent,
-        order,
-        sb,
-        samples=samples,
-        max_turns=max_turns,
-        reward_cfg=reward_cfg,
-        temperature=temperature,
-        max_prompt_tokens=max_prompt_tokens,
-        prompt_kw=prompt_kw,
-        seed=seed,
-    )
+    greedy, sampled = heldout_rollouts(agent, order, sb, samples=samples, **options)
     return summarize_heldout(tasks_by_split, greedy, sampled, samples)
 
 
