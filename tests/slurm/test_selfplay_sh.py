@@ -79,12 +79,18 @@ def log_text(run: Path) -> str:
     return "".join(p.read_text() for p in run.glob("slurm-*.out"))
 
 
-def wait_past_step_0(job: str, run: Path) -> None:
-    """Until the job has checkpointed a step of its loop (not only the warm start's step_0)."""
+def wait_while(job: str, run: Path, waiting) -> None:
+    """While `waiting()` holds and the job is pending or running (at most 900 s: a guard against a hung job, not
+    a duration measured), poll every second; a job that ended or a run that hung fails with its log's end."""
     deadline = time.time() + 900
-    while latest(run) == "step_0":  # let it get into the loop
+    while waiting():
         assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
         time.sleep(1)
+
+
+def wait_past_step_0(job: str, run: Path) -> None:
+    """Until the job has checkpointed a step of its loop (not only the warm start's step_0)."""
+    wait_while(job, run, lambda: latest(run) == "step_0")
 
 
 def test_sbatch_runs_two_ranks_to_completion(warm_run, tmp_path):
@@ -152,10 +158,7 @@ def test_a_dead_rank_ends_the_job_with_a_message_naming_it(warm_run, tmp_path):
     need_cluster()
     run = copy_run(warm_run, tmp_path)
     job = sbatch(run, "train.steps=40")
-    deadline = time.time() + 900
-    while "rank 1 of 2" not in log_text(run) or "loaded" not in log_text(run):
-        assert time.time() < deadline and job_field(job, "JobState") in ("PENDING", "RUNNING"), log_text(run)[-3000:]
-        time.sleep(1)
+    wait_while(job, run, lambda: "rank 1 of 2" not in log_text(run) or "loaded" not in log_text(run))
     time.sleep(3)
 
     def env(pid: int) -> list[str]:
