@@ -1,20 +1,23 @@
 """`selfplay bench adequacy`: the share of tasks whose hidden tests tell their reference from its mutants.
 
     selfplay bench adequacy [--n 200] [--levels 1 2 3 4] [--mutants 8] [--min-kill 0.8] [--seed 0]
-                            [--run RUN_DIR] [--corpus-limit 200] [--workers W] [--timeout 2.0] [--json OUT]
+                            [--run PATH [PATH ...]] [--corpus-limit 200] [--workers W] [--timeout 2.0] [--json OUT]
 
 It makes `--n` valid procedural tasks (an equal share of each level, `generator.build.generate_tasks`), measures
 each one's hidden tests against `--mutants` mutants of its reference in the process sandbox, and prints the share of
-tasks that pass (kill share >= `--min-kill`, or no mutant possible), per family and level, the distribution of kill
-shares and the kill rate of each mutation operator. With `--run`, it measures the same way up to `--corpus-limit`
-generator-made tasks of that run folder's corpus (a seeded sample). `--json` writes the summaries and one line per
-task (its kill share and one surviving mutant).
+tasks that pass (kill share >= `--min-kill`, or no mutant possible) with its 95 % Wilson interval, per family and
+level, the distribution of kill shares and the kill rate of each mutation operator. With `--run`, it measures the
+same way the generator-made tasks (source `generator`) of one or more corpora, each given as a run folder or a
+corpus file: pooled, each task once (by id), up to `--corpus-limit` of them (a seeded sample). `--json` writes the
+summaries and one line per task (its kill share and one surviving mutant).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import random
 import statistics
 import sys
 import time
@@ -23,6 +26,7 @@ from collections import defaultdict
 from selfplay.runtime.errors import UserError
 
 CHUNK = 25  # tasks measured per sandbox batch (one progress line each)
+Z95 = 1.959963984540054  # the normal quantile of a two-sided 95 % interval
 BINS = ((0.0, 0.5), (0.5, 0.8), (0.8, 1.0), (1.0, 1.0))  # kill-share bins, [lo, hi); the last is exactly 1
 
 
@@ -34,7 +38,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mutants", type=int, default=8, help="mutants per task, k (default 8)")
     parser.add_argument("--min-kill", type=float, default=0.8, help="share of mutants to kill to pass (default 0.8)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the procedural tasks and the corpus sample")
-    parser.add_argument("--run", metavar="RUN_DIR", help="also measure the generator-made tasks of this run's corpus")
+    parser.add_argument(
+        "--run",
+        metavar="PATH",
+        nargs="+",
+        help="also measure the generator-made tasks of these corpora (run folders or corpus.sqlite files), pooled",
+    )
     parser.add_argument("--corpus-limit", type=int, default=200, help="corpus tasks to sample at most (default 200)")
     parser.add_argument("--workers", type=int, default=0, help="sandbox workers (0 = one per usable CPU)")
     parser.add_argument("--timeout", type=float, default=2.0, help="seconds per test of a mutant (default 2)")
@@ -43,6 +52,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _bin_name(lo: float, hi: float) -> str:
     return "1.0" if lo == hi else f"[{lo:.1f}, {hi:.1f})"
+
+
+def wilson(passed: int, n: int, z: float = Z95) -> tuple[float, float] | None:
+    """The Wilson score interval of a share `passed`/`n` (95 % with the default z); None for n = 0."""
+    if n <= 0:
+        return None
+    p = passed / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -64,6 +83,7 @@ def summarise(rows: list[dict]) -> dict:
         "tasks": len(rows),
         "passed": sum(r["passed"] for r in rows),
         "pass_share": sum(r["passed"] for r in rows) / len(rows) if rows else None,
+        "pass_share_wilson95": wilson(sum(r["passed"] for r in rows), len(rows)),
         "no_mutant": sum(1 for r in rows if not r["mutants"]),
         "mutants": sum(r["mutants"] for r in rows),
         "kill_share": {
@@ -125,8 +145,10 @@ def _print(name: str, summary: dict) -> None:
         print(f"\n{name}: no task")
         return
     ks = summary["kill_share"]
+    lo, hi = summary["pass_share_wilson95"]
     print(
-        f"\n{name}: {summary['passed']}/{summary['tasks']} pass ({summary['pass_share']:.1%}); "
+        f"\n{name}: {summary['passed']}/{summary['tasks']} pass ({summary['pass_share']:.1%}, 95 % Wilson "
+        f"{lo:.1%}-{hi:.1%}); "
         f"{summary['no_mutant']} without a possible mutant; {summary['mutants']} mutants"
     )
     if ks["mean"] is not None:
@@ -141,16 +163,23 @@ def _print(name: str, summary: dict) -> None:
     print("  operators: " + ", ".join(f"{op} {o['killed']}/{o['made']}" for op, o in summary["operators"].items()))
 
 
-def _corpus_tasks(run_dir: str, limit: int, seed: int) -> list:
+def _corpus_tasks(paths: list[str], limit: int, seed: int) -> list:
+    """The generator-made tasks with computed hidden outputs of the corpora at `paths` (run folders or corpus files),
+    each once (by id) in the order found, then a seeded sample of `limit` of them when there are more."""
     from selfplay.data.corpus import Corpus, CorpusError
-    from selfplay.runtime.paths import RunPaths
 
-    try:
-        with Corpus(RunPaths(run_dir).corpus, create=False) as corpus:
-            tasks = corpus.query(source="generator", limit=limit, order="random", seed=seed)
-    except CorpusError as exc:
-        raise UserError(f"--run {run_dir}: {exc}") from exc
-    return [t for t in tasks if t.hidden_tests and all("output" in h for h in t.hidden_tests)]
+    found: dict = {}
+    for path in paths:
+        try:
+            with Corpus(path, create=False) as corpus:
+                tasks = corpus.query(source="generator")
+        except CorpusError as exc:
+            raise UserError(f"--run {path}: {exc}") from exc
+        for t in tasks:
+            if t.hidden_tests and all("output" in h for h in t.hidden_tests):
+                found.setdefault(t.id, t)
+    tasks = list(found.values())
+    return random.Random(f"adequacy-corpus:{seed}").sample(tasks, limit) if len(tasks) > limit else tasks
 
 
 def _procedural_tasks(n: int, levels: list[int], seed: int, sb) -> list:
@@ -196,12 +225,13 @@ def run(args: argparse.Namespace) -> int:
         record["procedural_tasks"] = rows
         if args.run:
             corpus_rows = measure_tasks(corpus_tasks, sb, settings, args.timeout, "corpus")
-            record["corpus"] = {"run": str(args.run), **summarise(corpus_rows)}
+            record["corpus"] = {"runs": [str(p) for p in args.run], **summarise(corpus_rows)}
             record["corpus_tasks"] = corpus_rows
     record["seconds"] = round(time.perf_counter() - start, 1)
     _print(f"procedural tasks (levels {', '.join(map(str, args.levels))}, k={args.mutants})", record["procedural"])
     if args.run:
-        _print(f"generator-made tasks of {args.run}", record["corpus"])
+        where = args.run[0] if len(args.run) == 1 else f"{len(args.run)} corpora"
+        _print(f"generator-made tasks of {where}", record["corpus"])
     print(f"\n{record['seconds']:.0f} s in all")
     if args.json:
         with open(args.json, "w") as fh:

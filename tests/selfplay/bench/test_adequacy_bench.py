@@ -1,5 +1,6 @@
 """`selfplay bench adequacy` end to end on a few procedural tasks and a run folder's corpus (real process sandbox)."""
 
+import dataclasses
 import json
 
 import pytest
@@ -7,7 +8,7 @@ import pytest
 from generator.adequacy import AdequacySettings
 from generator.schema import Task
 from generator.validity import validate_many
-from selfplay.bench.adequacy import summarise
+from selfplay.bench.adequacy import summarise, wilson
 from selfplay.cli import main
 from selfplay.data.corpus import Corpus
 from selfplay.runtime.paths import RunPaths
@@ -66,6 +67,32 @@ def test_the_bench_reports_procedural_and_corpus_tasks(run_dir, tmp_path, capsys
     assert AdequacySettings(4, 0.8).min_kill == record["min_kill"]
 
 
+def test_corpora_given_as_files_and_folders_are_pooled_once(run_dir, tmp_path, task_sb, capsys):
+    """A corpus file written here holds the weak task again (the same id), a procedural task and a new strong one:
+    only generator-made tasks are measured, each once."""
+    reports = validate_many([generator_task(WEAK, 3), generator_task(STRONG, 5)], task_sb)
+    procedural = validate_many([dataclasses.replace(generator_task(STRONG, 7), source="procedural")], task_sb)
+    assert all(r.ok for r in reports + procedural)
+    with Corpus(tmp_path / "other.sqlite") as corpus:
+        corpus.insert_many([r.task for r in reports + procedural])
+    out = tmp_path / "pooled.json"
+    argv = ["bench", "adequacy", "--n", "0", "--mutants", "4", "--workers", "2", "--json", str(out)]
+    assert main([*argv, "--run", str(run_dir), str(tmp_path / "other.sqlite")]) == 0
+    assert "generator-made tasks of 2 corpora: 2/3 pass" in capsys.readouterr().out
+    corpus = json.loads(out.read_text())["corpus"]
+    assert corpus["tasks"] == 3 and corpus["passed"] == 2 and corpus["runs"][1].endswith("other.sqlite")
+    assert corpus["pass_share_wilson95"] == pytest.approx(list(wilson(2, 3)))
+    assert main([*argv, "--run", str(tmp_path / "other.sqlite"), "--corpus-limit", "1"]) == 0
+    assert json.loads(out.read_text())["corpus"]["tasks"] == 1
+
+
+def test_wilson_interval():
+    lo, hi = wilson(174, 200)  # the procedural figure of docs/generator.md
+    assert (round(lo, 3), round(hi, 3)) == (0.816, 0.910)
+    assert wilson(0, 0) is None and wilson(0, 5)[0] == 0.0 and wilson(5, 5)[1] == 1.0
+    assert wilson(7, 9)[0] < 7 / 9 < wilson(7, 9)[1]
+
+
 def test_summarise_counts_bins_and_operators():
     rows = [
         {"family": "f", "level": 1, "mutants": 4, "killed": 4, "passed": True, "operators": {"constant": [4, 4]}},
@@ -76,6 +103,7 @@ def test_summarise_counts_bins_and_operators():
     assert (s["tasks"], s["passed"], s["no_mutant"], s["mutants"]) == (3, 2, 1, 8)
     assert s["kill_share"]["histogram"] == {"[0.0, 0.5)": 1, "[0.5, 0.8)": 0, "[0.8, 1.0)": 0, "1.0": 1}
     assert s["kill_share"]["mean"] == pytest.approx(0.625)
+    assert s["pass_share_wilson95"] == wilson(2, 3)
     assert s["by_family_level"]["f/L1"] == {"tasks": 2, "passed": 1, "pass_share": 0.5, "mean_kill_share": 0.625}
     assert s["by_family_level"]["g/L2"]["mean_kill_share"] is None
     assert s["operators"] == {"constant": {"made": 8, "killed": 5, "kill_share": 0.625}}
