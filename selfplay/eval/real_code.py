@@ -18,8 +18,9 @@ Program-writing suites read a benchmark's published files from a local path (`--
 - `humaneval_plus`, `mbpp_plus`: EvalPlus's JSONL (`HumanEvalPlus.jsonl`, `MbppPlus.jsonl`, gzipped or not:
   task_id, prompt, entry_point, canonical_solution, base_input, plus_input). The expected outputs are the canonical
   solution's on every base and plus input, run in the sandbox when the suite loads (an input the canonical solution
-  fails is dropped); an answer passes when it returns them all (`sandbox.outputs_equal`: floats within a relative
-  1e-6, where EvalPlus uses each problem's `atol`).
+  fails is dropped); an answer passes when it returns them all: with the problem's `atol` (EvalPlus's absolute
+  tolerance for float outputs, 0 when absent) above 0, a float output within `atol` of the expected one, elementwise
+  in lists and tuples (`values_close`); otherwise `sandbox.outputs_equal` (floats within a relative 1e-6).
 - `livecodebench`: LiveCodeBench's code-generation JSONL (`test.jsonl` ... `test6.jsonl`, or a folder of them:
   question_id, question_content, starter_code, public_test_cases, private_test_cases, metadata). `stdin` tests run the
   answer as a program with the input on its standard input and compare what it prints, line by line (numbers within
@@ -297,6 +298,7 @@ class CodeProblem:
     prefix: str = ""  # code the answer completes (HumanEval+'s prompt: an answer that is a body continues it)
     wrapper: str = ""  # code appended to the answer ("call"): LiveCodeBench's call of Solution().<method>
     reference: str = ""  # the benchmark's reference solution, when it ships one
+    atol: float = 0.0  # "call": EvalPlus's absolute tolerance for float outputs (0: sandbox.outputs_equal alone)
 
 
 def program_prompt(description: str, tests: Sequence[str] = (), starter: str = "", stdin: bool = False) -> str:
@@ -352,9 +354,26 @@ def _numbers_close(a: str, b: str) -> bool:
         return False
 
 
+def values_close(output: Any, expected: Any, atol: float) -> bool:
+    """An output against an expected one under EvalPlus's `atol`: a float expectation accepts a number within `atol`
+    (|a - b| <= atol) or within sandbox.outputs_equal's relative 1e-6, lists and tuples elementwise (the same
+    length), anything else as sandbox.outputs_equal. Never raises."""
+    from sandbox import outputs_equal
+
+    if isinstance(expected, float) and isinstance(output, (int, float)) and not isinstance(output, bool):
+        try:
+            return abs(output - expected) <= atol or outputs_equal(output, expected)
+        except OverflowError:
+            return False
+    if isinstance(expected, (list, tuple)) and isinstance(output, (list, tuple)):
+        return len(output) == len(expected) and all(values_close(a, b, atol) for a, b in zip(output, expected))
+    return outputs_equal(output, expected)
+
+
 def grade_programs(problems: Sequence[CodeProblem], codes: Sequence[str], sb) -> list[bool]:
     """Whether each answer (codes[i] for problems[i]) passes every test of its problem, graded in the sandbox: the
-    trusted checker for "check", the answer's own process for "call" (outputs compared here) and "stdin"."""
+    trusted checker for "check", the answer's own process for "call" (outputs compared in the sandbox's parent, or
+    here by `values_close` for a problem with an `atol`) and "stdin"."""
     verdicts: list[bool] = [False] * len(problems)
     calls = [i for i, p in enumerate(problems) if p.mode == "call" and p.tests]
     reports = sb.run_tests_many(
@@ -363,14 +382,23 @@ def grade_programs(problems: Sequence[CodeProblem], codes: Sequence[str], sb) ->
                 solution=answer_module(problems[i], codes[i]),
                 entry_point=problems[i].entry_point,
                 inputs=[list(args) for args, _ in problems[i].tests],
-                expected=[out for _, out in problems[i].tests],
-                stop_on_failure=True,
+                **({} if problems[i].atol > 0 else {"expected": [out for _, out in problems[i].tests]}),
+                stop_on_failure=problems[i].atol <= 0,
             )
             for i in calls
         ]
     )
     for i, report in zip(calls, reports):
-        verdicts[i] = report.all_passed
+        tests = problems[i].tests
+        verdicts[i] = (
+            report.all_passed
+            if problems[i].atol <= 0
+            else len(report.tests) == len(tests)
+            and all(
+                t.status == "ok" and values_close(t.output, out, problems[i].atol)
+                for t, (_, out) in zip(report.tests, tests)
+            )
+        )
     checks = [i for i, p in enumerate(problems) if p.mode == "check"]
     results = sb.run_check_many(
         [
@@ -562,6 +590,7 @@ def load_evalplus(path: str | Path, sb, limit: int = 0, benchmark: str = "HumanE
             entry_point=r["entry_point"],
             prefix=prefix,
             reference=r["canonical_solution"] if whole else r["prompt"] + r["canonical_solution"],
+            atol=_atol(path, r),
         )
         shells.append((shell, inputs))
     reports = sb.run_tests_many(
@@ -572,6 +601,15 @@ def load_evalplus(path: str | Path, sb, limit: int = 0, benchmark: str = "HumanE
         tests = tuple((args, t.output) for args, t in zip(inputs, report.tests) if t.status == "ok")
         out.append(CodeProblem(**{**shell.__dict__, "tests": tests}))
     return out
+
+
+def _atol(path: str | Path, record: dict) -> float:
+    """EvalPlus's `atol` of a record (0 when absent or null); a value that is not a finite number >= 0 is a one-line
+    UserError naming the task."""
+    value = record.get("atol") or 0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise UserError(f"--data {path}: task {record['task_id']}: atol {value!r} is not a number >= 0")
+    return float(value)
 
 
 def _evalplus_prompt(record: dict) -> str:

@@ -224,6 +224,42 @@ def test_evalplus_outputs_come_from_the_canonical_solution(tmp_path, sb):
     assert grade(mbpp * 2, [mbpp[0].reference, unsorted], sb) == [True, False]
 
 
+HALVES = {
+    "task_id": "Mbpp/900",
+    "prompt": '"""\nWrite a function that halves every value of a list.\n"""\n',
+    "entry_point": "halves",
+    "canonical_solution": "\ndef halves(xs):\n    return [x / 2 for x in xs]\n",
+    "base_input": [[[1.0, 3.0]], [[0.5]]],
+    "plus_input": [[[]]],
+    "atol": 0.01,
+    "contract": "",
+    "assertion": "",
+}
+
+
+def test_evalplus_atol_is_read_and_used_for_floats(tmp_path, sb):
+    problems = R.load_evalplus(write_jsonl(tmp_path / "MbppPlus.jsonl", [HALVES]), sb, benchmark="Mbpp")
+    assert problems[0].atol == 0.01 and problems[0].tests[0] == ([[1.0, 3.0]], [0.5, 1.5])
+    near = "def halves(xs):\n    return [x / 2 + 0.005 for x in xs]\n"  # within atol, elementwise
+    far = "def halves(xs):\n    return [x / 2 + 0.05 for x in xs]\n"
+    as_tuple = "def halves(xs):\n    return tuple(x / 2 for x in xs)\n"
+    shorter = "def halves(xs):\n    return [x / 2 for x in xs][:1]\n"
+    codes = [problems[0].reference, near, far, as_tuple, shorter]
+    assert grade(problems * 5, codes, sb) == [True, True, False, True, False]
+    exact = R.load_evalplus(write_jsonl(tmp_path / "MbppPlus0.jsonl", [dict(HALVES, atol=0)]), sb, benchmark="Mbpp")
+    assert exact[0].atol == 0.0 and grade(exact * 2, [exact[0].reference, near], sb) == [True, False]
+    with pytest.raises(UserError, match="atol"):
+        R.load_evalplus(write_jsonl(tmp_path / "c.jsonl", [dict(HALVES, atol=-1)]), sb, benchmark="Mbpp")
+
+
+def test_values_close_under_an_atol():
+    assert R.values_close(1.004, 1.0, 0.01) and not R.values_close(1.02, 1.0, 0.01)
+    assert R.values_close([1, [2.001, "a"]], [1, [2.0, "a"]], 0.01) and not R.values_close([2], [1], 0.5)
+    assert not R.values_close(True, 1.0, 0.5) and not R.values_close("1.0", 1.0, 0.5)
+    assert not R.values_close([1.0], [1.0, 2.0], 0.5) and R.values_close(10**400, 10**400, 0.1)
+    assert not R.values_close(10**400, 1.0, 0.1)
+
+
 # ---- LiveCodeBench -----------------------------------------------------------------------------------------------
 def compressed(cases: list[dict]) -> str:
     """LiveCodeBench's private-test encoding: the JSON text pickled, zlib-compressed, base64-encoded."""
