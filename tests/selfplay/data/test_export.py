@@ -1,6 +1,7 @@
 """Export -> import round trips exactly (JSONL and Parquet), files load with the real `datasets` package, and
 import re-validates every row, rejecting bad ones with their reasons."""
 
+import dataclasses
 import json
 import random
 
@@ -16,6 +17,7 @@ from selfplay.data.export import (
     ExportError,
     export_tasks,
     import_rows,
+    kind_questions,
     read_rows,
     row_to_task,
     task_to_row,
@@ -80,6 +82,46 @@ def test_exports_load_with_datasets(pool, tmp_path, fmt, loader):
     for family, count in summary.counts["family"].items():
         assert f"| {family} | {count} |" in card
     assert "## By level" in card and "## By source" in card and "## By split" in card
+
+
+CODE_IO_PROPOSAL = """```python
+def f(xs, k):
+    return sorted(xs)[:k]
+```
+input: [3, 1, 2], 2
+input: [5, 4, 9, 1], 3
+input: [7], 1
+input: [2, 2, 1], 2
+input: [], 0
+input: [8, 6], 1
+message: the k smallest values, in increasing order
+"""
+
+
+def test_card_counts_formats_and_kinds(sb, pool, tmp_path):
+    from generator.code_io_format import compile_proposal, parse
+    from generator.validity import validate_many
+
+    (report,) = validate_many([compile_proposal(parse(CODE_IO_PROPOSAL), pool[:1])], sb)
+    assert report.ok, report.reason
+    code_io = report.task
+    tasks = [*pool[:5], code_io]
+    summary = export_tasks(tasks, tmp_path / "tasks.jsonl")
+    card = summary.card.read_text()
+    assert summary.counts["format"] == {"code_io": 1, "program": 5}
+    assert "| code_io | 1 | a program `f`, the inputs" in card and "| program | 5 | a description" in card
+    # the code_io task: six calls, three shown and three held back
+    assert kind_questions(code_io) == {"program": 1, "deduction": 6, "abduction": 6, "induction": 1}
+    pairs = sum(len(t.tests) for t in tasks)
+    assert summary.counts["kind"]["deduction"] == {"tasks": 6, "questions": pairs}
+    assert summary.counts["kind"]["program"] == {"tasks": 6, "questions": 6}
+    for kind in ("program", "deduction", "abduction", "induction"):
+        c = summary.counts["kind"][kind]
+        assert f"| {kind} | {c['tasks']} | {c['questions']} |" in card
+    assert f"| deduction | 6 | {pairs} |" in card
+    # a task without hidden tests cannot be asked in induction
+    bare = dataclasses.replace(pool[0], hidden_tests=[])
+    assert kind_questions(bare)["induction"] == 0 and kind_questions(bare)["deduction"] == len(pool[0].visible_tests)
 
 
 def test_card_does_not_overwrite_a_foreign_readme(pool, tmp_path):
