@@ -18,19 +18,27 @@ sample and every rank); induction shows the kept visible pairs with the descript
 message length) and grades on the kept hidden ones. A task that cannot be asked in a kind (no pair kept, no
 visible or no hidden pair for induction, no top-level entry point to rename) gives None: the caller asks it as a
 program task instead.
+
+The warm start teaches the kinds on the procedural tasks (`kind_examples`): each task asked in its kind gives the
+kind's prompt and its right answer (`kind_answer`: the output as a literal, the call `f(...)` of the task's own
+input, the reference renamed `f`, each in a python fence, as code_io's parsers read them); the program kind, and a
+task that cannot be asked in its kind, give the program pair (the description's prompt, the reference solution).
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import sandbox
+from generator.code_io import ENTRY_POINT, MAX_MESSAGE_CHARS, AcceptedProposal, call_many, format_args, rename_entry
 from generator.code_io import KINDS as CODE_IO_KINDS
-from generator.code_io import MAX_MESSAGE_CHARS, AcceptedProposal, call_many, rename_entry
 from generator.schema import Task
 from solver.code_io import CodeIOTask, abduction_tasks, deduction_tasks, induction_task, task_prompt, verify
 from solver.episode import EpisodeResult
+from solver.prompts import answer_text
+from solver.prompts import task_prompt as program_prompt
 from solver.rewards import PENALTY_KINDS, RewardConfig, RewardInputs, reward_terms, total_reward
 
 PROGRAM = "program"
@@ -102,6 +110,47 @@ def code_io_tasks(
 def kind_prompt(task: CodeIOTask) -> str:
     """What the solver sees for a code_io task (code_io's prompt)."""
     return task_prompt(task)
+
+
+# ========================================================================================== examples
+def kind_answer(task: CodeIOTask) -> str:
+    """The right answer to a code_io task, as its parser reads it: deduction the output as a literal, abduction the
+    call of the task's own input, induction the program; each in a python fence."""
+    if task.kind == "deduction":
+        ((_, output),) = task.pairs
+        return answer_text(repr(output))
+    if task.kind == "abduction":
+        ((args, _),) = task.pairs
+        return answer_text(f"{ENTRY_POINT}({format_args(args)})")
+    if task.kind == "induction":
+        return answer_text(task.program)
+    raise ValueError(f"unknown task kind {task.kind!r}")
+
+
+@dataclass(frozen=True)
+class KindExample:
+    """One (prompt, answer) pair of the solver's warm start and how it was asked."""
+
+    kind: str  # the kind asked: the one drawn, or program where the task cannot be asked in it
+    prompt: str
+    answer: str
+    asked: CodeIOTask | None  # the code_io task (None for the program kind)
+
+
+def kind_examples(
+    tasks: Sequence[Task], kinds: Sequence[str], sb, *, prompt_kw: dict | None = None, timeout_s: float | None = None
+) -> list[KindExample]:
+    """One example per task, asked in its kind (kinds[i] for tasks[i]): a code_io kind's prompt (`kind_prompt`)
+    and right answer (`kind_answer`); the program kind, and a task that cannot be asked in its kind, the program
+    prompt (solver.prompts.task_prompt with `prompt_kw`) and the reference solution. The references run in `sb`."""
+    out = []
+    for task, asked in zip(tasks, code_io_tasks(tasks, kinds, sb, timeout_s=timeout_s)):
+        if asked is None:
+            prompt = program_prompt(task, **(prompt_kw or {}))
+            out.append(KindExample(PROGRAM, prompt, answer_text(task.reference_solution), None))
+        else:
+            out.append(KindExample(asked.kind, kind_prompt(asked), kind_answer(asked), asked))
+    return out
 
 
 # ========================================================================================== episodes

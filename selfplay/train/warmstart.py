@@ -35,9 +35,20 @@ from selfplay.train.proposals import sample_proposals
 from solver.prompts import answer_text, task_prompt
 
 
-def solver_examples(tasks: Sequence[Task], prompt_kw: dict | None = None) -> list[tuple[str, str]]:
-    """(user prompt, answer text) pairs: the solver writes the reference solution."""
-    return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
+def solver_examples(
+    tasks: Sequence[Task], prompt_kw: dict | None = None, mixer_cfg=None, sb=None, seed: int = 0
+) -> list[tuple[str, str]]:
+    """(user prompt, answer text) pairs: the solver writes the reference solution. When `mixer_cfg.kinds` names a
+    kind besides the program kind, each task is asked in a kind drawn in the kinds' shares (Mixer.draw_kinds, seeded
+    by `seed`) and answered rightly there (solver.kinds.kind_examples; the references run in the sandbox `sb`)."""
+    from selfplay.train.mixer import Mixer
+    from solver.kinds import kind_examples
+
+    mixer = Mixer(mixer_cfg, seed=seed) if mixer_cfg is not None else None
+    if mixer is None or not mixer.asks_kinds:
+        return [(task_prompt(t, **(prompt_kw or {})), answer_text(t.reference_solution)) for t in tasks]
+    examples = kind_examples(tasks, mixer.draw_kinds(len(tasks), step=0), sb, prompt_kw=prompt_kw)
+    return [(e.prompt, e.answer) for e in examples]
 
 
 def generator_examples(
@@ -282,7 +293,7 @@ def warm_start(
         bar.close()
     log(f"warm start: {len(tasks)} procedural tasks ({stats.tasks_per_s:.0f}/s, {stats.attempted} drawn)")
 
-    s_pairs = solver_examples(tasks, prompt_options(cfg))
+    s_pairs = solver_examples(tasks, prompt_options(cfg), cfg.mixer, sb, cfg.run.seed)
     g_pairs = generator_examples(
         tasks, cfg.train.references, cfg.run.seed, cfg.generator.format, sb, corpus, BuildConfig.from_config(cfg.tasks)
     )

@@ -11,8 +11,9 @@ import pytest
 from generator.build import generate_tasks
 from generator.code_io import rename_entry
 from generator.schema import Task
-from solver.code_io import CodeIOTask, verify
-from solver.kinds import KINDS, KindEpisode, code_io_tasks, kind_prompt
+from solver.code_io import CodeIOTask, verify, verify_many
+from solver.kinds import KINDS, PROGRAM, KindEpisode, code_io_tasks, kind_answer, kind_examples, kind_prompt
+from solver.prompts import answer_text, task_prompt
 from solver.rewards import RewardConfig
 
 BINARY = RewardConfig(correctness=0.0, solved=1.0)  # the binary reward: 1 when solved, else 0
@@ -114,6 +115,39 @@ def test_a_task_that_cannot_be_asked_in_a_kind_gives_none(task_sb):
     assert got[4] is not None and got[4].pairs[0][0] != ([3, 1, 2],)
     with pytest.raises(ValueError, match="unknown task kind"):
         code_io_tasks([PAIR_TASK], ["poetry"], task_sb)
+
+
+# ------------------------------------------------------------------------------------------------ examples
+def test_warm_start_examples_pass_their_own_verifiers(task_sb):
+    tasks = [t for level in (1, 2, 3, 4) for t in generate_tasks(6, level=level, split="train", seed=5, sb=task_sb)]
+    kinds = [KINDS[i % len(KINDS)] for i in range(len(tasks))]
+    examples = kind_examples(tasks, kinds, task_sb, prompt_kw={"max_examples": 2})
+    assert [e.kind for e in examples] == kinds  # every procedural task here can be asked in its kind
+    graded = [e for e in examples if e.asked is not None]
+    assert {e.kind for e in graded} == set(KINDS) - {PROGRAM} and len(graded) == 18
+    verdicts = verify_many([e.asked for e in graded], [e.answer for e in graded], task_sb)
+    assert [v.status for v in verdicts] == ["correct"] * len(graded), [v.detail for v in verdicts]
+    assert all(e.prompt == kind_prompt(e.asked) for e in graded)
+    for task, e in zip(tasks, examples):
+        if e.kind == PROGRAM:
+            assert e.asked is None and e.prompt == task_prompt(task, max_examples=2)
+            assert e.answer == answer_text(task.reference_solution)
+    # the verifiers tell answers apart: each answer given to the next task of its kind
+    shifted = [graded[(i + 3) % len(graded)].answer for i in range(len(graded))]
+    wrong = verify_many([e.asked for e in graded], shifted, task_sb)
+    assert sum(v.status == "correct" for v in wrong) < len(graded) // 2
+
+
+def test_kind_answers_keep_the_outputs_type(task_sb):
+    deduction, abduction, induction = code_io_tasks([PAIR_TASK] * 3, ["deduction", "abduction", "induction"], task_sb)
+    ((args, output),) = deduction.pairs
+    assert kind_answer(deduction) == f"```python\n{output!r}\n```" and isinstance(output, tuple)
+    assert kind_answer(abduction).startswith("```python\nf([") and kind_answer(induction).count("def f(") == 1
+    for asked in (deduction, abduction, induction):
+        assert verify(asked, kind_answer(asked), task_sb).status == "correct"
+    # a task that cannot be asked in its kind is taught as a program task
+    (example,) = kind_examples([dataclasses.replace(PAIR_TASK, hidden_tests=[])], ["induction"], task_sb)
+    assert example.kind == PROGRAM and example.answer == answer_text(PAIR_TASK.reference_solution)
 
 
 # ------------------------------------------------------------------------------------------------- grading
