@@ -33,7 +33,7 @@ import random
 import re
 import statistics
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +52,10 @@ SPLIT_KEY = "eval_split"  # Task.params key naming the split a held-out task bel
 BREAKDOWNS = ("by_family", "by_level", "per_task")
 SNAPSHOT_FILE = paths.GENERATOR_SNAPSHOT  # frozen sample of generated tasks, in the run folder
 SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
+# prompts in one piece of a held-out evaluation (`heldout_rollouts`): the Hugging Face engine's batch
+# (selfplay.rollout.engines.Sampling.batch_size), so that pieces of single-turn episodes sample the batches one call
+# over every task would
+EVAL_BATCH = 64
 
 
 # ---- held-out suite ---------------------------------------------------------------------------------------------
@@ -215,13 +219,14 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     (max_turns, reward_cfg, temperature, max_prompt_tokens, prompt_kw: the task_prompt options training used,
     selfplay.rollout.episodes.prompt_options(cfg); seed).
 
-    Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task). The
-    sampled batch draws from RNGs seeded with `seed` (and put back after): the same weights give the same samples,
-    and two checkpoints are compared on common random numbers, which keeps the sampling noise out of most of
-    their paired difference."""
+    Every split is rolled out greedy, then sampled (k = samples episodes per task), in pieces of `EVAL_BATCH`
+    prompts (`heldout_rollouts`). The sampled episodes draw from RNGs seeded with `seed` (and put back after): the
+    same weights give the same samples, and two checkpoints are compared on common random numbers, which keeps the
+    sampling noise out of most of their paired difference."""
     order = [task for tasks in tasks_by_split.values() for task in tasks]
-    greedy, sampled = heldout_rollouts(agent, order, sb, samples=samples, **options)
-    return summarize_heldout(tasks_by_split, greedy, sampled, samples)
+    episodes = heldout_rollouts(agent, order, sb, samples=samples, **options)
+    assert episodes is not None  # (None only where a `between` abandons it)
+    return summarize_heldout(tasks_by_split, *episodes, samples)
 
 
 def heldout_rollouts(
@@ -236,24 +241,55 @@ def heldout_rollouts(
     max_prompt_tokens: int | None = None,
     prompt_kw: dict | None = None,
     seed: int = 0,
-) -> tuple[list, list]:
+    between: Callable[[], bool] | None = None,
+    pad_to: int = 0,
+) -> tuple[list, list] | None:
     """The greedy episodes (one per task) and the sampled ones (`samples` per task, task-major, drawn from RNGs
     seeded with `seed`) of an evaluation over `tasks`, each kept as what `summarize_heldout` reads (`EvalEpisode`:
-    small enough to gather from the ranks of a sharded evaluation)."""
+    small enough to gather from the ranks of a sharded evaluation).
+
+    They are made in pieces (`eval_pieces`: `EVAL_BATCH` tasks greedy, then as many tasks as fill whole batches
+    with their samples), which single-turn episodes sample in the batches of one call over every task; between two
+    pieces `between()`, where given, is asked whether to abandon the evaluation: then None (a stop request answered
+    within an evaluation). `pad_to`: the most tasks any rank of a sharded evaluation has, so that every rank asks
+    `between` (a collective there) as often."""
     import torch
 
     from selfplay.rollout.episodes import solver_rollouts
     from selfplay.runtime.checkpoint import preserved_rng
 
     kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens, prompt_kw=prompt_kw)
-    greedy = solver_rollouts(agent, tasks, 1, sb, greedy=True, **kw) if tasks else []
-    sampled = []
-    if samples > 1 and tasks:
-        with sampling_temperature(agent, temperature), preserved_rng():
-            random.seed(seed)
-            torch.manual_seed(seed)
-            sampled = solver_rollouts(agent, tasks, samples, sb, **kw)
+    greedy_parts, sampled_parts = eval_pieces(max(pad_to, len(tasks)), samples)
+    asked = iter(range(len(greedy_parts) + len(sampled_parts)))
+
+    def go_on() -> bool:  # the first piece starts; a later one unless `between` says to stop
+        return next(asked) == 0 or between is None or not between()
+
+    greedy: list = []
+    for part in greedy_parts:
+        if not go_on():
+            return None
+        if chunk := tasks[part.start : part.stop]:
+            greedy += solver_rollouts(agent, chunk, 1, sb, greedy=True, **kw)
+    sampled: list = []
+    with sampling_temperature(agent, temperature), preserved_rng():
+        random.seed(seed)
+        torch.manual_seed(seed)
+        for part in sampled_parts:
+            if not go_on():
+                return None
+            if chunk := tasks[part.start : part.stop]:
+                sampled += solver_rollouts(agent, chunk, samples, sb, **kw)
     return [EvalEpisode.of(r) for r in greedy], [EvalEpisode.of(r) for r in sampled]
+
+
+def eval_pieces(n: int, samples: int) -> tuple[list[range], list[range]]:
+    """The pieces of `n` tasks a held-out evaluation runs one after the other: greedy (`EVAL_BATCH` tasks each),
+    then sampled (with `samples` > 1: the fewest tasks whose samples fill whole `EVAL_BATCH` batches)."""
+    per = EVAL_BATCH // math.gcd(EVAL_BATCH, samples)
+    greedy = [range(i, min(n, i + EVAL_BATCH)) for i in range(0, n, EVAL_BATCH)]
+    sampled = [range(i, min(n, i + per)) for i in range(0, n, per)] if samples > 1 else []
+    return greedy, sampled
 
 
 @dataclass(frozen=True)

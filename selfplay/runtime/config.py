@@ -199,6 +199,10 @@ class DistributedConfig:
     zero_config: str = "zero2.json"  # DeepSpeed JSON: a file name in configs/deepspeed/ or a path
     backend: str = ""  # torch.distributed backend: "" = nccl with CUDA, gloo otherwise
     timeout_min: int = 30  # collective timeout before a hung rank fails
+    # the stated bound on a rank's wait in one collective, as a fraction of timeout_min: a longer wait (other ranks
+    # idle while one works alone: a checkpoint's write, the corpus) is warned of once per collective, naming it
+    # (selfplay/runtime/distributed.py `Waits`; each iteration's longest wait is the scalar time/max_wait_s)
+    max_wait_fraction: float = 0.5
 
 
 @dataclass

@@ -6,7 +6,9 @@
   from `configs/deepspeed/` (its "auto" fields filled from the `ppo:` section), or (model, AdamW) without DeepSpeed
   (DistributedDataParallel when there are several processes);
 - `barrier`, `broadcast_object`, `gather_objects`, `all_reduce_sum`, `all_reduce_mean`,
-  `weighted_mean_over_ranks`: no-ops in a single process;
+  `weighted_mean_over_ranks`: no-ops in a single process; across ranks each records how long this rank waited in it
+  (`WAITS`: the longest wait since the loop last asked, and a warning, once per collective, when a wait passes
+  `distributed.max_wait_fraction` of `distributed.timeout_min`: a rank that works alone while the others wait);
 - `gathered_one_by_one`, `full_state_dict`, `full_state_dicts`: a ZeRO-3 model's whole tensors one parameter at a
   time (the weight sync, the checkpoint's Hugging Face copy, `param_checksum`), never the whole model gathered at once;
 - `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
@@ -80,9 +82,10 @@ def _default_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
+def init_distributed(backend: str = "", timeout_min: int = 30, max_wait_fraction: float = 0.5) -> DistInfo:
     """Join the torchrun process group (idempotent); a single process when WORLD_SIZE is unset or 1.
-    Starts the `Heartbeat` that names a dead or frozen rank and ends this one within `timeout_min`."""
+    Starts the `Heartbeat` that names a dead or frozen rank and ends this one within `timeout_min`, and states the
+    bound on a wait in a collective (`WAITS`: `max_wait_fraction` of `timeout_min`)."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # must be set before deepspeed is imported
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -90,6 +93,7 @@ def init_distributed(backend: str = "", timeout_min: int = 30) -> DistInfo:
     if world_size <= 1:
         return DistInfo()
     backend = backend or _default_backend()
+    WAITS.bound(max_wait_fraction, timeout_min)
     if not dist.is_initialized():
         if backend == "nccl":
             torch.cuda.set_device(local_rank)
@@ -236,9 +240,67 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+class Waits:
+    """How long this rank waited in each collective: the longest wait since `take` (the loop logs it once an
+    iteration, `time/max_wait_s`), and a warning, once per collective, when a wait passes the stated bound,
+    `max_wait_fraction` x `timeout_min` (`distributed.max_wait_fraction`, `distributed.timeout_min`). A long wait
+    means another rank worked alone meanwhile (rank 0 writing a checkpoint, the corpus, drawing the solver batch);
+    at `timeout_min` the collective itself fails, so the bound warns before a cluster size or a slower file system
+    turns that work into a failed run. A collective is named by its kind and the function that called it
+    (`barrier in selfplay.train.checkpointing.save`)."""
+
+    KEY = "distributed.max_wait_fraction"
+
+    def __init__(self, fraction: float = 0.5, timeout_min: float = 30.0, warn=None):
+        self.bound(fraction, timeout_min)
+        self.longest: tuple[str, float] = ("", 0.0)  # (collective, seconds) since the last `take`
+        self.warned: set[str] = set()
+        self.warn = warn or (lambda line: print(f"[selfplay] {line}", file=sys.stderr, flush=True))
+
+    def bound(self, fraction: float, timeout_min: float) -> None:
+        """State the bound: a wait longer than `fraction` of `timeout_min` minutes is warned of."""
+        self.fraction, self.timeout_min = float(fraction), float(timeout_min)
+        self.limit_s = self.fraction * self.timeout_min * 60.0
+
+    def record(self, name: str, seconds: float) -> None:
+        if seconds > self.longest[1]:
+            self.longest = (name, seconds)
+        if seconds > self.limit_s and name not in self.warned:
+            self.warned.add(name)
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+            self.warn(
+                f"rank {rank} waited {seconds:.1f} s in {name}, more than {self.KEY} ({self.fraction:g}) of "
+                f"distributed.timeout_min ({self.timeout_min:g} min) = {self.limit_s:.0f} s: another rank worked "
+                f"alone that long (at {self.timeout_min:g} min the collective fails); shorten or share that work, "
+                f"or raise distributed.timeout_min (warned once per collective)"
+            )
+
+    def take(self) -> tuple[str, float]:
+        """The longest wait since the last call (("", 0.0) without one), and a fresh start."""
+        out, self.longest = self.longest, ("", 0.0)
+        return out
+
+    @contextlib.contextmanager
+    def timed(self, kind: str) -> Iterator[None]:
+        """Records the block's time under `kind` and the first caller outside this module."""
+        frame = sys._getframe(1)
+        while frame.f_back is not None and frame.f_globals.get("__name__") in (__name__, "contextlib"):
+            frame = frame.f_back
+        name = f"{kind} in {frame.f_globals.get('__name__', '?')}.{frame.f_code.co_name}"
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.record(name, time.perf_counter() - t0)
+
+
+WAITS = Waits()  # this process's (one per rank)
+
+
 def barrier() -> None:
     if is_distributed():
-        dist.barrier()
+        with WAITS.timed("barrier"):
+            dist.barrier()
 
 
 def broadcast_object(obj: Any, src: int = 0) -> Any:
@@ -246,7 +308,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     if not is_distributed():
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src)
+    with WAITS.timed("broadcast_object"):
+        dist.broadcast_object_list(box, src=src)
     return box[0]
 
 
@@ -255,7 +318,8 @@ def gather_objects(obj: Any) -> list[Any]:
     if not is_distributed():
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
+    with WAITS.timed("gather_objects"):
+        dist.all_gather_object(out, obj)
     return out
 
 
@@ -266,8 +330,9 @@ def all_reduce_sum(*values: float) -> list[float]:
     t = torch.tensor([float(v) for v in values], dtype=torch.float64)
     if dist.get_backend() == "nccl":
         t = t.cuda()
-    dist.all_reduce(t)
-    return t.tolist()
+    with WAITS.timed("all_reduce_sum"):
+        dist.all_reduce(t)
+        return t.tolist()  # (waits for an asynchronous NCCL reduction)
 
 
 def all_reduce_mean(value: float) -> float:

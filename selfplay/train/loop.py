@@ -41,7 +41,13 @@ on preemption) is answered at the next stage boundary of the iteration (`STAGES`
 iteration's unfinished work is abandoned and the last completed step is checkpointed as it stood (its RNGs, mixer
 and task source as they were when the iteration began, so the resumed run repeats the iteration and matches an
 uninterrupted one); after the update, the rest of the iteration (corpus, mixer, logs) is cheap and is finished,
-then the step is checkpointed without its periodic evaluation (run on the resume). Then the run exits 0.
+then the step is checkpointed without its periodic evaluation (run on the resume). A request that comes during an
+evaluation is answered between two of its pieces (selfplay/train/evaluation.py): the evaluation is dropped, the step
+checkpointed without it, and the resumed run measures it first (step 0's, a periodic one or the last step's, which
+is then saved again with it). Then the run exits 0.
+
+Several ranks: the longest wait of any rank in a collective since the last iteration is `time/max_wait_s`; a wait
+past `distributed.max_wait_fraction` of `distributed.timeout_min` is warned of (selfplay/runtime/distributed.py).
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ from selfplay.runtime.checkpoint import CheckpointManager, code_versions, rng_st
 from selfplay.runtime.paths import RunPaths
 from selfplay.runtime.tb import TBLogger
 from selfplay.train.checkpointing import flush_corpus, restore, save, start
-from selfplay.train.evaluation import evaluate, evaluate_missed
+from selfplay.train.evaluation import EvaluationStopped, evaluate, evaluate_missed
 from selfplay.train.history import COMPUTE, history_entry, print_summary, run_estimate, run_summary, say
 from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats, kind_tallies, kind_totals
 from selfplay.train.mixer import IterationStats, Mixer
@@ -109,7 +115,8 @@ class SelfPlay:
             torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
         validate_config(cfg)
-        self.info = D.init_distributed(cfg.distributed.backend, cfg.distributed.timeout_min)
+        dc = cfg.distributed
+        self.info = D.init_distributed(dc.backend, dc.timeout_min, dc.max_wait_fraction)
         self.rank, self.world = self.info.rank, self.info.world_size
         self.main = self.info.is_main
         seed_global_generators(cfg.run.seed, self.rank)
@@ -158,9 +165,16 @@ class SelfPlay:
     def run(self) -> dict:
         """Resume (or warm-start), iterate to `train.steps` or a stop request; the closing summary."""
         self.stop.install()
-        self.setup()
-        evaluate_missed(self)
-        if self.step >= self.cfg.train.steps:
+        try:
+            self.setup()  # step 0's evaluation, when the warm start was not yet evaluated
+            missed = evaluate_missed(self)
+        except EvaluationStopped as stop:  # the checkpoint the run resumed at stands: the evaluation is for later
+            self._log_abandoned(stop.step)
+            self._save_stopped()
+            return {**self.summary(), "stopped": True}
+        if self.step >= self.cfg.train.steps and missed:  # the last step's evaluation, which a stop left
+            save(self, self.step)
+        elif self.step >= self.cfg.train.steps:
             self.log(
                 f"run already at step {self.step} of {self.cfg.train.steps}: nothing to do (raise train.steps "
                 "to continue)"
@@ -185,7 +199,7 @@ class SelfPlay:
         t = self.cfg.train
         bar = progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
         stopped, first = False, True
-        while self.step < t.steps:
+        while self.step < t.steps and not stopped:
             if self.stop.now(STAGES[0]):  # e.g. a request that came during the last step's evaluation
                 stopped = True
                 self._save_stopped()
@@ -210,28 +224,34 @@ class SelfPlay:
                 )
             # a stop is answered before the step's periodic evaluation, so that its checkpoint is written within the
             # signal's grace period; the evaluation it skipped runs when the run resumes (evaluation.evaluate_missed)
-            stopped = self.stop.now(STAGES[-1])
-            self._evaluate_and_save(stopped)
+            stopped = self._evaluate_and_save(self.stop.now(STAGES[-1]))
             if stopped:
                 self._log_stopped()
-                break
         if bar:
             bar.close()
         return stopped
 
-    def _evaluate_and_save(self, stopped: bool) -> None:
-        """After an iteration: the held-out evaluation and the checkpoint, where due."""
+    def _evaluate_and_save(self, stopped: bool) -> bool:
+        """After an iteration: the held-out evaluation and the checkpoint, where due. A stop (`stopped`: requested
+        at the update's boundary) leaves the evaluation for the resumed run; one that comes within the evaluation
+        abandons it. Whether the run stops."""
         t, step = self.cfg.train, self.step
         last = step >= t.steps
         # a solver that does not learn is the one step 0 evaluated: its figures are those, not measured again
-        if self.learns and t.eval_every and step % t.eval_every == 0 and not last and not stopped:
-            evaluate(self, step)
-        if last and self.learns:
-            evaluate(self, step)
-        elif last and self.main:
+        if self.learns and not stopped and (last or (t.eval_every and step % t.eval_every == 0)):
+            try:
+                evaluate(self, step)
+            except EvaluationStopped:
+                self._log_abandoned(step)
+                stopped = True
+        elif last and not self.learns and self.main:
             self.log("the solver was held at its warm start: its held-out figures are step 0's, not measured again")
         if stopped or last or step % t.checkpoint_every == 0:
             save(self, step)
+        return stopped
+
+    def _log_abandoned(self, step: int) -> None:
+        self.log(f"stop requested during step {step}'s evaluation: it is abandoned and runs first on the resume")
 
     def _save_stopped(self) -> None:
         """A stop before an iteration's update: checkpoint the last completed step, unless it is the latest one."""
@@ -307,8 +327,23 @@ class SelfPlay:
         source = self.source.metrics(step)  # mixer/... in self-play, the schedule's level in curriculum
         costs = self._costs(timing, rollouts, train, len(mine), sandbox0, generator_tokens0)
         metrics = iteration_metrics(updates, stats, solver, proposals if self.generates else None, source, costs)
+        metrics.update(self._waits(step))
         self._log(step, metrics, mine, train)
         return metrics
+
+    def _waits(self, step: int) -> dict[str, float]:
+        """Several ranks: the longest wait of any rank in one collective since the last iteration's (its evaluation
+        and checkpoint included), `time/max_wait_s`, and which collective on which rank as text (`time/max_wait`).
+        The stated bound on it is `distributed.max_wait_fraction` of `distributed.timeout_min` (runtime/distributed.py
+        `Waits` warns past it)."""
+        if self.world == 1:
+            return {}
+        waits = D.gather_objects(D.WAITS.take())
+        rank = max(range(self.world), key=lambda r: waits[r][1])
+        name, seconds = waits[rank]
+        if self.main:
+            self.tb.text("time/max_wait", f"rank {rank}: {seconds:.2f} s in {name or 'no collective'}", step)
+        return {"time/max_wait_s": seconds}
 
     def _propose(
         self, step: int, timing: Counter

@@ -23,7 +23,8 @@ from hypothesis import strategies as st
 
 from selfplay.models.agent import load_agent_parts
 from selfplay.runtime.checkpoint import REFERENCE_POINTER, CheckpointManager, reference_folder
-from tests.conftest import REPO, SMOKE, copy_run
+from selfplay.runtime.tb import read_scalars
+from tests.conftest import REPO, SMOKE, copy_run, selfplay
 from tests.selfplay.train.test_resume_exact import (
     agent_fingerprint,
     checkpoint,
@@ -60,9 +61,9 @@ assert summary["stopped"], summary
 """
 
 
-def stopping_run(run: Path, stage: str, step: int, *overrides: str) -> str:
+def stopping_run(run: Path, stage: str, step: int, *overrides: str, script: str = STOPPING_RUN) -> str:
     proc = subprocess.run(
-        [sys.executable, "-c", STOPPING_RUN, stage, str(step), *SMOKE, f"run.dir={run}", *overrides],
+        [sys.executable, "-c", script, stage, str(step), *SMOKE, f"run.dir={run}", *overrides],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -132,6 +133,79 @@ def test_a_stop_after_the_update_leaves_the_step_s_evaluation_for_the_resume(war
     assert out.index("eval step 1") < out.index("eval step 2")
     state = json.loads((checkpoint(run, 3) / "state.json").read_text())
     assert {"1", "2", "3"} <= set(state["evals"]) and [h["step"] for h in state["history"]] == [1, 2, 3]
+
+
+# a run of the smoke config that sends itself SIGUSR1 right after the first piece (the greedy episodes) of step
+# STEP's evaluation
+STOPPING_EVAL = """
+import os, signal, sys
+from selfplay.rollout import episodes
+from selfplay.runtime.config import load_config
+from selfplay.train import evaluation, loop
+
+step, overrides = int(sys.argv[2]), sys.argv[3:]
+evaluate, rollouts, armed = evaluation.evaluate, episodes.solver_rollouts, []
+
+def evaluating(run, at):
+    armed[:] = [at == step]
+    return evaluate(run, at)
+
+def rolling_out(*args, **kwargs):
+    out = rollouts(*args, **kwargs)
+    if armed and armed.pop():  # the first piece of the armed evaluation is done
+        os.kill(os.getpid(), signal.SIGUSR1)
+    return out
+
+loop.evaluate = evaluation.evaluate = evaluating
+episodes.solver_rollouts = rolling_out
+summary = loop.train(load_config(overrides[0], overrides[1:]))
+assert summary["stopped"], summary
+"""
+
+
+def eval_scalars(run: Path) -> dict:
+    """Every `eval/` scalar of the run's TensorBoard: (step, value) for each time it was logged."""
+    return {tag: series for tag, series in read_scalars(run).items() if tag.startswith("eval/")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step,overrides", [(2, []), (1, ["train.eval_every=1"])], ids=["last", "periodic"])
+def test_a_stop_within_an_evaluation_abandons_it_and_the_resume_measures_it_once(
+    warm_run, straight, tmp_path, step, overrides
+):
+    """A stop between two pieces of an evaluation (the last step's, or a periodic one) is answered there: the step
+    is checkpointed without that evaluation, and the resumed run measures it first, once, and ends as the
+    uninterrupted run did: weights, state, scalars, corpus and the evaluations (in the checkpoint and in
+    TensorBoard, each logged once)."""
+    if overrides:  # the uninterrupted run with the same evaluations
+        straight = copy_run(warm_run, tmp_path / "straight")
+        selfplay_train(straight, 2, "1", *overrides)
+    run = copy_run(warm_run, tmp_path / "stopped")
+    out = stopping_run(run, "evaluate", step, "train.steps=2", "run.torch_threads=1", *overrides, script=STOPPING_EVAL)
+    assert f"stop requested during step {step}'s evaluation: it is abandoned" in out, out[-3000:]
+    assert f"checkpoint step_{step} written" in out and f"(answered after a piece of step {step}'s evaluation)" in out
+    assert f"eval step {step}:" not in out
+    state = json.loads((checkpoint(run, step) / "state.json").read_text())
+    assert state["step"] == step and str(step) not in state["evals"]
+    assert not any(s == step for series in eval_scalars(run).values() for s, _ in series)
+    resumed = selfplay_train(run, 2, "3", *overrides)
+    assert f"step {step}: its evaluation was left for the resume by a stop" in resumed
+    assert_same_run(straight, run, 2)
+    assert (
+        json.loads((checkpoint(run, 2) / "state.json").read_text())["evals"]
+        == json.loads((checkpoint(straight, 2) / "state.json").read_text())["evals"]
+    )
+    assert {t: [v for _, v in series] for t, series in eval_scalars(run).items()} == {
+        t: [v for _, v in series] for t, series in eval_scalars(straight).items()
+    }  # every evaluation logged once, with the same figures
+    assert (run / "summary.json").exists()
+
+
+def selfplay_train(run: Path, steps: int, hash_seed: str, *overrides: str) -> str:
+    """test_resume_exact's `train` with `overrides`; its output."""
+    args = [*SMOKE, f"run.dir={run}", f"train.steps={steps}", "run.torch_threads=1", *overrides]
+    proc = selfplay("train", *args, env={"PYTHONHASHSEED": hash_seed})
+    return proc.stdout + proc.stderr
 
 
 def tree_digest(folder: Path) -> dict[str, tuple[str, int]]:
