@@ -63,10 +63,17 @@ def final(run: Path, step: int) -> dict:
     }
 
 
-def test_a_sigterm_to_one_rank_mid_rollouts_stops_both_and_resumes_to_the_uninterrupted_run(warm_run, tmp_path):
-    straight = copy_run(warm_run, tmp_path / "straight")
-    train_on_two_ranks(straight, "1")
+@pytest.fixture(scope="module")
+def straight(warm_run, tmp_path_factory) -> Path:
+    """The uninterrupted run on 2 ranks: steps 0 -> 2 in one launch."""
+    run = copy_run(warm_run, tmp_path_factory.mktemp("straight"))
+    train_on_two_ranks(run, "1")
+    return run
 
+
+def test_a_sigterm_to_one_rank_mid_rollouts_stops_both_and_resumes_to_the_uninterrupted_run(
+    warm_run, straight, tmp_path
+):
     run = copy_run(warm_run, tmp_path / "stopped")
     script = tmp_path / "stopping_rank.py"
     script.write_text(STOPPING_RANK)
@@ -89,3 +96,55 @@ def test_a_sigterm_to_one_rank_mid_rollouts_stops_both_and_resumes_to_the_uninte
     resumed, uninterrupted = final(run, 2), final(straight, 2)
     assert resumed["world_size"] == 2 and [h["step"] for h in resumed["history"]] == [1, 2]
     assert resumed == uninterrupted
+
+
+# rank RANK sends itself SIGTERM when its first piece (the greedy answers to its shard) of step STEP's evaluation is
+# done; rank 0 learns of it at the piece's boundary, where both abandon the evaluation
+STOPPING_RANK_IN_EVAL = """
+import os, signal, sys
+from selfplay.rollout import episodes
+from selfplay.runtime.config import load_config
+from selfplay.train import evaluation, loop
+
+rank, step, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+evaluate, rollouts, armed = evaluation.evaluate, episodes.solver_rollouts, []
+
+def evaluating(run, at):
+    armed[:] = [at == step and run.rank == rank]
+    return evaluate(run, at)
+
+def rolling_out(*args, **kwargs):
+    out = rollouts(*args, **kwargs)
+    if armed and armed.pop():
+        os.kill(os.getpid(), signal.SIGTERM)
+    return out
+
+loop.evaluate = evaluation.evaluate = evaluating
+episodes.solver_rollouts = rolling_out
+summary = loop.train(load_config(overrides[0], overrides[1:]))
+assert summary["stopped"], summary
+print(f"[test] rank {os.environ['RANK']} stopped at step {summary['steps']}", flush=True)
+"""
+
+
+def test_a_sigterm_to_one_rank_within_the_sharded_evaluation_stops_both_at_the_same_piece(warm_run, straight, tmp_path):
+    """The last step's evaluation, sharded over 2 ranks: rank 1 is asked to stop after its first piece; both ranks
+    abandon the evaluation there (rank 0 learns of it at that piece's boundary), step 2 is checkpointed without it,
+    and the run resumed on 2 ranks measures it first and ends where the uninterrupted one does."""
+    run = copy_run(warm_run, tmp_path / "stopped")
+    script = tmp_path / "stopping_rank_in_eval.py"
+    script.write_text(STOPPING_RANK_IN_EVAL)
+    out = two_ranks(
+        [str(script), "1", "2", *SMOKE, f"run.dir={run}", *OVERRIDES], timeout=900, env={"PYTHONHASHSEED": "2"}
+    )
+    assert "[test] rank 0 stopped at step 2" in out and "[test] rank 1 stopped at step 2" in out, out[-3000:]
+    assert "stop requested during step 2's evaluation: it is abandoned" in out, out[-3000:]
+    assert "(answered after a piece of step 2's evaluation)" in out and "eval step 2:" not in out
+    assert "2" not in json.loads((checkpoint(run, 2) / "state.json").read_text())["evals"]
+
+    out = train_on_two_ranks(run, "3")
+    assert "step 2: its evaluation was left for the resume by a stop" in out, out[-3000:]
+    assert corpus_rows(run) == corpus_rows(straight)
+    assert final(run, 2) == final(straight, 2)
+    evals = [json.loads((checkpoint(r, 2) / "state.json").read_text())["evals"] for r in (run, straight)]
+    assert evals[0] == evals[1] and "2" in evals[0]
