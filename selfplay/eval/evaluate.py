@@ -54,8 +54,9 @@ SNAPSHOT_FILE = paths.GENERATOR_SNAPSHOT  # frozen sample of generated tasks, in
 SOLVE_RATE_BINS = 10  # histogram bins of measured solve rates over [0, 1]
 # prompts in one piece of a held-out evaluation (`heldout_rollouts`): the Hugging Face engine's batch
 # (selfplay.rollout.engines.Sampling.batch_size), so that pieces of single-turn episodes sample the batches one call
-# over every task would
+# over every task would; an engine of its own (vLLM), which gains from many sequences at once, takes 8 batches
 EVAL_BATCH = 64
+ENGINE_PIECE = 8 * EVAL_BATCH
 
 
 # ---- held-out suite ---------------------------------------------------------------------------------------------
@@ -219,10 +220,10 @@ def evaluate_heldout(agent, tasks_by_split: dict[str, list[Task]], sb, *, sample
     (max_turns, reward_cfg, temperature, max_prompt_tokens, prompt_kw: the task_prompt options training used,
     selfplay.rollout.episodes.prompt_options(cfg); seed).
 
-    Every split is rolled out greedy, then sampled (k = samples episodes per task), in pieces of `EVAL_BATCH`
-    prompts (`heldout_rollouts`). The sampled episodes draw from RNGs seeded with `seed` (and put back after): the
-    same weights give the same samples, and two checkpoints are compared on common random numbers, which keeps the
-    sampling noise out of most of their paired difference."""
+    Every split is rolled out in one greedy batch and one sampled batch (k = samples episodes per task). The
+    sampled batch draws from RNGs seeded with `seed` (and put back after): the same weights give the same samples,
+    and two checkpoints are compared on common random numbers, which keeps the sampling noise out of most of
+    their paired difference."""
     order = [task for tasks in tasks_by_split.values() for task in tasks]
     episodes = heldout_rollouts(agent, order, sb, samples=samples, **options)
     assert episodes is not None  # (None only where a `between` abandons it)
@@ -243,23 +244,26 @@ def heldout_rollouts(
     seed: int = 0,
     between: Callable[[], bool] | None = None,
     pad_to: int = 0,
+    batch: int = EVAL_BATCH,
 ) -> tuple[list, list] | None:
     """The greedy episodes (one per task) and the sampled ones (`samples` per task, task-major, drawn from RNGs
     seeded with `seed`) of an evaluation over `tasks`, each kept as what `summarize_heldout` reads (`EvalEpisode`:
     small enough to gather from the ranks of a sharded evaluation).
 
-    They are made in pieces (`eval_pieces`: `EVAL_BATCH` tasks greedy, then as many tasks as fill whole batches
-    with their samples), which single-turn episodes sample in the batches of one call over every task; between two
-    pieces `between()`, where given, is asked whether to abandon the evaluation: then None (a stop request answered
-    within an evaluation). `pad_to`: the most tasks any rank of a sharded evaluation has, so that every rank asks
-    `between` (a collective there) as often."""
+    With `between` they are made in pieces (`eval_pieces`: `batch` tasks greedy, then as many tasks as fill whole
+    batches with their samples; single-turn episodes on the Hugging Face engine are sampled in the batches of one
+    call over every task), and between two pieces `between()` is asked whether to abandon the evaluation: then None
+    (a stop request answered within an evaluation). `pad_to`: the most tasks any rank of a sharded evaluation
+    has, so that every rank asks `between` (a collective there) as often. Without `between`: one piece of each."""
     import torch
 
     from selfplay.rollout.episodes import solver_rollouts
     from selfplay.runtime.checkpoint import preserved_rng
 
     kw = dict(max_turns=max_turns, reward_cfg=reward_cfg, max_prompt_tokens=max_prompt_tokens, prompt_kw=prompt_kw)
-    greedy_parts, sampled_parts = eval_pieces(max(pad_to, len(tasks)), samples)
+    n = max(pad_to, len(tasks))
+    # without `between`, one piece each (an engine of its own, vLLM, samples every prompt at once)
+    greedy_parts, sampled_parts = eval_pieces(n, samples, batch) if between else eval_pieces(n, samples, 0)
     asked = iter(range(len(greedy_parts) + len(sampled_parts)))
 
     def go_on() -> bool:  # the first piece starts; a later one unless `between` says to stop
@@ -283,11 +287,14 @@ def heldout_rollouts(
     return [EvalEpisode.of(r) for r in greedy], [EvalEpisode.of(r) for r in sampled]
 
 
-def eval_pieces(n: int, samples: int) -> tuple[list[range], list[range]]:
-    """The pieces of `n` tasks a held-out evaluation runs one after the other: greedy (`EVAL_BATCH` tasks each),
-    then sampled (with `samples` > 1: the fewest tasks whose samples fill whole `EVAL_BATCH` batches)."""
-    per = EVAL_BATCH // math.gcd(EVAL_BATCH, samples)
-    greedy = [range(i, min(n, i + EVAL_BATCH)) for i in range(0, n, EVAL_BATCH)]
+def eval_pieces(n: int, samples: int, batch: int = EVAL_BATCH) -> tuple[list[range], list[range]]:
+    """The pieces of `n` tasks a held-out evaluation runs one after the other: greedy (`batch` tasks each), then
+    sampled (with `samples` > 1: the fewest tasks whose samples fill whole batches of `batch`); `batch` 0: one piece
+    of each."""
+    if batch <= 0:
+        return [range(n)] if n else [], [range(n)] if n and samples > 1 else []
+    per = batch // math.gcd(batch, samples)
+    greedy = [range(i, min(n, i + batch)) for i in range(0, n, batch)]
     sampled = [range(i, min(n, i + per)) for i in range(0, n, per)] if samples > 1 else []
     return greedy, sampled
 

@@ -3,10 +3,10 @@ start), every `train.eval_every` steps, at the last step, and on a resume that a
 evaluation. `run` is the `SelfPlay` whose solver is measured (selfplay/train/loop.py); its results go to TensorBoard
 (`eval/<split>/...`) and into `run.evals`, which the next checkpoint keeps.
 
-A stop request is answered between two pieces of an evaluation (`heldout_rollouts`: 64 prompts each), every rank at
-the same piece (`run.stop.now` is the loop's stop agreement, a collective): the evaluation is abandoned
-(`EvaluationStopped`), nothing of it is kept or logged, and the run that resumes measures it first
-(`evaluate_missed`; step 0's by `checkpointing.evaluate_warm_start`)."""
+A stop request is answered between two pieces of an evaluation (`heldout_rollouts`: 64 prompts each, 512 on an engine
+of its own such as vLLM), every rank at the same piece (`run.stop.now` is the loop's stop agreement, a collective):
+the evaluation is abandoned (`EvaluationStopped`), nothing of it is kept or logged, and the run that resumes measures
+it first (`evaluate_missed`; step 0's by `checkpointing.evaluate_warm_start`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ import time
 
 from selfplay.eval.evaluate import (
     BREAKDOWNS,
+    ENGINE_PIECE,
+    EVAL_BATCH,
     heldout_rollouts,
     heldout_scalars,
     heldout_tasks,
@@ -65,6 +67,7 @@ def evaluate(run, step: int) -> dict:
             seed=cfg.run.seed + (0 if zero3 else run.rank),
             between=lambda: run.stop.now(f"a piece of step {step}'s evaluation"),
             pad_to=len(order) if zero3 else len(shard_of(len(order), 0, run.world)),  # rank 0's shard is the largest
+            batch=EVAL_BATCH if run.solver.engine.on_trainer_model else ENGINE_PIECE,
         )
     if pieces is None:
         raise EvaluationStopped(step)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from selfplay.eval.evaluate import EVAL_BATCH, eval_pieces, merge_shards, shard_of
+from selfplay.eval.evaluate import ENGINE_PIECE, EVAL_BATCH, eval_pieces, merge_shards, shard_of
 
 
 @given(st.integers(0, 60), st.integers(1, 8), st.integers(0, 4))
@@ -28,17 +28,19 @@ def test_one_rank_is_its_own_shard():
     assert merge_shards([(["a", "b"], [])], 2, 3) == (["a", "b"], [])
 
 
-@given(st.integers(0, 300), st.integers(0, 9), st.integers(1, 8))
-def test_evaluation_pieces_cover_the_tasks_in_order_and_fill_whole_batches(n, samples, world):
+@given(st.integers(0, 1200), st.integers(0, 9), st.integers(1, 8), st.sampled_from([EVAL_BATCH, ENGINE_PIECE]))
+def test_evaluation_pieces_cover_the_tasks_in_order_and_fill_whole_batches(n, samples, world, batch):
     """The pieces an evaluation runs (and between which it answers a stop): every task once, in order, greedy in
     batches of EVAL_BATCH, sampled in pieces whose samples fill whole batches (so that single-turn episodes are
     sampled in the batches one call over every task would); every rank of a sharded evaluation, padded to rank 0's
     shard, has as many pieces (it asks for the stop as often)."""
-    greedy, sampled = eval_pieces(n, samples)
+    greedy, sampled = eval_pieces(n, samples, batch)
     assert [i for part in greedy for i in part] == list(range(n))
-    assert all(len(part) == EVAL_BATCH for part in greedy[:-1])
+    assert all(len(part) == batch for part in greedy[:-1])
     assert [i for part in sampled for i in part] == (list(range(n)) if samples > 1 else [])
-    assert all(len(part) * samples % EVAL_BATCH == 0 for part in sampled[:-1])
+    assert all(len(part) * samples % batch == 0 for part in sampled[:-1])
     most = len(shard_of(n, 0, world))
-    counts = {tuple(map(len, eval_pieces(max(most, len(shard_of(n, r, world))), samples))) for r in range(world)}
+    counts = {tuple(map(len, eval_pieces(max(most, len(shard_of(n, r, world))), samples, batch))) for r in range(world)}
     assert len(counts) == 1 and most == max(len(shard_of(n, r, world)) for r in range(world))
+    whole = eval_pieces(n, samples, 0)  # without a stop to answer: one piece each
+    assert whole == ([range(n)] if n else [], [range(n)] if n and samples > 1 else [])
