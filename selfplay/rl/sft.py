@@ -13,6 +13,10 @@ its dtype after every step. Without them an update below half a bf16 ulp of its 
 Memory: `micro_batch_size` splits each batch into micro-batches whose gradients are accumulated before the step;
 each micro-batch's loss is its answer tokens' summed cross-entropy over the whole batch's answer tokens, so the step
 is the unsplit batch's (to rounding).
+
+Under DeepSpeed (`sft_engine`, the warm start on several ranks: selfplay/train/warmstart_ranks.py) the same steps run
+inside an engine: every rank draws the same batches, takes its share of each (`rank_batching`), and the engine's
+ZeRO partitioning, mixed precision (fp32 masters of its own), gradient accumulation and clipping do the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +27,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
+
+from selfplay.runtime.distributed import all_reduce_sum
+
+WARMUP, WEIGHT_DECAY, MAX_GRAD_NORM = 20, 0.01, 1.0  # the SFT's schedule warm-up, AdamW decay and clipping
 
 
 def answer_loss(
@@ -153,9 +161,9 @@ def sft(
     pad_id: int,
     max_len: int,
     seed: int = 0,
-    warmup: int = 20,
-    weight_decay: float = 0.01,
-    max_grad_norm: float = 1.0,
+    warmup: int = WARMUP,
+    weight_decay: float = WEIGHT_DECAY,
+    max_grad_norm: float = MAX_GRAD_NORM,
     micro_batch_size: int = 0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[float]:
@@ -193,4 +201,80 @@ def sft(
         optimizer.zero_grad(set_to_none=True)  # no gradient is kept (the next agent's SFT follows)
         masters.close()
     policy.eval()
+    return losses
+
+
+def rank_batching(batch_size: int, micro_batch_size: int, world: int) -> tuple[int, int]:
+    """(rows per micro-batch, micro-batches per step) of each rank when SFT batches of `batch_size` rows are split
+    over `world` ranks: a rank's share is ceil(batch_size / world) contiguous rows, passed `micro_batch_size` rows at
+    a time (0: its whole share at once); the engine's train_micro_batch_size_per_gpu and gradient_accumulation_steps."""
+    share = -(-batch_size // world)
+    micro = min(micro_batch_size, share) if micro_batch_size > 0 else share
+    return micro, -(-share // micro)
+
+
+def sft_engine(
+    engine,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    pad_id: int,
+    max_len: int,
+    seed: int = 0,
+    warmup: int = WARMUP,
+    micro_batch_size: int = 0,
+    rank: int = 0,
+    world: int = 1,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[float]:
+    """`sft`'s steps inside a DeepSpeed `engine` (a causal LM wrapped by `deepspeed.initialize`, its config from
+    `rank_batching`; AdamW, weight decay, clipping and mixed precision as the engine's config says), data parallel
+    over `world` ranks: every rank draws the same batches as `sft` (the same `length_batches` from `seed`), takes
+    its contiguous share of each and passes it in micro-batches. Each micro-batch's loss is its answer tokens' summed
+    cross-entropy over the whole batch's answer tokens, times `world` (the engine averages gradients over the ranks),
+    so that a step's gradient is the unsplit batch's, as in `sft`. A rank whose share of a short batch runs out
+    passes a zero-weighted row instead: every rank runs as many forward/backward passes (ZeRO's gathers and
+    reductions are collectives). The learning rate follows `lr_at`. Returns every step's batch mean answer loss
+    (the same on every rank; a collective)."""
+    if not examples:
+        raise ValueError("no examples to fine-tune on")
+    micro, passes = rank_batching(batch_size, micro_batch_size, world)
+    if (engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()) != (micro, passes):
+        raise ValueError(
+            f"the engine passes {engine.train_micro_batch_size_per_gpu()} rows x "
+            f"{engine.gradient_accumulation_steps()} per step, the SFT's batches of {batch_size} over {world} "
+            f"ranks need {micro} x {passes} (rank_batching)"
+        )
+    rng = random.Random(seed)
+    lengths = [len(p) + len(a) for p, a in examples]
+    batches: list[list[int]] = []
+    losses = []
+    engine.train()
+    for step in range(steps):
+        if not batches:
+            batches = length_batches(lengths, batch_size, rng)
+        idx = batches.pop()
+        input_ids, mask, labels = collate([examples[i] for i in idx], pad_id, max_len)
+        tokens = max(1, int((labels[:, 1:] != -100).sum()))
+        share = -(-len(idx) // world)
+        mine = list(range(rank * share, min(len(idx), (rank + 1) * share)))
+        for group in engine.optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr, warmup)
+        total = 0.0
+        for j in range(passes):
+            rows, weight = mine[j * micro : (j + 1) * micro], world / tokens
+            if not rows:  # this rank's share ran out: a pass that counts for nothing
+                rows, weight = [0], 0.0
+            width = int(mask[rows].sum(1).max())  # right-padded: the micro-batch's longest row, no wider
+            part = (t[rows, :width].to(engine.device) for t in (input_ids, mask, labels))
+            loss = answer_loss(engine, *part, reduction="sum")
+            engine.backward(loss * weight, scale_wrt_gas=False)
+            engine.step()  # the optimiser steps at the last pass (the engine's accumulation boundary)
+            total += float(loss.detach()) * weight / world
+        losses.append(all_reduce_sum(total)[0])
+        if on_step is not None:
+            on_step(step, losses[-1])
+    engine.eval()
     return losses

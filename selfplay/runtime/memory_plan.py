@@ -8,14 +8,20 @@ reserve, its total against the GPU's memory, and a verdict naming the config key
 Pure arithmetic: nothing here imports torch (`refuse_if_it_cannot_fit` does, inside, on the GPU only).
 
 Phases, as the code runs them (selfplay/train/, selfplay/models/agent.py, selfplay/rollout/engine.py):
-- "warm start": rank 0 alone, before any checkpoint: `build_agents` puts both policies and both references on its
-  GPU (plain torch, nothing partitioned: no DeepSpeed warm start exists), and `sft` trains every weight of one agent
-  at a time with torch's AdamW (`sft_state_bytes`: a bf16/fp16 model through fp32 master weights, fp32 gradients
-  and fp32 moments; an fp32 model, its gradients and moments) on micro-batches of `warmstart.micro_batch_size`
-  sequences; `sft` frees its gradients and states before the next agent's. The peak: 2 policies + 2 references +
-  one agent's SFT gradients and states + one micro-batch's activations. The held-out evaluation at step 0 (Hugging
-  Face generation, the SFT optimiser gone) is the phase's other moment; the larger one is shown. A warm start whose
-  weights and SFT states alone exceed the GPU says that it needs a warm start under DeepSpeed (`WARM_START_NEEDS`);
+- "warm start", under DeepSpeed with several ranks (selfplay/train/warmstart_ranks.py): every rank, one agent at a
+  time, its policy inside a DeepSpeed engine with `distributed.zero_config`'s stage and mixed precision, partitioned
+  as in the update (`warm_start_on_ranks`: weights, gradients, fp32 masters and moments of every weight, the SFT
+  trains them all, LoRA or not) and one micro-batch of the rank's share of the SFT batch (`sft_rows_per_rank`); the
+  value head and rank 0's consolidated copies and references stay on the CPUs, the engine is freed before the next
+  agent is built. Otherwise rank 0 alone, before any checkpoint: `build_agents` puts both policies and both
+  references on its GPU (plain torch, nothing partitioned), and `sft` trains every weight of one agent at a time
+  with torch's AdamW (`sft_state_bytes`: a bf16/fp16 model through fp32 master weights, fp32 gradients and fp32
+  moments; an fp32 model, its gradients and moments) on micro-batches of `warmstart.micro_batch_size` sequences;
+  `sft` frees its gradients and states before the next agent's. The peak: 2 policies + 2 references + one agent's
+  SFT gradients and states + one micro-batch's activations. The held-out evaluation at step 0 (Hugging Face
+  generation, the SFT optimiser gone) is the phase's other moment; the larger one is shown. A rank-0 warm start
+  whose weights and SFT states alone exceed the GPU says that it needs the warm start under DeepSpeed
+  (`WARM_START_NEEDS`);
 - "load": every rank, from the checkpoint: the solver already wrapped by DeepSpeed (its ZeRO partitions made) and its
   vLLM engine started, the generator loaded whole (DeepSpeed partitions it only in `deepspeed.initialize`);
 - "rollout": every rank samples its share of the answers: both agents' weights, references and optimiser states
@@ -112,11 +118,11 @@ GAP_LOGIT_BYTES = 10
 LORA_REFERENCE_IS_BASE = True
 SCORE_COPIES = 2  # generate keeps fp32 scores per step (out.scores) and torch.stack copies them before .cpu()
 DEFAULT_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (parameters)
-# what a warm start needs when its weights and SFT states alone exceed rank 0's GPU: no setting of today's code helps
+# what a rank-0 warm start needs when its weights and SFT states alone exceed the GPU: no setting of its own helps
 WARM_START_NEEDS = (
-    "it needs a warm start under DeepSpeed, which does not exist yet: rank 0 alone builds both agents "
-    "and fine-tunes each in plain torch (selfplay/train/warmstart.py), nothing partitioned over the "
-    "ranks"
+    "it needs the warm start under DeepSpeed on several ranks (distributed.deepspeed=true, more than one GPU; "
+    "selfplay/train/warmstart_ranks.py), which partitions each agent's SFT over them: without it rank 0 alone "
+    "builds both agents and fine-tunes each in plain torch, nothing partitioned"
 )
 
 
@@ -576,10 +582,10 @@ def update_activations(shape: ModelShape, s: RunSettings, agent: str) -> float:
     return blocks + s.micro_batch * (new + 1) * shape.vocab * PPO_LOGIT_BYTES
 
 
-def sft_activations(shape: ModelShape, s: RunSettings) -> float:
-    """One SFT micro-batch (warmstart.micro_batch_size, else warmstart.batch_size, sequences of up to
+def sft_activations(shape: ModelShape, s: RunSettings, rows: int = 0) -> float:
+    """One SFT micro-batch (`rows` sequences, default warmstart.micro_batch_size, else warmstart.batch_size, of up to
     warmstart.max_len): every block, every position's logits (selfplay.rl.sft.answer_loss)."""
-    tokens = s.sft_rows * s.sft_len
+    tokens = (rows or s.sft_rows) * s.sft_len
     return _block_activations(shape, s, tokens, shape.layers) + tokens * shape.vocab * SFT_LOGIT_BYTES
 
 
@@ -598,6 +604,37 @@ def sft_state_bytes(shape: ModelShape, s: RunSettings) -> tuple[float, float]:
         *(a * b for a, b in shape.linears().values()),
     )
     return float(p * 4 + largest * s.dtype_bytes), float(p * MIXED_STATE_BYTES)
+
+
+def warm_start_on_ranks(s: RunSettings, world: int) -> bool:
+    """Whether the warm start runs on every rank inside DeepSpeed engines (selfplay/train/warmstart_ranks.py
+    `on_every_rank`: DeepSpeed and several ranks); else rank 0 alone in plain torch."""
+    return s.deepspeed and world > 1
+
+
+def sft_rows_per_rank(s: RunSettings, world: int) -> int:
+    """Sequences in one SFT forward/backward of a rank when the warm start's batches are split over `world` ranks
+    (selfplay.rl.sft.rank_batching: a share of ceil(batch / world), passed warmstart.micro_batch_size at a time)."""
+    share = -(-s.sft_batch // world)
+    return min(s.sft_micro, share) if s.sft_micro > 0 else share
+
+
+def sft_states_on_ranks(shape: ModelShape, s: RunSettings, world: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimiser states) per GPU of one agent's SFT inside a DeepSpeed engine, every weight
+    trained: accounted as `agent_state` accounts the update (2 or 4 bytes of weights and of gradients, 12 bytes of
+    fp32 master, m and v under mixed precision, else two moments in the weights' dtype), divided over the ranks by
+    the ZeRO stage (1: states, 2: and gradients, 3: and weights)."""
+    b, p = s.dtype_bytes, shape.params
+    weights, grads = float(p * b), float(p * b)
+    optimizer = float(p * (MIXED_STATE_BYTES if s.mixed_precision else 2 * b))
+    if world > 1:
+        if s.zero_stage >= 1:
+            optimizer /= world
+        if s.zero_stage >= 2:
+            grads /= world
+        if s.zero_stage >= 3:
+            weights /= world
+    return weights, grads, optimizer
 
 
 def _block_activations(shape: ModelShape, s: RunSettings, tokens: int, blocks: int) -> float:
@@ -637,6 +674,35 @@ def _engine_count(s: RunSettings) -> int:
     return sum(e == "vllm" for e in s.engines)
 
 
+def _rank0_warm_start(
+    shape: ModelShape, s: RunSettings, budget: float, critic_full: float, trains: bool, parts: Callable
+) -> PhasePlan:
+    """The warm start on rank 0 alone (plain torch, nothing partitioned; one agent's SFT at a time), at the larger
+    of its two moments: the SFT, the held-out evaluation at step 0."""
+    p, b = shape.params, s.dtype_bytes
+    grads, states_b = sft_state_bytes(shape, s) if trains else (0.0, 0.0)
+    sft = parts(
+        policy=2 * p * b,
+        reference=2 * p * b,
+        critic=2 * critic_full,
+        gradients=grads,
+        optimizer=states_b,
+        activations=sft_activations(shape, s) if trains else 0.0,
+    )
+    eval0 = parts(
+        policy=2 * p * b,
+        reference=2 * p * b,
+        critic=2 * critic_full,
+        generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new),
+    )
+    masters = ", fp32 masters" if s.dtype_bytes < 4 else ""
+    what = (
+        f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains else "no SFT (steps 0)"
+    )
+    ws = max((sft, what), (eval0, "held-out evaluation at step 0"), key=lambda x: sum(x[0].values()))
+    return PhasePlan("warm start", "rank 0", ws[1], ws[0], budget)
+
+
 def plan_phases(
     shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanOptions = PlanOptions()
 ) -> list[PhasePlan]:
@@ -667,30 +733,34 @@ def plan_phases(
         )
 
     phases = []
-    # warm start: rank 0, plain torch, nothing partitioned; one agent's SFT at a time
     critic_full = (shape.hidden + 1 + (p if s.value_model == "separate" else 0)) * b
     trains = any(n > 0 for n in s.sft_steps)
-    grads, states_b = sft_state_bytes(shape, s) if trains else (0.0, 0.0)
-    sft = parts(
-        policy=2 * p * b,
-        reference=2 * p * b,
-        critic=2 * critic_full,
-        gradients=grads,
-        optimizer=states_b,
-        activations=sft_activations(shape, s) if trains else 0.0,
-    )
-    eval0 = parts(
-        policy=2 * p * b,
-        reference=2 * p * b,
-        critic=2 * critic_full,
-        generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new),
-    )
-    masters = ", fp32 masters" if s.dtype_bytes < 4 else ""
-    what = (
-        f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains else "no SFT (steps 0)"
-    )
-    ws = max((sft, what), (eval0, "held-out evaluation at step 0"), key=lambda x: sum(x[0].values()))
-    phases.append(PhasePlan("warm start", "rank 0", ws[1], ws[0], budget))
+    if warm_start_on_ranks(s, world):
+        # warm start under DeepSpeed: every rank, one agent's SFT in an engine, partitioned as in the update; the
+        # value head and rank 0's consolidated copies on the CPUs
+        rows = sft_rows_per_rank(s, world)
+        weights, grads, states_b = sft_states_on_ranks(shape, s, world)
+        masters = ", fp32 masters" if s.mixed_precision else ""
+        phases.append(
+            PhasePlan(
+                "warm start",
+                "every rank",
+                f"SFT of one agent under ZeRO-{s.zero_stage} ({rows} of {s.sft_batch} sequences a pass per rank"
+                f"{masters})"
+                if trains
+                else "no SFT (steps 0): the agents built and saved",
+                parts(
+                    policy=weights + gathered,
+                    gradients=grads if trains else 0.0,
+                    optimizer=states_b if trains else 0.0,
+                    activations=sft_activations(shape, s, rows) if trains else 0.0,
+                ),
+                budget,
+            )
+        )
+    else:
+        # warm start: rank 0, plain torch, nothing partitioned; one agent's SFT at a time
+        phases.append(_rank0_warm_start(shape, s, budget, critic_full, trains, parts))
 
     # load: the solver wrapped (and its engine started), the generator whole until deepspeed.initialize
     sv = states["solver"]
@@ -798,14 +868,27 @@ def _changes(shape: ModelShape, s: RunSettings, cluster: Cluster, options: PlanO
         return next((v for v in values if fits(make(v))), values[-1])
 
     if phase == "warm start":
+        on_ranks = warm_start_on_ranks(s, cluster.world)
         if any(n > 0 for n in s.sft_steps):
             add(("warmstart.solver_steps=0", "warmstart.generator_steps=0"), rep(s, sft_steps=(0, 0)))
-            smaller = [n for n in range(s.sft_rows - 1, 0, -1)]
+            rows = sft_rows_per_rank(s, cluster.world) if on_ranks else s.sft_rows
+            smaller = [n for n in range(rows - 1, 0, -1)]
             if smaller:  # the same steps in smaller passes
                 n = largest(smaller, lambda v: rep(s, sft_micro=v))
                 add((f"warmstart.micro_batch_size={n}",), rep(s, sft_micro=n))
         if not s.gradient_checkpointing:
             add(("model.gradient_checkpointing=true",), rep(s, gradient_checkpointing=True))
+        if on_ranks and s.zero_stage < 3:
+            add((f"distributed.zero_config=zero{s.zero_stage + 1}.json",), rep(s, zero_stage=s.zero_stage + 1))
+        if not s.deepspeed and cluster.world > 1:  # the warm start under DeepSpeed, partitioned over the ranks
+            add(
+                ("distributed.deepspeed=true", "distributed.zero_config=zero3.json"),
+                rep(s, deepspeed=True, zero_stage=3, mixed_precision=s.dtype_bytes == 2),
+            )
+        if on_ranks and s.zero_stage >= 1:
+            nodes = next((n for n in range(cluster.nodes + 1, 65) if fits(s, rep(cluster, nodes=n))), 0)
+            if nodes:
+                add((f"--nodes={nodes}",), s, rep(cluster, nodes=nodes))
         return out
     if s.deepspeed and s.zero_stage < 3 and cluster.world > 1:
         add((f"distributed.zero_config=zero{s.zero_stage + 1}.json",), rep(s, zero_stage=s.zero_stage + 1))
@@ -901,10 +984,10 @@ def verdicts(
 
 
 def _missing(shape: ModelShape, s: RunSettings, p: PhasePlan) -> str:
-    """`WARM_START_NEEDS`, with its figure, when the warm start's SFT holds more than the GPU before any activation
-    (both agents' weights and references, one agent's fp32 masters, gradients and AdamW states): no micro-batch or
-    checkpointing lowers that; else ""."""
-    if p.phase != "warm start" or not any(n > 0 for n in s.sft_steps):
+    """`WARM_START_NEEDS`, with its figure, when rank 0's warm start (not under DeepSpeed on several ranks) holds
+    more than the GPU before any activation (both agents' weights and references, one agent's fp32 masters,
+    gradients and AdamW states): no micro-batch or checkpointing lowers that; else ""."""
+    if p.phase != "warm start" or p.where != "rank 0" or not any(n > 0 for n in s.sft_steps):
         return ""
     b = s.dtype_bytes
     held = sum(p.parts[k] for k in ("policy weights", "reference weights", "value head/critic", "reserve"))

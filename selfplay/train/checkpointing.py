@@ -32,14 +32,17 @@ from selfplay.train.evaluation import evaluate
 from selfplay.train.history import COMPUTE
 from selfplay.train.setup import load_agent, progress, reserve_heldout, seed_global_generators, wait_for_checkpoint
 from selfplay.train.warmstart import level_counts, warm_start
+from selfplay.train.warmstart_ranks import on_every_rank
 
 
 def start(run) -> None:
-    """Resume from the run folder's latest checkpoint; without one, rank 0 warm-starts first."""
+    """Resume from the run folder's latest checkpoint; without one, rank 0 warm-starts first (under DeepSpeed with
+    several ranks every rank takes part: selfplay/train/warmstart_ranks.py)."""
     latest = run.ckpt.latest_checkpoint()
     if latest is None:
         if run.main:
             run.ckpt.clean_partial()
+        if run.main or on_every_rank(run.cfg, run.world):
             first_checkpoint(run)
         wait_for_checkpoint(run.ckpt, run.main)
         latest = run.ckpt.latest_checkpoint()
@@ -52,11 +55,14 @@ def start(run) -> None:
 
 def first_checkpoint(run) -> None:
     """Rank 0: reserve the held-out tasks (and fixed mode's pool), warm-start both agents and write checkpoint
-    step_0 (evaluated after it is loaded back: `evaluate_warm_start`)."""
+    step_0 (evaluated after it is loaded back: `evaluate_warm_start`). Under DeepSpeed with several ranks every rank
+    comes here and takes part in the SFT; rank 0 alone writes step_0, its `param_checksums` those every rank's
+    warm-started weights matched."""
     cfg, t0 = run.cfg, time.perf_counter()
     counts = level_counts(cfg.warmstart, cfg.tasks.max_level)
     run.log(f"no checkpoint in {run.run_dir}: warm start ({sum(counts.values())} tasks)")
-    reserve_heldout(cfg, run.sb, run.corpus, run.run_dir, run.log)  # first: training never sees them
+    if run.main:
+        reserve_heldout(cfg, run.sb, run.corpus, run.run_dir, run.log)  # first: training never sees them
     solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
         cfg,
         run.run_dir,
@@ -65,13 +71,18 @@ def first_checkpoint(run) -> None:
         log=run.log,
         progress=progress,
         on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i),
+        info=run.info,
     )
+    checksums = report.pop("param_checksums", None)
+    if not run.main:
+        return
     run.solver, run.generator = solver, generator
     run.tb.scalars({f"warmstart/{k}": v for k, v in report.items()}, 0)
     run.warm_report = report
     run.tb.hparams(flatten(to_dict(cfg)))
     run.warmstart_s = time.perf_counter() - t0
-    save(run, 0, extra={"warmstart": report}, collective=False)
+    extra = {"warmstart": report, **({"param_checksums": checksums} if checksums else {})}
+    save(run, 0, extra=extra, collective=False)
 
 
 def evaluate_warm_start(run, folder: Path) -> None:

@@ -29,7 +29,7 @@ from selfplay.rl import core as rl
 from selfplay.rl.ppo import first_action, last_index, pad_rollouts
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
-from selfplay.runtime.distributed import local_device
+from selfplay.runtime.distributed import DistInfo, local_device
 from selfplay.runtime.errors import UserError
 from selfplay.train.proposals import sample_proposals
 from solver.prompts import answer_text, task_prompt
@@ -268,6 +268,60 @@ def warmstart_corpus(cfg, sb, corpus, stats=None, on_batch=None) -> list[Task]:
     return tasks
 
 
+def sft_report(report: dict, name: str, steps: int, losses: list[float], seconds: float, log, how: str = "") -> None:
+    """One agent's SFT into `report` (its first loss, the mean of its last 20, its seconds) and the log (`how`: where
+    it ran, e.g. " on 2 ranks (DeepSpeed)")."""
+    if losses:  # steps=0: the model as it came (e.g. a pretrained model evaluated before any SFT)
+        report[f"{name}_sft_loss_first"] = losses[0]
+        report[f"{name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
+    report[f"{name}_sft_s"] = seconds
+    log(
+        f"warm start: {name} SFT {steps} steps{how}"
+        + (f", loss {losses[0]:.3f} -> {report[name + '_sft_loss_last']:.3f}" if losses else " (the model as it came)")
+    )
+
+
+def after_sft(cfg, solver: LMAgent, generator: LMAgent, tasks, sb, corpus, report: dict, log, device=None) -> None:
+    """The warm start's optional generator probe and critic pretraining (`warmstart.generator_probe`,
+    `warmstart.critic_steps`), their figures into `report`; `device`: where an agent kept on the CPU
+    (selfplay/train/warmstart_ranks.py) is moved for them, and back after."""
+    ws = cfg.warmstart
+    if ws.generator_probe > 0:
+        if device is not None:
+            generator.module.to(device)
+        report.update(probe_generator(cfg, generator, tasks, sb, corpus))
+        mode = ", constrained" if generator.constraint is not None else ""
+        log(
+            f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
+            f"rate {report['generator_probe_parse_rate']:.3f}, validity rate "
+            f"{report['generator_probe_validity_rate']:.3f}"
+        )
+        if generator.constraint is not None:  # the same weights and references without the grammar, for comparison
+            constraint, generator.constraint = generator.constraint, None
+            try:
+                free = probe_generator(cfg, generator, tasks, sb, corpus)
+            finally:
+                generator.constraint = constraint
+            report.update({k.replace("generator_probe_", "generator_probe_unconstrained_"): v for k, v in free.items()})
+            log(
+                f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
+                f"validity rate {free['generator_probe_validity_rate']:.3f}"
+            )
+        if device is not None:
+            generator.module.to("cpu")
+    if ws.critic_steps > 0:
+        if device is not None:
+            solver.module.to(device)
+        report.update(critic_warm_start(cfg, solver, tasks, sb))
+        log(
+            f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
+            f"episodes (solved {report['solver_critic_solve_rate']:.2f}), value loss "
+            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}"
+        )
+        if device is not None:
+            solver.module.to("cpu")
+
+
 def warm_start(
     cfg,
     run_dir,
@@ -277,11 +331,17 @@ def warm_start(
     log: Callable[[str], None] = print,
     progress=None,
     on_scalar: Callable[[str, float, int], None] | None = None,
+    info: DistInfo | None = None,
 ) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report).
     `on_scalar(tag, value, step)`: each SFT step's loss as it comes (`solver_sft_loss`, `generator_sft_loss`), so a
-    long warm start shows its curve while it runs."""
+    long warm start shows its curve while it runs. Under DeepSpeed with several ranks (`info`) every rank calls it
+    and each agent is fine-tuned inside a DeepSpeed engine (selfplay/train/warmstart_ranks.py)."""
     from generator.build import BuildConfig, BuildStats
+    from selfplay.train.warmstart_ranks import on_every_rank, warm_start_on_ranks
+
+    if info is not None and on_every_rank(cfg, info.world_size):
+        return warm_start_on_ranks(cfg, run_dir, sb, corpus, info, log=log, progress=progress, on_scalar=on_scalar)
 
     t0 = time.perf_counter()
     ws = cfg.warmstart
@@ -328,43 +388,7 @@ def warm_start(
         # the KL anchor of PPO is the warm-started policy
         agent.reference = frozen_copy(agent.module.policy)
         agent.trainer.ref_model = agent.reference
-        if losses:  # steps=0: the model as it came (e.g. a pretrained model evaluated before any SFT)
-            report[f"{agent.name}_sft_loss_first"] = losses[0]
-            report[f"{agent.name}_sft_loss_last"] = sum(losses[-20:]) / len(losses[-20:])
-        report[f"{agent.name}_sft_s"] = time.perf_counter() - t1
-        log(
-            f"warm start: {agent.name} SFT {steps} steps"
-            + (
-                f", loss {losses[0]:.3f} -> {report[agent.name + '_sft_loss_last']:.3f}"
-                if losses
-                else " (the model as it came)"
-            )
-        )
-    if ws.generator_probe > 0:
-        report.update(probe_generator(cfg, generator, tasks, sb, corpus))
-        mode = ", constrained" if generator.constraint is not None else ""
-        log(
-            f"warm start: generator ({cfg.generator.format} format{mode}) on {ws.generator_probe} proposals: parse "
-            f"rate {report['generator_probe_parse_rate']:.3f}, validity rate "
-            f"{report['generator_probe_validity_rate']:.3f}"
-        )
-        if generator.constraint is not None:  # the same weights and references without the grammar, for comparison
-            constraint, generator.constraint = generator.constraint, None
-            try:
-                free = probe_generator(cfg, generator, tasks, sb, corpus)
-            finally:
-                generator.constraint = constraint
-            report.update({k.replace("generator_probe_", "generator_probe_unconstrained_"): v for k, v in free.items()})
-            log(
-                f"warm start: the same without the grammar: parse rate {free['generator_probe_parse_rate']:.3f}, "
-                f"validity rate {free['generator_probe_validity_rate']:.3f}"
-            )
-    if ws.critic_steps > 0:
-        report.update(critic_warm_start(cfg, solver, tasks, sb))
-        log(
-            f"warm start: solver critic {ws.critic_steps} steps on {report['solver_critic_episodes']} graded "
-            f"episodes (solved {report['solver_critic_solve_rate']:.2f}), value loss "
-            f"{report['solver_critic_loss_before']:.4f} -> {report['solver_critic_loss_after']:.4f}"
-        )
+        sft_report(report, agent.name, steps, losses, time.perf_counter() - t1, log)
+    after_sft(cfg, solver, generator, tasks, sb, corpus, report, log)
     report["seconds"] = time.perf_counter() - t0
     return solver, generator, report

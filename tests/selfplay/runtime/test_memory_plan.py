@@ -175,21 +175,37 @@ def test_shape_comes_from_a_folder_config_json_or_the_table(tmp_path):
         mp.model_shape(load_config(CONFIG_DIR / "smoke.yaml", ["model.name_or_path=nobody/unknown-9b"]).model)
 
 
-def test_the_7b_preset_on_8_gpus_of_80_gb_does_not_fit_its_warm_start_and_says_what_to_change():
+def test_the_7b_warm_start_on_8_gpus_of_80_gb_is_partitioned_like_the_update():
     cfg = load_config(CONFIG_DIR / "gpu_7b.yaml", ["model.lora.r=0"])  # every weight trained by PPO too
     plan = mp.plan_memory(cfg, mp.Cluster(8, 1, 80.0))
     warm = plan.phase("warm start")
-    assert not warm.fits and not plan.fits
     p = mp.KNOWN_SHAPES["qwen2.5-coder-7b"].params
-    assert warm.parts["policy weights"] == warm.parts["reference weights"] == 2 * p * 2  # rank 0, unpartitioned
-    assert warm.fixed > 80e9  # weights and SFT states alone, before any activation
-    verdict = next(v for v in plan.verdicts if v.phase == "warm start")
-    assert not verdict.fits and verdict.keys and "warmstart.solver_steps" in verdict.keys
-    assert "does not fit" in verdict.line
+    gathered = mp._zero3_gathered(plan.model, plan.settings, 8)
+    # every rank, one agent's SFT in a ZeRO-3 engine: bf16 weights and gradients and 12 bytes of fp32 master and
+    # moments per parameter, each over the 8 ranks; no reference or value head on the GPU (rank 0's CPU holds them)
+    assert warm.where == "every rank" and warm.fits
+    assert warm.parts["policy weights"] == pytest.approx(p * 2 / 8 + gathered)
+    assert warm.parts["gradients"] == pytest.approx(p * 2 / 8)
+    assert warm.parts["optimizer states"] == pytest.approx(p * 12 / 8)
+    assert warm.parts["reference weights"] == warm.parts["value head/critic"] == 0
+    # one pass of a rank's share of the batch of 16: 2 sequences (warmstart.micro_batch_size) of 3,072 tokens
+    assert warm.parts["activations"] == pytest.approx(mp.sft_activations(plan.model, plan.settings, 2))
     # the update under ZeRO-3: 16 bytes per parameter of both agents over 8 ranks + 2 unpartitioned references
     update = plan.phase("update")
     assert update.parts["optimizer states"] == pytest.approx(2 * (p + 3585) * 12 / 8)
     assert update.parts["reference weights"] == 2 * p * 2
+
+
+def test_the_7b_warm_start_on_one_gpu_runs_on_rank_0_and_does_not_fit():
+    plan = mp.plan_memory(load_config(CONFIG_DIR / "gpu_7b.yaml"), mp.Cluster(1, 1, 80.0))
+    warm = plan.phase("warm start")
+    p = mp.KNOWN_SHAPES["qwen2.5-coder-7b"].params
+    assert warm.where == "rank 0" and not warm.fits
+    assert warm.parts["policy weights"] == warm.parts["reference weights"] == 2 * p * 2  # rank 0, unpartitioned
+    assert warm.fixed > 80e9  # weights and SFT states alone, before any activation
+    verdict = next(v for v in plan.verdicts if v.phase == "warm start")
+    assert not verdict.fits and verdict.keys and "warmstart.solver_steps" in verdict.keys
+    assert "does not fit" in verdict.line and mp.WARM_START_NEEDS in verdict.line
 
 
 def test_verdict_keys_are_config_keys_the_config_accepts():
@@ -278,7 +294,7 @@ def test_plan_command_prints_the_table_writes_json_and_exits_1_when_it_does_not_
 
     out = tmp_path / "plan.json"
     assert (
-        main(["plan", str(CONFIG_DIR / "gpu_7b.yaml"), "--gpus-per-node", "8", "--nodes", "2", "--json", str(out)]) == 1
+        main(["plan", str(CONFIG_DIR / "gpu_7b.yaml"), "--gpus-per-node", "1", "--nodes", "1", "--json", str(out)]) == 1
     )
     text = capsys.readouterr().out
     assert "| warm start | rank 0 |" in text and "does not fit" in text
@@ -300,8 +316,8 @@ def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hol
     monkeypatch.setattr(
         torch.cuda, "get_device_properties", lambda _i: type("Props", (), {"total_memory": int(80e9)})()
     )
-    monkeypatch.setenv("WORLD_SIZE", "8")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
+    monkeypatch.setenv("WORLD_SIZE", "1")  # one rank: the warm start on rank 0 alone, in plain torch
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
     monkeypatch.delenv("SELFPLAY_NO_MEMORY_PLAN", raising=False)
     cfg = load_config(CONFIG_DIR / "gpu_7b.yaml", [f"run.dir={tmp_path / 'run'}"])
     with pytest.raises(UserError) as exc:
@@ -310,10 +326,9 @@ def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hol
     assert "\n" not in message and "warm start" in message and mp.WARM_START_NEEDS in message
     monkeypatch.setenv("SELFPLAY_NO_MEMORY_PLAN", "1")
     assert mp.refuse_if_it_cannot_fit(cfg) is None
-    # a phase that only its length-bound activations push over warns instead (the 1.5B preset's SFT batch unsplit)
+    # a phase that only its length-bound activations push over warns instead (the 1.5B preset's SFT batch unsplit,
+    # on rank 0 alone)
     monkeypatch.delenv("SELFPLAY_NO_MEMORY_PLAN")
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     small = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"run.dir={tmp_path / 'run15'}", "warmstart.micro_batch_size=0"])
     assert mp.refuse_if_it_cannot_fit(small) is None
     assert "memory plan: the warm start may need" in capsys.readouterr().out
@@ -418,24 +433,51 @@ def test_measured_sft_masters_and_states_are_the_plan_s_bytes():
     assert all(p.grad is None for p in policy.parameters())
 
 
-def test_a_warm_start_that_no_setting_fits_says_it_needs_a_deepspeed_warm_start():
-    cfg = load_config(CONFIG_DIR / "gpu_7b.yaml")
+def test_a_rank_0_warm_start_that_no_setting_fits_says_it_needs_the_deepspeed_one():
+    cfg = load_config(CONFIG_DIR / "gpu_7b.yaml", ["distributed.deepspeed=false"])
     plan = mp.plan_memory(cfg, mp.Cluster(8, 2, 80.0))
     verdict = next(v for v in plan.verdicts if v.phase == "warm start")
+    assert plan.phase("warm start").where == "rank 0"
     assert not verdict.fits and verdict.missing and mp.WARM_START_NEEDS in verdict.line
-    # the 1.5B's warm start fits with micro-batches; unsplit it does not, but a smaller pass makes it: nothing missing
+    assert "distributed.deepspeed" in verdict.keys  # the change that fits: the warm start under DeepSpeed
+    # under DeepSpeed (the preset as it is) every rank takes its share and it fits: nothing missing
+    on_ranks = mp.plan_memory(load_config(CONFIG_DIR / "gpu_7b.yaml"), mp.Cluster(8, 2, 80.0))
+    verdict = next(v for v in on_ranks.verdicts if v.phase == "warm start")
+    assert verdict.fits and not verdict.missing and on_ranks.phase("warm start").where == "every rank"
+    # the 1.5B's warm start on 4 ranks fits with micro-batches; unsplit (each rank's share of 4 sequences in one
+    # pass of 8,192 tokens) on 8 GB GPUs it does not, but a smaller pass makes it: nothing missing
     unsplit = mp.plan_memory(
-        load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["warmstart.micro_batch_size=0"]), mp.Cluster(4, 1, 80.0)
+        load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["warmstart.micro_batch_size=0"]), mp.Cluster(4, 1, 24.0)
     )
     verdict = next(v for v in unsplit.verdicts if v.phase == "warm start")
     assert not verdict.fits and not verdict.missing and "warmstart.micro_batch_size" in verdict.keys
     value = _value_in(verdict.line, "warmstart.micro_batch_size")
     fixed = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"warmstart.micro_batch_size={value}"])
-    assert mp.plan_memory(fixed, mp.Cluster(4, 1, 80.0)).phase("warm start").fits
+    assert mp.plan_memory(fixed, mp.Cluster(4, 1, 24.0)).phase("warm start").fits
+
+
+def test_the_warm_start_under_deepspeed_divides_by_the_zero_stage_as_the_update_does():
+    for stage in (1, 2, 3):
+        s = settings_for(
+            dtype_bytes=2, deepspeed=True, zero_stage=stage, mixed_precision=True, sft_batch=8, sft_micro=0
+        )
+        warm = mp.plan_phases(TOY, s, mp.Cluster(4, 1, 80.0))[0]
+        assert warm.where == "every rank"
+        assert warm.parts["optimizer states"] == pytest.approx(TOY_PARAMS * 12 / 4)
+        assert warm.parts["gradients"] == pytest.approx(TOY_PARAMS * 2 / (4 if stage >= 2 else 1))
+        weights = TOY_PARAMS * 2 / (4 if stage == 3 else 1) + mp._zero3_gathered(TOY, s, 4)
+        assert warm.parts["policy weights"] == pytest.approx(weights)
+        # each rank's share of the batch of 8 over 4 ranks: 2 sequences in one pass (no micro-batch size set)
+        assert mp.sft_rows_per_rank(s, 4) == 2
+        assert warm.parts["activations"] == pytest.approx(mp.sft_activations(TOY, s, 2))
+    assert mp.sft_rows_per_rank(dataclasses.replace(s, sft_micro=1), 4) == 1
+    assert mp.sft_rows_per_rank(dataclasses.replace(s, sft_micro=5), 4) == 2  # never more than the share
+    # one rank under DeepSpeed: the warm start on rank 0 in plain torch (nothing to partition)
+    assert mp.plan_phases(TOY, s, mp.Cluster(1, 1, 80.0))[0].where == "rank 0"
 
 
 # presets that do not fit the cluster their header names, with the phase that does not and why
-DOES_NOT_FIT = {"gpu_7b.yaml": ("warm start", mp.WARM_START_NEEDS)}
+DOES_NOT_FIT: dict[str, tuple[str, str]] = {}
 # the plan still counts a held-out evaluation at step 0 inside the rank-0 warm start, through Hugging Face generation;
 # step_0 is evaluated after it is loaded back, with the configured engines (the evaluation row, which fits)
 DOES_NOT_FIT["gpu_1x24gb.yaml"] = ("warm start", "held-out evaluation at step 0")
