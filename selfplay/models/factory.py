@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import copy
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -615,11 +615,97 @@ class AdapterOff:
 
 
 def merged_copy(policy):
-    """A plain model with the adapter merged into a copy of the base weights (the policy itself is untouched)."""
+    """A plain model with the adapter merged into a copy of the base weights (the policy itself is untouched): a
+    whole second model, for what keeps one (the frozen reference, the checkpoint's Hugging Face copy); the weight
+    sync streams `merged_weight_items` instead."""
     merged = copy.deepcopy(policy).merge_and_unload()
     for p in merged.parameters():
         p.requires_grad_(True)
     return merged
+
+
+def merged_names(policy) -> list[tuple[str, torch.Tensor, nn.Module | None]]:
+    """Each tensor of `merged_copy(policy).state_dict()`, in its order, without copying anything: (its name there,
+    the policy's tensor it comes from, the adapted layer that merges into it or None). peft's own names are mapped as
+    TRL maps them for vLLM: the wrapper's prefix and `.base_layer` dropped, the adapters' tensors left out. A base
+    tensor of an adapted layer that is also held under another name (a tied weight) is refused: merging it for one
+    name would change the other."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = {name: m for name, m in policy.named_modules() if isinstance(m, BaseTunerLayer)}
+    owner: dict[str, str] = {}  # state-dict name -> its adapted layer
+    for name, layer in layers.items():
+        for key in layer.state_dict(keep_vars=True):
+            owner[f"{name}.{key}"] = name
+    prefix = "base_model.model."
+    out: list[tuple[str, torch.Tensor, nn.Module | None]] = []
+    merged_ids: dict[int, str] = {}
+    plain_ids: dict[int, str] = {}
+    for key, t in policy.state_dict(keep_vars=True).items():
+        layer_name = owner.get(key)
+        rest = key[len(layer_name) + 1 :] if layer_name else ""
+        if layer_name and not rest.startswith("base_layer."):
+            continue  # lora_A / lora_B / ...: merged into the base weights
+        name = key.removeprefix(prefix).replace(".base_layer.", ".")
+        if "original_module." in name:
+            continue  # modules_to_save: the trained copy is the one sampled
+        name = name.replace("modules_to_save.default.", "")
+        (merged_ids if layer_name else plain_ids)[id(t)] = name
+        out.append((name, t, layers[layer_name] if layer_name else None))
+    tied = sorted(f"{merged_ids[i]} / {plain_ids[i]}" for i in merged_ids.keys() & plain_ids.keys())
+    if tied:
+        raise ValueError(f"LoRA on a tied weight cannot be merged one layer at a time: {', '.join(tied)}")
+    return out
+
+
+def merged_weight_items(policy) -> Iterator[tuple[str, torch.Tensor]]:
+    """`merged_copy(policy).state_dict()`'s (name, tensor) pairs, the same values bit for bit, with no copy of the
+    model. Each adapted layer in turn gets a copy of its base tensors, peft merges the adapter into them in place
+    (the layer's `merge`, which `merge_adapter` and `merge_and_unload` run on every layer, so the sums are theirs bit
+    for bit), the merged tensors are taken for the consumer, and the layer's own storage, set aside untouched, is put
+    back (the layer marked unmerged) before they are yielded. Nothing is subtracted: peft's `unmerge` subtracts the
+    delta it added, and in floating point (W + d) - d is not always W (measured on a tiny fp32 Llama: every adapted
+    weight came back with elements off, by up to 7e-9), whereas the policy ends here bit for bit as it was, in its
+    own storage, and is never merged while the consumer holds a tensor. A yielded tensor stays valid as long as the
+    consumer keeps it (vLLM's layerwise reload keeps a layer's tensors until the layer is complete), so the new
+    memory is what the consumer keeps plus, while a layer merges, peft's delta and its scaled product: a few weights
+    of one layer, never the model. Under ZeRO-3 each tensor is gathered alone (an adapted layer with its adapter)
+    while it is read: a collective, iterate to the end on every rank."""
+    import contextlib
+    from itertools import groupby
+
+    from selfplay.runtime.distributed import gathered_one_by_one
+
+    check = getattr(policy.base_model, "_check_merge_allowed", None)
+    if check is not None:
+        check()  # what peft refuses to merge (e.g. some quantized layers), refused here as merge_adapter does
+    for layer, group in groupby(merged_names(policy), key=lambda entry: entry[2]):
+        named = [(name, t) for name, t, _ in group]
+        if layer is None:
+            yield from gathered_one_by_one(named)
+            continue
+        parts = [p for p in layer.parameters() if hasattr(p, "ds_id")]  # the layer with its adapter, under ZeRO-3
+        if parts:
+            import deepspeed
+
+            whole = deepspeed.zero.GatheredParameters(parts)
+        else:
+            whole = contextlib.nullcontext()
+        with whole:
+            own = [(p, p.data) for p in layer.get_base_layer().parameters()]  # the layer's storage, set aside
+            was = list(layer.merged_adapters)
+            try:
+                for p, data in own:
+                    p.data = data.clone()  # what the merge adds into: the new tensors handed to the consumer
+                layer.merge()  # peft's in-place merge, as merge_adapter and merge_and_unload do it
+                merged = [(name, t.detach()) for name, t in named]
+            finally:
+                for p, data in own:
+                    p.data = data
+                layer.merged_adapters[:] = was
+            del own
+            yield from merged  # inside the gather, as `gathered_one_by_one` yields (a bias not merged is the layer's)
+        del merged
 
 
 def save_lora(policy_or_config, folder: Path, base: str) -> None:

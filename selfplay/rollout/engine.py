@@ -14,10 +14,12 @@ After every PPO update of an agent its weights are pushed into its engine (`VLLM
 `time/weight_sync_s`), without a checkpoint round trip: `rollout.sync=auto` chooses `reload` on the CPU build
 (`model_runner.reload_weights(weights_iterator=...)`: the CPU build repacks its linear layers after loading, so the
 layers' own `load_weights` no longer works there) and `load_weights` on a GPU (tensors straight into the engine's
-model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads from there. Under ZeRO-3 the
-partitions are gathered one parameter at a time as the engine loads them (`policy_weight_items`; `folder` copies each
-to the CPU first; a LoRA policy, merged whole, is gathered whole): a collective, every rank syncs. The engine runs
-in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the sync reaches its model and no engine-core process is
+model); `folder` writes safetensors to `rollout.sync_dir` (/dev/shm) and reloads from there. The weights are streamed
+one tensor at a time (`policy_weight_items`): under ZeRO-3 each is gathered alone as the engine loads it, and `folder`
+writes each into the file as it comes (`write_weights`), so no copy of the whole model is made; a LoRA policy's adapter
+is merged in place into one layer's base weights at a time and taken out again, the policy left bit for bit as it was
+(`merged_weight_items`, selfplay/models/factory.py). Under ZeRO-3 a sync is a collective: every rank syncs. The engine
+runs in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so that the sync reaches its model and no engine-core process is
 spawned.
 
 At most one vLLM engine lives in a process (`VLLMEngine` refuses a second): vLLM's sleep mode allocator is one
@@ -38,11 +40,12 @@ torch (`.ci/run` and the README uninstall them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -258,7 +261,7 @@ class ServedEngine(ABC):
 
     @abstractmethod
     def _push(self, agent) -> None:
-        """The agent's current policy weights into the engine (inside `gathered(agent)`)."""
+        """The agent's current policy weights into the engine (`policy_weight_items`: under ZeRO-3 a collective)."""
 
     def sync_folder(self) -> Path:
         return Path(self.rcfg.sync_dir) / f"selfplay-{os.getpid()}-{self.label}"
@@ -268,8 +271,7 @@ class ServedEngine(ABC):
         t0 = time.perf_counter()
         self.wake()
         try:
-            with gathered(agent):
-                self._push(agent)
+            self._push(agent)
         except Exception as exc:  # noqa: BLE001
             raise EngineError(
                 f"the {self.label}'s vLLM engine did not take the updated weights "
@@ -350,12 +352,9 @@ class VLLMEngine(ServedEngine):
         self.llm.wake_up()
 
     def _push(self, agent) -> None:
-        if self.sync_method == "folder":
-            push_weights(self.llm, self.sync_method, policy_weights(agent), self.sync_folder())
-            return
         items = policy_weight_items(agent)
         try:
-            push_weights(self.llm, self.sync_method, items, self.sync_folder())
+            push_weights(self.llm, self.sync_method, items, self.sync_folder(), policy_weight_specs(agent))
         finally:  # whatever the engine left unread (or a failed load left): every rank takes part in every gather
             for _ in items:
                 pass
@@ -461,19 +460,29 @@ def colocated_kwargs() -> dict:
     return dict(distributed_executor_backend="external_launcher")
 
 
-def push_weights(llm, method: str, weights: dict | Iterator[tuple[str, Any]], folder: Path | None = None) -> None:
+def push_weights(
+    llm,
+    method: str,
+    weights: dict | Iterator[tuple[str, Any]],
+    folder: Path | None = None,
+    specs: Sequence[tuple[str, Sequence[int], Any]] | None = None,
+) -> None:
     """Weights (HF checkpoint names -> tensors, a dict or (name, tensor) pairs) into an in-process engine's model:
     `load_weights` (the model's own loader), `reload` (the runner's in-place reload, which also redoes the CPU build's
-    repacking) or `folder` (safetensors written to `folder`, then reloaded from it). The prefix cache is emptied
-    after."""
+    repacking) or `folder` (safetensors written to `folder` one tensor at a time, then reloaded from it; `specs`:
+    each pair's (name, shape, dtype) in order, which a dict gives by itself). The prefix cache is emptied after."""
     runner = model_runner(llm)
+    if isinstance(weights, dict):
+        specs = specs or [(k, tuple(v.shape), v.dtype) for k, v in weights.items()]
     pairs = iter(weights.items()) if isinstance(weights, dict) else iter(weights)
     if method == "load_weights":
         runner.model.load_weights(weights=pairs)
     elif method == "reload":
         runner.reload_weights(weights_iterator=pairs)
     else:
-        write_weights(dict(pairs), folder)
+        if folder is None or specs is None:
+            raise ValueError("rollout.sync=folder needs the folder and the weights' specs")
+        write_weights(pairs, specs, folder)
         runner.reload_weights(weights_path=str(folder))
     llm.reset_prefix_cache()  # cached prompt KV was computed by the old weights
 
@@ -482,17 +491,64 @@ def model_runner(llm):
     return llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
 
-def write_weights(weights: dict, folder: Path) -> None:
-    """`weights` as `folder`/model.safetensors, tied tensors under each name (the CPU build's tied head reloads from
-    its own)."""
-    from safetensors.torch import save_file
+SAFETENSORS_DTYPES = {
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint8": "U8",
+    "bool": "BOOL",
+}
 
+
+def write_weights(
+    items: Iterable[tuple[str, Any]], specs: Sequence[tuple[str, Sequence[int], Any]], folder: Path
+) -> Path:
+    """The (name, tensor) pairs `items` as `folder`/model.safetensors, written as they come: `specs` announces each
+    pair's (name, shape, torch dtype), in the same order, so the header is written first and each tensor is then
+    copied to the CPU alone (where it is not there already), appended and dropped. The memory this takes beyond the
+    file is one tensor, never the model. A tensor under several names is written under each (the CPU build's tied
+    head reloads from its own). A pair that differs from its spec is refused (ValueError). The format is
+    safetensors': the header's length (8 bytes, little-endian), its JSON, padded to 8 bytes, then the tensors'
+    bytes back to back in the header's order."""
+    import json
+    import math
+    import struct
+
+    import torch
+
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for name, shape, dtype in specs:
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {
+            "dtype": SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")],
+            "shape": [int(n) for n in shape],
+            "data_offsets": [offset, offset + size],
+        }
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
     folder.mkdir(parents=True, exist_ok=True)
-    seen, tensors = set(), {}
-    for k, v in weights.items():
-        tensors[k] = v.detach().contiguous() if v.data_ptr() not in seen else v.detach().clone()
-        seen.add(v.data_ptr())
-    save_file(tensors, str(folder / "model.safetensors"))
+    path = folder / "model.safetensors"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for (name, tensor), (want, shape, dtype) in zip(items, specs, strict=True):
+            if name != want or tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
+                raise ValueError(
+                    f"weight {name} {tuple(tensor.shape)} {tensor.dtype} where {want} {tuple(shape)} {dtype} was "
+                    "announced"
+                )
+            data = tensor.detach().to("cpu").contiguous()
+            f.write(data.reshape(-1).view(torch.uint8).numpy())
+    return path
 
 
 def _one_line(exc: BaseException) -> str:
@@ -502,59 +558,47 @@ def _one_line(exc: BaseException) -> str:
     return (lines[0] if lines else type(exc).__name__)[:300]
 
 
-def policy_weights(agent) -> dict:
-    """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads); a LoRA
-    policy's adapter merged into a copy of its base, as its checkpoint writes it (inside `gathered(agent)`). Under
-    ZeRO-3 without LoRA: copies on the CPU, gathered one parameter at a time (a collective)."""
-    from selfplay.models.factory import is_lora, merged_copy
+def _policy_tensors(agent) -> list[tuple[str, Any]]:
+    """(name the engine loads, the policy's tensor) of each weight, nothing gathered or copied; a LoRA policy's as its
+    merged copy names them (`merged_names`)."""
+    from selfplay.models.factory import is_lora, merged_names
     from selfplay.rl.ppo import policy_of
-    from selfplay.runtime.distributed import full_state_dict
 
     policy = policy_of(agent.model)
     if is_lora(policy):
-        return {k: v.detach() for k, v in merged_copy(policy).state_dict().items()}
-    if agent.zero3:
-        return full_state_dict(policy)
-    return {k: v.detach() for k, v in policy.state_dict().items()}
+        return [(name, t) for name, t, _ in merged_names(policy)]
+    return list(policy.state_dict(keep_vars=True).items())
+
+
+def policy_weight_specs(agent) -> list[tuple[str, tuple[int, ...], Any]]:
+    """(name, whole shape, dtype) of each pair `policy_weight_items(agent)` gives, in its order, read without a
+    gather (a ZeRO-3 partition knows its whole shape, `ds_shape`): what `write_weights` writes its header from."""
+    return [(name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype) for name, t in _policy_tensors(agent)]
 
 
 def policy_weight_items(agent) -> Iterator[tuple[str, Any]]:
-    """`policy_weights(agent)`'s (name, tensor) pairs in turn; under ZeRO-3 without LoRA each parameter is gathered
-    alone while the consumer holds it (`gathered_one_by_one`: a collective, iterate to the end on every rank)."""
-    from selfplay.models.factory import is_lora
+    """The policy's parameters and buffers under their Hugging Face checkpoint names (what the engine loads), one at
+    a time, none copied: a LoRA policy's merged weights, its adapter merged in place into one layer at a time and
+    taken out again after the consumer has it (`merged_weight_items`: the values of `merged_copy`, the policy left bit
+    for bit as it was). Under ZeRO-3 each tensor is gathered alone while the consumer holds it (`gathered_one_by_one`:
+    a collective, iterate to the end on every rank). A tensor is valid until the next is asked for: copy it to keep
+    it."""
+    from selfplay.models.factory import is_lora, merged_weight_items
     from selfplay.rl.ppo import policy_of
     from selfplay.runtime.distributed import gathered_one_by_one
 
     policy = policy_of(agent.model)
-    if agent.zero3 and not is_lora(policy):
-        yield from gathered_one_by_one(policy.state_dict(keep_vars=True).items())
+    if is_lora(policy):
+        yield from merged_weight_items(policy)
     else:
-        yield from policy_weights(agent).items()
+        yield from gathered_one_by_one(policy.state_dict(keep_vars=True).items())
 
 
-class gathered:
-    """ZeRO-3 with a LoRA policy (whose adapter is merged into a copy of the whole model): the policy's full
-    parameters for the block (a collective); otherwise nothing (`policy_weights` and `policy_weight_items` gather one
-    parameter at a time)."""
-
-    def __init__(self, agent):
-        from selfplay.models.factory import is_lora
-        from selfplay.rl.ppo import policy_of
-
-        self.ctx = None
-        if agent.zero3 and is_lora(policy_of(agent.model)):
-            import deepspeed
-
-            self.ctx = deepspeed.zero.GatheredParameters(list(agent.module.policy.parameters()))
-
-    def __enter__(self):
-        if self.ctx is not None:
-            self.ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self.ctx is not None:
-            return self.ctx.__exit__(*exc)
-        return False
+@contextlib.contextmanager
+def gathered(agent) -> Iterator[None]:
+    """A block around a sync that needs nothing gathered beforehand: `policy_weight_items` gathers one tensor at a
+    time (a LoRA layer with its adapter), so no whole model is gathered (selfplay/bench/gpu_check.py uses it)."""
+    yield
 
 
 def grammar_rows(constraint, n: int) -> list[tuple[str, object]]:

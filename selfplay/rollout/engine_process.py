@@ -12,12 +12,13 @@ allowed-token bits, decoding, the log-prob gap against the trainer: `ServedEngin
     (n, "reload", folder)             weights from `folder`/model.safetensors, then the prefix cache emptied
     (n, "shutdown")
 
-Requests are numbered: each answer is (number, "ok", result) or (number, "error", one line), and the parent drops
-an answer to an earlier request whose caller was interrupted. The parent writes the weights to `rollout.sync_dir` (as
-`rollout.sync=folder` does) for the child to reload. A child that dies, or does not answer in time, is reported as an
-`EngineError` naming the agent; the parent never waits on a dead one. The child is stopped when its engine is closed,
-garbage-collected or the parent exits (multiprocessing's exit finalizers run before it joins its children), and the
-child leaves by itself when the parent is gone (the Pipe closed, or its parent process changed).
+Requests are numbered: each answer is (number, "ok", result) or (number, "error", one line), and the parent drops an
+answer to an earlier request whose caller was interrupted. The parent writes the weights to `rollout.sync_dir` (as
+`rollout.sync=folder` does) for the child to reload, one tensor at a time as they are gathered (`write_weights`): the
+parent holds one tensor beyond the file, never a copy of the model. A child that dies, or does not answer in time, is
+reported as an `EngineError` naming the agent; the parent never waits on a dead one. The child is stopped when its
+engine is closed, garbage-collected or the parent exits (multiprocessing's exit finalizers run before it joins its
+children), and the child leaves by itself when the parent is gone (the Pipe closed, or its parent process changed).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from selfplay.rollout.engine import (
     generate_plain,
     llm_kwargs,
     model_runner,
-    policy_weights,
+    policy_weight_items,
+    policy_weight_specs,
     require_vllm,
     write_weights,
 )
@@ -189,10 +191,14 @@ class ChildEngine(ServedEngine):
 
     def _push(self, agent) -> None:
         folder = self.sync_folder()
+        items = policy_weight_items(agent)
         try:
-            write_weights(policy_weights(agent), folder)
+            write_weights(items, policy_weight_specs(agent), folder)  # one tensor at a time into the file
             self.call("reload", str(folder))
-        finally:  # the engine holds the weights now: the copy would only take the sync folder's memory (/dev/shm)
+        finally:
+            for _ in items:  # what a failed write left unread: under ZeRO-3 every rank takes part in every gather
+                pass
+            # the engine holds the weights now: the copy would only take the sync folder's memory (/dev/shm)
             shutil.rmtree(folder, ignore_errors=True)
 
     def close(self) -> None:

@@ -1,6 +1,8 @@
-"""ZeRO-3 on 2 real ranks (torchrun, gloo, CPU): the weight sync (`policy_weight_items`, `policy_weights`), the
-checkpoint's Hugging Face copy (`LMAgent.save`) and `param_checksum` gather one parameter at a time, and give the same
-tensors, bytes and checksums as gathering the whole model at once. This file is also what each rank runs."""
+"""ZeRO-3 on 2 real ranks (torchrun, gloo, CPU): the weight sync (`policy_weight_items`, and its safetensors file
+written one tensor at a time, `write_weights`), the checkpoint's Hugging Face copy (`LMAgent.save`) and
+`param_checksum` gather one parameter at a time, and give the same tensors, bytes and checksums as gathering the whole
+model at once; a LoRA policy's sync gathers one adapted layer (its base weight and its adapter) at a time, gives its
+merged copy's tensors and leaves its partitions as they were. This file is also what each rank runs."""
 
 from __future__ import annotations
 
@@ -28,8 +30,12 @@ def test_zero3_gathers_one_parameter_at_a_time_with_the_whole_gathers_results(tm
     for r in ranks:
         assert r["partitioned"] > 10 and r["whole_gather_max"] == r["partitioned"], r  # it sees a whole gather
         assert r["sync_tensors"] > 0 and r["sync_mismatched"] == [] and r["sync_max_available"] <= 1, r
-        assert r["dict_mismatched"] == [] and r["dict_max_available"] <= 1, r
-        assert r["gathered_available"] == 0, r  # `gathered` gathers nothing without LoRA
+        assert r["file_mismatched"] == [] and r["file_max_available"] <= 1, r
+        assert r["gathered_available"] == 0, r  # `gathered` gathers nothing
+        # LoRA: a layer's base weight with its A and B at most, the merged copy's tensors, the policy untouched
+        assert r["lora_partitioned"] > 10 and r["lora_sync_tensors"] > 0 and r["lora_layer_params"] in (3, 4), r
+        assert 1 <= r["lora_max_available"] <= r["lora_layer_params"], r  # one adapted layer: W (bias), A, B
+        assert r["lora_mismatched"] == [] and r["lora_file_mismatched"] == [] and r["lora_policy_changed"] == [], r
         assert r["checksum_equal"] and r["checksum_max_available"] <= 1, r
         # saving: one parameter at a time, the value head (its weight and bias) as one group
         assert 1 <= r["save_max_available"] <= r["value_head_tensors"] <= 2, r
@@ -47,13 +53,15 @@ def main(out: str) -> None:
     import torch
     import torch.distributed as dist
     from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from peft import LoraConfig
+    from safetensors import safe_open
 
     from selfplay.models.agent import LMAgent
-    from selfplay.models.factory import ActorCritic, frozen_copy, train_tokenizer
-    from selfplay.rollout.engine import gathered, policy_weight_items, policy_weights
+    from selfplay.models.factory import ActorCritic, attach_lora, frozen_copy, merged_copy, train_tokenizer
+    from selfplay.rollout.engine import gathered, policy_weight_items, policy_weight_specs, write_weights
     from selfplay.runtime.config import DistributedConfig
     from selfplay.runtime.distributed import init_distributed, param_checksum, wrap_model
-    from tests.selfplay.distributed.sampling_ranks import ppo_config, tiny_policy
+    from tests.selfplay.distributed.sampling_ranks import ppo_config, tiny_policy, under_zero3
     from tests.selfplay.rollout.test_constrained import TEXTS
 
     info = init_distributed()
@@ -75,9 +83,18 @@ def main(out: str) -> None:
     module = agent.module
     params = [p for p in module.parameters() if hasattr(p, "ds_id") and not p.ds_persist]
 
-    def available() -> int:
+    def available(among=params) -> int:
         """How many partitioned parameters (beyond those DeepSpeed keeps whole, ds_persist) are whole now."""
-        return sum(p.ds_status == ZeroParamStatus.AVAILABLE for p in params)
+        return sum(p.ds_status == ZeroParamStatus.AVAILABLE for p in among)
+
+    def mismatched(expected: dict, path: Path) -> list[str]:
+        """Names missing from, extra in, or different in the safetensors file at `path`."""
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+            return sorted(
+                set(expected) ^ keys
+                | {k for k in keys & set(expected) if not torch.equal(expected[k], f.get_tensor(k))}
+            )
 
     entered: list[int] = []  # the count each time a gather has begun, whoever gathers
     enter = deepspeed.zero.GatheredParameters.__enter__
@@ -118,9 +135,9 @@ def main(out: str) -> None:
     entered.clear()
     with gathered(agent):
         result["gathered_available"] = available()
-    weights = policy_weights(agent)
-    result["dict_mismatched"] = sorted(k for k in expected if not torch.equal(expected[k], weights.get(k)))
-    result["dict_max_available"] = max(entered)
+    path = write_weights(policy_weight_items(agent), policy_weight_specs(agent), Path(out) / f"file_{info.rank}")
+    result["file_mismatched"] = mismatched(expected, path)
+    result["file_max_available"] = max(entered)
     entered.clear()
 
     # the checksum
@@ -140,6 +157,42 @@ def main(out: str) -> None:
             for f in sorted(old.rglob("*"))
             if f.is_file()
         }
+    # a LoRA policy (a trained adapter: B is not 0), its merged copy and its own tensors taken before ZeRO-3
+    torch.manual_seed(1)
+    lora = attach_lora(tiny_policy(tok), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    with torch.no_grad():
+        for name, p in lora.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    lora_expected = {k: v.clone() for k, v in merged_copy(lora).state_dict().items()}
+    lora_before = {k: v.clone() for k, v in lora.state_dict().items()}
+    lora_agent = under_zero3("generator", lora, tok, cfg, info)
+    lora_params = [p for p in lora_agent.module.policy.parameters() if hasattr(p, "ds_id") and not p.ds_persist]
+    result["lora_partitioned"] = len(lora_params)
+    result["lora_layer_params"] = max(
+        sum(id(p) in {id(q) for q in lora_params} for p in m.parameters())
+        for m in lora_agent.module.policy.modules()
+        if hasattr(m, "lora_A")
+    )
+    entered.clear()
+    seen, most = {}, 0
+    for name, tensor in policy_weight_items(lora_agent):
+        most = max(most, available(lora_params))
+        seen[name] = tensor.clone()
+    result["lora_sync_tensors"] = len(seen)
+    result["lora_max_available"] = max(most, *entered)
+    result["lora_mismatched"] = sorted(
+        set(lora_expected) ^ set(seen)
+        | {k for k in set(lora_expected) & set(seen) if not torch.equal(lora_expected[k], seen[k])}
+    )
+    path = write_weights(
+        policy_weight_items(lora_agent), policy_weight_specs(lora_agent), Path(out) / f"lora_{info.rank}"
+    )
+    result["lora_file_mismatched"] = mismatched(lora_expected, path)
+    with deepspeed.zero.GatheredParameters(list(lora_agent.module.policy.parameters())):
+        now = lora_agent.module.policy.state_dict()
+        result["lora_policy_changed"] = sorted(k for k in lora_before if not torch.equal(lora_before[k], now[k]))
+
     Path(out, f"rank_{info.rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.destroy_process_group()

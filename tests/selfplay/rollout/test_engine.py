@@ -22,6 +22,7 @@ from selfplay.rollout.engine import (
     engine_metrics,
     llm_kwargs,
     logprob_gap,
+    policy_weight_items,
     require_vllm,
 )
 from selfplay.rollout.engine_process import ChildEngine
@@ -49,6 +50,38 @@ def make_agent(tok, n_head=2, peak=1.0):
         mini_batch_size=4, micro_batch_size=4, max_new_tokens=24, temperature=TEMPERATURE, epochs=1, lr=3e-3
     )
     return LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, cfg, seed=0)
+
+
+def make_lora_agent(tok):
+    """`make_agent`'s shape under a LoRA adapter whose B is not 0 (a trained adapter), and a plain agent of its merged
+    copy (`merged_copy`: what a sync used to send)."""
+    from peft import LoraConfig
+
+    from selfplay.models.factory import attach_lora, merged_copy
+
+    plain = make_agent(tok, peak=5.0)
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    policy = attach_lora(plain.module.policy, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 0.1)
+    agent = LMAgent("generator", ActorCritic(policy), frozen_copy(policy), tok, plain.cfg, seed=0)
+    merged = merged_copy(policy)
+    return agent, LMAgent("generator", ActorCritic(merged), frozen_copy(merged), tok, plain.cfg, seed=0)
+
+
+def policy_state(agent) -> dict:
+    """Each of the policy's tensors (a copy) and where its storage is."""
+    return {k: (v.detach().clone(), v.data_ptr()) for k, v in agent.module.policy.state_dict(keep_vars=True).items()}
+
+
+def same_state(agent, before) -> bool:
+    now = agent.module.policy.state_dict(keep_vars=True)
+    return list(now) == list(before) and all(
+        torch.equal(v.detach(), before[k][0]) and v.data_ptr() == before[k][1] for k, v in now.items()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +191,83 @@ def test_sync_through_a_folder_in_shared_memory(served, tmp_path):
         assert any(tmp_path.glob("*/model.safetensors"))
     finally:
         engine.sync_method, engine.rcfg = method, RolloutConfig()
+        engine.take_metrics()
+
+
+def test_the_synced_weights_of_a_lora_policy_are_its_merged_copys_and_sample_alike(tok):
+    """What a sync sends of a LoRA policy (`policy_weight_items`: merged in place one layer at a time) loaded into a
+    plain model is its merged copy bit for bit, and Hugging Face's greedy answers on it are the merged copy's; the
+    policy is left bit for bit as it was, in its own storage."""
+    from transformers import AutoModelForCausalLM
+
+    agent, merged = make_lora_agent(tok)
+    before = policy_state(agent)
+    receiver = AutoModelForCausalLM.from_config(merged.module.policy.config)
+    sent = {name: t.clone() for name, t in policy_weight_items(agent)}
+    receiver.load_state_dict(sent, strict=True)
+    expected = merged.module.policy.state_dict()
+    assert list(sent) == list(expected)
+    assert max((sent[k] - expected[k]).abs().max().item() for k in expected) == 0.0
+    assert same_state(agent, before)
+    synced = LMAgent("generator", ActorCritic(receiver), frozen_copy(receiver), tok, agent.cfg, seed=0)
+    ps = prompts(agent, 4)
+    assert [a.tokens for a in hf_greedy(synced, ps)] == [a.tokens for a in hf_greedy(merged, ps)]
+
+
+def test_weights_are_written_one_tensor_at_a_time_into_a_file_safetensors_reads(tmp_path):
+    """`write_weights` writes the header from the specs, then each tensor as it comes: safetensors reads back every
+    tensor as given (dtypes, a 0-d tensor, one tensor under two names, a non-contiguous one); a tensor that differs
+    from its spec is refused."""
+    from safetensors import safe_open
+
+    from selfplay.rollout.engine import write_weights
+
+    tied = torch.randn(5, 3)
+    weights = {
+        "embed.weight": tied,
+        "lm_head.weight": tied,
+        "half": torch.randn(4, 2).to(torch.bfloat16),
+        "steps": torch.tensor(7),
+        "mask": torch.tensor([True, False, True]),
+        "transposed": torch.randn(3, 6).t(),
+        "empty": torch.zeros(0, 4),
+    }
+    specs = [(k, tuple(v.shape), v.dtype) for k, v in weights.items()]
+    path = write_weights(iter(weights.items()), specs, tmp_path / "a")
+    with safe_open(str(path), framework="pt") as f:
+        assert sorted(f.keys()) == sorted(weights) and f.metadata() == {"format": "pt"}
+        for k, v in weights.items():
+            got = f.get_tensor(k)
+            assert got.dtype == v.dtype and torch.equal(got, v), k
+    with pytest.raises(ValueError, match=r"half \(4, 2\) torch.float32 where half \(4, 2\) torch.bfloat16"):
+        write_weights(iter([*weights.items()][:2] + [("half", torch.zeros(4, 2))]), specs, tmp_path / "b")
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("method", ["reload", "folder"])
+def test_a_lora_policy_syncs_merged_in_place_into_the_engine(served, tok, tmp_path, method):
+    """A LoRA policy of the served model's shape synced into its engine (`reload`: tensors into the runner;
+    `folder`: a file written one tensor at a time): the engine answers greedily as Hugging Face does on the merged
+    copy and gives its log-probs, and the policy is left bit for bit as it was. The served agent's own weights go
+    back after."""
+    agent, merged = make_lora_agent(tok)
+    engine = served.engine
+    saved = engine.sync_method, engine.rcfg
+    engine.sync_method, engine.rcfg = method, RolloutConfig(sync_dir=str(tmp_path))
+    before = policy_state(agent)
+    try:
+        engine.sync(agent)
+        assert same_state(agent, before)
+        ps = prompts(merged, 4)
+        greedy = engine.sample(merged, ps, merged.sampling(greedy=True))
+        assert [a.tokens for a in greedy] == [a.tokens for a in hf_greedy(merged, ps)]
+        ids = merged.chat_ids("Edit one reference task's program. 2") + [5, 6, 7]
+        gap = (torch.tensor(engine.prompt_logprobs(ids)) - trainer_logprobs(merged, ids)).abs().max()
+        assert gap < GAP_TOL, gap
+        assert (method == "folder") == any(tmp_path.glob("*/model.safetensors"))
+    finally:
+        engine.sync(served)
+        engine.sync_method, engine.rcfg = saved
         engine.take_metrics()
 
 
