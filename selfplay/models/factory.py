@@ -628,8 +628,8 @@ def merged_names(policy) -> list[tuple[str, torch.Tensor, nn.Module | None]]:
     """Each tensor of `merged_copy(policy).state_dict()`, in its order, without copying anything: (its name there,
     the policy's tensor it comes from, the adapted layer that merges into it or None). peft's own names are mapped as
     TRL maps them for vLLM: the wrapper's prefix and `.base_layer` dropped, the adapters' tensors left out. A base
-    tensor of an adapted layer that is also held under another name (a tied weight) is refused: merging it for one
-    name would change the other."""
+    tensor of an adapted layer that is also held under another name (a tied weight) is refused: merged under one name
+    and not the other, it would not be the merged copy."""
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     layers = {name: m for name, m in policy.named_modules() if isinstance(m, BaseTunerLayer)}
