@@ -243,6 +243,29 @@ def test_weights_are_written_one_tensor_at_a_time_into_a_file_safetensors_reads(
         write_weights(iter([*weights.items()][:2] + [("half", torch.zeros(4, 2))]), specs, tmp_path / "b")
 
 
+def test_the_sync_file_is_written_with_no_copy_of_the_policy(tok, tmp_path):
+    """`write_weights` fed by `policy_weight_items`, under the meter of tests/selfplay/models/test_lora_sync.py: a
+    plain policy's tensors are written from their own storage (no new memory at all), a LoRA policy's with at most
+    the merged layer and peft's delta (3 of its largest weight); both files hold every tensor the engine loads."""
+    from safetensors import safe_open
+
+    from selfplay.models.factory import merged_copy
+    from selfplay.rollout.engine import policy_weight_specs, write_weights
+    from tests.selfplay.models.test_lora_sync import NewMemory
+
+    plain = make_agent(tok)
+    lora, merged = make_lora_agent(tok)
+    largest = max(p.numel() * p.element_size() for p in plain.module.policy.parameters())
+    for agent, bound in ((plain, 0), (lora, 3 * largest)):
+        with NewMemory() as meter:
+            path = write_weights(policy_weight_items(agent), policy_weight_specs(agent), tmp_path / agent.name)
+        assert meter.peak <= bound, (agent is lora, meter.peak, bound)
+        expected = (merged_copy(agent.module.policy) if agent is lora else agent.module.policy).state_dict()
+        with safe_open(str(path), framework="pt") as f:
+            assert sorted(f.keys()) == sorted(expected)
+            assert all(torch.equal(f.get_tensor(k), v) for k, v in expected.items())
+
+
 @pytest.mark.vllm
 @pytest.mark.parametrize("method", ["reload", "folder"])
 def test_a_lora_policy_syncs_merged_in_place_into_the_engine(served, tok, tmp_path, method):
