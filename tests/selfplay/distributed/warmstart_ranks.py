@@ -1,9 +1,11 @@
 """Run under torchrun (2 ranks, gloo, DS_ACCELERATOR=cpu) by test_warmstart_ranks.py: one policy's SFT through plain
 torch (`sft`, the same on every rank) and inside DeepSpeed engines under ZeRO-2 and ZeRO-3 (`sft_engine`, each batch
-split over the ranks, micro-batches of 2, a last batch too short for both ranks), from the same initial weights.
+split over the ranks, micro-batches of 2, a last batch too short for both ranks; ZeRO-2 also with DeepSpeed's bf16),
+from the same initial weights.
 
-Writes OUT/rank_N.json: the plain losses and first-step gradient norm; per ZeRO stage, the losses, the engine's
-first-step gradient norm, the checksum of the weights this rank trained and (rank 0) of its consolidated copy.
+Writes OUT/rank_N.json: the plain losses (fp32, and bf16 through fp32 masters) and fp32 first-step gradient norm;
+per engine, the losses, its first-step gradient norm, the checksum of the weights this rank trained and (rank 0) of
+its consolidated copy.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import torch
 
 from selfplay.rl.sft import batch_backward, collate, length_batches, sft, sft_engine
-from selfplay.runtime.config import load_config
+from selfplay.runtime.config import CONFIG_DIR, load_config
 from selfplay.runtime.distributed import init_distributed, param_checksum
 from selfplay.train.warmstart_ranks import consolidate, engine_config, start_engine
 from tests.selfplay.distributed.ppo_ranks import EOS, PAD, policy  # a 2-block GPT-2, the same on every rank
@@ -36,10 +38,10 @@ def examples() -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def plain(data) -> tuple[list[float], float]:
+def plain(data, dtype: torch.dtype = torch.float32) -> tuple[list[float], float]:
     """`sft`'s losses on one process, and the gradient norm of its first batch (the batch `sft` draws first)."""
     losses = sft(
-        policy(),
+        policy().to(dtype),
         data,
         steps=STEPS,
         batch_size=BATCH,
@@ -104,8 +106,14 @@ def main(out: str) -> None:
     data = examples()
     losses, norm = plain(data)
     result = {"plain_losses": losses, "plain_grad_norm_first": norm}
+    result["plain_bf16_losses"] = plain(data, torch.bfloat16)[0]  # through `sft`'s fp32 MasterWeights
     for zero in ("zero2_cpu.json", "zero3_cpu.json"):
         result[zero] = under(zero, data, info.rank, info.world_size)
+    # ZeRO-2 with DeepSpeed's bf16 mixed precision (as configs/deepspeed/zero2.json): bf16 weights, fp32 masters
+    ds = json.loads((CONFIG_DIR / "deepspeed" / "zero2_cpu.json").read_text())
+    bf16 = Path(out, f"zero2_bf16_rank_{info.rank}.json")
+    bf16.write_text(json.dumps({**ds, "bf16": {"enabled": True}}))
+    result["zero2_bf16"] = under(str(bf16), data, info.rank, info.world_size)
     Path(out, f"rank_{info.rank}.json").write_text(json.dumps(result))
 
 
