@@ -131,9 +131,10 @@ def consolidate(policy: torch.nn.Module, into: torch.nn.Module | None) -> None:
 
 def fine_tune(
     cfg, run_dir, info: D.DistInfo, name: str, pairs, steps: int, texts, on_step: Callable[[int, float], None] | None
-) -> tuple[LMAgent | None, list[float], int]:
+) -> tuple[LMAgent | None, list[float], int, str]:
     """One agent's SFT on every rank inside a DeepSpeed engine: (rank 0's plain agent with the consolidated
-    weights and its reference, None elsewhere; the losses; the number of examples)."""
+    weights and its reference, None elsewhere; the losses; the number of examples; the checksum of the weights,
+    which every rank's matched)."""
     ws = cfg.warmstart
     model, plain, tokenizer = _build(cfg, run_dir, texts, name, info)
     # (an agent for its tokenisation only: the policy stands in for the reference it does not use)
@@ -190,7 +191,7 @@ def fine_tune(
             f"the {name}'s warm-started weights differ across ranks or from rank 0's consolidated copy: "
             f"{[c[:12] for c in everyone]} vs {str(written)[:12]}"
         )
-    return out, losses, len(examples)
+    return out, losses, len(examples), written
 
 
 def warm_start_on_ranks(
@@ -249,7 +250,7 @@ def warm_start_on_ranks(
             if on_scalar is not None and info.is_main:
                 on_scalar(f"{name}_sft_loss", loss, i)
 
-        agent, losses, n_examples = fine_tune(cfg, run_dir, info, name, pairs, steps, texts, on_step)
+        agent, losses, n_examples, sums[name] = fine_tune(cfg, run_dir, info, name, pairs, steps, texts, on_step)
         if bar:
             bar.close()
         agents.append(agent)
@@ -257,8 +258,6 @@ def warm_start_on_ranks(
         sft_report(
             report, name, steps, losses, time.perf_counter() - t1, log, f" on {info.world_size} ranks (DeepSpeed)"
         )
-        if agent is not None:
-            sums[name] = agent.checksum()
     solver, generator = agents
     if info.is_main:
         if cfg.generator.constrained:
