@@ -135,31 +135,32 @@ def test_a_stop_after_the_update_leaves_the_step_s_evaluation_for_the_resume(war
     assert {"1", "2", "3"} <= set(state["evals"]) and [h["step"] for h in state["history"]] == [1, 2, 3]
 
 
-# a run of the smoke config that sends itself SIGUSR1 right after the first piece (the greedy episodes) of step
-# STEP's evaluation
+# a run of the smoke config (one rank of it) in which rank RANK sends itself SIGTERM right after the first piece (the
+# greedy episodes of its shard) of step STEP's evaluation; every rank must end stopped
 STOPPING_EVAL = """
 import os, signal, sys
 from selfplay.rollout import episodes
 from selfplay.runtime.config import load_config
-from selfplay.train import evaluation, loop
+from selfplay.train import checkpointing, evaluation, loop
 
-step, overrides = int(sys.argv[2]), sys.argv[3:]
+rank, step, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
 evaluate, rollouts, armed = evaluation.evaluate, episodes.solver_rollouts, []
 
 def evaluating(run, at):
-    armed[:] = [at == step]
+    armed[:] = [at == step and run.rank == rank]
     return evaluate(run, at)
 
 def rolling_out(*args, **kwargs):
     out = rollouts(*args, **kwargs)
     if armed and armed.pop():  # the first piece of the armed evaluation is done
-        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGTERM)
     return out
 
-loop.evaluate = evaluation.evaluate = evaluating
+loop.evaluate = evaluation.evaluate = checkpointing.evaluate = evaluating  # step 0's: checkpointing's
 episodes.solver_rollouts = rolling_out
 summary = loop.train(load_config(overrides[0], overrides[1:]))
 assert summary["stopped"], summary
+print(f"[test] rank {os.environ.get('RANK', '0')} stopped at step {summary['steps']}", flush=True)
 """
 
 
@@ -181,7 +182,7 @@ def test_a_stop_within_an_evaluation_abandons_it_and_the_resume_measures_it_once
         straight = copy_run(warm_run, tmp_path / "straight")
         selfplay_train(straight, 2, "1", *overrides)
     run = copy_run(warm_run, tmp_path / "stopped")
-    out = stopping_run(run, "evaluate", step, "train.steps=2", "run.torch_threads=1", *overrides, script=STOPPING_EVAL)
+    out = stopping_run(run, "0", step, "train.steps=2", "run.torch_threads=1", *overrides, script=STOPPING_EVAL)
     assert f"stop requested during step {step}'s evaluation: it is abandoned" in out, out[-3000:]
     assert f"checkpoint step_{step} written" in out and f"(answered after a piece of step {step}'s evaluation)" in out
     assert f"eval step {step}:" not in out
@@ -199,6 +200,30 @@ def test_a_stop_within_an_evaluation_abandons_it_and_the_resume_measures_it_once
         t: [v for _, v in series] for t, series in eval_scalars(straight).items()
     }  # every evaluation logged once, with the same figures
     assert (run / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_stop_within_the_warm_start_s_evaluation_leaves_step_0_to_be_evaluated_on_the_resume(tmp_path):
+    """A fresh run folder: the warm start writes step_0, and a stop within its evaluation leaves step_0 as written,
+    without `eval_before`; the resumed run evaluates it, once, and changes nothing else of step_0."""
+    run = tmp_path / "run"
+    out = stopping_run(run, "0", 0, "train.steps=1", "run.torch_threads=1", script=STOPPING_EVAL)
+    assert "stop requested during step 0's evaluation: it is abandoned" in out, out[-3000:]
+    assert "stop requested: step_0 is already checkpointed" in out and "eval step 0:" not in out
+    stopped = json.loads((checkpoint(run, 0) / "state.json").read_text())
+    assert "eval_before" not in stopped and "0" not in stopped["evals"]
+    assert not eval_scalars(run)
+    weights = {name: agent_fingerprint(checkpoint(run, 0) / name) for name in ("solver", "generator")}
+    proc = selfplay("warmstart", *SMOKE, f"run.dir={run}")  # the resume: step_0's evaluation, nothing else
+    out = proc.stdout + proc.stderr
+    assert out.count("eval step 0:") == 1, out[-3000:]
+    state = json.loads((checkpoint(run, 0) / "state.json").read_text())
+    assert state["eval_before"] and state["evals"] == {"0": state["eval_before"]}
+    assert {k: v for k, v in state.items() if k not in ("eval_before", "evals")} == {
+        k: v for k, v in stopped.items() if k != "evals"
+    }
+    assert {name: agent_fingerprint(checkpoint(run, 0) / name) for name in ("solver", "generator")} == weights
+    assert eval_scalars(run) and all(len(series) == 1 for series in eval_scalars(run).values())
 
 
 def selfplay_train(run: Path, steps: int, hash_seed: str, *overrides: str) -> str:
