@@ -180,6 +180,12 @@ class ModelShape:
         return table + (0 if self.tied else table) + (self.positions * self.hidden if self.arch == "gpt2" else 0)
 
     @property
+    def largest_param(self) -> int:
+        """Elements of the largest single parameter (the embedding table, GPT-2's position table or one linear)."""
+        positions = self.positions * self.hidden if self.arch == "gpt2" else 0
+        return max(self.vocab * self.hidden, positions, *(a * b for a, b in self.linears().values()))
+
+    @property
     def params(self) -> int:
         final_norm = 2 * self.hidden if self.arch == "gpt2" else self.hidden
         return self.layers * self.block_params + self.embedding_params + final_norm
@@ -598,12 +604,7 @@ def sft_state_bytes(shape: ModelShape, s: RunSettings) -> tuple[float, float]:
     p = shape.params
     if s.dtype_bytes >= 4:
         return float(p * s.dtype_bytes), float(p * 2 * s.dtype_bytes)
-    largest = max(
-        shape.vocab * shape.hidden,
-        shape.positions * shape.hidden if shape.arch == "gpt2" else 0,
-        *(a * b for a, b in shape.linears().values()),
-    )
-    return float(p * 4 + largest * s.dtype_bytes), float(p * MIXED_STATE_BYTES)
+    return float(p * 4 + shape.largest_param * s.dtype_bytes), float(p * MIXED_STATE_BYTES)
 
 
 def warm_start_on_ranks(s: RunSettings, world: int) -> bool:
@@ -661,12 +662,14 @@ def _rollout_batches(s: RunSettings, world: int) -> dict[str, tuple[int, int]]:
 
 
 def push_bytes(shape: ModelShape, s: RunSettings, agent: str, world: int) -> float:
-    """What pushing an agent's weights into its vLLM engine holds besides (selfplay.rollout.engine `sync`): under
-    ZeRO-3 across ranks the gathered full weights less this rank's partition; a LoRA policy's adapter merged into a
-    copy of its base (`merged_copy`)."""
-    b, p = s.dtype_bytes, shape.params
-    gathered = p * b * (1 - 1 / world) if s.deepspeed and s.zero_stage >= 3 and world > 1 else 0.0
-    merged = p * b if s.lora_r > 0 and agent in s.lora_agents else 0.0
+    """What pushing an agent's weights into its vLLM engine holds besides (selfplay.rollout.engine `sync`, which
+    streams `policy_weight_items` one tensor at a time): under ZeRO-3 across ranks the largest parameter gathered
+    whole; a LoRA policy's adapted layer merged into a copy of its own base weights (`merged_weight_items`: at most
+    3 x the largest adapted weight, as tests/selfplay/models/test_lora_sync.py measures)."""
+    b = s.dtype_bytes
+    gathered = shape.largest_param * b if s.deepspeed and s.zero_stage >= 3 and world > 1 else 0.0
+    adapted = max(x * y for x, y in shape.linears().values())
+    merged = 3 * adapted * b if s.lora_r > 0 and agent in s.lora_agents else 0.0
     return gathered + merged
 
 
@@ -677,8 +680,9 @@ def _engine_count(s: RunSettings) -> int:
 def _rank0_warm_start(
     shape: ModelShape, s: RunSettings, budget: float, critic_full: float, trains: bool, parts: Callable
 ) -> PhasePlan:
-    """The warm start on rank 0 alone (plain torch, nothing partitioned; one agent's SFT at a time), at the larger
-    of its two moments: the SFT, the held-out evaluation at step 0."""
+    """The warm start on rank 0 alone (plain torch, nothing partitioned; one agent's SFT at a time). Its step_0 is
+    evaluated after it is loaded back with the configured engines (checkpointing.evaluate_warm_start): that is the
+    evaluation phase, not this one."""
     p, b = shape.params, s.dtype_bytes
     grads, states_b = sft_state_bytes(shape, s) if trains else (0.0, 0.0)
     sft = parts(
@@ -689,18 +693,11 @@ def _rank0_warm_start(
         optimizer=states_b,
         activations=sft_activations(shape, s) if trains else 0.0,
     )
-    eval0 = parts(
-        policy=2 * p * b,
-        reference=2 * p * b,
-        critic=2 * critic_full,
-        generation=generation_bytes(shape, s, EVAL_BATCH, s.solver_new),
-    )
     masters = ", fp32 masters" if s.dtype_bytes < 4 else ""
     what = (
         f"SFT of one agent ({s.sft_rows} of {s.sft_batch} sequences a pass{masters})" if trains else "no SFT (steps 0)"
     )
-    ws = max((sft, what), (eval0, "held-out evaluation at step 0"), key=lambda x: sum(x[0].values()))
-    return PhasePlan("warm start", "rank 0", ws[1], ws[0], budget)
+    return PhasePlan("warm start", "rank 0", what, sft, budget)
 
 
 def plan_phases(

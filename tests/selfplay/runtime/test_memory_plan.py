@@ -478,9 +478,6 @@ def test_the_warm_start_under_deepspeed_divides_by_the_zero_stage_as_the_update_
 
 # presets that do not fit the cluster their header names, with the phase that does not and why
 DOES_NOT_FIT: dict[str, tuple[str, str]] = {}
-# the plan still counts a held-out evaluation at step 0 inside the rank-0 warm start, through Hugging Face generation;
-# step_0 is evaluated after it is loaded back, with the configured engines (the evaluation row, which fits)
-DOES_NOT_FIT["gpu_1x24gb.yaml"] = ("warm start", "held-out evaluation at step 0")
 
 
 @pytest.mark.parametrize("path", sorted(CONFIG_DIR.glob("gpu_*.yaml")), ids=lambda p: p.name)
