@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import SMOKE, copy_run
 from tests.selfplay.distributed.test_distributed import two_ranks
+from tests.selfplay.train.test_preempt import STOPPING_EVAL
 from tests.selfplay.train.test_resume_exact import agent_fingerprint, checkpoint, corpus_rows, resumable_state
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
@@ -98,42 +99,13 @@ def test_a_sigterm_to_one_rank_mid_rollouts_stops_both_and_resumes_to_the_uninte
     assert resumed == uninterrupted
 
 
-# rank RANK sends itself SIGTERM when its first piece (the greedy answers to its shard) of step STEP's evaluation is
-# done; rank 0 learns of it at the piece's boundary, where both abandon the evaluation
-STOPPING_RANK_IN_EVAL = """
-import os, signal, sys
-from selfplay.rollout import episodes
-from selfplay.runtime.config import load_config
-from selfplay.train import evaluation, loop
-
-rank, step, overrides = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
-evaluate, rollouts, armed = evaluation.evaluate, episodes.solver_rollouts, []
-
-def evaluating(run, at):
-    armed[:] = [at == step and run.rank == rank]
-    return evaluate(run, at)
-
-def rolling_out(*args, **kwargs):
-    out = rollouts(*args, **kwargs)
-    if armed and armed.pop():
-        os.kill(os.getpid(), signal.SIGTERM)
-    return out
-
-loop.evaluate = evaluation.evaluate = evaluating
-episodes.solver_rollouts = rolling_out
-summary = loop.train(load_config(overrides[0], overrides[1:]))
-assert summary["stopped"], summary
-print(f"[test] rank {os.environ['RANK']} stopped at step {summary['steps']}", flush=True)
-"""
-
-
 def test_a_sigterm_to_one_rank_within_the_sharded_evaluation_stops_both_at_the_same_piece(warm_run, straight, tmp_path):
     """The last step's evaluation, sharded over 2 ranks: rank 1 is asked to stop after its first piece; both ranks
     abandon the evaluation there (rank 0 learns of it at that piece's boundary), step 2 is checkpointed without it,
     and the run resumed on 2 ranks measures it first and ends where the uninterrupted one does."""
     run = copy_run(warm_run, tmp_path / "stopped")
     script = tmp_path / "stopping_rank_in_eval.py"
-    script.write_text(STOPPING_RANK_IN_EVAL)
+    script.write_text(STOPPING_EVAL)  # rank 1 asked to stop after its first piece
     out = two_ranks(
         [str(script), "1", "2", *SMOKE, f"run.dir={run}", *OVERRIDES], timeout=900, env={"PYTHONHASHSEED": "2"}
     )
