@@ -11,6 +11,7 @@ __all__ = ["configure", "run"]
 def run(args) -> int:
     from selfplay.eval.evaluate import BREAKDOWNS
     from selfplay.runtime.config import load_config
+    from selfplay.train.evaluation import EvaluationStopped
     from selfplay.train.loop import SelfPlay
 
     config, overrides = split_args(args)
@@ -21,7 +22,12 @@ def run(args) -> int:
         if latest is not None and (latest.name != "step_0" or "eval_before" in loop.ckpt.load_state(latest)):
             print(f"{cfg.run.dir} already holds a checkpoint ({loop.ckpt.latest_checkpoint().name}); nothing to do")
             return 0
-        loop.setup()
+        loop.stop.install()  # SIGTERM / SIGUSR1 / the stop file: answered between the evaluation's pieces
+        try:
+            loop.setup()
+        except EvaluationStopped:  # step_0 stands as written; the next start evaluates it
+            print(f"stopped within step 0's evaluation; {cfg.run.dir}'s step_0 is evaluated when the run starts again")
+            return 0
         before = loop.evals.get("0", {})
         for split, res in before.items():
             if split not in BREAKDOWNS:

@@ -214,6 +214,11 @@ def test_a_stop_within_the_warm_start_s_evaluation_leaves_step_0_to_be_evaluated
     assert "eval_before" not in stopped and "0" not in stopped["evals"]
     assert not eval_scalars(run)
     weights = {name: agent_fingerprint(checkpoint(run, 0) / name) for name in ("solver", "generator")}
+    stop_file = tmp_path / "stop"  # `selfplay warmstart` asked to stop again within that evaluation: a clean exit
+    stop_file.write_text("")
+    proc = selfplay("warmstart", *SMOKE, f"run.dir={run}", env={"SELFPLAY_STOP_FILE": str(stop_file)})
+    assert "stopped within step 0's evaluation" in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads((checkpoint(run, 0) / "state.json").read_text()) == stopped and not eval_scalars(run)
     proc = selfplay("warmstart", *SMOKE, f"run.dir={run}")  # the resume: step_0's evaluation, nothing else
     out = proc.stdout + proc.stderr
     assert out.count("eval step 0:") == 1, out[-3000:]
