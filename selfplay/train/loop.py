@@ -452,7 +452,7 @@ class SelfPlay:
         """The solver's PPO update on its episodes (and a replay draw), then its successes into the replay buffer."""
         cfg = self.cfg
         update_rollouts = self._update_rollouts(train, metrics)
-        replay = self.replay.draw(self.solver, self.corpus, self.step)
+        replay = self.replay.draw(self.solver, self.corpus, self.step, self.sb)
         if update_rollouts:  # with ppo.skip_uniform_groups, no task may have had answers that scored differently
             # reward.overlong_cache: DAPO's soft length penalty
             overlong = overlong_penalties(

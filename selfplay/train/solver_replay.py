@@ -28,12 +28,13 @@ class SolverReplay:
         )
         self.sft_answers: AnswerSet | None = None
 
-    def draw(self, solver: LMAgent, corpus, step: int) -> list[ReplayItem] | None:
+    def draw(self, solver: LMAgent, corpus, step: int, sb=None) -> list[ReplayItem] | None:
         """This rank's share of a draw of past successes (prioritised; every rank holds the same buffer and RNG) or
-        of the warm start's SFT examples (uniform, a function of the step)."""
+        of the warm start's SFT examples (uniform, a function of the step; `sb`: the sandbox that answers them in the
+        kinds the warm start asked, under `mixer.kinds`)."""
         if self.cfg.ppo.replay_coef <= 0:
             return None
-        pool = self.buffer if self.buffer is not None else self._sft_answer_set(solver, corpus)
+        pool = self.buffer if self.buffer is not None else self._sft_answer_set(solver, corpus, sb)
         drawn = pool.sample(self.cfg.ppo.replay_batch * self.world, step)
         return drawn[self.rank :: self.world] if len(drawn) >= self.world else None
 
@@ -47,14 +48,17 @@ class SolverReplay:
                 self.buffer.add(item)
         return {"replay/size": len(self.buffer)}
 
-    def _sft_answer_set(self, solver: LMAgent, corpus) -> AnswerSet:
+    def _sft_answer_set(self, solver: LMAgent, corpus, sb) -> AnswerSet:
         """The warm start's SFT examples (the corpus's first rows, which the warm start inserted; later procedural
-        tasks also have created_step 0), with their reference answers, tokenized as the warm start tokenized them."""
+        tasks also have created_step 0), asked and answered as the warm start asked them (its kinds drawn with the
+        same seed) and tokenized as it tokenized them."""
         if self.sft_answers is None:
             cfg = self.cfg
             n_sft = sum(level_counts(cfg.warmstart, cfg.tasks.max_level).values())
             tasks = corpus.query(split="train", order="insertion", limit=n_sft)
-            pairs = tokenize_pairs(solver, solver_examples(tasks, prompt_options(cfg)), cfg.warmstart.max_len)
+            pairs = tokenize_pairs(
+                solver, solver_examples(tasks, prompt_options(cfg), cfg.mixer, sb, cfg.run.seed), cfg.warmstart.max_len
+            )
             if not pairs:
                 raise UserError("ppo.replay_source=sft: the corpus holds no warm-start training task to replay")
             self.sft_answers = AnswerSet(
