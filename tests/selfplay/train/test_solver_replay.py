@@ -16,7 +16,7 @@ from tests.conftest import SMOKE
 KINDS = "mixer.kinds={program: 1, deduction: 1, abduction: 1}"
 
 
-@pytest.mark.slow  # the warm start of the session's fixture
+@pytest.mark.slow  # the shared warm-start fixture (a smoke warm start)
 def test_the_sft_replay_holds_the_warm_starts_examples_in_their_kinds(warm_run, task_sb):
     cfg = load_config(
         SMOKE[0], [*SMOKE[1:], f"run.dir={warm_run}", KINDS, "ppo.replay_coef=0.5", "ppo.replay_source=sft"]
