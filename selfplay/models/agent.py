@@ -5,8 +5,9 @@ token ids, sample answers, run a PPO update, save and load.
 Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
     policy in HF `save_pretrained` format (loadable alone by `selfplay eval` or any HF code), `value_head.pt`,
     tokenizer files, `reference/` (the frozen KL anchor; written once: a later checkpoint holds `reference.json`
-    naming it, selfplay/runtime/checkpoint.py), `trainer.pt` (PPO counters, KL controller, RNG),
-    and either `optimizer.pt` (plain torch) or `deepspeed/` (a DeepSpeed checkpoint, engine + optimiser shards).
+    naming it, selfplay/runtime/checkpoint.py; a LoRA adapter's own base, `lora/base/`, likewise), `trainer.pt`
+    (PPO counters, KL controller, RNG), and either `optimizer.pt` (plain torch) or `deepspeed/` (a DeepSpeed
+    checkpoint, engine + optimiser shards).
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from selfplay.models.factory import (
     fresh_lora,
     frozen_copy,
     is_lora,
+    save_plain,
     torch_dtype,
 )
 from selfplay.rl.ppo import PPOTrainer, is_deepspeed_engine, policy_of
 from selfplay.rollout.engine import HFEngine
 from selfplay.rollout.engines import Answer, RolloutEngine, Sampling
-from selfplay.runtime.checkpoint import REFERENCE_DIR, reference_folder, write_reference_pointer
+from selfplay.runtime.checkpoint import LORA_BASE_DIR, REFERENCE_DIR, reference_folder, write_reference_pointer
 
 
 class LMAgent:
@@ -58,6 +60,7 @@ class LMAgent:
         # where a checkpoint of the run holds the frozen reference ("step_0/solver/reference", relative to its
         # checkpoints folder): later saves point there (`save_reference`); set when saved or loaded
         self.reference_home: str | None = None
+        self.lora_base_home: str | None = None  # the same for a LoRA adapter's own base (`lora/base`), if it has one
 
     def constrain(self, fmt: str, close_reserve: int = 0) -> None:
         """Decode every answer under the grammar of proposal format `fmt` (generator.constrained); refuses, naming
@@ -220,50 +223,55 @@ class LMAgent:
 
     # ---- checkpoints ----------------------------------------------------------------------------------
     def save(self, folder: Path, write_hf: bool = True) -> None:
-        """Everything needed to resume (collective under DeepSpeed: call on every rank)."""
+        """Everything needed to resume (collective under DeepSpeed: call on every rank). The weights go into their
+        files one tensor at a time (`ActorCritic.save_pretrained`: a LoRA policy merged one layer at a time), so no
+        copy of the model is made; under ZeRO-3 each tensor is gathered alone, every rank taking part while rank 0
+        (`write_hf`) writes it. What is frozen (the reference, a LoRA adapter's own base) is written once and pointed
+        to afterwards (`save_reference`)."""
         folder.mkdir(parents=True, exist_ok=True)
         if is_deepspeed_engine(self.model):
             self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent")
-        if self.zero3 and not is_lora(self.module.policy):
-            # partitioned weights: the HF copy's tensors gathered one parameter at a time onto rank 0's CPU (a
-            # collective: every rank comes here); the value head, a few tensors, gathered whole in place
-            import deepspeed
-
-            from selfplay.runtime.distributed import full_state_dicts
-
-            parts = [m for m in (self.module.policy, self.module.critic) if m is not None]
-            with full_state_dicts(*parts, keep=write_hf):
-                with deepspeed.zero.GatheredParameters(list(self.module.value_head.parameters())):
-                    if write_hf:
-                        self.module.save_pretrained(folder)
-                        self.save_reference(folder)
-        elif self.zero3:  # LoRA: the adapter is merged into a copy of the whole model, gathered whole
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(list(self.module.parameters())):
-                if write_hf:  # (a reference that is the policy's base, AdapterOff, is partitioned with it)
-                    self.module.save_pretrained(folder)
-                    self.save_reference(folder)
-        elif write_hf:
-            self.module.save_pretrained(folder)
-            self.save_reference(folder)
+        if write_hf or self.zero3:  # (under ZeRO-3 the ranks that write nothing take part in the gathers)
+            base_home = self.earlier(self.lora_base_home, folder)
+            self.module.save_pretrained(folder if write_hf else None, lora_base_home=base_home)
+            if is_lora(self.module.policy) and self.module.lora_base == "base" and base_home is None:
+                self.lora_base_home = self.home_in(folder, LORA_BASE_DIR)
+            self.save_reference(folder, write=write_hf)
         if write_hf:  # rank 0 only
             self.tokenizer.save_pretrained(folder)
             torch.save(self.trainer.state_dict(), folder / "trainer.pt")
             if not is_deepspeed_engine(self.model):
                 torch.save(self.trainer.optimizer.state_dict(), folder / "optimizer.pt")
 
-    def save_reference(self, folder: Path) -> None:
-        """The frozen reference into agent folder `folder` (checkpoints/step_N[.partial]/<name>): a pointer to where
-        an earlier checkpoint of the run holds it (`reference_home`), else its bytes, once. A LoRA policy keeps its
-        own copy (its adapter's base may be that reference: selfplay/models/factory.py `load_lora`)."""
+    @staticmethod
+    def earlier(home: str | None, folder: Path) -> str | None:
+        """`home` (frozen weights, relative to the checkpoints folder) where agent folder `folder`
+        (checkpoints/step_N[.partial]/<name>) may point to it: in an earlier checkpoint that exists; else None."""
         root, step = folder.parent.parent, folder.parent.name.removesuffix(".partial")
-        home = self.reference_home
-        if home and not home.startswith(f"{step}/") and (root / home).is_dir() and not is_lora(self.module.policy):
-            write_reference_pointer(folder, home)
+        return home if home and not home.startswith(f"{step}/") and (root / home).is_dir() else None
+
+    @staticmethod
+    def home_in(folder: Path, sub: str) -> str:
+        """Where frozen part `sub` written into agent folder `folder` will lie once its checkpoint is committed."""
+        return f"{folder.parent.name.removesuffix('.partial')}/{folder.name}/{sub}"
+
+    def save_reference(self, folder: Path, write: bool = True) -> None:
+        """The frozen reference into agent folder `folder` (checkpoints/step_N[.partial]/<name>): a pointer to where
+        an earlier checkpoint of the run holds it (`reference_home`), else its bytes, once, streamed one tensor at a
+        time. A LoRA policy's adapter over that reference loads it through the pointer too
+        (selfplay/models/factory.py `load_lora`). Under ZeRO-3 the reference that is the policy's partitioned base
+        (`AdapterOff`) is gathered one tensor at a time on every rank (`write` on the one that writes)."""
+        home = self.earlier(self.reference_home, folder)
+        if home is not None:
+            if write:
+                write_reference_pointer(folder, home)
             return
-        self.reference.save_pretrained(folder / REFERENCE_DIR)
-        self.reference_home = f"{step}/{folder.name}/{REFERENCE_DIR}"
+        out = folder / REFERENCE_DIR if write else None
+        if isinstance(self.reference, AdapterOff):
+            self.reference.save_pretrained(out)  # a collective under ZeRO-3
+        elif write:
+            save_plain(self.reference, out)
+        self.reference_home = self.home_in(folder, REFERENCE_DIR)
 
     def checksum(self) -> str:
         """sha256 of the weights (a collective under ZeRO-3, which gathers the partitions: call on every rank)."""

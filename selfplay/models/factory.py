@@ -297,19 +297,26 @@ class ActorCritic(nn.Module):
             logits, hidden = logits[:, -logits_to_keep:], hidden[:, -logits_to_keep:]
         return logits, self.value_head(hidden)
 
-    def save_pretrained(self, out_dir: str | Path) -> None:
-        """The policy in HF format at out_dir (loadable alone), value head (+ critic) beside it."""
-        out_dir = Path(out_dir)
+    def save_pretrained(self, out_dir: str | Path | None, lora_base_home: str | None = None) -> None:
+        """The policy in HF format at out_dir (loadable alone), value head (+ critic) beside it. The weights are
+        streamed into their files one tensor at a time (`save_streamed`): a LoRA policy's merged one layer at a time
+        (`merged_weight_items`), never a copy of the model; under ZeRO-3 each is gathered alone (a collective: every
+        rank calls this, the ranks that write nothing with out_dir None). `lora_base_home`: where an earlier
+        checkpoint holds the adapter's frozen base when it is not the reference (`save_lora`)."""
+        out_dir = Path(out_dir) if out_dir is not None else None
         if is_lora(self.policy):  # full weights for whoever samples (eval, export, vLLM), the adapter beside them
-            merged_copy(self.policy).save_pretrained(out_dir)
-            save_lora(self.policy, out_dir / LORA_DIR, self.lora_base)
+            named = [(name, t) for name, t, _ in merged_names(self.policy)]
+            save_streamed(base_of(self.policy), named, merged_weight_items(self.policy), out_dir)
+            save_lora(self.policy, out_dir / LORA_DIR if out_dir else None, self.lora_base, lora_base_home)
         else:
-            self.policy.save_pretrained(out_dir)
-            if self.lora_pending is not None:
+            save_plain(self.policy, out_dir)
+            if self.lora_pending is not None and out_dir is not None:
                 save_lora(self.lora_pending, out_dir / LORA_DIR, "policy")
-        torch.save(self.value_head.state_dict(), out_dir / "value_head.pt")
+        with gathered_whole(self.value_head.parameters()):
+            if out_dir is not None:
+                torch.save(self.value_head.state_dict(), out_dir / "value_head.pt")
         if self.critic is not None:
-            self.critic.save_pretrained(out_dir / "critic")
+            save_plain(self.critic, out_dir / "critic" if out_dir is not None else None)
 
     @classmethod
     def from_pretrained(
@@ -609,15 +616,15 @@ class AdapterOff:
     def parameters(self):
         return iter(())
 
-    def save_pretrained(self, out_dir: str | Path) -> None:
-        base = copy.deepcopy(self.policy).unload()
-        base.save_pretrained(out_dir)
+    def save_pretrained(self, out_dir: str | Path | None) -> None:
+        """The base streamed (`save_base`): a collective under ZeRO-3, out_dir None on the ranks that write nothing."""
+        save_base(self.policy, Path(out_dir) if out_dir is not None else None)
 
 
 def merged_copy(policy):
     """A plain model with the adapter merged into a copy of the base weights (the policy itself is untouched): a
-    whole second model, for what keeps one (the frozen reference, the checkpoint's Hugging Face copy); the weight
-    sync streams `merged_weight_items` instead."""
+    whole second model, for what keeps one (a frozen reference); the weight sync and the checkpoint's Hugging Face
+    copy stream `merged_weight_items` instead."""
     merged = copy.deepcopy(policy).merge_and_unload()
     for p in merged.parameters():
         p.requires_grad_(True)
@@ -708,19 +715,162 @@ def merged_weight_items(policy) -> Iterator[tuple[str, torch.Tensor]]:
         del merged
 
 
-def save_lora(policy_or_config, folder: Path, base: str) -> None:
+def save_lora(policy_or_config, folder: Path | None, base: str, base_home: str | None = None) -> None:
     """The adapter (or only its config, for a fresh one) in `folder`, and where its base weights are; a base that
-    is neither the reference nor the folder's policy is saved whole in `folder/base`."""
+    is neither the reference nor the folder's policy is frozen: streamed into `folder/base` once (`save_base`), and a
+    later checkpoint's `folder/base.json` names where an earlier one holds it (`base_home`, relative to the
+    checkpoints folder). Under ZeRO-3 a collective (the adapter gathered whole, the base one tensor at a time):
+    every rank calls it, those that write nothing with folder None."""
     import json
 
-    folder.mkdir(parents=True, exist_ok=True)
-    if is_lora(policy_or_config):
-        policy_or_config.save_pretrained(folder)
-        if base == "base":
-            copy.deepcopy(policy_or_config).unload().save_pretrained(folder / "base")
-    else:
-        policy_or_config.save_pretrained(folder)  # a LoraConfig: adapter_config.json alone
-    (folder / LORA_STATE).write_text(json.dumps({"base": base}))
+    from selfplay.runtime.checkpoint import LORA_BASE_DIR, write_pointer
+
+    if not is_lora(policy_or_config):  # a LoraConfig: adapter_config.json alone
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            policy_or_config.save_pretrained(folder)
+            (folder / LORA_STATE).write_text(json.dumps({"base": base}))
+        return
+    adapter = [p for name, p in policy_or_config.named_parameters() if p.requires_grad or "lora_" in name]
+    with gathered_whole(adapter):
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
+            policy_or_config.save_pretrained(folder)
+            (folder / LORA_STATE).write_text(json.dumps({"base": base}))
+    if base != "base":
+        return
+    if base_home is not None:
+        if folder is not None:
+            write_pointer(folder.parent, LORA_BASE_DIR, base_home)
+        return
+    save_base(policy_or_config, folder / "base" if folder is not None else None)
+
+
+def gathered_whole(params: Iterable[torch.Tensor]):
+    """A context in which these parameters are whole, gathered together under ZeRO-3 (a collective: every rank
+    enters it; for a few small tensors: the value head, an adapter); else nothing."""
+    import contextlib
+
+    parts = [p for p in params if hasattr(p, "ds_id")]
+    if not parts:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(parts)
+
+
+def save_base(policy, out_dir: Path | None) -> None:
+    """The frozen base under a LoRA adapter as a plain model at `out_dir` (what `unload` of a copy saves, bit for
+    bit), streamed one tensor at a time from the policy's own tensors (`merged_names` without the merge)."""
+    from selfplay.runtime.distributed import gathered_one_by_one
+
+    named = [(name, t) for name, t, _ in merged_names(policy)]
+    save_streamed(base_of(policy), named, gathered_one_by_one(named), out_dir)
+
+
+def save_plain(model: nn.Module, out_dir: Path | None) -> None:
+    """`model.save_pretrained(out_dir)`'s files, streamed (`save_streamed`): its state dict one tensor at a time, each
+    gathered alone under ZeRO-3 (a collective: every rank calls it, those that write nothing with out_dir None)."""
+    save_streamed(model, model.state_dict(keep_vars=True).items(), None, out_dir)
+
+
+# safetensors' Dtype enum, in its order: a file holds its tensors by dtype, the last of these first, then by name
+SAFETENSORS_ORDER = {
+    torch.bool: "BOOL",
+    torch.uint8: "U8",
+    torch.int8: "I8",
+    torch.float8_e5m2: "F8_E5M2",
+    torch.float8_e4m3fn: "F8_E4M3",
+    torch.int16: "I16",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int32: "I32",
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.int64: "I64",
+}
+
+
+def write_safetensors(
+    specs: Sequence[tuple[str, Sequence[int], torch.dtype]],
+    items: Iterable[tuple[str, torch.Tensor]],
+    path: Path | None,
+) -> None:
+    """The file `safetensors.torch.save_file` writes (metadata {"format": "pt"}), byte for byte, written one tensor
+    at a time as `items` gives them, in any order: `specs` announces each (name, shape, dtype), so the header and the
+    tensors' places (safetensors' order: `SAFETENSORS_ORDER`, then name) are known first, and each tensor is then
+    copied to the CPU alone (where it is not there already), written at its offset and dropped. The memory this takes
+    beyond the file is one tensor. Every announced name must come once, as announced (ValueError otherwise); path
+    None: the items are taken (a collective's gathers) and nothing is written."""
+    import json
+    import math
+    import struct
+
+    order = list(SAFETENSORS_ORDER)
+    header: dict = {"__metadata__": {"format": "pt"}}
+    place: dict[str, tuple[int, tuple[int, ...], torch.dtype]] = {}
+    offset = 0
+    for name, shape, dtype in sorted(specs, key=lambda s: (-order.index(s[2]), s[0])):
+        size = math.prod(shape) * dtype.itemsize
+        header[name] = {
+            "dtype": SAFETENSORS_ORDER[dtype],
+            "shape": [int(n) for n in shape],
+            "data_offsets": [offset, offset + size],
+        }
+        place[name] = (offset, tuple(int(n) for n in shape), dtype)
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    start = 8 + len(text)
+    f = open(path, "wb") if path is not None else None  # noqa: SIM115 - closed below, after the items
+    try:
+        if f is not None:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            f.truncate(start + offset)
+        for name, tensor in items:
+            if name not in place or (tuple(tensor.shape), tensor.dtype) != place[name][1:]:
+                raise ValueError(f"weight {name} {tuple(tensor.shape)} {tensor.dtype}: not announced as such, or twice")
+            at = place.pop(name)[0]
+            if f is not None:
+                f.seek(start + at)
+                f.write(tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy())
+        if place:
+            raise ValueError(f"weights announced and not given: {', '.join(sorted(place))}")
+    finally:
+        if f is not None:
+            f.close()
+
+
+def save_streamed(
+    model,
+    named: Iterable[tuple[str, torch.Tensor]],
+    items: Iterable[tuple[str, torch.Tensor]] | None,
+    out_dir: Path | None,
+) -> None:
+    """What `model.save_pretrained(out_dir)` writes (its config files, `model.safetensors`: the same tensors under the
+    same names), with the weights written one tensor at a time (`write_safetensors`). `named`: each (name, tensor)
+    of the state dict to write, in its order, not gathered (a ZeRO-3 partition knows its whole shape, `ds_shape`); a
+    tensor under several names (tied weights) is written under the first, as Hugging Face drops the others. `items`:
+    the same pairs, whole (default: `named`, each gathered alone under ZeRO-3: a collective, every rank calls this,
+    those that write nothing with out_dir None). One file, whatever the size (Hugging Face shards above 50 GB; both
+    load alike)."""
+    from selfplay.runtime.distributed import gathered_one_by_one
+
+    named = list(named)
+    first: dict[int, str] = {}
+    specs = []
+    for name, t in named:
+        if first.setdefault(id(t), name) == name:
+            specs.append((name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype))
+    kept = {name for name, _, _ in specs}
+    items = gathered_one_by_one(named) if items is None else items
+    path = None
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir, state_dict={})  # its config files (and a weights file with none, replaced)
+        path = out_dir / "model.safetensors"
+    write_safetensors(specs, ((name, t) for name, t in items if name in kept), path)
 
 
 def fresh_lora(folder: Path) -> bool:
@@ -756,13 +906,16 @@ def load_lora(path: Path, **load_kwargs):
     from peft import LoraConfig, PeftModel
     from transformers import AutoModelForCausalLM
 
+    from selfplay.runtime.checkpoint import LORA_BASE_DIR, frozen_folder, reference_folder
+
     folder = path / LORA_DIR
     base = json.loads((folder / LORA_STATE).read_text())["base"] if (folder / LORA_STATE).exists() else "policy"
     if base == "policy":  # the warm start asked for a fresh adapter over the folder's weights
         plain = AutoModelForCausalLM.from_pretrained(path, **load_kwargs)
-        ref = path / "reference"
+        ref = reference_folder(path)
         same = ref.is_dir() and _same_weights(plain, ref)  # true after a warm start: its reference is its policy
         return attach_lora(plain, LoraConfig.from_pretrained(folder)), "reference" if same else "base"
-    source = path / "reference" if base == "reference" else folder / "base"
+    # the reference, or the adapter's own base: in this folder, or where its pointer names (written once)
+    source = reference_folder(path) if base == "reference" else frozen_folder(path, LORA_BASE_DIR)
     plain = AutoModelForCausalLM.from_pretrained(source, **load_kwargs)
     return PeftModel.from_pretrained(plain, folder, is_trainable=True), base

@@ -10,9 +10,10 @@ The order of a save (docs/architecture.md, run folder):
    which `selfplay eval` compares a finished run with, nor a checkpoint that holds a frozen reference another one
    points to).
 
-A frozen KL reference never changes, so it is written once, with the first checkpoint that holds it (step_0 for a
-warm-started run): a later checkpoint's agent folder holds `reference.json` instead of `reference/`, naming the
-folder, relative to `checkpoints/`, where its bytes lie (`reference_folder` follows it).
+Frozen weights never change, so they are written once, with the first checkpoint that holds them (step_0 for a
+warm-started run): the KL reference (`reference/`) and a LoRA adapter's base when it is not that reference
+(`lora/base/`). A later checkpoint's agent folder holds `reference.json` (`lora/base.json`) instead, naming the
+folder, relative to `checkpoints/`, where their bytes lie (`reference_folder`, `frozen_folder` follow it).
 
 On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders from a killed save are removed.
 """
@@ -38,29 +39,42 @@ STATE_FILE = "state.json"
 LATEST = "latest"
 REFERENCE_DIR = "reference"  # an agent folder's own frozen reference
 REFERENCE_POINTER = "reference.json"  # or, instead, {"path": "step_0/solver/reference"} relative to checkpoints/
+LORA_BASE_DIR = "lora/base"  # a LoRA adapter's own frozen base (one that is not the reference), or lora/base.json
+FROZEN_DIRS = (REFERENCE_DIR, LORA_BASE_DIR)  # what an agent folder may hold or point to instead
 
 
-def reference_folder(agent_folder: Path) -> Path:
-    """The folder holding the frozen reference of the agent saved in `agent_folder` (checkpoints/step_N/<name>):
-    its own `reference/`, or the one its `reference.json` names. Raises FileNotFoundError naming a pointer whose
-    target is gone."""
-    own = agent_folder / REFERENCE_DIR
-    pointer = agent_folder / REFERENCE_POINTER
+def pointer_of(own: Path) -> Path:
+    """The pointer that stands for frozen folder `own` in a later checkpoint: `reference/` -> `reference.json`."""
+    return own.with_name(own.name + ".json")
+
+
+def frozen_folder(agent_folder: Path, sub: str) -> Path:
+    """The folder holding frozen part `sub` (one of FROZEN_DIRS) of the agent saved in `agent_folder`
+    (checkpoints/step_N/<name>): its own, or the one its pointer names. Raises FileNotFoundError naming a pointer
+    whose target is gone."""
+    own = agent_folder / sub
+    pointer = pointer_of(own)
     if own.is_dir() or not pointer.exists():
         return own
     target = agent_folder.parent.parent / json.loads(pointer.read_text())["path"]
     if not target.is_dir():
         raise FileNotFoundError(
-            f"{pointer} names the frozen reference {target}, which is missing (a checkpoint copied without "
-            f"the one holding its reference: copy that one too)"
+            f"{pointer} names the frozen weights {target}, which are missing (a checkpoint copied without "
+            f"the one holding them: copy that one too)"
         )
     return target
 
 
-def reference_home(agent_folder: Path) -> str | None:
-    """Where the reference of `agent_folder` lies, relative to its checkpoints root ("step_0/solver/reference"),
-    for a later checkpoint's pointer; None for a folder outside a checkpoints root or without a reference."""
-    folder = reference_folder(agent_folder)
+def reference_folder(agent_folder: Path) -> Path:
+    """The folder holding the frozen reference of the agent saved in `agent_folder` (checkpoints/step_N/<name>):
+    its own `reference/`, or the one its `reference.json` names (`frozen_folder`)."""
+    return frozen_folder(agent_folder, REFERENCE_DIR)
+
+
+def frozen_home(agent_folder: Path, sub: str = REFERENCE_DIR) -> str | None:
+    """Where frozen part `sub` of `agent_folder` lies, relative to its checkpoints root ("step_0/solver/reference"),
+    for a later checkpoint's pointer; None for a folder outside a checkpoints root or without that part."""
+    folder = frozen_folder(agent_folder, sub)
     root = agent_folder.parent.parent
     try:
         relative = folder.resolve().relative_to(root.resolve())
@@ -69,9 +83,22 @@ def reference_home(agent_folder: Path) -> str | None:
     return relative.as_posix() if folder.is_dir() and relative.parts[0].startswith("step_") else None
 
 
+def reference_home(agent_folder: Path) -> str | None:
+    """`frozen_home` of the reference."""
+    return frozen_home(agent_folder, REFERENCE_DIR)
+
+
+def write_pointer(agent_folder: Path, sub: str, home: str) -> None:
+    """The pointer of frozen part `sub` in `agent_folder` (`reference.json`, `lora/base.json`): its bytes are in
+    `checkpoints/<home>`."""
+    pointer = pointer_of(agent_folder / sub)
+    pointer.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(pointer, {"path": home})
+
+
 def write_reference_pointer(agent_folder: Path, home: str) -> None:
     """`reference.json` in `agent_folder`: its frozen reference is `checkpoints/<home>`."""
-    write_json_atomic(agent_folder / REFERENCE_POINTER, {"path": home})
+    write_pointer(agent_folder, REFERENCE_DIR, home)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -172,8 +199,11 @@ class CheckpointManager:
         steps = [s for s in self.steps() if s != 0]  # step_0, the warm start, stays: a run's "before" to evaluate
         doomed = [f"step_{s}" for s in steps[: max(0, len(steps) - self.keep_last)] if f"step_{s}" != keep]
         kept = [self.root / f"step_{s}" for s in self.steps() if f"step_{s}" not in doomed]
-        pointed = {  # a checkpoint holding a reference that a kept one points to stays
-            json.loads(p.read_text())["path"].split("/")[0] for k in kept for p in k.glob(f"*/{REFERENCE_POINTER}")
+        pointed = {  # a checkpoint holding frozen weights that a kept one points to stays
+            json.loads(p.read_text())["path"].split("/")[0]
+            for k in kept
+            for sub in FROZEN_DIRS
+            for p in k.glob(f"*/{pointer_of(Path(sub)).as_posix()}")
         }
         for name in doomed:
             if name not in pointed:

@@ -14,7 +14,15 @@ import numpy as np
 import pytest
 import torch
 
-from selfplay.runtime.checkpoint import CheckpointManager, rng_state, set_rng_state
+from selfplay.runtime.checkpoint import (
+    LORA_BASE_DIR,
+    CheckpointManager,
+    frozen_folder,
+    frozen_home,
+    rng_state,
+    set_rng_state,
+    write_pointer,
+)
 
 
 def test_save_latest_and_keep_last(tmp_path):
@@ -35,6 +43,26 @@ def test_the_warm_start_s_step_0_is_never_pruned(tmp_path):
     for step in (0, 1, 2, 3):
         mgr.save(step, {"counter": step})
     assert mgr.steps() == [0, 3] and mgr.latest_checkpoint().name == "step_3"
+
+
+def test_pruning_keeps_the_checkpoint_holding_an_adapter_s_own_base_that_a_kept_one_points_to(tmp_path):
+    """A LoRA adapter's own base (`lora/base/`) is written once; later checkpoints hold `lora/base.json`, which loading
+    follows (`frozen_folder`), and pruning keeps the checkpoint that holds it."""
+    ckpt = CheckpointManager(tmp_path, keep_last=1)
+    ckpt.save(0, {})
+
+    def base_here(folder):
+        (folder / "solver" / LORA_BASE_DIR).mkdir(parents=True)
+
+    ckpt.save(1, {}, base_here)
+    home = frozen_home(ckpt.root / "step_1" / "solver", LORA_BASE_DIR)
+    assert home == "step_1/solver/lora/base"
+    for step in (2, 3):
+        ckpt.save(step, {}, lambda folder, home=home: write_pointer(folder / "solver", LORA_BASE_DIR, home))
+    assert ckpt.steps() == [0, 1, 3]  # step_2 pruned, step_1 kept: step_3 points to it
+    assert json.loads((ckpt.root / "step_3/solver/lora/base.json").read_text()) == {"path": home}
+    assert frozen_folder(ckpt.root / "step_3" / "solver", LORA_BASE_DIR) == ckpt.root / "step_1/solver/lora/base"
+    assert frozen_home(ckpt.root / "step_3" / "solver", LORA_BASE_DIR) == home
 
 
 def test_a_failed_save_leaves_the_previous_checkpoint(tmp_path):
