@@ -2,7 +2,8 @@
 written one tensor at a time, `write_weights`), the checkpoint's Hugging Face copy (`LMAgent.save`) and
 `param_checksum` gather one parameter at a time, and give the same tensors, bytes and checksums as gathering the whole
 model at once; a LoRA policy's sync gathers one adapted layer (its base weight and its adapter) at a time, gives its
-merged copy's tensors and leaves its partitions as they were. This file is also what each rank runs."""
+merged copy's tensors and leaves its partitions as they were, and its checkpoint writes that merged copy's files
+byte for byte the same way, its reference once. This file is also what each rank runs."""
 
 from __future__ import annotations
 
@@ -40,6 +41,14 @@ def test_zero3_gathers_one_parameter_at_a_time_with_the_whole_gathers_results(tm
         # saving: one parameter at a time, the value head (its weight and bias) as one group
         assert 1 <= r["save_max_available"] <= r["value_head_tensors"] <= 2, r
     assert ranks[0]["checksum"] == ranks[1]["checksum"]
+    # the LoRA checkpoint: never more than one adapted layer's base weight (and bias) whole, the merged copy's files
+    # byte for byte, the reference once
+    for r in ranks:
+        assert 1 <= r["lora_save_base_max_available"] <= 2 and r["lora_adapter_params"] > 2, r
+    assert ranks[0]["lora_saved"] and all(ranks[0]["lora_saved"].values()), ranks[0]["lora_saved"]
+    second = ranks[0]["lora_second_files"]
+    assert ranks[0]["lora_first_reference"] and "reference.json" in second, second
+    assert not [f for f in second if f.startswith("reference/")], second
     saved = ranks[0]["saved"]
     assert {"model.safetensors", "config.json", "value_head.pt", "critic/model.safetensors"} <= set(saved), saved
     assert all(same for same in saved.values()), saved  # byte for byte what the whole gather wrote
@@ -117,8 +126,10 @@ def main(out: str) -> None:
             h.update(name.encode())
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         whole_sha = h.hexdigest()
-        if info.rank == 0:
-            module.save_pretrained(old)
+        if info.rank == 0:  # Hugging Face's save of the whole model, as the checkpoint wrote it before it streamed
+            module.policy.save_pretrained(old)
+            module.critic.save_pretrained(old / "critic")
+            torch.save(module.value_head.state_dict(), old / "value_head.pt")
 
     entered.clear()
 
@@ -165,6 +176,8 @@ def main(out: str) -> None:
             if "lora_B" in name:
                 p.normal_(0.0, 0.1)
     lora_expected = {k: v.clone() for k, v in merged_copy(lora).state_dict().items()}
+    if info.rank == 0:  # the checkpoint's Hugging Face copy as the whole merged copy wrote it
+        merged_copy(lora).save_pretrained(Path(out) / "lora_whole")
     lora_before = {k: v.clone() for k, v in lora.state_dict().items()}
     lora_agent = under_zero3("generator", lora, tok, cfg, info)
     lora_params = [p for p in lora_agent.module.policy.parameters() if hasattr(p, "ds_id") and not p.ds_persist]
@@ -192,6 +205,35 @@ def main(out: str) -> None:
     with deepspeed.zero.GatheredParameters(list(lora_agent.module.policy.parameters())):
         now = lora_agent.module.policy.state_dict()
         result["lora_policy_changed"] = sorted(k for k in lora_before if not torch.equal(lora_before[k], now[k]))
+
+    # the LoRA checkpoint: its merged copy streamed one adapted layer at a time, the adapter gathered (its own
+    # tensors only), the reference written with the first checkpoint and pointed to by the second
+    adapter = [p for n, p in lora_agent.module.policy.named_parameters() if "lora_" in n and hasattr(p, "ds_id")]
+    base_params = [p for p in lora_params if all(p is not q for q in adapter)]
+    seen_base: list[int] = []
+    counting = deepspeed.zero.GatheredParameters.__enter__
+
+    def base_counting_enter(self):
+        counting(self)
+        seen_base.append(available(base_params))
+
+    deepspeed.zero.GatheredParameters.__enter__ = base_counting_enter
+    root = Path(out) / "lora_checkpoints"
+    for step in (1, 2):
+        lora_agent.save(root / f"step_{step}" / "generator", write_hf=info.rank == 0)
+        dist.barrier()  # (the loop's checkpoints are apart by barriers)
+    deepspeed.zero.GatheredParameters.__enter__ = counting
+    result["lora_save_base_max_available"] = max(seen_base)
+    result["lora_adapter_params"] = len(adapter)
+    if info.rank == 0:
+        whole, first, second = Path(out) / "lora_whole", root / "step_1" / "generator", root / "step_2" / "generator"
+        result["lora_saved"] = {
+            name: (whole / name).read_bytes() == (folder / name).read_bytes()
+            for folder in (first, second)
+            for name in ("model.safetensors", "config.json")
+        }
+        result["lora_first_reference"] = (first / "reference" / "model.safetensors").is_file()
+        result["lora_second_files"] = sorted(str(f.relative_to(second)) for f in second.rglob("*") if f.is_file())
 
     Path(out, f"rank_{info.rank}.json").write_text(json.dumps(result))
     dist.barrier()
