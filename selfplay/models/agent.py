@@ -80,6 +80,11 @@ class LMAgent:
         return is_deepspeed_engine(self.model) and self.model.zero_optimization_stage() == 3
 
     @property
+    def lora(self) -> bool:
+        """Whether PPO trains a LoRA adapter over frozen weights."""
+        return is_lora(self.module.policy)
+
+    @property
     def max_positions(self) -> int | None:
         """Longest sequence the model can take (prompt + answer), if its config says."""
         config = policy_of(self.model).config
@@ -230,7 +235,9 @@ class LMAgent:
         to afterwards (`save_reference`)."""
         folder.mkdir(parents=True, exist_ok=True)
         if is_deepspeed_engine(self.model):
-            self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent")
+            # a LoRA policy's frozen base is the reference (or lora/base), written once: DeepSpeed's files keep the
+            # trained tensors' states, not every rank's share of the frozen weights again (`load_training_state`)
+            self.model.save_checkpoint(str(folder / "deepspeed"), tag="agent", exclude_frozen_parameters=self.lora)
         if write_hf or self.zero3:  # (under ZeRO-3 the ranks that write nothing take part in the gathers)
             base_home = self.earlier(self.lora_base_home, folder)
             self.module.save_pretrained(folder if write_hf else None, lora_base_home=base_home)
@@ -287,7 +294,8 @@ class LMAgent:
             # ZeRO shards its optimiser states per rank: shards of another world size keep the weights (read from the
             # HF copy) and start the optimiser afresh (checkpointing.restore says so, naming what was reset)
             if (folder / "deepspeed").is_dir() and zero_shards(folder) in (0, self.model.world_size):
-                self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent")
+                # (a LoRA engine's checkpoint holds no frozen weights: they are loaded from the HF copy's base)
+                self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent", load_module_strict=not self.lora)
         elif (folder / "optimizer.pt").exists() and not fresh_lora(folder):  # a fresh adapter: a fresh optimiser
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))

@@ -49,6 +49,9 @@ def test_zero3_gathers_one_parameter_at_a_time_with_the_whole_gathers_results(tm
     second = ranks[0]["lora_second_files"]
     assert ranks[0]["lora_first_reference"] and "reference.json" in second, second
     assert not [f for f in second if f.startswith("reference/")], second
+    assert ranks[0]["lora_frozen_in_deepspeed"] == 0  # DeepSpeed's files hold no share of the frozen weights
+    for r in ranks:  # and a resume from them restores every weight
+        assert r["lora_resume_params"] > 20 and r["lora_resume_mismatched"] == [], r
     saved = ranks[0]["saved"]
     assert {"model.safetensors", "config.json", "value_head.pt", "critic/model.safetensors"} <= set(saved), saved
     assert all(same for same in saved.values()), saved  # byte for byte what the whole gather wrote
@@ -224,6 +227,23 @@ def main(out: str) -> None:
         dist.barrier()  # (the loop's checkpoints are apart by barriers)
     deepspeed.zero.GatheredParameters.__enter__ = counting
     result["lora_save_base_max_available"] = max(seen_base)
+    # resuming: a fresh engine over the same frozen base (which a run loads from the reference), its adapter and value
+    # head not the saved ones, loads the DeepSpeed checkpoint (which holds no frozen weights): every weight as saved
+    torch.manual_seed(2)
+    again = under_zero3(
+        "generator",
+        attach_lora(tiny_policy(tok), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")),
+        tok,
+        cfg,
+        info,
+    )
+    again.load_training_state(root / "step_2" / "generator")
+    with deepspeed.zero.GatheredParameters(list(again.module.parameters()) + list(lora_agent.module.parameters())):
+        theirs = dict(lora_agent.module.named_parameters())
+        result["lora_resume_mismatched"] = sorted(
+            n for n, p in again.module.named_parameters() if not torch.equal(p.detach(), theirs[n].detach())
+        )
+        result["lora_resume_params"] = len(theirs)
     result["lora_adapter_params"] = len(adapter)
     if info.rank == 0:
         whole, first, second = Path(out) / "lora_whole", root / "step_1" / "generator", root / "step_2" / "generator"
@@ -233,6 +253,10 @@ def main(out: str) -> None:
             for name in ("model.safetensors", "config.json")
         }
         result["lora_first_reference"] = (first / "reference" / "model.safetensors").is_file()
+        result["lora_frozen_in_deepspeed"] = sum(
+            len(torch.load(f, map_location="cpu", weights_only=False).get("frozen_param_fragments") or {})
+            for f in (second / "deepspeed" / "agent").glob("*model_states.pt")
+        )
         result["lora_second_files"] = sorted(str(f.relative_to(second)) for f in second.rglob("*") if f.is_file())
 
     Path(out, f"rank_{info.rank}.json").write_text(json.dumps(result))
