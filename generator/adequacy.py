@@ -333,6 +333,7 @@ def measure_many(
                     expected=[t["output"] for t in task.hidden_tests],
                     timeout_s=timeout_s,
                     stop_on_failure=True,
+                    clock="cpu",  # as the reference's runs (generator.validity.CLOCK): not the machine's load
                 )
             )
             owners.append(n)

@@ -167,6 +167,11 @@ MIN_HIDDEN, MIN_VISIBLE = 3, 1
 CODE_IO_FAMILY = "generator/code_io"
 _ERROR = {"__trivial_error__": True}  # what a trivial program "returns" when it raises
 NOT_RUN = "not run"  # reason prefix of checks skipped after an earlier failure
+# Every sandbox run of the checks counts its timeouts in the child's CPU time (sandbox clock "cpu", with a wall-clock
+# cap of 10 x the limit, 10 s at least), so whether a task is valid, and so the corpus a seed draws, does not depend
+# on the machine's load; a solver's answer is still graded on the wall clock (a time-out there is a failure:
+# docs/sandbox.md, "Timeouts").
+CLOCK = "cpu"
 
 
 @dataclass(frozen=True)
@@ -643,6 +648,7 @@ def validate_many(
                 inputs=inputs + probes[i],
                 timeout_s=timeout_s,
                 use_cache=False,
+                clock=CLOCK,
             )
         )
         jobs.append(
@@ -652,6 +658,7 @@ def validate_many(
                 inputs=inputs[::-1],
                 timeout_s=timeout_s,
                 use_cache=False,
+                clock=CLOCK,
             )
         )
     reports = sb.run_tests_many(jobs) if jobs else []
@@ -687,6 +694,7 @@ def validate_many(
                 entry_point=t.entry_point,
                 inputs=[h["input"] for h in t.hidden_tests],
                 timeout_s=timeout_s,
+                clock=CLOCK,
             )
         )
     for i, report in zip(live, sb.run_tests_many(jobs) if jobs else []):

@@ -22,7 +22,9 @@ what the program printed or which exit code or signal it chose (details and the 
                   raise SystemExit, os._exit, exec, an exit code 0 included) is never "ok"
     error         an uncaught exception (a failed assert included), or an exit with any code before the end
                   (meta["reason"] says which, meta["exit_code"] the code)
-    timeout       wall-clock timeout_s passed, or the CPU-seconds limit hit (CPU time used >= the limit)
+    timeout       wall-clock timeout_s passed, or the CPU-seconds limit hit (CPU time used >= the limit); for
+                  run_tests(..., clock="cpu"): the child used timeout_s of CPU time, or 10 x timeout_s (10 s at
+                  least) of wall-clock time passed (a verdict independent of the machine's load)
     memory        an abnormal end after the program's resident memory reached half of memory_mb (kernel
                   accounting); a single allocation beyond the limit fails before it uses anything: that is a
                   MemoryError exception, "error"

@@ -15,6 +15,7 @@ from fractions import Fraction
 from typing import Any, Literal, overload
 
 from sandbox.errors import SandboxConfigError
+from sandbox.forkserver import CLOCKS
 from sandbox.limits import Limits, check_timeout
 
 STATUSES = ("ok", "error", "timeout", "memory", "output_limit", "killed", "sandbox_error")
@@ -437,7 +438,7 @@ class Sandbox:
         return [ExecResult.from_dict(r) for r in out]
 
     # -- gradings
-    def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls):
+    def _tests_job(self, solution, entry_point, inputs, timeout_s, stop_on_failure, record_calls, clock="wall"):
         _check_source(solution, "solution")
         if not isinstance(entry_point, str) or not all(part.isidentifier() for part in entry_point.split(".")):
             raise SandboxConfigError(f"entry_point={entry_point!r}: pass the name of a function in the solution")
@@ -445,7 +446,11 @@ class Sandbox:
             raise SandboxConfigError("inputs must be a list of tests, each a list of positional arguments")
         inputs = normalize(list(inputs))
         test_timeout = self.limits.timeout_s if timeout_s is None else check_timeout(timeout_s)
+        if clock not in CLOCKS:
+            raise SandboxConfigError(f"clock={clock!r}: pass one of {', '.join(CLOCKS)}")
         ld = self.limits.as_dict()
+        if clock != "wall":  # (a wall-clock job's cache key is what it was before clocks existed)
+            ld["clock"] = clock
         payload = {
             "entry_point": entry_point,
             "inputs": inputs,
@@ -512,8 +517,14 @@ class Sandbox:
         stop_on_failure: bool = False,
         record_calls: bool = False,
         use_cache: bool = True,
+        clock: str = "wall",
     ) -> TestReport:
-        """Call solution's entry_point(*input) for each input in a child; compare with expected here."""
+        """Call solution's entry_point(*input) for each input in a child; compare with expected here. `clock`:
+        what `timeout_s` (the module load's, and each test's) counts: "wall" (the default: wall-clock time; how
+        every answer is graded) or "cpu" (the child's CPU time as the kernel counts it, with a wall-clock cap of
+        10 x the limit, 10 s at least, for a program that sleeps or waits: forkserver.cpu_clock_cap_s): a verdict
+        that must not depend on the machine's load, such as whether a task's reference runs (docs/sandbox.md,
+        "Timeouts")."""
         return self.run_tests_many(
             [
                 dict(
@@ -525,6 +536,7 @@ class Sandbox:
                     stop_on_failure=stop_on_failure,
                     record_calls=record_calls,
                     use_cache=use_cache,
+                    clock=clock,
                 )
             ]
         )[0]
@@ -540,6 +552,7 @@ class Sandbox:
             "stop_on_failure",
             "record_calls",
             "use_cache",
+            "clock",
         }
         prepared, use_cache = [], []
         for job in jobs:
@@ -566,6 +579,7 @@ class Sandbox:
                         job.get("timeout_s"),
                         job.get("stop_on_failure", False),
                         job.get("record_calls", False),
+                        job.get("clock", "wall"),
                     ),
                     expected,
                     bool(job.get("stop_on_failure", False)),

@@ -51,6 +51,10 @@ single connection and exits when it closes, so a client that dies leaves no serv
                          "tests": [{"status", "output", "error", "duration_s", "calls"}, ...]}
                         (meta["timing"] = "parent", meta["load_s"]: durations are this server's clock)
     {"op": "shutdown"} -> {"ok": true}, then the server exits.
+"run", "check" and "tests" take an optional "clock": "wall" (the default: every timeout is wall-clock time) or
+"cpu" (a timeout is the child's CPU time, with a wall-clock cap of CPU_CLOCK_WALL_FACTOR times the limit and
+CPU_CLOCK_MIN_CAP_S at least: what a verdict must not owe to the machine's load, e.g. a task's reference;
+Server._watch).
 A malformed request gets {"status": "sandbox_error", "stderr": reason}. A response with "recycle": reason is the
 server's last: it could not remove what the program left, or failed itself; it exits after sending it and the
 pool replaces it before the next program (Pool._received). Whatever fails while the server watches a child (a
@@ -163,6 +167,10 @@ END_ASK, END_SAY = b"?", b"!"  # run: after the last statement the child asks fo
 NONCE_BYTES = 32  # the end-of-program nonce, sent only when asked for, after the job
 MEMORY_EVIDENCE = 0.5  # "memory" needs a peak resident set >= this share of memory_mb
 CPU_SLACK_S = 0.5  # "timeout" by RLIMIT_CPU needs used CPU >= the limit minus this
+CLOCKS = ("wall", "cpu")  # a request's "clock": what its timeouts count (see Server._watch)
+CPU_CLOCK_WALL_FACTOR = 10  # clock "cpu": a phase still ends at this many times its limit of wall-clock time,
+CPU_CLOCK_MIN_CAP_S = 10.0  # and never before this many seconds (a stall of a busy machine is not the program's)
+CPU_CLOCK_MIN_WAIT_S = 0.01  # clock "cpu": the shortest wait before the child's CPU time is read again
 ACCEPT_TIMEOUT_S = 120  # a server nobody connects to exits after this
 RESULT_FD = 3  # the result pipe's descriptor in a grading child
 FRAME_SLACK = 64 * 1024  # result frame bytes allowed beyond output_limit (error text, calls)
@@ -1135,6 +1143,39 @@ def cpu_budget_s(req: dict) -> float:
     return total
 
 
+def cpu_clock_cap_s(limit: float) -> float:
+    """Clock "cpu": the wall-clock time after which a phase (load, run or test) of CPU limit `limit` ends anyway."""
+    return max(CPU_CLOCK_WALL_FACTOR * limit, CPU_CLOCK_MIN_CAP_S)
+
+
+def wall_budget_s(req: dict) -> float:
+    """The longest wall-clock time a request's program may legitimately run (its deadlines together): the CPU
+    budget, or under the "cpu" clock the sum of its phases' caps (cpu_clock_cap_s)."""
+    if req.get("clock") != "cpu":
+        return cpu_budget_s(req)
+    total = cpu_clock_cap_s(float(req["timeout_s"]))
+    if req.get("op") == "tests":
+        total += len(req["inputs"]) * cpu_clock_cap_s(float(req.get("test_timeout_s") or req["timeout_s"]))
+    return total
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) process `pid` has used, as the kernel counts them
+    (/proc/PID/stat); None where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+try:
+    _CLK_TCK = float(os.sysconf("SC_CLK_TCK"))
+except (OSError, ValueError):
+    _CLK_TCK = 100.0
+
+
 def _child_setup(cfg: dict, workdir: str, out_w: int, err_w: int, res_w: int, job_r: int) -> None:
     """Runs in the forked child before it knows its job: isolation and fixed limits."""
     os.setsid()
@@ -2026,6 +2067,12 @@ class Server:
         load_deadline = now + float(req["timeout_s"])
         test_timeout = float(req.get("test_timeout_s") or req["timeout_s"])
         deadline = load_deadline
+        # clock "cpu": a phase (the load or run, then each test) times out when the child has used its limit of
+        # CPU time, or at its wall-clock cap (cpu_clock_cap_s: a program that sleeps or waits); a slow share of a
+        # loaded machine alone does not end it. Where the child's CPU time cannot be read
+        # the wall clock decides, as for clock "wall".
+        cpu_clock = req.get("clock") == "cpu"
+        phase = {"t0": now, "limit": float(req["timeout_s"]), "cpu0": cpu_seconds(pid) if cpu_clock else None}
         limit = int(req["output_limit"])
         res_buf = bytearray()
         state: dict[str, Any] = {
@@ -2056,8 +2103,12 @@ class Server:
                 now = time.monotonic()
                 wait = deadline - now
                 if wait <= 0:
-                    state["reason"] = "timeout"
-                    break
+                    later = self._cpu_clock_deadline(pid, phase, now) if cpu_clock else None
+                    if later is None:
+                        state["reason"] = "timeout"
+                        state["timeout_clock"] = phase.get("ended_by", "wall")
+                        break
+                    deadline, wait = later, later - now
                 if oom_poll is not None:
                     if now >= next_oom_check:
                         next_oom_check = now + OOM_CHECK_S
@@ -2089,7 +2140,10 @@ class Server:
                         res_buf += data
                         try:
                             if self._result_bytes(res_buf, state, tests, n, child):
-                                deadline = time.monotonic() + test_timeout
+                                now = time.monotonic()
+                                deadline = now + test_timeout
+                                if cpu_clock:
+                                    phase = {"t0": now, "limit": test_timeout, "cpu0": cpu_seconds(pid)}
                         except ProtocolViolation as exc:
                             state["violation"] = str(exc)
                             state["reason"] = "protocol"
@@ -2165,6 +2219,25 @@ class Server:
         state["tree_limit"] = f"{state['memory_mb']} MiB, cgroup" if self.cgroup is not None else "the container's"
         state["cpu_limit_s"] = int(math.ceil(cpu_budget_s(req))) + 1
         return state
+
+    @staticmethod
+    def _cpu_clock_deadline(pid: int, phase: dict, now: float) -> float | None:
+        """Clock "cpu", the wall-clock deadline of a phase passed: the next time to look (the CPU time it has left,
+        at least CPU_CLOCK_MIN_WAIT_S, within its wall-clock cap), or None when it timed out (phase["ended_by"]:
+        "cpu" when it used its limit of CPU time, "wall" at the cap or where its CPU time cannot be read)."""
+        cap = phase["t0"] + cpu_clock_cap_s(phase["limit"])
+        used = cpu_seconds(pid)
+        if used is None or phase["cpu0"] is None:
+            phase["ended_by"] = "wall"
+            return None
+        left = phase["limit"] - (used - phase["cpu0"])
+        if left <= 0:
+            phase["ended_by"] = "cpu"
+            return None
+        if now >= cap:
+            phase["ended_by"] = "wall cap"
+            return None
+        return min(now + max(left, CPU_CLOCK_MIN_WAIT_S), cap)
 
     def _result_bytes(self, buf: bytearray, state: dict, tests: list | None, n: int, child: _Child) -> bool:
         """What arrived on the result pipe: test frames (see _frames); for a check the checker's one verdict
@@ -2284,7 +2357,8 @@ class Server:
         output accounting, the kernel's wait status and resource usage, the end-of-program nonce (run) or the
         frames (tests). Never from the program's stderr or its choice of exit code or signal:
             ok            exit code 0 after the end report (run) / after "done" (tests);
-            timeout       our wall-clock deadline, or a CPU signal when the CPU time used reached the limit;
+            timeout       our wall-clock deadline (clock "cpu": the phase's CPU time as the kernel counts it, or
+                          its wall-clock cap), or a CPU signal when the CPU time used reached the limit;
             output_limit  our count of stdout+stderr bytes;
             memory        any other abnormal end with a peak resident set >= MEMORY_EVIDENCE of memory_mb;
             killed        any other signal (whoever sent it);
@@ -2292,6 +2366,15 @@ class Server:
             error         everything else: an exception, an exit with any code before the end, bad frames."""
         reason, wstatus, ru = state["reason"], state["wstatus"], state["rusage"]
         if reason == "timeout":
+            by = state.get("timeout_clock", "wall")
+            if by == "cpu":
+                return "timeout", {"reason": "CPU-time timeout (clock cpu)", "clock": "cpu"}
+            if by == "wall cap":
+                return "timeout", {
+                    "reason": f"wall-clock timeout at {CPU_CLOCK_WALL_FACTOR} x the limit, {CPU_CLOCK_MIN_CAP_S:g} s "
+                    "at least (clock cpu)",
+                    "clock": "cpu",
+                }
             return "timeout", {"reason": "wall-clock timeout"}
         if reason == "output_limit":
             return "output_limit", {"reason": "stdout+stderr exceeded output_limit"}
@@ -2564,6 +2647,8 @@ def _validate(req: dict) -> str | None:
     for key in ("timeout_s", "memory_mb", "output_limit"):
         if not isinstance(req.get(key), (int, float)) or req[key] <= 0:
             return f"{key} must be a positive number"
+    if req.get("clock", "wall") not in CLOCKS:
+        return f"clock must be one of {', '.join(CLOCKS)}"
     if req.get("op") == "tests":
         if not isinstance(req.get("entry_point"), str) or not isinstance(req.get("inputs"), list):
             return "tests need entry_point (str) and inputs (list)"

@@ -210,7 +210,7 @@ RESPONSE_DEPTH = forkserver.MAX_DEPTH + 8  # a response nests answers a few leve
 
 def budget_s(req: dict) -> float:
     """The longest a server may legitimately take for a request."""
-    return forkserver.cpu_budget_s(req) + GRACE_S
+    return forkserver.wall_budget_s(req) + GRACE_S
 
 
 def _failure(req: dict, status: str, message: str, meta: dict) -> dict:
