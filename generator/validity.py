@@ -367,6 +367,8 @@ def check_runs(task: Task, report) -> CheckResult:
             continue  # json_values says why
         if outcome.status != "ok":
             detail = f" ({outcome.error})" if outcome.error else ""
+            if outcome.status == "not_run" and report.status != "ok":  # the module did not load: why
+                detail = f" ({_ended(report)})"
             return fail(f"{_test_name(task, i)}: {outcome.status}{detail}")
     if len(report.tests) < len(task.tests):
         return fail(f"reference ran {len(report.tests)} of {len(task.tests)} tests ({report.status})")
@@ -550,6 +552,12 @@ def _with_outputs(task: Task, outputs: list, *, copy: bool = True) -> Task:
     return task
 
 
+def _ended(report) -> str:
+    """How a run that did not finish ended: its status and the sandbox's reason (that of its first unfinished test)."""
+    why = report.meta.get("reason") or next((t.error for t in report.tests if t.status != "ok" and t.error), "")
+    return f"{report.status} ({why})" if why else report.status
+
+
 def _outputs(report, n: int) -> list:
     return [(_UNSERIALIZABLE if t.status == "unserializable" else t.output) for t in report.tests[:n]]
 
@@ -675,6 +683,8 @@ def validate_many(
         res["outputs_match"] = check_outputs_match(t, outs)
         back = _outputs(second, count)[::-1]  # the second run called the inputs in reverse order
         res["deterministic"] = check_deterministic(t, outs, [_NOT_RUN] * (count - len(back)) + back)
+        if not res["deterministic"].passed and second.status in ("timeout", "sandbox_error"):
+            res["deterministic"] = fail(f"the second run did not finish: {_ended(second)}")  # not a changed output
         res["diverse"] = check_diverse(t, outs)
         outputs[i] = outs
         behaviour = _behaviour(first, count)
