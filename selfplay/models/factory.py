@@ -860,8 +860,9 @@ def save_streamed(
     named = list(named)
     first: dict[int, str] = {}
     specs = []
+    ignored = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # what Hugging Face leaves out too
     for name, t in named:
-        if first.setdefault(id(t), name) == name:
+        if name not in ignored and first.setdefault(id(t), name) == name:
             specs.append((name, tuple(getattr(t, "ds_shape", t.shape)), t.dtype))
     kept = {name for name, _, _ in specs}
     items = gathered_one_by_one(named) if items is None else items

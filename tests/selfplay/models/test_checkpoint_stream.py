@@ -141,3 +141,17 @@ def test_a_second_checkpoint_writes_no_frozen_bytes_and_loads_the_same_agent(tmp
     ids = torch.tensor([[5, 6, 7, 8, 9]])
     with torch.no_grad():
         assert torch.equal(ref_a(ids).logits, ref_b(ids).logits)
+
+
+def test_a_tensor_not_announced_or_one_missing_is_refused(tmp_path):
+    """The header is written before the tensors: a tensor that differs from its announcement, or one announced and
+    never given, would leave a file that lies; both are refused."""
+    specs = [("a", (2, 3), torch.float32), ("b", (4,), torch.bfloat16)]
+    a, b = torch.ones(2, 3), torch.zeros(4, dtype=torch.bfloat16)
+    models.write_safetensors(specs, [("b", b), ("a", a)], tmp_path / "ok.safetensors")  # any order
+    got = tensors(tmp_path / "ok.safetensors")
+    assert torch.equal(got["a"], a) and torch.equal(got["b"], b)
+    with pytest.raises(ValueError, match="weight a"):
+        models.write_safetensors(specs, [("a", torch.ones(3, 2)), ("b", b)], tmp_path / "shape.safetensors")
+    with pytest.raises(ValueError, match="announced and not given: b"):
+        models.write_safetensors(specs, [("a", a)], tmp_path / "short.safetensors")
