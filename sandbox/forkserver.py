@@ -2069,8 +2069,8 @@ class Server:
         deadline = load_deadline
         # clock "cpu": a phase (the load or run, then each test) times out when the child has used its limit of
         # CPU time, or at its wall-clock cap (cpu_clock_cap_s: a program that sleeps or waits); a slow share of a
-        # loaded machine alone does not end it. Where the child's CPU time cannot be read
-        # the wall clock decides, as for clock "wall".
+        # loaded machine alone does not end it. Where the child's CPU time cannot be read the wall clock decides, as
+        # for clock "wall". (Only the child's own CPU time counts: processes it starts are bounded by the cap.)
         cpu_clock = req.get("clock") == "cpu"
         phase = {"t0": now, "limit": float(req["timeout_s"]), "cpu0": cpu_seconds(pid) if cpu_clock else None}
         limit = int(req["output_limit"])
@@ -2224,7 +2224,7 @@ class Server:
     def _cpu_clock_deadline(pid: int, phase: dict, now: float) -> float | None:
         """Clock "cpu", the wall-clock deadline of a phase passed: the next time to look (the CPU time it has left,
         at least CPU_CLOCK_MIN_WAIT_S, within its wall-clock cap), or None when it timed out (phase["ended_by"]:
-        "cpu" when it used its limit of CPU time, "wall" at the cap or where its CPU time cannot be read)."""
+        "cpu" when it used its limit of CPU time, "wall cap" at the cap, "wall" where its CPU time cannot be read)."""
         cap = phase["t0"] + cpu_clock_cap_s(phase["limit"])
         used = cpu_seconds(pid)
         if used is None or phase["cpu0"] is None:
