@@ -491,63 +491,19 @@ def model_runner(llm):
     return llm.llm_engine.model_executor.driver_worker.worker.model_runner
 
 
-SAFETENSORS_DTYPES = {
-    "float64": "F64",
-    "float32": "F32",
-    "float16": "F16",
-    "bfloat16": "BF16",
-    "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2",
-    "int64": "I64",
-    "int32": "I32",
-    "int16": "I16",
-    "int8": "I8",
-    "uint8": "U8",
-    "bool": "BOOL",
-}
-
-
 def write_weights(
     items: Iterable[tuple[str, Any]], specs: Sequence[tuple[str, Sequence[int], Any]], folder: Path
 ) -> Path:
-    """The (name, tensor) pairs `items` as `folder`/model.safetensors, written as they come: `specs` announces each
-    pair's (name, shape, torch dtype), in the same order, so the header is written first and each tensor is then
-    copied to the CPU alone (where it is not there already), appended and dropped. The memory this takes beyond the
-    file is one tensor, never the model. A tensor under several names is written under each (the CPU build's tied
-    head reloads from its own). A pair that differs from its spec is refused (ValueError). The format is
-    safetensors': the header's length (8 bytes, little-endian), its JSON, padded to 8 bytes, then the tensors'
-    bytes back to back in the header's order."""
-    import json
-    import math
-    import struct
+    """The (name, tensor) pairs `items` as `folder`/model.safetensors, written as they come (`write_safetensors`, the
+    checkpoint's streaming writer): `specs` announces each pair's (name, shape, torch dtype), so the header is written
+    first and each tensor is then copied to the CPU alone, written at its place and dropped. The memory this takes
+    beyond the file is one tensor, never the model. A tensor under several names is written under each (the CPU
+    build's tied head reloads from its own). A pair that differs from its spec is refused (ValueError)."""
+    from selfplay.models.factory import write_safetensors
 
-    import torch
-
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-    offset = 0
-    for name, shape, dtype in specs:
-        size = math.prod(shape) * dtype.itemsize
-        header[name] = {
-            "dtype": SAFETENSORS_DTYPES[str(dtype).removeprefix("torch.")],
-            "shape": [int(n) for n in shape],
-            "data_offsets": [offset, offset + size],
-        }
-        offset += size
-    text = json.dumps(header, separators=(",", ":")).encode()
-    text += b" " * (-len(text) % 8)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.safetensors"
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for (name, tensor), (want, shape, dtype) in zip(items, specs, strict=True):
-            if name != want or tuple(tensor.shape) != tuple(shape) or tensor.dtype != dtype:
-                raise ValueError(
-                    f"weight {name} {tuple(tensor.shape)} {tensor.dtype} where {want} {tuple(shape)} {dtype} was "
-                    "announced"
-                )
-            data = tensor.detach().to("cpu").contiguous()
-            f.write(data.reshape(-1).view(torch.uint8).numpy())
+    write_safetensors(specs, items, path)
     return path
 
 

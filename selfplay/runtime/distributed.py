@@ -9,7 +9,7 @@
   `weighted_mean_over_ranks`: no-ops in a single process; across ranks each records how long this rank waited in it
   (`WAITS`: the longest wait since the loop last asked, and a warning, once per collective, when a wait passes
   `distributed.max_wait_fraction` of `distributed.timeout_min`: a rank that works alone while the others wait);
-- `gathered_one_by_one`, `full_state_dict`, `full_state_dicts`: a ZeRO-3 model's whole tensors one parameter at a
+- `gathered_one_by_one`: a ZeRO-3 model's whole tensors one parameter at a
   time (the weight sync, the checkpoint's Hugging Face copy, `param_checksum`), never the whole model gathered at once;
 - `Heartbeat`: rank liveness through the rendezvous store, so that a rank that dies or freezes is named and the
   others end within `distributed.timeout_min`, inside a collective or not (a warm start, a file-system wait).
@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -424,43 +423,6 @@ def gathered_one_by_one(named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[t
     for name, t in named:
         with gather_one(t):
             yield name, t.detach()
-
-
-def full_state_dict(module: torch.nn.Module, keep: bool = True) -> dict[str, torch.Tensor]:
-    """`module.state_dict()` as whole tensors on the CPU, the ZeRO-3 partitions gathered one parameter at a time; a
-    tensor under several names (tied weights) stays one tensor. A collective under ZeRO-3: every rank calls it, and
-    only ranks with `keep` hold the copies (the others get {})."""
-    out: dict[str, torch.Tensor] = {}
-    copies: dict[int, torch.Tensor] = {}
-    for name, t in module.state_dict(keep_vars=True).items():
-        if id(t) not in copies:
-            with gather_one(t):
-                copies[id(t)] = t.detach().to("cpu", copy=True) if keep else t
-        if keep:
-            out[name] = copies[id(t)]
-    return out
-
-
-def _replace_entries(full: dict, _module, state_dict: dict, prefix: str, _metadata) -> None:
-    for name, t in full.items():
-        state_dict[prefix + name] = t
-
-
-@contextlib.contextmanager
-def full_state_dicts(*modules: torch.nn.Module, keep: bool = True) -> Iterator[None]:
-    """For the block, each module's `state_dict()` (hence its `save_pretrained`) gives its whole tensors on the CPU,
-    built by `full_state_dict` on entry (a collective: every rank enters, the ranks without `keep` only take part in
-    the gathers)."""
-    handles = []
-    try:
-        for m in modules:
-            full = full_state_dict(m, keep)
-            if keep:
-                handles.append(m._register_state_dict_hook(partial(_replace_entries, full)))
-        yield
-    finally:
-        for h in handles:
-            h.remove()
 
 
 def param_checksum(model: torch.nn.Module) -> dict:

@@ -239,7 +239,7 @@ def test_weights_are_written_one_tensor_at_a_time_into_a_file_safetensors_reads(
         for k, v in weights.items():
             got = f.get_tensor(k)
             assert got.dtype == v.dtype and torch.equal(got, v), k
-    with pytest.raises(ValueError, match=r"half \(4, 2\) torch.float32 where half \(4, 2\) torch.bfloat16"):
+    with pytest.raises(ValueError, match=r"half \(4, 2\) torch.float32: not announced as such"):
         write_weights(iter([*weights.items()][:2] + [("half", torch.zeros(4, 2))]), specs, tmp_path / "b")
 
 
