@@ -32,7 +32,7 @@ from selfplay.train.evaluation import evaluate
 from selfplay.train.history import COMPUTE
 from selfplay.train.setup import load_agent, progress, reserve_heldout, seed_global_generators, wait_for_checkpoint
 from selfplay.train.warmstart import level_counts, warm_start
-from selfplay.train.warmstart_ranks import on_every_rank
+from selfplay.train.warmstart_ranks import on_every_rank, warm_start_on_ranks
 
 
 def start(run) -> None:
@@ -63,16 +63,14 @@ def first_checkpoint(run) -> None:
     run.log(f"no checkpoint in {run.run_dir}: warm start ({sum(counts.values())} tasks)")
     if run.main:
         reserve_heldout(cfg, run.sb, run.corpus, run.run_dir, run.log)  # first: training never sees them
-    solver, generator, report = warm_start(  # each SFT step's loss reaches TensorBoard as it comes
-        cfg,
-        run.run_dir,
-        run.sb,
-        run.corpus,
-        log=run.log,
-        progress=progress,
-        on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i),
-        info=run.info,
+    # each SFT step's loss reaches TensorBoard as it comes
+    kw = dict(
+        log=run.log, progress=progress, on_scalar=lambda tag, value, i: run.tb.scalars({f"warmstart/{tag}": value}, i)
     )
+    if on_every_rank(cfg, run.world):  # DeepSpeed and several ranks: every rank fine-tunes inside its engine
+        solver, generator, report = warm_start_on_ranks(cfg, run.run_dir, run.sb, run.corpus, run.info, **kw)
+    else:
+        solver, generator, report = warm_start(cfg, run.run_dir, run.sb, run.corpus, **kw)
     checksums = report.pop("param_checksums", None)
     if not run.main:
         return

@@ -29,7 +29,7 @@ from selfplay.rl import core as rl
 from selfplay.rl.ppo import first_action, last_index, pad_rollouts
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
-from selfplay.runtime.distributed import DistInfo, local_device
+from selfplay.runtime.distributed import local_device
 from selfplay.runtime.errors import UserError
 from selfplay.train.proposals import sample_proposals
 from solver.prompts import answer_text, task_prompt
@@ -331,17 +331,12 @@ def warm_start(
     log: Callable[[str], None] = print,
     progress=None,
     on_scalar: Callable[[str, float, int], None] | None = None,
-    info: DistInfo | None = None,
 ) -> dict:
     """Generate the procedural corpus, build and fine-tune both agents. Returns (solver, generator, report).
     `on_scalar(tag, value, step)`: each SFT step's loss as it comes (`solver_sft_loss`, `generator_sft_loss`), so a
-    long warm start shows its curve while it runs. Under DeepSpeed with several ranks (`info`) every rank calls it
-    and each agent is fine-tuned inside a DeepSpeed engine (selfplay/train/warmstart_ranks.py)."""
+    long warm start shows its curve while it runs. Rank 0 alone, in plain torch; under DeepSpeed with several ranks
+    the warm start is `warm_start_on_ranks` (selfplay/train/warmstart_ranks.py) instead."""
     from generator.build import BuildConfig, BuildStats
-    from selfplay.train.warmstart_ranks import on_every_rank, warm_start_on_ranks
-
-    if info is not None and on_every_rank(cfg, info.world_size):
-        return warm_start_on_ranks(cfg, run_dir, sb, corpus, info, log=log, progress=progress, on_scalar=on_scalar)
 
     t0 = time.perf_counter()
     ws = cfg.warmstart
