@@ -38,19 +38,13 @@ def examples() -> list[tuple[list[int], list[int]]]:
     return out
 
 
+# the SFT settings both paths run with
+SFT = dict(steps=STEPS, batch_size=BATCH, lr=LR, pad_id=PAD, max_len=MAX_LEN, seed=SEED, micro_batch_size=MICRO)
+
+
 def plain(data, dtype: torch.dtype = torch.float32) -> tuple[list[float], float]:
     """`sft`'s losses on one process, and the gradient norm of its first batch (the batch `sft` draws first)."""
-    losses = sft(
-        policy().to(dtype),
-        data,
-        steps=STEPS,
-        batch_size=BATCH,
-        lr=LR,
-        pad_id=PAD,
-        max_len=MAX_LEN,
-        seed=SEED,
-        micro_batch_size=MICRO,
-    )
+    losses = sft(policy().to(dtype), data, **SFT)
     model = policy()
     idx = length_batches([len(p) + len(a) for p, a in data], BATCH, random.Random(SEED)).pop()
     batch_backward(model, *collate([data[i] for i in idx], PAD, MAX_LEN), MICRO)
@@ -76,13 +70,7 @@ def under(zero: str, data, rank: int, world: int) -> dict:
     losses = sft_engine(
         engine,
         data,
-        steps=STEPS,
-        batch_size=BATCH,
-        lr=LR,
-        pad_id=PAD,
-        max_len=MAX_LEN,
-        seed=SEED,
-        micro_batch_size=MICRO,
+        **SFT,
         rank=rank,
         world=world,
         on_step=lambda i, loss: norms.append(float(engine.get_global_grad_norm())),

@@ -36,7 +36,7 @@ def test_a_timed_collective_is_named_by_its_kind_and_its_caller():
 
     save_checkpoint()
     name, seconds = w.take()
-    assert name == f"barrier in {__name__}.save_checkpoint" and seconds >= 0
+    assert name == f"barrier in {__name__}.save_checkpoint"
 
 
 def test_the_stated_bound_is_half_the_collective_timeout_by_default():
