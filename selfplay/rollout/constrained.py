@@ -279,11 +279,16 @@ def grammars_ahead(constraint, n: int) -> list:
     return [constraint.compiled] * n
 
 
+CLOSING_BACKOFF = 4  # sampled tokens a closing may take back where none ends the answer from its last one
+
+
 def close_answers(answers, grammars, closer: Closer, room, decode) -> int:
     """Ends each answer the token budget cut off (not finished) with `closer`'s closing, within `room[i]` more
     tokens, under the grammar it was drawn with; each closing token is recorded with a mask that allows only it
-    (and a sampler's log-prob of 0), and the text is decoded again with `decode`. Answers are changed in place;
-    returns how many were closed."""
+    (and a sampler's log-prob of 0), and the text is decoded again with `decode`. Where no closing starts from the
+    last sampled token (it ends inside a character's bytes, whose remaining bytes no one-character token writes),
+    up to CLOSING_BACKOFF sampled tokens are taken back first: the answer is then a shorter sample, closed. Answers
+    are changed in place; returns how many were closed."""
     import xgrammar as xgr
 
     closed = 0
@@ -293,9 +298,16 @@ def close_answers(answers, grammars, closer: Closer, room, decode) -> int:
         matcher = xgr.GrammarMatcher(compiled)
         if not all(matcher.accept_token(int(t)) for t in answer.tokens):
             continue
-        ids = closer.tokens(matcher, limit, answer.text[-1:])
+        ids, keep = None, len(answer.tokens)
+        while ids is None and keep >= len(answer.tokens) - CLOSING_BACKOFF and keep >= 0:
+            if keep < len(answer.tokens):
+                matcher.rollback(1)
+            ids = closer.tokens(matcher, limit + len(answer.tokens) - keep, decode(answer.tokens[:keep])[-1:])
+            keep -= ids is None
         if ids is None:
             continue
+        if keep < len(answer.tokens):
+            answer.tokens, _, answer.allowed, answer.logprobs = answer.cut(keep)
         answer.tokens = list(answer.tokens) + ids
         answer.allowed = torch.cat([answer.allowed, one_hot_bits(ids, closer.vocab_size)])
         if answer.logprobs is not None:

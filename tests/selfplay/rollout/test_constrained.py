@@ -461,6 +461,38 @@ def test_cut_off_answers_are_closed_and_their_forced_tokens_scored_as_sampled(to
     assert not any(x.finished for x in a.sample(ps, max_new_tokens=32))
 
 
+def test_an_answer_cut_inside_a_characters_bytes_is_closed_taking_back_what_no_closing_follows(tok):
+    """An answer cut after any one byte token the grammar accepts (a character's first bytes, as sampling leaves
+    them) is closed. Where no closing follows that byte (a four-byte character's lead: its remaining bytes are no
+    one-character token's), the closing takes sampled tokens back first, at most CLOSING_BACKOFF; the tokens,
+    masks and log-probs kept are the sampled ones."""
+    import xgrammar as xgr
+
+    from generator.agent import parse_proposal
+    from selfplay.rollout.constrained import CLOSING_BACKOFF, close_answers
+    from selfplay.rollout.engines import Answer
+
+    a = agent(tok)
+    a.constrain("free", close_reserve=96)
+    head = tok("DESCRIPTION: caf", add_special_tokens=False)["input_ids"]
+    words = (len(tok) + 31) // 32
+    taken_back = 0
+    for byte in (i for i in range(len(tok)) if tok.decode([i]) == "\ufffd"):
+        tokens, matcher = head + [byte], xgr.GrammarMatcher(a.constraint.compiled)
+        if not all(matcher.accept_token(t) for t in tokens):  # not a first byte of a character the grammar allows
+            continue
+        allowed = torch.randint(0, 2**31 - 1, (len(tokens), words), dtype=torch.int32)
+        answer = Answer([1], list(tokens), tok.decode(tokens), False, allowed.clone(), [-0.5] * len(tokens))
+        assert close_answers([answer], [a.constraint.compiled], a.closer, [96], a.decode) == 1, byte
+        kept = len(answer.tokens) - answer.closed
+        assert answer.finished and len(tokens) - CLOSING_BACKOFF <= kept and len(answer.tokens) <= len(tokens) + 96
+        assert answer.tokens[:kept] == tokens[:kept] and answer.logprobs == [-0.5] * kept + [0.0] * answer.closed
+        assert torch.equal(answer.allowed[:kept], allowed[:kept])
+        assert not isinstance(parse_proposal(answer.text), ProposalError), answer.text
+        taken_back += kept < len(tokens)
+    assert taken_back > 0  # some byte has no closing after it: the case sampling met
+
+
 def test_a_negative_close_reserve_is_refused_naming_the_key():
     from selfplay.runtime.config import load_config
 
