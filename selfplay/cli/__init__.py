@@ -1,6 +1,6 @@
 """The `selfplay` command line.
 
-    selfplay train [CONFIG] [key=value ...]          self-play on CONFIG (default configs/tiny.yaml)
+    selfplay train [CONFIG] [key=value ...]          train on CONFIG (default configs/first_run.yaml, the first run)
     selfplay warmstart [CONFIG] [key=value ...]      behaviour cloning of both agents only
     selfplay plan CONFIG [key=value ...] [--gpus-per-node N] [--nodes M] [--gpu-mem GB] [--json OUT]
                                                      memory per GPU and phase before launch (exit 1: does not fit)

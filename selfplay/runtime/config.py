@@ -32,7 +32,8 @@ GROUP_ADVANTAGES = ("rloo", "grpo", "dr_grpo")  # one advantage per answer from 
 ADVANTAGES = ("gae", *GROUP_ADVANTAGES)
 LOSS_AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")  # ppo.loss_aggregation (rl.core)
 GENERATOR_SOURCES = ("model", "random_edits")  # generator.source
-DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"
+DEFAULT_CONFIG = CONFIG_DIR / "tiny.yaml"  # what load_config reads without a path (the tests' and tools' world)
+FIRST_RUN_CONFIG = CONFIG_DIR / "first_run.yaml"  # what `selfplay train` runs with no config: a newcomer's first run
 
 
 @dataclass

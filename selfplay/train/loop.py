@@ -1,6 +1,7 @@
 """The self-play loop: a generator and a solver co-evolve, kept out of collapse by the difficulty mixer.
 
-    selfplay train                                   # configs/tiny.yaml on a CPU, from nothing
+    selfplay train                                   # configs/first_run.yaml: the first run, about 40 min on a CPU
+    selfplay train configs/tiny.yaml                 # the tiny world, from nothing (the tests' fixture)
     selfplay train configs/smoke.yaml run.dir=/tmp/s # the 2-3 minute version the tests use
     torchrun --nproc_per_node 2 -m selfplay train configs/smoke.yaml distributed.deepspeed=true
 
@@ -197,7 +198,7 @@ class SelfPlay:
         """Iterations, each followed by its evaluation and checkpoint where due; True when a stop request ended
         them."""
         t = self.cfg.train
-        bar = progress(total=t.steps, initial=self.step, desc=f"self-play ({t.mode})") if self.main else None
+        bar = progress(total=t.steps, initial=self.step, desc=f"iterations ({t.mode})") if self.main else None
         stopped, first = False, True
         while self.step < t.steps and not stopped:
             if self.stop.now(STAGES[0]):  # e.g. a request that came during the last step's evaluation

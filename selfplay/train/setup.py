@@ -24,6 +24,7 @@ from sandbox.files import owner_dir
 from selfplay.eval.evaluate import heldout_tasks
 from selfplay.models.agent import LMAgent, agent_ppo_config, load_agent_parts
 from selfplay.models.factory import is_lora, lora_settings
+from selfplay.rollout.engine import refuse_without_vllm
 from selfplay.rollout.engines import make_engine
 from selfplay.runtime import distributed as D
 from selfplay.runtime import seeds
@@ -55,6 +56,7 @@ def validate_config(cfg) -> None:
         raise UserError(str(exc)) from exc
     if cfg.ppo.replay_source not in REPLAY_SOURCES:
         raise UserError(f"ppo.replay_source must be one of {', '.join(REPLAY_SOURCES)}, got {cfg.ppo.replay_source!r}")
+    refuse_without_vllm(cfg.rollout)
 
 
 def quiet_transformers() -> None:

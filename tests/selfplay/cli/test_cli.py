@@ -29,3 +29,22 @@ def test_the_project_s_own_warnings_still_show():
     )
     proc = subprocess.run([sys.executable, "-W", "default", "-c", code], capture_output=True, text=True, timeout=120)
     assert "SyntaxWarning" in proc.stderr
+
+
+def test_train_with_no_config_runs_the_first_run_and_a_first_word_with_a_sign_is_an_override():
+    import argparse
+
+    from selfplay.cli.train import configure, train_args
+    from selfplay.runtime.config import FIRST_RUN_CONFIG, load_config
+
+    parser = argparse.ArgumentParser()
+    configure(parser)
+    first = str(FIRST_RUN_CONFIG)
+    assert train_args(parser.parse_args([])) == (first, [])
+    assert train_args(parser.parse_args(["run.dir=x", "train.steps=2"])) == (first, ["run.dir=x", "train.steps=2"])
+    assert train_args(parser.parse_args(["configs/tiny.yaml", "train.steps=2"])) == (
+        "configs/tiny.yaml",
+        ["train.steps=2"],
+    )
+    cfg = load_config(first)  # the pretrained world, RL on a fixed set, a held-out figure before and after
+    assert (cfg.model.name_or_path, cfg.train.mode, cfg.eval.tasks_per_split) == ("smollm2-135m-instruct", "fixed", 200)

