@@ -53,7 +53,7 @@ from generator.code_io_values import (  # noqa: F401 - re-exported: code_io's ru
 )
 from generator.fingerprint import ast_hash
 from generator.schema import Task
-from generator.validity import CODE_IO_FAMILY, check_safe
+from generator.validity import CLOCK, CODE_IO_FAMILY, check_safe
 
 ENTRY_POINT = "f"
 KINDS = ("deduction", "abduction", "induction")
@@ -456,10 +456,17 @@ def harnessed(program: str) -> str:
 
 
 def call_many(
-    sb, jobs: Sequence[tuple[str, Sequence[tuple]]], *, timeout_s: float | None = None, use_cache: bool = True
+    sb,
+    jobs: Sequence[tuple[str, Sequence[tuple]]],
+    *,
+    timeout_s: float | None = None,
+    use_cache: bool = True,
+    clock: str = "wall",
 ) -> list[list[CallOutcome]]:
     """Run each (program, argument tuples) job in the sandbox, all jobs in parallel: per job, per input, the typed
-    result of f(*args). The arguments travel as literal text and the result comes back as its repr."""
+    result of f(*args). The arguments travel as literal text and the result comes back as its repr. `clock`: what
+    `timeout_s` limits (the sandbox's run_tests): "wall" for grading a solver's answer, "cpu" where a verdict must
+    not depend on the machine's load (a proposal's validity, a suite's expected outputs: generator.validity.CLOCK)."""
     if not jobs:
         return []
     reports = sb.run_tests_many(
@@ -470,6 +477,7 @@ def call_many(
                 inputs=[[repr(tuple(a))] for a in inputs],
                 timeout_s=timeout_s,
                 use_cache=use_cache,
+                clock=clock,
             )
             for program, inputs in jobs
         ]
@@ -549,7 +557,7 @@ def validate_proposals(
     jobs = []
     for i in live:  # the second run calls f in reverse order: state kept between calls changes some output
         jobs += [(proposals[i].program, tuple(proposals[i].inputs)), (proposals[i].program, proposals[i].inputs[::-1])]
-    runs = call_many(sb, jobs, timeout_s=timeout_s, use_cache=False)
+    runs = call_many(sb, jobs, timeout_s=timeout_s, use_cache=False, clock=CLOCK)  # the load cannot change a verdict
     batch = NoveltyIndex(index.items if index is not None else ())
     for n, i in enumerate(live):
         judged = _judge(proposals[i], runs[2 * n], runs[2 * n + 1][::-1])

@@ -67,6 +67,7 @@ from generator.code_io import (
     parse_value,
     plain_problem,
 )
+from generator.validity import CLOCK
 from selfplay.eval.evaluate import humaneval_answer_code, humaneval_module, humaneval_problems, sampling_temperature
 from selfplay.eval.passk import mean_pass_at_k
 from selfplay.runtime.errors import UserError
@@ -260,8 +261,8 @@ def _build_io_tasks(sb, problems: Sequence[dict] | None, limit: int) -> tuple[li
             continue
         jobs.append((program, inputs))
         owners.append(p["task_id"])
-    first = call_many(sb, jobs)
-    second = call_many(sb, jobs, use_cache=False)  # a fresh run: the output must not depend on the run
+    first = call_many(sb, jobs, clock=CLOCK)  # the suite's outputs: the same on a busy machine as on an idle one
+    second = call_many(sb, jobs, use_cache=False, clock=CLOCK)  # a fresh run: the output must not depend on the run
     tasks: list[IOTask] = []
     kept_programs = 0
     for owner, (program, inputs), a, b in zip(owners, jobs, first, second):

@@ -278,9 +278,14 @@ def test_each_check_rejects_with_a_one_line_reason(task_sb, proposal, check, rea
     assert check in CHECKS and "\n" not in verdict.reason
 
 
-def test_a_program_that_runs_too_long_fails_runs(task_sb):
-    verdict = validate_proposal(Proposal("def f(x):\n    while x:\n        pass\n", ((1,),)), task_sb, timeout_s=0.3)
-    assert verdict.check == "runs" and verdict.reason.startswith("runs: input 0: timeout")
+def test_a_program_that_runs_too_long_fails_runs_on_its_cpu_time(task_sb):
+    """A proposal's validity is timed on the CPU clock (generator.validity.CLOCK: a busy machine cannot reject it);
+    call_many's default, with which a solver's answers are graded, stays the wall clock."""
+    loops = "def f(x):\n    while x:\n        pass\n"
+    verdict = validate_proposal(Proposal(loops, ((1,),)), task_sb, timeout_s=0.3)
+    assert verdict.check == "runs" and verdict.reason.startswith("runs: input 0: timeout: CPU-time timeout (clock cpu)")
+    [[graded]] = call_many(task_sb, [(loops, [(1,)])], timeout_s=0.3, use_cache=False)
+    assert graded.status == "timeout" and "wall-clock" in graded.reason
 
 
 def test_a_program_cannot_unbind_the_harness_checks(task_sb):
@@ -302,7 +307,7 @@ def test_a_program_that_does_not_load_fails_runs(task_sb):
     hangs = Proposal("def f(x):\n    return x\n\nwhile True:\n    pass\n", ((1,),))
     assert (
         validate_proposal(hangs, task_sb, timeout_s=0.3).reason
-        == "runs: input 0: the program did not load (timeout: wall-clock timeout)"
+        == "runs: input 0: the program did not load (timeout: CPU-time timeout (clock cpu))"
     )
 
 
