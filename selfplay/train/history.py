@@ -131,7 +131,7 @@ def print_summary(s: dict) -> None:
     """The closing summary (`run_summary`) as a few lines on stdout."""
     ws = s["warmstart_seconds"]
     took = (f"warm start {ws / 60:.1f} min, " if ws is not None else "") + f"{s['steps']} iterations"
-    lines = [f"run {s['run_dir']} ({s['mode']}): {took} (the iterations {s['selfplay_seconds'] / 60:.1f} min)"]
+    lines = [f"run {s['run_dir']} ({s['mode']}): {took} in {s['selfplay_seconds'] / 60:.1f} min"]
     for split in s["heldout_after"]:
         b, a = s["heldout_before"].get(split), s["heldout_after"][split]
         change = s["heldout_change"].get(split)
