@@ -86,6 +86,12 @@ def configure(parser) -> None:
         "runs, else the first arm)",
     )
     parser.add_argument(
+        "--allow-code-change",
+        action="store_true",
+        help="go on although this start runs other code than the comparison's first start "
+        "(OUT/code.json; refused without it): the new version is recorded",
+    )
+    parser.add_argument(
         "--merge",
         nargs="+",
         metavar="RESULTS_JSON",
@@ -105,7 +111,9 @@ def run(args) -> int:
         arm_specs,
         check_parity,
         collect,
+        comparison_code,
         declare_plan,
+        hold_code,
         merge,
         run_all,
         variant,
@@ -182,6 +190,8 @@ def run(args) -> int:
         )
     try:
         declare_plan(out, args.primary, args.split, args.baseline, arms)
+        if not args.report_only:  # the runs of one comparison run one code, or say where they did not
+            hold_code(out, comparison_code(), args.allow_code_change)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.report_only:

@@ -58,7 +58,10 @@ then each seed's tasks when each drew its own, so that the interval also covers 
 `--baseline`); the report then opens with each arm against the baseline on it, corrected for the number of arms,
 and a report of a comparison that declared none says that its figures are exploratory. The per-task outcomes come from
 `selfplay eval RUN --suite heldout` of the final checkpoint when there is one (RUN/eval/step_S.json: more samples
-per task lower the noise), else from the run's own evaluation.
+per task lower the noise), else from the run's own evaluation. A comparison's runs run one code: its first start
+records the code in OUT/code.json (commit, and a digest of uncommitted changes), and a later start under other code
+is refused unless `--allow-code-change` records it (run a long comparison from a checkout nobody edits: `git
+worktree add DIR COMMIT`).
 
 Settings are chosen on a validation split, never on the held-out ones: with the override `eval.splits=[val]` every
 run draws and evaluates only the validation split (training-distribution tasks apart from the test split and the
@@ -989,6 +992,54 @@ def declare_plan(out: Path, metric: str | None, split: str, baseline: str | None
     out.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(plan, indent=2, sort_keys=True) + "\n")
     return plan
+
+
+CODE_FILE = "code.json"  # OUT/code.json: the code the comparison's runs ran, written by its first start
+
+
+def comparison_code() -> dict:
+    """The code this process runs (runtime.checkpoint.code_version) and, where its checkout has uncommitted changes,
+    a digest of them (`git diff HEAD`), so that two starts on different uncommitted edits are told apart."""
+    import hashlib
+
+    import selfplay
+    from selfplay.runtime.checkpoint import code_version
+
+    code = dict(code_version())
+    if code.get("dirty"):
+        root = Path(selfplay.__file__).resolve().parent.parent
+        try:
+            diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, timeout=60).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            diff = b""
+        code["diff"] = hashlib.sha256(diff).hexdigest()[:16]
+    return code
+
+
+def hold_code(out: Path, current: dict, allow_change: bool = False) -> list[dict]:
+    """The code versions a comparison has run under, oldest first. Its first start writes OUT/code.json; a later
+    start (a resume, more seeds) under other code (another commit, or other uncommitted changes) raises ValueError
+    naming both, so that one comparison's arms and seeds do not run different code unseen, unless `allow_change`,
+    which appends the new version to the file (the report's Code line then shows which run ran which)."""
+    path = out / CODE_FILE
+    versions = json.loads(path.read_text()) if path.exists() else []
+    if versions and versions[-1] == current:
+        return versions
+    if versions and not allow_change:
+        first, last = versions[-1], current
+
+        def name(code: dict) -> str:
+            commit = (code.get("commit") or "no git")[:12]
+            return commit + (f" with uncommitted changes {code['diff']}" if code.get("dirty") else "")
+
+        raise ValueError(
+            f"the comparison in {out} ran under {name(first)} ({path}); this start runs {name(last)}: run it from a "
+            f"checkout of that code (git worktree add DIR {(first.get('commit') or 'COMMIT')[:12]}), or give "
+            "--allow-code-change to go on under this code, recorded"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps([*versions, current], indent=2, sort_keys=True) + "\n")
+    return [*versions, current]
 
 
 def primary_figures(results: dict, plan: dict, n_boot: int = 4000) -> dict:

@@ -85,3 +85,38 @@ def test_shared_warm_start_records_are_crossed_and_lose_the_significance_they_ha
     assert crossed["design"] == "crossed" and crossed["seeds"] == 4 and crossed["tasks"] == 1600
     assert stats.significant(nested["ci"]) and not stats.significant(crossed["ci95"])
     assert crossed["ci95"][1] - crossed["ci95"][0] > 1.3 * (nested["ci"][1] - nested["ci"][0])
+
+
+def test_a_comparison_runs_one_code_or_records_where_it_did_not(tmp_path):
+    """OUT/code.json: written by the first start; a later start under another commit, or under other uncommitted
+    changes, is refused naming both and how to run the first code, unless it is allowed (then recorded)."""
+    first = {"version": "0.1", "commit": "a" * 40, "dirty": False}
+    assert compare.hold_code(tmp_path, first) == [first]
+    assert compare.hold_code(tmp_path, dict(first)) == [first]  # the same code: nothing added
+    other = {"version": "0.1", "commit": "b" * 40, "dirty": True, "diff": "0123456789abcdef"}
+    with pytest.raises(
+        ValueError,
+        match=r"ran under aaaaaaaaaaaa \(.*this start runs bbbbbbbbbbbb with uncommitted "
+        r"changes 0123456789abcdef: .*git worktree add DIR aaaaaaaaaaaa",
+    ):
+        compare.hold_code(tmp_path, other)
+    assert json.loads((tmp_path / compare.CODE_FILE).read_text()) == [first]  # a refusal writes nothing
+    assert compare.hold_code(tmp_path, other, allow_change=True) == [first, other]
+    edited = {**other, "diff": "fedcba9876543210"}  # the same commit, other uncommitted edits
+    with pytest.raises(ValueError, match="uncommitted changes fedcba9876543210"):
+        compare.hold_code(tmp_path, edited)
+
+
+def test_this_checkouts_code_carries_a_digest_of_its_uncommitted_changes_only_when_it_has_some():
+    code = compare.comparison_code()
+    assert code["commit"] is None or len(code["commit"]) == 40
+    assert ("diff" in code) == bool(code["dirty"])
+
+
+def test_compare_refuses_to_go_on_under_other_code_before_any_run(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / compare.CODE_FILE).write_text(json.dumps([{"version": "0", "commit": "c" * 40, "dirty": False}]))
+    code = main(["compare", "configs/smoke.yaml", "--seeds", "0", "--arms", "warmstart", "--out", str(out)])
+    assert code != 0 and "ran under cccccccccccc" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == [compare.CODE_FILE]  # no run started
