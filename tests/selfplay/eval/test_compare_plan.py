@@ -120,3 +120,15 @@ def test_compare_refuses_to_go_on_under_other_code_before_any_run(tmp_path, caps
     code = main(["compare", "configs/smoke.yaml", "--seeds", "0", "--arms", "warmstart", "--out", str(out)])
     assert code != 0 and "ran under cccccccccccc" in capsys.readouterr().err
     assert sorted(p.name for p in out.iterdir()) == [compare.CODE_FILE]  # no run started
+
+
+def test_the_pretrained_fixed_set_record_gives_the_figure_docs_results_states():
+    """docs/results.md, "RL on a fixed task set raises a pretrained model": its record re-derives the primary figure
+    (greedy pass@1 on the validation split, fixed - warm start, 3 seeds sharing their tasks: crossed) and the
+    interval lies above 0, the rule written before the runs."""
+    results = compare.merge([_record("smol_fixed")], n_boot=4000)
+    plan = {"metric": "pass@1_greedy", "split": "val", "baseline": "warmstart", "family": ["fixed"]}
+    row = compare.primary_figures(results, plan)["rows"]["fixed - warmstart"]
+    assert (row["design"], row["seeds"], row["tasks"]) == ("crossed", 3, 600)
+    assert round(row["delta"], 3) == 0.062 and [round(x, 3) for x in row["ci95"]] == [0.025, 0.1]
+    assert row["ci95"][0] > 0
