@@ -302,7 +302,8 @@ def close_answers(answers, grammars, closer: Closer, room, decode) -> int:
         while ids is None and keep >= len(answer.tokens) - CLOSING_BACKOFF and keep >= 0:
             if keep < len(answer.tokens):
                 matcher.rollback(1)
-            ids = closer.tokens(matcher, limit + len(answer.tokens) - keep, decode(answer.tokens[:keep])[-1:])
+            last = answer.text[-1:] if keep == len(answer.tokens) else decode(answer.tokens[:keep])[-1:]
+            ids = closer.tokens(matcher, limit + len(answer.tokens) - keep, last)
             keep -= ids is None
         if ids is None:
             continue
