@@ -111,7 +111,6 @@ def run(args) -> int:
         arm_specs,
         check_parity,
         collect,
-        comparison_code,
         declare_plan,
         hold_code,
         merge,
@@ -120,6 +119,7 @@ def run(args) -> int:
         write_report,
     )
     from selfplay.eval.evaluate import suite_splits
+    from selfplay.runtime.checkpoint import code_version
     from selfplay.runtime.config import load_config
     from selfplay.runtime.errors import UserError
 
@@ -191,7 +191,7 @@ def run(args) -> int:
     try:
         declare_plan(out, args.primary, args.split, args.baseline, arms)
         if not args.report_only:  # the runs of one comparison run one code, or say where they did not
-            hold_code(out, comparison_code(), args.allow_code_change)
+            hold_code(out, code_version(diff=True), args.allow_code_change)
     except ValueError as e:
         raise UserError(str(e)) from None
     if args.report_only:

@@ -997,25 +997,6 @@ def declare_plan(out: Path, metric: str | None, split: str, baseline: str | None
 CODE_FILE = "code.json"  # OUT/code.json: the code the comparison's runs ran, written by its first start
 
 
-def comparison_code() -> dict:
-    """The code this process runs (runtime.checkpoint.code_version) and, where its checkout has uncommitted changes,
-    a digest of them (`git diff HEAD`), so that two starts on different uncommitted edits are told apart."""
-    import hashlib
-
-    import selfplay
-    from selfplay.runtime.checkpoint import code_version
-
-    code = dict(code_version())
-    if code.get("dirty"):
-        root = Path(selfplay.__file__).resolve().parent.parent
-        try:
-            diff = subprocess.run(["git", "-C", str(root), "diff", "HEAD"], capture_output=True, timeout=60).stdout
-        except (OSError, subprocess.TimeoutExpired):
-            diff = b""
-        code["diff"] = hashlib.sha256(diff).hexdigest()[:16]
-    return code
-
-
 def hold_code(out: Path, current: dict, allow_change: bool = False) -> list[dict]:
     """The code versions a comparison has run under, oldest first. Its first start writes OUT/code.json; a later
     start (a resume, more seeds) under other code (another commit, or other uncommitted changes) raises ValueError

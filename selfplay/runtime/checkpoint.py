@@ -21,6 +21,7 @@ On start, `latest_checkpoint()` follows `latest`; leftover `*.partial` folders f
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import random
@@ -212,12 +213,14 @@ class CheckpointManager:
 
 # ---- the code a run ran -----------------------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1)
-def code_version() -> dict:
+def code_version(diff: bool = False) -> dict:
     """{"version", "commit", "dirty"}: the package's version and, where it runs from a git checkout of the project,
     the commit and whether tracked files had changes not committed (`dirty`); commit and dirty are None otherwise
     (an installed wheel, no git). Read once per process, when the run starts: the code it imported then. Every
     checkpoint records the versions its run ran under (`code` in state.json), so a figure can be traced to its
-    code, and two warm starts that differ can be told apart from one that is not repeatable."""
+    code, and two warm starts that differ can be told apart from one that is not repeatable. With `diff`, a checkout
+    with uncommitted changes also gets "diff", a digest of them (`git diff HEAD`), so that two starts on different
+    uncommitted edits are told apart (`selfplay compare` holds a comparison to one code by it)."""
     import selfplay
 
     root = Path(selfplay.__file__).resolve().parent.parent
@@ -235,6 +238,8 @@ def code_version() -> dict:
         out["commit"] = git("rev-parse", "HEAD")
         status = git("status", "--porcelain", "--untracked-files=no")
         out["dirty"] = None if status is None else bool(status)
+        if diff and out["dirty"]:
+            out["diff"] = hashlib.sha256((git("diff", "HEAD") or "").encode()).hexdigest()[:16]
     return out
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from selfplay.cli import main
 from selfplay.eval import compare, stats
+from selfplay.runtime.checkpoint import code_version
 
 DATA = Path(__file__).resolve().parents[3] / "docs" / "data"
 
@@ -108,7 +109,7 @@ def test_a_comparison_runs_one_code_or_records_where_it_did_not(tmp_path):
 
 
 def test_this_checkouts_code_carries_a_digest_of_its_uncommitted_changes_only_when_it_has_some():
-    code = compare.comparison_code()
+    code = code_version(diff=True)
     assert code["commit"] is None or len(code["commit"]) == 40
     assert ("diff" in code) == bool(code["dirty"])
 
