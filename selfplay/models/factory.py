@@ -459,9 +459,19 @@ def frozen_copy(model: nn.Module) -> nn.Module:
 
 
 def build_models(
-    model_cfg, run_dir: str | Path, texts: Iterable[str] | None = None, seed: int = 0, agent: str | None = None
+    model_cfg,
+    run_dir: str | Path,
+    texts: Iterable[str] | None = None,
+    seed: int = 0,
+    agent: str | None = None,
+    engine_key: str | None = None,
 ):
     """(ActorCritic, frozen reference policy, tokenizer) from a `model:` config section.
+
+    engine_key: where this agent samples from an engine that loads the policy's merged weights (vLLM), the config
+    key and value that chose it (e.g. "rollout.engine=vllm"): an adapter those weights cannot be merged from, one
+    layer at a time (a tied weight), is refused now, naming both keys, not at the first weight sync after the warm
+    start.
 
     agent (solver | generator; None = any): with `model.lora.r` > 0 for this agent (`model.lora.agents`), the
     warm start trains all weights and its checkpoint asks for a fresh adapter over them (`lora_settings`), which
@@ -499,7 +509,16 @@ def build_models(
     model = ActorCritic(policy, model_cfg.value_model)
     model.lora_pending = lora_settings(model_cfg, agent, n_layers=getattr(policy.config, "num_hidden_layers", None))
     if model.lora_pending is not None:
-        attach_lora(copy.deepcopy(policy), model.lora_pending)  # target modules checked now, not at the first load
+        adapted = attach_lora(copy.deepcopy(policy), model.lora_pending)  # target modules checked now, not later
+        if engine_key:
+            try:
+                merged_names(adapted)
+            except ValueError as exc:
+                raise UserError(
+                    f"model.lora.target_modules={list(model_cfg.lora.target_modules)} with {engine_key}: {exc}; "
+                    "the engine loads the policy's merged weights: leave that module out of "
+                    "model.lora.target_modules, or sample this agent with the hf engine"
+                ) from None
     return model, reference, tokenizer
 
 

@@ -29,6 +29,7 @@ from selfplay.rl import core as rl
 from selfplay.rl.ppo import first_action, last_index, pad_rollouts
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
+from selfplay.runtime.config_parts import engine_name
 from selfplay.runtime.distributed import local_device
 from selfplay.runtime.errors import UserError
 from selfplay.train.proposals import sample_proposals
@@ -89,7 +90,12 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
     device = device or local_device()
     agents = []
     for name in ("solver", "generator"):
-        model, reference, tokenizer = build_models(cfg.model, run_dir, texts, seed=cfg.run.seed, agent=name)
+        engine = engine_name(cfg.rollout, name)
+        key = "rollout.generator_engine" if name == "generator" and cfg.rollout.generator_engine else "rollout.engine"
+        merges = f"{key}={engine}" if engine == "vllm" else None  # vLLM loads the merged weights of a LoRA policy
+        model, reference, tokenizer = build_models(
+            cfg.model, run_dir, texts, seed=cfg.run.seed, agent=name, engine_key=merges
+        )
         model.to(device)
         reference.to(device)
         agents.append(

@@ -211,3 +211,39 @@ def test_the_reference_of_an_adapter_over_it_is_the_policy_with_the_adapter_off(
     trainer = PPOTrainer(model, reference, cfg.ppo, pad_token_id=tokenizer.pad_token_id)
     stats = trainer.step([[5, 6, 7]] * 2, [[8, 9], [9, 8]], [1.0, 0.0], groups=["t", "t"])
     assert stats["kl"] != 0.0 and all(p.grad is None for p in stored.parameters())
+
+
+# head size 32: one the vLLM CPU build takes, so that a config naming vLLM passes its own checks
+TINY_LORA = ["model.arch=llama", "model.n_layer=1", "model.n_embd=32", "model.n_head=1", "model.vocab_size=300"]
+
+
+@pytest.mark.parametrize("engine_key", ["rollout.engine=vllm", "rollout.generator_engine=vllm"])
+def test_an_adapter_on_a_tied_weight_is_refused_at_build_for_an_engine_that_loads_merged_weights(tmp_path, engine_key):
+    """The tiny llama ties its output layer to its embedding: an adapter on `lm_head` cannot be merged one layer at a
+    time, which a vLLM engine's weight sync needs, so the build refuses it naming both keys (it would otherwise
+    fail at the first sync, after the warm start); sampled by the trainer's own model it is built."""
+    tied = load_config(overrides=[*TINY_LORA, "model.lora.r=4", "model.lora.target_modules=[q_proj,lm_head]"])
+    with pytest.raises(UserError, match=r"model\.lora\.target_modules=\['q_proj', 'lm_head'\] with " + engine_key):
+        models.build_models(tied.model, tmp_path, CODE, agent="solver", engine_key=engine_key)
+    model, _, _ = models.build_models(tied.model, tmp_path, CODE, agent="solver")
+    assert model.lora_pending is not None
+    # the default targets, the blocks' linear layers, merge one layer at a time: built for vLLM too
+    blocks = load_config(overrides=[*TINY_LORA, "model.lora.r=4"])
+    model, _, _ = models.build_models(blocks.model, tmp_path, CODE, agent="solver", engine_key=engine_key)
+    assert model.lora_pending is not None
+
+
+def test_the_warm_start_builds_each_agent_naming_the_engine_that_merges_its_weights(tmp_path):
+    """build_agents hands the refusal the key that chose each agent's engine: the generator's own engine key
+    where it is set."""
+    from selfplay.train.warmstart import build_agents
+
+    overrides = [*TINY_LORA, "model.lora.r=4", "model.lora.target_modules=[q_proj,lm_head]"]
+    cfg = load_config(overrides=[*overrides, "rollout.generator_engine=vllm"])
+    with pytest.raises(UserError, match=r"with rollout\.generator_engine=vllm"):
+        build_agents(cfg, tmp_path, CODE)
+    cfg = load_config(overrides=[*overrides, "model.lora.agents=[generator]", "rollout.engine=vllm"])
+    with pytest.raises(UserError, match=r"with rollout\.engine=vllm"):  # the generator takes the solver's engine
+        build_agents(cfg, tmp_path, CODE)
+    solver, generator = build_agents(load_config(overrides=overrides), tmp_path, CODE)  # the hf engine: built
+    assert solver.model.lora_pending is not None and generator.model.lora_pending is not None
