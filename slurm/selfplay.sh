@@ -14,8 +14,9 @@
 # resumes from that checkpoint (run.dir must be on shared storage).
 # The USR1 lead: a stop is answered within the longest stage of an iteration plus the checkpoint's write, and SLURM
 # may send the signal up to 60 s late; the longest stage measured (docs/pretrained.md, the 1.5B world on a CPU: the
-# PPO updates, 119 + 11 s) plus a checkpoint plus 60 s is about 200 s, so 300 s leaves a margin. Raise it when a run's
-# longest `time/*` stage in TensorBoard is longer (docs/usage.md, Preemption).
+# PPO updates, 119 + 11 s) plus a checkpoint plus 60 s is about 200 s, so 300 s leaves a margin. The ranks measure
+# that bound every iteration (`time/stop_bound_s`: the longest stage plus the last checkpoint's write) and warn once
+# when it, plus 60 s, passes SIGNAL_LEAD below: then raise both (docs/usage.md, Preemption).
 #
 # Edit these defaults for your cluster:
 #SBATCH --job-name=selfplay
@@ -71,6 +72,8 @@ CPUS_PER_TASK=${SLURM_CPUS_ON_NODE:-$(nproc)}
 export SRUN_CPUS_PER_TASK=$CPUS_PER_TASK
 
 # ---- preemption: USR1 or TERM -> stop file -> checkpoint -> requeue ------------------------------------------
+SIGNAL_LEAD=300  # seconds: keep equal to `#SBATCH --signal=B:USR1@...` above (a test holds them together)
+export SELFPLAY_SIGNAL_LEAD=${SELFPLAY_SIGNAL_LEAD:-$SIGNAL_LEAD}  # the ranks warn when a stop may not fit in it
 export SELFPLAY_STOP_FILE="${SLURM_SUBMIT_DIR:-$(pwd)}/.selfplay-stop-${SLURM_JOB_ID}"
 rm -f "$SELFPLAY_STOP_FILE"
 on_stop() {

@@ -79,7 +79,17 @@ from selfplay.runtime.tb import TBLogger
 from selfplay.train.checkpointing import flush_corpus, restore, save, start
 from selfplay.train.evaluation import EvaluationStopped, evaluate, evaluate_missed
 from selfplay.train.history import COMPUTE, history_entry, print_summary, run_estimate, run_summary, say
-from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats, kind_tallies, kind_totals
+from selfplay.train.metrics import (
+    Costs,
+    SolverRound,
+    iteration_metrics,
+    iteration_stats,
+    kind_tallies,
+    kind_totals,
+    lead_warning,
+    signal_lead_s,
+    stop_bound_s,
+)
 from selfplay.train.mixer import IterationStats, Mixer
 from selfplay.train.proposals import ProposalRound, SharedProposal, choose_references, propose, reward_proposals
 from selfplay.train.setup import (
@@ -116,6 +126,10 @@ class SelfPlay:
             torch.set_num_threads(cfg.run.torch_threads)
         self.cfg = cfg
         validate_config(cfg)
+        # slurm/selfplay.sh: how long before the time limit SLURM signals a stop (None: no such signal)
+        self.signal_lead = signal_lead_s(os.environ)
+        self.checkpoint_s = 0.0  # the last checkpoint's write, seconds (time/stop_bound_s)
+        self.lead_warned = False
         dc = cfg.distributed
         self.info = D.init_distributed(dc.backend, dc.timeout_min, dc.max_wait_fraction)
         self.rank, self.world = self.info.rank, self.info.world_size
@@ -248,8 +262,14 @@ class SelfPlay:
         elif last and not self.learns and self.main:
             self.log("the solver was held at its warm start: its held-out figures are step 0's, not measured again")
         if stopped or last or step % t.checkpoint_every == 0:
-            save(self, step)
+            self._save(step)
         return stopped
+
+    def _save(self, step: int) -> None:
+        """Checkpoint `step`, timing its write (a stop's bound, time/stop_bound_s)."""
+        t0 = time.perf_counter()
+        save(self, step)
+        self.checkpoint_s = time.perf_counter() - t0
 
     def _log_abandoned(self, step: int) -> None:
         self.log(f"stop requested during step {step}'s evaluation: it is abandoned and runs first on the resume")
@@ -260,7 +280,7 @@ class SelfPlay:
         if D.broadcast_object(latest is not None and latest.name == f"step_{self.step}"):
             self.log(f"stop requested: step_{self.step} is already checkpointed")
         else:
-            save(self, self.step)
+            self._save(self.step)
         self._log_stopped()
 
     def _log_stopped(self) -> None:
@@ -329,8 +349,17 @@ class SelfPlay:
         costs = self._costs(timing, rollouts, train, len(mine), sandbox0, generator_tokens0)
         metrics = iteration_metrics(updates, stats, solver, proposals if self.generates else None, source, costs)
         metrics.update(self._waits(step))
+        metrics["time/stop_bound_s"] = stop_bound_s(costs.timing, self.checkpoint_s)
+        self._check_lead(metrics["time/stop_bound_s"])
         self._log(step, metrics, mine, train)
         return metrics
+
+    def _check_lead(self, bound_s: float) -> None:
+        """Rank 0, once a run: warn where a stop's bound passes the SLURM signal's lead (`lead_warning`)."""
+        warning = lead_warning(bound_s, self.signal_lead) if self.main and not self.lead_warned else None
+        if warning:
+            self.lead_warned = True
+            self.log(warning)
 
     def _waits(self, step: int) -> dict[str, float]:
         """Several ranks: the longest wait of any rank in one collective since the last iteration's (its evaluation

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from generator.rewards import diversity, in_band
 from generator.schema import Task
+from selfplay.runtime.errors import UserError
 from selfplay.train.mixer import IterationStats, edit_drops, in_band_share
 from selfplay.train.proposals import ProposalRound
 
@@ -200,6 +201,39 @@ def generator_metrics(stats: IterationStats, proposals: ProposalRound, solver: S
     for reason, count in Counter(x.rejection for x in shared if x.rejection).items():
         out[f"generator/rejected/{reason}"] = count
     return out
+
+
+# the iteration's stages between two of the boundaries where a stop is answered (loop.STAGES), as `timing` names them
+STOP_STAGES = ("generator_s", "plan_s", "rollout_s", "update_s")
+SLURM_LATE_S = 60.0  # SLURM may send `--signal` this late (its docs: up to 60 s)
+
+
+def stop_bound_s(timing: dict, checkpoint_s: float) -> float:
+    """`time/stop_bound_s`: the longest a stop request waits for its checkpoint in this iteration, at worst, were
+    it to come at the start of its longest stage: that stage, then the checkpoint's write (the last one measured)."""
+    return max((timing.get(stage, 0.0) for stage in STOP_STAGES), default=0.0) + checkpoint_s
+
+
+def lead_warning(bound_s: float, lead_s: float | None) -> str | None:
+    """Where a stop's bound, with SLURM's lateness, passes the signal's lead (`SELFPLAY_SIGNAL_LEAD`, which
+    slurm/selfplay.sh sets from its `--signal`): what to raise, else None."""
+    if lead_s is None or bound_s + SLURM_LATE_S <= lead_s:
+        return None
+    return (
+        f"a stop is answered up to {bound_s:.0f} s after its signal here (the longest stage of an iteration, then a "
+        f"checkpoint; time/stop_bound_s), and SLURM may signal {SLURM_LATE_S:.0f} s late: more than the signal's "
+        f"lead of {lead_s:.0f} s (SELFPLAY_SIGNAL_LEAD, from `#SBATCH --signal=B:USR1@{lead_s:.0f}` in "
+        "slurm/selfplay.sh); raise both, or the job can end before its checkpoint (warned once)"
+    )
+
+
+def signal_lead_s(environ) -> float | None:
+    """The signal's lead in seconds from `SELFPLAY_SIGNAL_LEAD` (None where unset: no SLURM signal to answer)."""
+    value = environ.get("SELFPLAY_SIGNAL_LEAD", "").strip()
+    try:
+        return float(value) if value else None
+    except ValueError:
+        raise UserError(f"SELFPLAY_SIGNAL_LEAD={value!r}: the signal's lead in seconds, a number") from None
 
 
 def cost_metrics(costs: Costs) -> dict[str, float]:

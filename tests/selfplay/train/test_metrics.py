@@ -5,7 +5,10 @@ from __future__ import annotations
 import math
 from types import SimpleNamespace
 
+import pytest
+
 from generator.rewards import ProposalOutcome
+from selfplay.runtime.errors import UserError
 from selfplay.train.metrics import Costs, SolverRound, iteration_metrics, iteration_stats
 from selfplay.train.mixer import IterationStats
 from selfplay.train.proposals import ProposalRound, SharedProposal
@@ -141,3 +144,18 @@ def test_the_task_source_observes_the_served_tasks_once_and_the_proposals_it_mea
     assert iteration_stats(0.5, [], PROPOSALS, batch, set(), {}, kl=None, mutation=False).instructions is None
     none = iteration_stats(0.0, [], ProposalRound([], [], [], []), [], set(), {}, kl=None, mutation=False)
     assert none.validity_rate is None and none.diversity is None and none.generator_in_band is None
+
+
+def test_a_stops_bound_is_the_longest_stage_then_the_checkpoint_and_is_warned_of_past_the_signals_lead():
+    from selfplay.train.metrics import lead_warning, signal_lead_s, stop_bound_s
+
+    timing = {"generator_s": 3.0, "plan_s": 0.5, "rollout_s": 40.0, "update_s": 120.0, "solver_update_s": 110.0}
+    assert stop_bound_s(timing, 15.0) == 135.0  # the PPO updates (the solver's inside them), then the checkpoint
+    assert stop_bound_s({"rollout_s": 2.0}, 0.0) == 2.0 and stop_bound_s({}, 1.5) == 1.5
+    assert lead_warning(135.0, None) is None  # no SLURM signal to answer
+    assert lead_warning(135.0, 195.0) is None  # 135 + 60 s of SLURM's lateness fits exactly
+    warning = lead_warning(135.0, 194.0)
+    assert warning and "up to 135 s" in warning and "lead of 194 s" in warning and "SELFPLAY_SIGNAL_LEAD" in warning
+    assert signal_lead_s({}) is None and signal_lead_s({"SELFPLAY_SIGNAL_LEAD": " 300 "}) == 300.0
+    with pytest.raises(UserError, match=r"SELFPLAY_SIGNAL_LEAD='soon': the signal's lead in seconds"):
+        signal_lead_s({"SELFPLAY_SIGNAL_LEAD": "soon"})

@@ -296,3 +296,28 @@ def test_pruning_keeps_step_0_and_every_reference_a_kept_checkpoint_points_to(tm
         for s in left:
             folder = ckpt.root / f"step_{s}" / "solver"
             assert reference_folder(folder).is_dir()
+
+
+@pytest.mark.slow
+def test_each_iteration_logs_a_stops_bound_and_a_lead_too_short_for_it_is_warned_of_once(warm_run, tmp_path):
+    """`time/stop_bound_s`: the iteration's longest stage between stop boundaries plus the last checkpoint's write
+    (none yet in this process at step 1); with `SELFPLAY_SIGNAL_LEAD` (slurm/selfplay.sh's) shorter than it plus
+    SLURM's 60 s of lateness, rank 0 warns once, naming the variable."""
+    run = copy_run(warm_run, tmp_path)
+    steps = ["train.steps=3", "train.checkpoint_every=1"]
+    proc = selfplay("train", *SMOKE, f"run.dir={run}", *steps, env={"SELFPLAY_SIGNAL_LEAD": "1"})
+    assert proc.stdout.count("SELFPLAY_SIGNAL_LEAD") == 1, proc.stdout[-3000:]
+    assert "more than the signal's lead of 1 s" in proc.stdout
+    tags = read_scalars(run)
+    bound = dict(tags["time/stop_bound_s"])
+    longest = {
+        step: max(
+            dict(tags[f"time/{stage}"]).get(step, 0.0) for stage in ("generator_s", "plan_s", "rollout_s", "update_s")
+        )
+        for step in (1, 2, 3)
+    }
+    assert bound[1] == pytest.approx(longest[1])  # no checkpoint written yet by this process
+    assert all(bound[s] > longest[s] for s in (2, 3))  # then the last checkpoint's write is added
+    quiet = copy_run(warm_run, tmp_path / "quiet")
+    proc = selfplay("train", *SMOKE, f"run.dir={quiet}", "train.steps=1", env={"SELFPLAY_SIGNAL_LEAD": "3600"})
+    assert "SELFPLAY_SIGNAL_LEAD" not in proc.stdout
