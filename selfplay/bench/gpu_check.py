@@ -25,8 +25,8 @@ would set), else plain torch with AdamW (said in the lines). The lines, in order
 - checkpoint: `LMAgent.save` then, under DeepSpeed, the weights zeroed and `load_training_state` (the engine's
   checkpoint) restoring them, and the Hugging Face copy read back (`ActorCritic.from_pretrained`): both equal;
 - zero3 (DeepSpeed only): a ZeRO-3 engine of the same agent on this one rank, one PPO step, then the weights
-  gathered for a push. The project gathers the whole policy at once (`gathered`), there is no per-parameter
-  gather yet: the line gives that whole-model gather's peak.
+  gathered for a push, one parameter at a time (`policy_weight_items`, as the weight sync does): the line gives
+  that push's peak, which should stay near what the rank holds (no whole-model gather).
 
 Time on one H100 (80 GB, ~400 TFLOP/s of bf16 at best, ~3 TB/s): building two 1.5 B models on the GPU and the
 reference copy, a few seconds; the PPO step on 8 x 512 tokens is 6 x 1.54e9 x 4,096 = 3.8e13 FLOPs of forward and
@@ -573,14 +573,14 @@ def line_zero3(cfg3, shape, tokenizer, batch, cuda: bool, base: int) -> Line:
         release(agent, receiver)
     ok = ppo.ok and stage == 3 and loaded == total and diff == 0
     text = (
-        f"one rank ({_gb(left)} held before it), {ppo.text}; whole-model gather (the project has no "
-        f"per-parameter gather yet): peak {_gb(peak.bytes)} ({_gb(peak.bytes - before)} over the {_gb(before)} "
+        f"one rank ({_gb(left)} held before it), {ppo.text}; push gathered one parameter at a time: "
+        f"peak {_gb(peak.bytes)} ({_gb(peak.bytes - before)} over the {_gb(before)} "
         f"held), {loaded}/{total} tensors pushed, max difference {diff:g}, {seconds:.2f} s"
     )
     figures = {
         **{f"step_{k}": v for k, v in ppo.figures.items()},
         "stage": stage,
-        "gather": "whole model",
+        "gather": "per parameter",
         "gather_peak_gb": peak.bytes / 1e9,
         "gather_growth_gb": (peak.bytes - before) / 1e9,
         "held_before_gb": left / 1e9,
