@@ -31,7 +31,8 @@ Phases, as the code runs them (selfplay/train/, selfplay/models/agent.py, selfpl
   and the trainer re-scoring `rollout.gap_answers` of their answers (`logprob_gap`; not under ZeRO-3);
 - "update": one agent's PPO update: gradients and one micro-batch's activations on top of the resident state; the
   vLLM engines sleep (`rollout.sleep`: weights offloaded, KV cache freed) and are counted as 0;
-- "evaluation": the held-out evaluation every `train.eval_every`: as rollout, the solver sampling batches of 64.
+- "evaluation": the held-out evaluation every `train.eval_every`, on every rank: as rollout, the solver sampling
+  its shard of the held-out tasks (every world-th task; all of them under ZeRO-3) in batches of at most 64 answers.
 
 ZeRO accounting (Rajbhandari et al., 2020) under bf16/fp16 mixed precision (the DeepSpeed JSON's "bf16" or "fp16"
 enabled): 2 bytes of weights and 2 of gradients per trainable parameter, 12 of optimiser states (fp32 master copy,
@@ -42,8 +43,10 @@ references are never partitioned: they are plain modules `.to(device)` on every 
 partition_references` shows what partitioning them would give). Decimal units: 1 GB = 1e9 bytes.
 
 What is approximate (the rest is exact accounting of parameter counts and dtypes):
-- activations: a per-token, per-block constant (`BLOCK_BYTES_H`, `BLOCK_BYTES_I`) and per-logit constants
-  (`SFT_LOGIT_BYTES`, `PPO_LOGIT_BYTES`), fitted to measurements (see their comments);
+- activations: a per-token, per-block constant (`BLOCK_BYTES_H`, `BLOCK_BYTES_I`), per-logit constants
+  (`SFT_LOGIT_BYTES`, `PPO_LOGIT_BYTES`) and a checkpointed block's recomputation (`RECOMPUTED_BLOCK`), fitted to
+  measurements (see their comments); the update's are held to measured CPU peaks of small shapes within 15 %
+  (tests/selfplay/runtime/test_memory_plan_measured.py);
 - sequence lengths are the config's bounds: a prompt of `warmstart.max_len` tokens (the loop's prompt budget) plus
   the answer budget; real prompts are often shorter (`PlanOptions.prompt_tokens` plans for a given length);
 - `RESERVE_GB` for the CUDA context, NCCL's buffers and the allocator's fragmentation; ZeRO-3's gathered working set
@@ -108,6 +111,12 @@ SFT_LOGIT_BYTES = 13
 # entropy's softmax and product): measured on the CPU through PPOTrainer.step by selfplay/bench/preset_memory.py's
 # `measure` (one block of width 64, vocabulary 32,000, 2 x 257 answer positions: 24.2 bytes saved per logit)
 PPO_LOGIT_BYTES = 24
+# With gradient checkpointing, the peak of a block's recomputation and backward in units of the bytes that block
+# saves without it (`block_activation_bytes`): its saved tensors and its backward's transient gradients. Measured on
+# the CPU through PPOTrainer.step (tests/selfplay/runtime/test_memory_plan_measured.py's byte counter of live
+# storage; bf16, 2 x 256 tokens, hidden 64-256, intermediate 512-704, 2 and 4 blocks, vocabularies of 500 so that
+# the block, not the logits, makes the peak): 1.05 to 1.40, 1.3 for the Qwen2-like ratio (intermediate ~5.5 x hidden)
+RECOMPUTED_BLOCK = 1.3
 MIXED_STATE_BYTES = 12  # per trainable parameter under bf16/fp16 mixed precision: fp32 master, AdamW's m and v
 # bytes per answer logit of the no-gradient re-scoring of vLLM answers (`logprob_gap` -> `_policy_forward`): bf16
 # logits, their fp32 tempered copy, the log-softmax
@@ -376,6 +385,8 @@ class RunSettings:
     proposals: int  # train.proposals (all ranks)
     gap_answers: int = 0  # rollout.gap_answers: vLLM answers the trainer re-scores per batch
     sft_micro: int = 0  # warmstart.micro_batch_size: sequences per SFT forward/backward (0: the whole batch)
+    eval_tasks: int = 0  # held-out tasks of an evaluation, all splits (at most; 0: unknown, full batches planned)
+    eval_samples: int = 1  # eval.samples: sampled answers per task (besides the greedy one)
 
     @property
     def sft_rows(self) -> int:
@@ -442,6 +453,9 @@ def run_settings(cfg, options: PlanOptions = PlanOptions()) -> RunSettings:
         proposals=int(t.proposals),
         gap_answers=int(cfg.rollout.gap_answers),
         sft_micro=int(ws.micro_batch_size),
+        # selfplay.eval.evaluate.suite_splits: eval.splits, or the test split and every tasks.heldout_splits
+        eval_tasks=int(cfg.eval.tasks_per_split) * len(list(cfg.eval.splits) or [None, *cfg.tasks.heldout_splits]),
+        eval_samples=max(1, int(cfg.eval.samples)),
     )
 
 
@@ -577,15 +591,21 @@ def _zero3_gathered(shape: ModelShape, s: RunSettings, world: int) -> float:
 
 
 def update_activations(shape: ModelShape, s: RunSettings, agent: str) -> float:
-    """One PPO micro-batch's forward + backward: the blocks' saved activations and the answer logits' share."""
+    """One PPO micro-batch's forward + backward: the blocks' saved activations and the answer logits' share. With
+    gradient checkpointing the answer logits' backward (the first thing the backward does) is over before the first
+    block is recomputed: the blocks' inputs and the larger of the logits' bytes and one recomputed block's
+    (`RECOMPUTED_BLOCK` x its saved bytes), not their sum."""
     new = s.solver_new if agent == "solver" else s.generator_new
     tokens = s.micro_batch * (s.prompt + new)
     lora = s.lora_r > 0 and agent in s.lora_agents
     trained = min(s.lora_layers, shape.layers) if lora and s.lora_layers > 0 else shape.layers
-    blocks = _block_activations(shape, s, tokens, trained)
-    if s.value_model == "separate":  # the critic's own backbone runs forward and backward too
-        blocks += _block_activations(shape, s, tokens, shape.layers)
-    return blocks + s.micro_batch * (new + 1) * shape.vocab * PPO_LOGIT_BYTES
+    logits = s.micro_batch * (new + 1) * shape.vocab * PPO_LOGIT_BYTES
+    # the critic's own backbone (value_model=separate) runs forward and backward too
+    critic = _block_activations(shape, s, tokens, shape.layers) if s.value_model == "separate" else 0.0
+    if not s.gradient_checkpointing:
+        return _block_activations(shape, s, tokens, trained) + critic + logits
+    inputs = tokens * shape.hidden * s.dtype_bytes * trained
+    return inputs + critic + max(logits, RECOMPUTED_BLOCK * tokens * shape.block_activation_bytes(s.dtype_bytes))
 
 
 def sft_activations(shape: ModelShape, s: RunSettings, rows: int = 0) -> float:
@@ -659,6 +679,17 @@ def _rollout_batches(s: RunSettings, world: int) -> dict[str, tuple[int, int]]:
     """(answers per generate call, answer budget) of each agent sampling on a rank."""
     per_rank = {"solver": max(1, s.solver_answers // world), "generator": max(1, s.proposals // world)}
     return {a: (min(HF_SAMPLE_BATCH, per_rank[a]), s.solver_new if a == "solver" else s.generator_new) for a in AGENTS}
+
+
+def eval_batch(s: RunSettings, world: int) -> int:
+    """Answers per Hugging Face generate call of a rank's held-out evaluation (selfplay/train/evaluation.py): each
+    rank evaluates every world-th task (`shard_of`; under ZeRO-3 every rank all of them, in step), in batches of at
+    most `EVAL_BATCH` answers: its shard's tasks x eval.samples where that is fewer (the sampled pieces' answers
+    outnumber the greedy ones)."""
+    if s.eval_tasks <= 0:
+        return EVAL_BATCH
+    tasks = s.eval_tasks if s.deepspeed and s.zero_stage >= 3 and world > 1 else -(-s.eval_tasks // world)
+    return min(EVAL_BATCH, tasks * s.eval_samples)
 
 
 def push_bytes(shape: ModelShape, s: RunSettings, agent: str, world: int) -> float:
@@ -817,14 +848,13 @@ def plan_phases(
         )
     )
 
-    # evaluation: the solver samples batches of 64 (rank 0 alone, or every rank under ZeRO-3)
-    where = "every rank" if s.deepspeed and s.zero_stage >= 3 and world > 1 else "rank 0"
-    ev_gen = generation_bytes(shape, s, EVAL_BATCH, s.solver_new) if engine_of["solver"] == "hf" else 0.0
+    # evaluation: every rank samples its shard of the held-out tasks (every rank all of them under ZeRO-3)
+    ev_gen = generation_bytes(shape, s, eval_batch(s, world), s.solver_new) if engine_of["solver"] == "hf" else 0.0
     phases.append(
         PhasePlan(
             "evaluation",
-            where,
-            "the solver sampling held-out tasks",
+            "every rank",
+            "the solver sampling its shard of the held-out tasks",
             resident(generation=ev_gen, vllm=_engine_count(s) * vllm_bytes),
             budget,
         )
