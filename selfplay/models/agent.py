@@ -7,12 +7,18 @@ Checkpoint layout of an agent inside `RUN_DIR/checkpoints/step_N/<name>/`:
     tokenizer files, `reference/` (the frozen KL anchor; written once: a later checkpoint holds `reference.json`
     naming it, selfplay/runtime/checkpoint.py; a LoRA adapter's own base, `lora/base/`, likewise), `trainer.pt`
     (PPO counters, KL controller, RNG), and either `optimizer.pt` (plain torch) or `deepspeed/` (a DeepSpeed
-    checkpoint, engine + optimiser shards).
+    checkpoint, engine + optimiser shards, in `deepspeed/agent/`; once resumed on another number of ranks, also their
+    universal conversion, `deepspeed/universal/`: `zero_universal`).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import copy
+import io
+import os
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -291,14 +297,66 @@ class LMAgent:
         optimiser (e.g. the single-process warm start, then a DeepSpeed run) keeps the weights and starts the
         optimiser afresh."""
         if is_deepspeed_engine(self.model):
-            # ZeRO shards its optimiser states per rank: shards of another world size keep the weights (read from the
-            # HF copy) and start the optimiser afresh (checkpointing.restore says so, naming what was reset)
+            # ZeRO shards its optimiser states per rank: shards of another world size load from their universal
+            # conversion (`zero_universal`, made by checkpointing.resized); without one they keep the weights (read
+            # from the HF copy) and start the optimiser afresh (checkpointing.resized says so, naming what was reset)
             if (folder / "deepspeed").is_dir() and zero_shards(folder) in (0, self.model.world_size):
                 # (a LoRA engine's checkpoint holds no frozen weights: they are loaded from the HF copy's base)
                 self.model.load_checkpoint(str(folder / "deepspeed"), tag="agent", load_module_strict=not self.lora)
+            elif (folder / "deepspeed" / UNIVERSAL_TAG).is_dir():
+                self.load_universal(folder / "deepspeed")
         elif (folder / "optimizer.pt").exists() and not fresh_lora(folder):  # a fresh adapter: a fresh optimiser
             self.trainer.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", map_location="cpu"))
         self.trainer.load_state_dict(torch.load(folder / "trainer.pt", map_location="cpu", weights_only=False))
+
+    def load_universal(self, ds_folder: Path) -> None:
+        """The engine's state from the universal checkpoint in `ds_folder` (`zero_universal`): every rank takes its
+        share of each parameter's fp32 master weights and Adam moments, the step counts (the optimiser's, the
+        engine's global_steps) and the trained weights (copied from the masters). DeepSpeed reads the universal
+        format where its config says `checkpoint.load_universal`; it is set for this load alone."""
+        config = self.model._config
+        config.load_universal_checkpoint = True
+        try:
+            self.model.load_checkpoint(str(ds_folder), tag=UNIVERSAL_TAG, load_module_strict=not self.lora)
+        finally:
+            config.load_universal_checkpoint = False
+
+
+UNIVERSAL_TAG = "universal"  # agent/deepspeed/universal/: the ZeRO shards converted for any world size
+
+
+def zero_universal(folder: Path) -> Path:
+    """Agent folder `folder`'s DeepSpeed ZeRO checkpoint (`deepspeed/agent/`, one optimiser shard per rank that wrote
+    it) converted by DeepSpeed's `ds_to_universal` into its universal format, `deepspeed/universal/`: each
+    parameter's fp32 master weights, Adam moments and step count whole, which load on any number of ranks
+    (`LMAgent.load_universal`). Converted once and kept with the checkpoint (written into `universal.partial/`, then
+    renamed); one process converts (serially: no worker processes are forked from a rank). Raises where DeepSpeed
+    cannot convert the checkpoint."""
+    ds = folder / "deepspeed"
+    out, partial = ds / UNIVERSAL_TAG, ds / f"{UNIVERSAL_TAG}.partial"
+    if out.is_dir():
+        return out
+    shutil.rmtree(partial, ignore_errors=True)
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    args = argparse.Namespace(
+        input_folder=str(ds / "agent"),
+        output_folder=str(partial),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        inject_missing_state=True,  # the model states name no universal-checkpoint info (no tensor parallelism)
+    )
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):  # (its progress)
+            ds_to_universal(args)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    os.rename(partial, out)
+    (ds / "latest_universal").write_text(UNIVERSAL_TAG)  # (the converter named the partial folder)
+    return out
 
 
 def zero_shards(folder: Path) -> int:

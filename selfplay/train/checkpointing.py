@@ -16,7 +16,7 @@ import torch
 
 from generator.schema import Task
 from selfplay.data.corpus import Corpus, CorpusError, check_heldout
-from selfplay.models.agent import zero_shards
+from selfplay.models.agent import UNIVERSAL_TAG, zero_shards, zero_universal
 from selfplay.runtime import distributed as D
 from selfplay.runtime import seeds
 from selfplay.runtime.checkpoint import (
@@ -175,21 +175,40 @@ def restore(run, folder: Path) -> None:
 
 
 def resized(run, folder: Path, saved_world: int) -> None:
-    """A checkpoint written by `saved_world` ranks, resumed on another number: say so, and under DeepSpeed name what
-    starts afresh. The weights are whole in every checkpoint (the HF copy; DDP's optimiser.pt is whole too, so a DDP
-    run loses nothing); ZeRO's optimiser shards are cut per rank, so they are not loaded on another world size: the
-    optimiser (Adam moments, fp32 master weights, step count) restarts from the saved weights (LMAgent
-    .load_training_state); the PPO trainer's counters, KL controller and RNG are kept."""
+    """A checkpoint written by `saved_world` ranks, resumed on another number: say so, and under DeepSpeed say what
+    carries over. The weights are whole in every checkpoint (the HF copy; DDP's optimiser.pt is whole too, so a DDP
+    run loses nothing); ZeRO's optimiser shards are cut per rank, so rank 0 converts each agent's into DeepSpeed's
+    universal checkpoint (`zero_universal`, kept in the checkpoint beside the shards) while the other ranks wait,
+    and every rank loads its share of it (LMAgent.load_training_state): the Adam moments, fp32 master weights and
+    step counts carry over. Where DeepSpeed cannot convert them the warning names why, and that agent's optimiser
+    restarts from the saved weights; the PPO trainer's counters, KL controller and RNG are kept either way."""
     if saved_world == run.world:
         return
     run.log(f"{folder.name} was written by {saved_world} rank(s); resuming on {run.world}")
-    reset = [name for name in ("solver", "generator") if zero_shards(folder / name) not in (0, run.world)]
-    if run.cfg.distributed.deepspeed and reset:
+    sharded = [name for name in ("solver", "generator") if zero_shards(folder / name) not in (0, run.world)]
+    if not (run.cfg.distributed.deepspeed and sharded):
+        return
+    failed: dict[str, str] = {}
+    if run.main:
+        for name in sharded:
+            try:
+                zero_universal(folder / name)
+            except Exception as exc:  # noqa: BLE001 - named in the warning; that optimiser starts afresh
+                failed[name] = f"{type(exc).__name__}: {exc}".strip()
+    failed = D.broadcast_object(failed)  # (the other ranks wait here for rank 0's conversion)
+    carried = [name for name in sharded if name not in failed]
+    if carried:
         run.log(
-            f"warning: the ZeRO optimiser states of the {' and '.join(reset)} in {folder.name} are sharded over "
-            f"{saved_world} ranks and cannot be loaded on {run.world}: their optimiser (Adam moments, fp32 master "
-            "weights, step count) starts afresh from the saved weights; the trainer's counters, KL controller and "
-            "RNG are kept"
+            f"the ZeRO optimiser states of the {' and '.join(carried)} in {folder.name}, sharded over {saved_world} "
+            f"rank(s), load on {run.world} from DeepSpeed's universal checkpoint (<agent>/deepspeed/{UNIVERSAL_TAG}): "
+            "their Adam moments, fp32 master weights and step counts carry over"
+        )
+    for name, why in failed.items():
+        run.log(
+            f"warning: the ZeRO optimiser states of the {name} in {folder.name} are sharded over {saved_world} "
+            f"rank(s) and could not be converted to DeepSpeed's universal checkpoint ({why}): its optimiser (Adam "
+            "moments, fp32 master weights, step count) starts afresh from the saved weights; the trainer's counters, "
+            "KL controller and RNG are kept"
         )
 
 
