@@ -248,9 +248,10 @@ def test_sleeping_engines_leave_the_update_their_memory():
     awake = load_config(CONFIG_DIR / "gpu_1.5b.yaml", ["rollout.engine=vllm", "rollout.sleep=false"])
     cluster = mp.Cluster(4, 1, 80.0)
     assert mp.plan_memory(cfg, cluster).phase("update").parts["vllm engines"] == 0
-    assert mp.plan_memory(awake, cluster).phase("update").parts["vllm engines"] == pytest.approx(2 * 0.3 * 80e9)
+    share = cfg.rollout.gpu_memory_utilization  # the preset's: 0.25 of a GPU an engine
+    assert mp.plan_memory(awake, cluster).phase("update").parts["vllm engines"] == pytest.approx(2 * share * 80e9)
     rollout = mp.plan_memory(cfg, cluster).phase("rollout")
-    assert rollout.parts["vllm engines"] == pytest.approx(2 * 0.3 * 80e9)
+    assert share == 0.25 and rollout.parts["vllm engines"] == pytest.approx(2 * share * 80e9)
     assert rollout.parts["generation (hf)"] == 0
     # the trainer re-scores rollout.gap_answers (8) of the engines' answers: 8 x (512 + 1) logits of 151,936
     assert rollout.parts["activations"] == 8 * 513 * 151936 * mp.GAP_LOGIT_BYTES
@@ -332,9 +333,10 @@ def test_train_check_refuses_in_one_line_naming_the_key_on_a_gpu_that_cannot_hol
     monkeypatch.setenv("SELFPLAY_NO_MEMORY_PLAN", "1")
     assert mp.refuse_if_it_cannot_fit(cfg) is None
     # a phase that only its length-bound activations push over warns instead (the 1.5B preset's SFT batch unsplit,
-    # on rank 0 alone)
+    # on rank 0 alone; Hugging Face generation, since its two vLLM engines beside unpartitioned states would not fit)
     monkeypatch.delenv("SELFPLAY_NO_MEMORY_PLAN")
-    small = load_config(CONFIG_DIR / "gpu_1.5b.yaml", [f"run.dir={tmp_path / 'run15'}", "warmstart.micro_batch_size=0"])
+    overrides = [f"run.dir={tmp_path / 'run15'}", "warmstart.micro_batch_size=0", "rollout.engine=hf"]
+    small = load_config(CONFIG_DIR / "gpu_1.5b.yaml", overrides)
     assert mp.refuse_if_it_cannot_fit(small) is None
     assert "memory plan: the warm start may need" in capsys.readouterr().out
 
