@@ -16,7 +16,7 @@
 # may send the signal up to 60 s late; the longest stage measured (docs/pretrained.md, the 1.5B world on a CPU: the
 # PPO updates, 119 + 11 s) plus a checkpoint plus 60 s is about 200 s, so 300 s leaves a margin. The ranks measure
 # that bound every iteration (`time/stop_bound_s`: the longest stage plus the last checkpoint's write) and warn once
-# when it, plus 60 s, passes SIGNAL_LEAD below: then raise both (docs/usage.md, Preemption).
+# when it, plus 60 s, passes SIGNAL_LEAD below: then raise both (docs/cluster.md, Preemption).
 #
 # Edit these defaults for your cluster:
 #SBATCH --job-name=selfplay

@@ -1,5 +1,5 @@
 """`selfplay bench gpu-check [--tiny] [key=value ...] [--json OUT]`: one prepared check of a GPU machine, each line
-PASS or FAIL with its figure, then a JSON of every figure (docs/usage.md "Checking a GPU machine").
+PASS or FAIL with its figure, then a JSON of every figure (docs/cluster.md "Checking a GPU machine").
 
 The model is the real Qwen2.5-Coder-1.5B shape (`memory_plan.KNOWN_SHAPES`: hidden 1536, 28 layers, 12 heads / 2 KV
 heads, MLP 8960, vocabulary 151,936, tied embeddings, q/k/v biases) with random weights built locally in the
