@@ -20,7 +20,8 @@ def configure(parser) -> None:
         default=["warmstart", "curriculum", "selfplay"],
         help="what runs after each seed's warm start: warmstart (nothing), curriculum, uniform "
         "(procedural levels drawn uniformly), selfplay, selfplay_free (the free proposal format, "
-        "from a warm start of its own), selfplay_follow (instructions drawn by their measured "
+        "from a warm start of its own), selfplay_code_io (the code_io proposal format, from a warm "
+        "start of its own), selfplay_follow (instructions drawn by their measured "
         "yield), selfplay_frozen (the generator never learns), selfplay_random (random edits of "
         "the same references in place of the generator's answers), fixed (PPO on a fixed task "
         "set); default: warmstart curriculum selfplay",

@@ -19,6 +19,9 @@ copy of that folder, so the arms of one seed differ only in what happens after t
                  seed, and is paired with it
     selfplay_follow  self-play whose mixer draws the mutation instructions by their measured yield
                  (`mixer.instruction_follow=true`), from the same warm start as `selfplay`
+    selfplay_code_io  self-play with the code_io proposal format (`generator.format=code_io`: a function and its
+                 inputs, under its grammar); its own warm start (`OUT/warmstart_code_io`), made with the same seed,
+                 as `selfplay_free`
     selfplay_frozen  self-play whose generator never learns (`train.train_generator=false`): the same mixer,
                  references and validity checks, the warm start's generator proposing
     selfplay_random  self-play with a random edit of the same references in place of each generator answer
@@ -125,6 +128,12 @@ ARM_SPECS = {
         warm="warmstart_free",
     ),
     "selfplay_follow": Arm("selfplay", ("mixer.instruction_follow=true",)),
+    # the generator writes a function and its inputs (Absolute Zero's proposal) under the format's grammar (its
+    # answers are longer: the comparison's config gives every arm the room, warmstart.max_len and the generator's
+    # max_new_tokens); the format is learnt at the warm start, so this arm has its own, made with the same seed
+    "selfplay_code_io": Arm(
+        "selfplay", ("generator.format=code_io", "generator.constrained=true"), warm="warmstart_code_io"
+    ),
     # what the generator's learning adds: the same mixer, references and validity checks with the generator held
     # at its warm start (no PPO step), and with random edits of the same references in place of its answers
     "selfplay_frozen": Arm("selfplay", ("train.train_generator=false",)),

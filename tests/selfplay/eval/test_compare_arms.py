@@ -880,3 +880,23 @@ def test_compare_runs_the_frozen_and_random_arms_and_reports_what_each_spent(war
     for arm in arms:
         row = next(line for line in report.splitlines() if line.startswith(f"| {arm} | 1 |"))
         assert row == f"| {arm} | 1 | " + " | ".join(str(spent[arm][key]) for key in COMPUTE) + " |"
+
+
+def test_the_code_io_arm_proposes_in_its_format_from_a_warm_start_of_its_own_at_parity(tmp_path):
+    """`selfplay_code_io`: self-play whose generator writes code_io proposals under their grammar, from its own warm
+    start (made with the arm's format), at parity with the mutation arm in configs/experiments/smol_code_io.yaml."""
+    from selfplay.eval.compare import ARM_SPECS, check_parity, warm_folder
+    from selfplay.runtime.config import load_config
+    from selfplay.train.setup import validate_config
+
+    spec = ARM_SPECS["selfplay_code_io"]
+    assert (spec.mode, spec.warm) == ("selfplay", "warmstart_code_io")
+    assert (
+        warm_start_overrides(spec.warm) == spec.overrides == ("generator.format=code_io", "generator.constrained=true")
+    )
+    assert warm_folder(tmp_path, 0, "selfplay_code_io", shared=True) == tmp_path / "warmstart_code_io"
+    config = "configs/experiments/smol_code_io.yaml"
+    check_parity(config, [], ["warmstart", "selfplay", "selfplay_code_io"], None)
+    cfg = load_config(config, list(spec.overrides))
+    validate_config(cfg)
+    assert (cfg.generator.format, cfg.generator.constrained, cfg.warmstart.max_len) == ("code_io", True, 768)
