@@ -32,7 +32,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "ppo": ("selfplay.bench.ppo_bench", "tokens/s of generation and PPO updates on the tiny model"),
     "rollout": (
         "selfplay.bench.rollout_bench",
-        "the rollout engines side by side (hf, vllm): tokens/s, first token, start, memory, weight sync",
+        "the rollout engines side by side (hf, vllm, vllm-child): tokens/s, first token, start, memory, weight sync",
     ),
     "update": (
         "selfplay.bench.update_bench",
