@@ -1,5 +1,5 @@
 """`selfplay bench rollout [CONFIG] [key=value ...] [--engines hf vllm vllm-child] [--batch N] --json OUT`: the same
-prompts through each rollout engine, side by side in one run (docs/rl.md "Rollout engines", "One engine per
+prompts through each rollout engine, side by side in one run (docs/engines.md, "One engine per
 process").
 
 The model has random weights and a shape: `--shape config` (CONFIG's `model:` section: arch, n_layer, n_embd,

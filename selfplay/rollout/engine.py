@@ -1,4 +1,4 @@
-"""The rollout engines shipped here (the contract: selfplay/rollout/engines.py; docs/rl.md "Rollout engines").
+"""The rollout engines shipped here (the contract: selfplay/rollout/engines.py; docs/engines.md).
 
 `rollout.engine=hf` (default) samples with Hugging Face `generate` on the trainer's own model (`HFEngine`);
 `rollout.engine=vllm` builds one vLLM `LLM` per agent, in the rank's own process, from the agent's Hugging Face
@@ -25,12 +25,12 @@ spawned.
 At most one vLLM engine lives in a process (`VLLMEngine` refuses a second): vLLM's sleep mode allocator is one
 object per process and refuses a second engine on a GPU. With both agents on vLLM the generator's engine
 (`ChildEngine`, selfplay/rollout/engine_process.py) runs in a child process of its own, behind the same interface;
-its weights go through `rollout.sync_dir` (docs/rl.md "One engine per process").
+its weights go through `rollout.sync_dir` (docs/engines.md "One engine per process").
 
 With several ranks each rank has its own engines (tensor-parallel size 1), serving that rank's share of the prompts:
 vLLM's `external_launcher` executor makes the engine join the trainer's torch.distributed group instead of starting
 one of its own, and vLLM's parallel groups are new groups beside the default one, which DDP / DeepSpeed keep
-(`colocated_kwargs`; docs/rl.md "Several ranks").
+(`colocated_kwargs`; docs/engines.md "Several ranks").
 
 Known limits of vLLM on CPU, handled here: a per-request `seed` in SamplingParams kills the CPU engine (the
 engine's seed is run.seed + rank, set once); attention needs a head size in CPU_HEAD_SIZES (checked at start, naming

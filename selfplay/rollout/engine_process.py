@@ -1,5 +1,5 @@
 """A vLLM engine in a child process of its own (`ChildEngine`): the second agent's engine, since a process holds at
-most one (selfplay/rollout/engine.py, docs/rl.md "One engine per process"). `vllm_engine`, registered as
+most one (selfplay/rollout/engine.py, docs/engines.md "One engine per process"). `vllm_engine`, registered as
 `rollout.engine=vllm`, chooses between the two.
 
 The parent keeps everything that needs the agent (sampling parameters, eos ids, grammar rows and the replay of their
@@ -69,7 +69,7 @@ RANK_VARS = (
 @register_engine("vllm")
 def vllm_engine(cfg, agent, folder: str | Path, *, rank: int = 0) -> ServedEngine:
     """`rollout.engine=vllm`: the agent's engine in this process (`VLLMEngine`), or, with both agents on vLLM, the
-    generator's in a child process (`ChildEngine`): one engine per process (docs/rl.md "One engine per process")."""
+    generator's in a child process (`ChildEngine`): one engine per process (docs/engines.md)."""
     kwargs = dict(seed=cfg.run.seed + rank, dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
     if agent.name == "generator" and engine_name(cfg.rollout, "solver") == "vllm":
         return ChildEngine(agent, folder, cfg.rollout, **kwargs)
