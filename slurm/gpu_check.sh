@@ -15,6 +15,9 @@
 # and `selfplay bench rollout` of the engines ($BENCH_ARGS, default "--batch 64 --new 128 --repeats 3") written to
 # OUT_DIR/bench_rollout.json; the key=value overrides go to each of these steps. vllm needs `pip install -e .[vllm]`.
 # Exit status: 1 when a line of the check FAILs (the self-play still runs when asked), else the self-play's.
+# Without network (a lent GPU machine): `bash slurm/gpu_bundle.sh` where pip works fills .whl/ (omegaconf, DeepSpeed,
+# ...); carried with the checkout, its wheels are installed first into $WHEEL_SITE (default $TMPDIR/selfplay_wheels),
+# put ahead on PYTHONPATH, when the Python here is the one they were fetched for. No .whl/: nothing to do.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-$(dirname "$0")/..}"
 PY=${PYTHON:-python3}  # the interpreter that holds torch (some GPU images have no `python`)
@@ -28,7 +31,7 @@ while [ $# -gt 0 ]; do
     --engine) [ $# -ge 2 ] || { echo "gpu_check.sh: --engine takes hf, vllm or both" >&2; exit 2; }
               ENGINE=$2; shift 2 ;;
     --engine=*) ENGINE=${1#--engine=}; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) break ;;
   esac
 done
@@ -40,6 +43,22 @@ esac
 OUT=${1:-runs/gpu_check}
 [ $# -gt 0 ] && shift
 BENCH_ARGS=${BENCH_ARGS:---batch 64 --new 128 --repeats 3}
+shopt -s nullglob
+wheels=(.whl/*.whl)
+shopt -u nullglob
+if [ ${#wheels[@]} -gt 0 ]; then
+  want=$(cat .whl/python-version 2>/dev/null || true)
+  have=$("$PY" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+  if [ -n "$want" ] && [ "$want" != "$have" ]; then
+    echo "== .whl/ holds wheels for Python $want, this is $have: not installed"
+  else
+    site=${WHEEL_SITE:-${TMPDIR:-/tmp}/selfplay_wheels}
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" "${wheels[@]}" \
+      || { echo "gpu_check.sh: the wheels of .whl/ did not install into $site" >&2; exit 2; }
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+    echo "== ${#wheels[@]} wheels of .whl/ installed into $site (first on PYTHONPATH)"
+  fi
+fi
 # shellcheck disable=SC2086  # CHECK_ARGS is a list of options
 "$PY" -m selfplay bench gpu-check ${CHECK[@]+"${CHECK[@]}"} ${CHECK_ARGS:-} --json "$OUT/gpu_check.json" && status=0 || status=$?
 echo "== gpu check: exit $status, figures in $OUT/gpu_check.json"
