@@ -360,9 +360,14 @@ class PPOTrainer:
             if cfg.advantage == "rloo":
                 seq_adv = rl.rloo_advantages(seq_returns, groups)
             else:  # the score's return normalised in its group (grpo: / the group's std), the KL penalties' centred
+                # (each return on its own, not the score's as the total less the KL's: a difference rounds, and a
+                # group whose scores are equal would get a std of rounding errors, which grpo divides by)
+                score_rewards = torch.zeros_like(rewards)
+                score_rewards[rows, last_index(action_mask)] = scores
+                score_returns = rl.discounted_returns(score_rewards, action_mask, cfg.gamma)[rows, first]
                 kl_returns = rl.discounted_returns(-self.kl_ctl.value * kl, action_mask, cfg.gamma)[rows, first]
                 seq_adv = rl.group_advantages(
-                    seq_returns - kl_returns, groups, scale=cfg.advantage == "grpo"
+                    score_returns, groups, scale=cfg.advantage == "grpo"
                 ) + rl.group_advantages(kl_returns, groups, scale=False)
             advantages = seq_adv[:, None] * action_mask
         else:

@@ -196,7 +196,7 @@ def test_bad_inputs_are_one_line_errors(tmp_path, capsys):
     (step / "state.json").write_text(json.dumps({"step": 7, "config": {}}))
     assert "name it *.png" in one_line_error(capsys, step, "--plot", tmp_path / "x.svg")
     assert "is a folder" in one_line_error(capsys, step, "--json", tmp_path)
-    assert "--engine copy: rollout.engine must be one of" in one_line_error(capsys, step, "--engine", "copy")
+    assert "--engine nonesuch: rollout.engine must be one of" in one_line_error(capsys, step, "--engine", "nonesuch")
     with pytest.raises(SystemExit) as exc:
         main(["eval", str(step), "--limit", "many"])
     assert exc.value.code == 2 and len(capsys.readouterr().err.strip().splitlines()) == 1
