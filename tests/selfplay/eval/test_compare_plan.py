@@ -133,3 +133,21 @@ def test_the_pretrained_fixed_set_record_gives_the_figure_docs_results_states():
     assert (row["design"], row["seeds"], row["tasks"]) == ("crossed", 3, 600)
     assert round(row["delta"], 3) == 0.062 and [round(x, 3) for x in row["ci95"]] == [0.025, 0.1]
     assert row["ci95"][0] > 0
+
+
+def test_the_ppo_fixed_set_records_give_the_figures_docs_results_states():
+    """docs/results.md, "PPO on a fixed task set" (tiny world): ptx8's record re-derives its primary figure (sampled
+    pass@1 on the 800 test tasks, fixed - warm start, 4 seeds sharing their tasks: crossed), and with the no-reward
+    control's record, the reward's own share (ptx8's fixed - ptx8_null's, each seed with its control, crossed)."""
+    ptx8, null = _record("ptx8"), _record("ptx8_null")
+    results = compare.merge([ptx8], n_boot=4000)
+    plan = {"metric": "pass@1", "split": "test", "baseline": "warmstart", "family": ["fixed"]}
+    row = compare.primary_figures(results, plan)["rows"]["fixed - warmstart"]
+    assert (row["design"], row["seeds"], row["tasks"]) == ("crossed", 4, 3200)
+    assert round(row["delta"], 3) == 0.011 and [round(x, 3) for x in row["ci95"]] == [0.004, 0.019]
+    seeds = sorted(ptx8["runs"]["fixed"])
+    assert seeds == sorted(null["runs"]["fixed"]) == ["0", "1", "2", "3"]
+    pairs = {s: (null["runs"]["fixed"][s]["test_per_task"], ptx8["runs"]["fixed"][s]["test_per_task"]) for s in seeds}
+    share = compare.seed_task_delta(pairs, "pass@1")
+    assert share["design"] == "crossed"
+    assert round(share["delta"], 3) == 0.005 and [round(x, 3) for x in share["ci95"]] == [-0.001, 0.011]
