@@ -156,11 +156,12 @@ def engine_of(cfg, name: str | None) -> str:
     from selfplay.runtime.config_parts import check_rollout
 
     name = name or cfg.rollout.engine
+    chosen = sampled_by(cfg, name)
     try:
-        check_rollout(sampled_by(cfg, name))
+        check_rollout(chosen)
     except UserError as exc:
         raise UserError(f"--engine {name}: {exc}") from None
-    refuse_without_vllm(sampled_by(cfg, name).rollout)
+    refuse_without_vllm(chosen.rollout)
     return name
 
 

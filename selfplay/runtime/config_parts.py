@@ -46,9 +46,14 @@ def engine_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys([*BUILT_IN, *ENGINES]))
 
 
+def engine_key(rcfg: RolloutConfig, agent: str) -> str:
+    """The config key that chooses agent `agent`'s engine: the generator's own where it is set."""
+    return "rollout.generator_engine" if agent == "generator" and rcfg.generator_engine else "rollout.engine"
+
+
 def engine_name(rcfg: RolloutConfig, agent: str) -> str:
     """The engine of agent `agent` ("solver" or "generator")."""
-    return (rcfg.generator_engine or rcfg.engine) if agent == "generator" else rcfg.engine
+    return rcfg.generator_engine if engine_key(rcfg, agent) == "rollout.generator_engine" else rcfg.engine
 
 
 def check_rollout(cfg: Any) -> None:

@@ -29,7 +29,7 @@ from selfplay.rl import core as rl
 from selfplay.rl.ppo import first_action, last_index, pad_rollouts
 from selfplay.rl.sft import sft
 from selfplay.rollout.episodes import prompt_options, solver_rollouts
-from selfplay.runtime.config_parts import engine_name
+from selfplay.runtime.config_parts import engine_key, engine_name
 from selfplay.runtime.distributed import local_device
 from selfplay.runtime.errors import UserError
 from selfplay.train.proposals import sample_proposals
@@ -91,8 +91,8 @@ def build_agents(cfg, run_dir, texts: Sequence[str] | None, wrap=None, device: t
     agents = []
     for name in ("solver", "generator"):
         engine = engine_name(cfg.rollout, name)
-        key = "rollout.generator_engine" if name == "generator" and cfg.rollout.generator_engine else "rollout.engine"
-        merges = f"{key}={engine}" if engine == "vllm" else None  # vLLM loads the merged weights of a LoRA policy
+        # vLLM loads the merged weights of a LoRA policy
+        merges = f"{engine_key(cfg.rollout, name)}={engine}" if engine == "vllm" else None
         model, reference, tokenizer = build_models(
             cfg.model, run_dir, texts, seed=cfg.run.seed, agent=name, engine_key=merges
         )
